@@ -1,0 +1,1 @@
+"""unimatmul's built-in backends, one package each, registered by entry points."""

@@ -1,0 +1,1 @@
+"""The NVIDIA cuBLASLt backend (through nvmath-python's raw bindings)."""

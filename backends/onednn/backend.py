@@ -1,0 +1,176 @@
+"""OneDNNBackend: Candidates are oneDNN matmul implementations, named as oneDNN names them."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from unimatmul.backend import Backend, Candidate, Target
+from unimatmul.errors import UnsupportedProblem
+from unimatmul.problem import Problem
+
+if TYPE_CHECKING:
+    from unimatmul_backends.onednn._dnnl import Dnnl, MatmulPrimitive, MatmulSpec
+
+_DTYPES = {"f32", "bf16"}
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}
+
+
+def _strides(trans: bool, ld: int, batch_stride: int, batch: int) -> tuple[int, ...]:
+    inner = (1, ld) if trans else (ld, 1)
+    return (batch_stride, *inner) if batch > 1 else inner
+
+
+class OneDNNBackend(Backend):
+    """Offers each implementation oneDNN lists for a matmul (``brg:avx512_core``, ...)."""
+
+    name = "onednn"
+    device_kinds = frozenset({"cpu"})
+    array_kinds = frozenset({"numpy", "torch"})
+
+    def __init__(self) -> None:
+        self._dnnl: Dnnl | None = None
+        self._error: str | None = None
+        self._impls: dict[tuple[MatmulSpec, float], list[str]] = {}
+        self._lock = threading.Lock()
+
+    # --- the library --------------------------------------------------------------
+    def _library(self) -> Dnnl:
+        if self._dnnl is None and self._error is None:
+            with self._lock:
+                if self._dnnl is None and self._error is None:
+                    try:
+                        from unimatmul_backends.onednn._dnnl import get_dnnl
+
+                        dnnl = get_dnnl()
+                        dnnl.version()
+                        self._dnnl = dnnl
+                    except Exception as exc:  # missing wheel, wrong version, bad path
+                        self._error = f"{type(exc).__name__}: {exc}"
+        if self._dnnl is None:
+            msg = f"oneDNN is unavailable: {self._error}"
+            raise UnsupportedProblem(msg, backend=self.name)
+        return self._dnnl
+
+    def availability(self) -> str | None:
+        try:
+            self._library()
+        except UnsupportedProblem:
+            return self._error
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {"onednn": self._library().version()}
+
+    # --- problems -----------------------------------------------------------------
+    def spec(self, problem: Problem, beta: float = 0.0) -> MatmulSpec:
+        """The oneDNN matmul spec for a Problem, or UnsupportedProblem."""
+        from unimatmul_backends.onednn._dnnl import MatmulSpec, PostOp
+
+        if problem.op != "gemm":
+            raise UnsupportedProblem(f"oneDNN backend runs gemm, not {problem.op}", problem=problem)
+        if {problem.dtype_a, problem.dtype_b} - _DTYPES or problem.dtype_c not in _DTYPES | {"f32"}:
+            raise UnsupportedProblem(
+                f"oneDNN matmul here takes f32 and bf16, not {problem.dtype_a}", problem=problem
+            )
+        if problem.compute not in ("f32",):
+            raise UnsupportedProblem(f"compute type {problem.compute} is not offered", problem=problem)
+        if problem.batch > 1 and 0 in (problem.stride_a, problem.stride_b, problem.stride_c):
+            raise UnsupportedProblem("broadcast batches (stride 0) go to Default", problem=problem)
+        post_ops: list[Any] = []
+        if not problem.beta_zero:
+            post_ops.append(PostOp("sum", beta))
+        if problem.activation is not None:
+            post_ops.append(PostOp(_ACTIVATIONS[problem.activation]))
+        return MatmulSpec(
+            batch=problem.batch,
+            m=problem.m,
+            k=problem.k,
+            n=problem.n,
+            src_dtype=problem.dtype_a,
+            wei_dtype=problem.dtype_b,
+            dst_dtype=problem.dtype_c,
+            src_strides=_strides(problem.trans_a, problem.lda, problem.stride_a, problem.batch),
+            wei_strides=_strides(problem.trans_b, problem.ldb, problem.stride_b, problem.batch),
+            dst_strides=_strides(False, problem.ldc, problem.stride_c, problem.batch),
+            bias_dtype=problem.dtype_bias if problem.has_bias else None,
+            post_ops=tuple(post_ops),
+            runtime_alpha=True,
+        )
+
+    def impls(self, problem: Problem, beta: float = 1.0) -> list[str]:
+        spec = self.spec(problem, 0.0 if problem.beta_zero else beta)
+        key = (spec, beta)
+        found = self._impls.get(key)
+        if found is None:
+            found = self._impls[key] = self._library().list_impls(spec)
+        return found
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        # oneDNN's reference implementations ("ref:...") exist to check the others and
+        # run orders of magnitude slower; measuring them only burns the tuning budget.
+        with_ref = os.environ.get("UNIMATMUL_ONEDNN_REF", "") == "1"
+        return [
+            Candidate.make(self.name, impl)
+            for impl in self.impls(problem)
+            if with_ref or not impl.startswith("ref:")
+        ]
+
+    def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        try:
+            return candidate.name in self.impls(problem)
+        except UnsupportedProblem:
+            return False
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> OneDNNRunner:
+        if candidate.backend != self.name:
+            raise UnsupportedProblem(f"{candidate.identity} is not a oneDNN candidate", problem=problem)
+        if candidate.name not in self.impls(problem):
+            raise UnsupportedProblem(
+                f"oneDNN {self.versions()['onednn']} does not offer {candidate.name!r} for "
+                f"{problem.key}; it offers {self.impls(problem)}",
+                problem=problem,
+            )
+        return OneDNNRunner(self, problem, candidate, target)
+
+
+class OneDNNRunner:
+    """One oneDNN primitive on the caller's memory (no copies), built once and reused.
+
+    oneDNN fixes beta (the sum post-op's scale) when the primitive is built, so a
+    runner keeps one primitive per beta value it meets; alpha is passed per call.
+    """
+
+    def __init__(
+        self, backend: OneDNNBackend, problem: Problem, candidate: Candidate, target: Target
+    ) -> None:
+        self.backend = backend
+        self.problem = problem
+        self.candidate = candidate
+        self.ptr = target.adapter.ptr
+        self._prims: dict[float, MatmulPrimitive] = {}
+        # Primitives share one oneDNN stream and a scratchpad: one call at a time.
+        self._lock = threading.Lock()
+        self._primitive(0.0 if problem.beta_zero else 1.0)
+
+    def _primitive(self, beta: float) -> MatmulPrimitive:
+        prim = self._prims.get(beta)
+        if prim is None:
+            dnnl = self.backend._library()
+            prim = dnnl.matmul(self.backend.spec(self.problem, beta), self.candidate.name)
+            self._prims[beta] = prim
+        return prim
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        ptr = self.ptr
+        with self._lock:
+            prim = self._prims.get(beta) or self._primitive(0.0 if self.problem.beta_zero else beta)
+            prim.execute(ptr(a), ptr(b), ptr(out), None if bias is None else ptr(bias), alpha)
+
+    def close(self) -> None:
+        for prim in self._prims.values():
+            prim.close()
+        self._prims.clear()

@@ -1,0 +1,1 @@
+"""The AMD ROCm backends: hipBLASLt (on the shared Lt driver) and rocBLAS."""

@@ -1,0 +1,549 @@
+"""Array adapters: one face over NumPy arrays, torch tensors and CuPy arrays.
+
+Dispatch is by the array's type, cached per type, and each adapter imports its
+library only when an array of that library reaches it (so ``import unimatmul`` never
+imports torch or cupy). Backends use adapters for pointers and devices; the harness
+uses them to make operands, references and checks in the caller's own array kind.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from unimatmul.dtypes import ITEMSIZE, canonical
+from unimatmul.problem import Problem
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where arrays live: ``cpu``, ``cuda`` (NVIDIA) or ``hip`` (AMD), with an index."""
+
+    kind: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+
+CPU = Device("cpu")
+
+
+@dataclass
+class Operands:
+    """One set of inputs and an output laid out exactly as a Problem describes."""
+
+    a: Any
+    b: Any
+    out: Any
+    bias: Any = None
+
+
+class ArrayAdapter:
+    """What unimatmul needs to know about, and do with, one library's arrays."""
+
+    kind = "abstract"
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def strides(self, x: Any) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def dtype(self, x: Any) -> str:
+        return canonical(str(x.dtype))
+
+    def device(self, x: Any) -> Device:
+        raise NotImplementedError
+
+    def ptr(self, x: Any) -> int:
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        raise NotImplementedError
+
+    def random_strided(
+        self,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: str,
+        device: Device,
+        rng: np.random.Generator,
+        offset: int = 0,
+    ) -> Any:
+        raise NotImplementedError
+
+    def to_float64(self, x: Any) -> Any:
+        """A float64 copy on the array's own device (the reference is computed there)."""
+        raise NotImplementedError
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def fill_nan(self, x: Any) -> None:
+        raise NotImplementedError
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        raise NotImplementedError
+
+    def matmul(
+        self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: str | None
+    ) -> None:
+        """The Default: what the caller's library itself does for this product."""
+        raise NotImplementedError
+
+    def reference(
+        self, a: Any, b: Any, c: Any, alpha: float, beta: float, bias: Any, activation: str | None
+    ) -> Any:
+        """``alpha * a @ b + beta * c (+ bias, activation)`` in float64 on the arrays' device."""
+        a64, b64 = self.to_float64(a), self.to_float64(b)
+        ref = a64 @ b64
+        if alpha != 1.0:
+            ref = ref * alpha
+        if beta != 0.0:
+            ref = ref + beta * self.to_float64(c)
+        if bias is not None:
+            ref = ref + self.to_float64(bias)
+        return self._activate64(ref, activation)
+
+    def _activate64(self, x: Any, activation: str | None) -> Any:
+        raise NotImplementedError
+
+    def rel_error(self, out: Any, ref: Any) -> float:
+        """``||out - ref|| / ||ref||`` in float64; inf when out has a NaN or an inf."""
+        raise NotImplementedError
+
+    def synchronize(self, device: Device) -> None:
+        """Wait for the device's queued work (a no-op on the CPU)."""
+
+    def stream(self, device: Device) -> int:
+        """The caller's current stream handle on ``device`` (0 on the CPU)."""
+        return 0
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    # NumPy has no erf; math.erf vectorised is exact and fast enough for references.
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+class NumpyAdapter(ArrayAdapter):
+    kind = "numpy"
+
+    def strides(self, x: Any) -> tuple[int, ...]:
+        size = x.itemsize
+        return tuple(s // size for s in x.strides)
+
+    def device(self, x: Any) -> Device:
+        return CPU
+
+    def ptr(self, x: Any) -> int:
+        return int(x.__array_interface__["data"][0])
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        return np.empty(shape, dtype=_numpy_dtype(dtype))
+
+    def random_strided(
+        self,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: str,
+        device: Device,
+        rng: np.random.Generator,
+        offset: int = 0,
+    ) -> Any:
+        npdt = _numpy_dtype(dtype)
+        size = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        base = rng.standard_normal(size).astype(npdt)
+        return np.lib.stride_tricks.as_strided(
+            base[offset:], shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
+        )
+
+    def to_float64(self, x: Any) -> Any:
+        return np.asarray(x, dtype=np.float64)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def fill_nan(self, x: Any) -> None:
+        x[...] = np.nan
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    def matmul(
+        self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: str | None
+    ) -> None:
+        if alpha == 1.0 and beta == 0.0 and bias is None and activation is None:
+            np.matmul(a, b, out=out)
+            return
+        result = np.matmul(a, b)
+        if alpha != 1.0:
+            result *= result.dtype.type(alpha)
+        if beta != 0.0:
+            result += result.dtype.type(beta) * out
+        if bias is not None:
+            result += bias
+        out[...] = _activate_numpy(result, activation)
+
+    def _activate64(self, x: Any, activation: str | None) -> Any:
+        return _activate_numpy(x, activation)
+
+    def rel_error(self, out: Any, ref: Any) -> float:
+        diff = np.asarray(out, dtype=np.float64) - ref
+        num = float(np.linalg.norm(diff.ravel()))
+        den = float(np.linalg.norm(np.asarray(ref).ravel()))
+        if not math.isfinite(num):
+            return math.inf
+        return num / den if den > 0 else num
+
+
+def _activate_numpy(x: np.ndarray, activation: str | None) -> np.ndarray:
+    if activation is None:
+        return x
+    if activation == "relu":
+        return np.maximum(x, 0)
+    x64 = x.astype(np.float64)
+    if activation == "gelu":
+        y = 0.5 * x64 * (1.0 + _erf64(x64 / math.sqrt(2.0)))
+    elif activation == "gelu_tanh":
+        y = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+    else:
+        msg = f"unknown activation {activation!r}"
+        raise ValueError(msg)
+    return y.astype(x.dtype)
+
+
+def _numpy_dtype(dtype: str) -> np.dtype[Any]:
+    try:
+        return np.dtype({"f64": np.float64, "f32": np.float32, "f16": np.float16}[dtype])
+    except KeyError:
+        msg = f"NumPy has no {dtype} arrays; use torch tensors for {dtype}"
+        raise TypeError(msg) from None
+
+
+class TorchAdapter(ArrayAdapter):
+    kind = "torch"
+
+    def __init__(self) -> None:
+        import torch  # only reached when a torch tensor is passed in
+
+        self.torch = torch
+        self._hip = bool(getattr(torch.version, "hip", None))
+        self._dtypes = {
+            "f64": torch.float64,
+            "f32": torch.float32,
+            "f16": torch.float16,
+            "bf16": torch.bfloat16,
+        }
+        for name, attr in (("f8e4m3", "float8_e4m3fn"), ("f8e5m2", "float8_e5m2")):
+            if hasattr(torch, attr):
+                self._dtypes[name] = getattr(torch, attr)
+
+    def strides(self, x: Any) -> tuple[int, ...]:
+        return tuple(x.stride())
+
+    def device(self, x: Any) -> Device:
+        dev = x.device
+        if dev.type == "cpu":
+            return CPU
+        if dev.type == "cuda":
+            return Device("hip" if self._hip else "cuda", dev.index or 0)
+        return Device(dev.type, dev.index or 0)
+
+    def torch_device(self, device: Device) -> Any:
+        return "cpu" if device.kind == "cpu" else f"cuda:{device.index}"
+
+    def torch_dtype(self, dtype: str) -> Any:
+        try:
+            return self._dtypes[dtype]
+        except KeyError:
+            msg = f"this torch has no {dtype} dtype"
+            raise TypeError(msg) from None
+
+    def ptr(self, x: Any) -> int:
+        return int(x.data_ptr())
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        return self.torch.empty(shape, dtype=self.torch_dtype(dtype), device=self.torch_device(device))
+
+    def random_strided(
+        self,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: str,
+        device: Device,
+        rng: np.random.Generator,
+        offset: int = 0,
+    ) -> Any:
+        torch = self.torch
+        size = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        gen = torch.Generator(device=self.torch_device(device))
+        gen.manual_seed(int(rng.integers(0, 2**62)))
+        base = torch.randn(size, generator=gen, dtype=torch.float32, device=self.torch_device(device))
+        base = base.to(self.torch_dtype(dtype))
+        return base.as_strided(shape, strides, offset)
+
+    def to_float64(self, x: Any) -> Any:
+        return x.to(self.torch.float64)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return x.detach().to("cpu", self.torch.float64).numpy()
+
+    def fill_nan(self, x: Any) -> None:
+        x.fill_(float("nan"))
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def matmul(
+        self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: str | None
+    ) -> None:
+        torch = self.torch
+        if alpha == 1.0 and beta == 0.0 and bias is None:
+            torch.matmul(a, b, out=out)
+        elif out.dim() == 2 and beta == 0.0 and bias is not None and alpha == 1.0:
+            torch.addmm(bias, a, b, out=out)
+        elif out.dim() == 2:
+            if beta == 0.0:
+                torch.matmul(a, b, out=out)
+                if alpha != 1.0:
+                    out.mul_(alpha)
+            else:
+                out.addmm_(a, b, beta=beta, alpha=alpha)
+            if bias is not None:
+                out.add_(bias)
+        else:
+            a3 = a if a.dim() == 3 else a.expand(out.shape[0], *a.shape)
+            b3 = b if b.dim() == 3 else b.expand(out.shape[0], *b.shape)
+            if beta == 0.0:
+                torch.bmm(a3, b3, out=out)
+                if alpha != 1.0:
+                    out.mul_(alpha)
+            else:
+                out.baddbmm_(a3, b3, beta=beta, alpha=alpha)
+            if bias is not None:
+                out.add_(bias)
+        if activation is not None:
+            self._activate_(out, activation)
+
+    def _activate_(self, x: Any, activation: str) -> None:
+        functional = self.torch.nn.functional
+        if activation == "relu":
+            x.relu_()
+        elif activation == "gelu":
+            x.copy_(functional.gelu(x))
+        elif activation == "gelu_tanh":
+            x.copy_(functional.gelu(x, approximate="tanh"))
+        else:
+            msg = f"unknown activation {activation!r}"
+            raise ValueError(msg)
+
+    def _activate64(self, x: Any, activation: str | None) -> Any:
+        if activation is not None:
+            self._activate_(x, activation)
+        return x
+
+    def rel_error(self, out: Any, ref: Any) -> float:
+        diff = out.to(self.torch.float64) - ref
+        num = float(self.torch.linalg.vector_norm(diff))
+        den = float(self.torch.linalg.vector_norm(ref))
+        if not math.isfinite(num):
+            return math.inf
+        return num / den if den > 0 else num
+
+    def synchronize(self, device: Device) -> None:
+        if device.kind != "cpu":
+            self.torch.cuda.synchronize(device.index)
+
+    def stream(self, device: Device) -> int:
+        if device.kind == "cpu":
+            return 0
+        return int(self.torch.cuda.current_stream(device.index).cuda_stream)
+
+
+class CupyAdapter(ArrayAdapter):
+    kind = "cupy"
+
+    def __init__(self) -> None:
+        import cupy  # only reached when a CuPy array is passed in
+
+        self.cupy = cupy
+
+    def strides(self, x: Any) -> tuple[int, ...]:
+        size = x.itemsize
+        return tuple(s // size for s in x.strides)
+
+    def device(self, x: Any) -> Device:
+        return Device("cuda", int(x.device.id))
+
+    def ptr(self, x: Any) -> int:
+        return int(x.data.ptr)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        with self.cupy.cuda.Device(device.index):
+            return self.cupy.empty(shape, dtype=_numpy_dtype(dtype))
+
+    def random_strided(
+        self,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: str,
+        device: Device,
+        rng: np.random.Generator,
+        offset: int = 0,
+    ) -> Any:
+        cupy = self.cupy
+        npdt = _numpy_dtype(dtype)
+        size = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        with cupy.cuda.Device(device.index):
+            gen = cupy.random.default_rng(int(rng.integers(0, 2**62)))
+            base = gen.standard_normal(size, dtype=np.float32).astype(npdt)
+            return cupy.lib.stride_tricks.as_strided(
+                base[offset:], shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
+            )
+
+    def to_float64(self, x: Any) -> Any:
+        return x.astype(self.cupy.float64)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return self.cupy.asnumpy(x).astype(np.float64)
+
+    def fill_nan(self, x: Any) -> None:
+        x.fill(np.nan)
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    def matmul(
+        self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: str | None
+    ) -> None:
+        cupy = self.cupy
+        if alpha == 1.0 and beta == 0.0 and bias is None and activation is None:
+            cupy.matmul(a, b, out=out)
+            return
+        result = cupy.matmul(a, b)
+        if alpha != 1.0:
+            result *= alpha
+        if beta != 0.0:
+            result += beta * out
+        if bias is not None:
+            result += bias
+        out[...] = self._activate64(result, activation)
+
+    def _activate64(self, x: Any, activation: str | None) -> Any:
+        cupy = self.cupy
+        if activation is None:
+            return x
+        if activation == "relu":
+            return cupy.maximum(x, 0)
+        x64 = x.astype(cupy.float64)
+        if activation == "gelu":
+            import cupyx.scipy.special as special
+
+            y = 0.5 * x64 * (1.0 + special.erf(x64 / math.sqrt(2.0)))
+        elif activation == "gelu_tanh":
+            y = 0.5 * x64 * (1.0 + cupy.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+        else:
+            msg = f"unknown activation {activation!r}"
+            raise ValueError(msg)
+        return y.astype(x.dtype)
+
+    def rel_error(self, out: Any, ref: Any) -> float:
+        cupy = self.cupy
+        num = float(cupy.linalg.norm((out.astype(cupy.float64) - ref).ravel()))
+        den = float(cupy.linalg.norm(ref.ravel()))
+        if not math.isfinite(num):
+            return math.inf
+        return num / den if den > 0 else num
+
+    def synchronize(self, device: Device) -> None:
+        with self.cupy.cuda.Device(device.index):
+            self.cupy.cuda.get_current_stream().synchronize()
+
+    def stream(self, device: Device) -> int:
+        with self.cupy.cuda.Device(device.index):
+            return int(self.cupy.cuda.get_current_stream().ptr)
+
+
+_FACTORIES: dict[str, type[ArrayAdapter]] = {
+    "numpy": NumpyAdapter,
+    "torch": TorchAdapter,
+    "cupy": CupyAdapter,
+}
+_BY_TYPE: dict[type, ArrayAdapter] = {}
+_BY_KIND: dict[str, ArrayAdapter] = {}
+
+
+def adapter_for_kind(kind: str) -> ArrayAdapter:
+    """The adapter of one array library by name (``numpy``, ``torch``, ``cupy``)."""
+    found = _BY_KIND.get(kind)
+    if found is None:
+        try:
+            factory = _FACTORIES[kind]
+        except KeyError:
+            msg = f"unknown array kind {kind!r}; valid: {', '.join(_FACTORIES)}"
+            raise ValueError(msg) from None
+        found = _BY_KIND[kind] = factory()
+    return found
+
+
+def adapter_of(x: Any) -> ArrayAdapter:
+    """The adapter for an array, found by its type and cached."""
+    cls = type(x)
+    found = _BY_TYPE.get(cls)
+    if found is not None:
+        return found
+    root = cls.__module__.split(".", 1)[0]
+    if root not in _FACTORIES:
+        msg = (
+            f"unimatmul.matmul takes NumPy arrays, torch tensors or CuPy arrays, "
+            f"not {cls.__module__}.{cls.__qualname__}"
+        )
+        raise TypeError(msg)
+    found = _BY_TYPE[cls] = adapter_for_kind(root)
+    return found
+
+
+def operand_layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(shape, strides) in elements of A, B and C exactly as ``problem`` describes them."""
+    m, n, k = problem.m, problem.n, problem.k
+    a_stride = (1, problem.lda) if problem.trans_a else (problem.lda, 1)
+    b_stride = (1, problem.ldb) if problem.trans_b else (problem.ldb, 1)
+    c_stride = (problem.ldc, 1)
+    if problem.batch == 1:
+        return {"a": ((m, k), a_stride), "b": ((k, n), b_stride), "c": ((m, n), c_stride)}
+    bt = problem.batch
+    return {
+        "a": ((bt, m, k), (problem.stride_a, *a_stride)),
+        "b": ((bt, k, n), (problem.stride_b, *b_stride)),
+        "c": ((bt, m, n), (problem.stride_c, *c_stride)),
+    }
+
+
+def make_operands(
+    problem: Problem, adapter: ArrayAdapter, device: Device, rng: np.random.Generator
+) -> Operands:
+    """Random (never zero) operands in the problem's exact layout and pointer alignment."""
+    layouts = operand_layouts(problem)
+    out: dict[str, Any] = {}
+    for name, dtype in (("a", problem.dtype_a), ("b", problem.dtype_b), ("c", problem.dtype_c)):
+        shape, strides = layouts[name]
+        # Reproduce a misaligned caller (e.g. a view at an odd offset) where the problem says so.
+        offset = problem.align // ITEMSIZE[dtype] if problem.align < 16 else 0
+        out[name] = adapter.random_strided(shape, strides, dtype, device, rng, offset)
+    bias = None
+    if problem.has_bias:
+        bias = adapter.random_strided((problem.n,), (1,), problem.dtype_bias or problem.dtype_c, device, rng)
+    return Operands(out["a"], out["b"], out["c"], bias)
+
+
+def pointer_alignment(*ptrs: int) -> int:
+    """The largest power of two, at most 16, dividing every pointer (in bytes)."""
+    align = 16
+    for ptr in ptrs:
+        while align > 1 and ptr % align:
+            align //= 2
+    return align

@@ -1,0 +1,313 @@
+"""The ``unimatmul`` command: info, tune, cache.
+
+Exit codes a script can rely on: 0 success; 1 an unexpected error; 2 bad usage or
+input (argparse's own code); 3 nothing could be done here (no backend available for
+the device asked, or a file that cannot be read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _target(array: str, device: str) -> Any:
+    from unimatmul.arrays import Device, adapter_for_kind
+    from unimatmul.backend import Target
+
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "hip"):
+        raise CliError(f"unknown device {device!r}; use cpu, cuda[:N] or hip[:N]")
+    if array == "numpy" and kind != "cpu":
+        raise CliError("NumPy arrays live on the CPU; use --array torch or cupy for a GPU")
+    try:
+        adapter = adapter_for_kind(array)
+    except ImportError as exc:
+        raise CliError(f"--array {array} needs {array} installed ({exc})", EXIT_UNAVAILABLE) from exc
+    return Target(adapter, Device(kind, int(index or 0)))
+
+
+def _fmt_us(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e6:,.1f}"
+
+
+def _table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out.write(line.rstrip() + "\n")
+    out.write("  ".join("-" * w for w in widths) + "\n")
+    for row in rows:
+        cells = [c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
+# --- info ------------------------------------------------------------------------------
+
+
+def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
+    from unimatmul import __version__
+    from unimatmul.config import get_mode
+    from unimatmul.selector import get_selector
+
+    selector = get_selector()
+    target = _target(args.array, args.device)
+    platform = selector.platform(target)
+    backends: list[dict[str, Any]] = []
+    for name, backend in sorted(selector.plugins.backends().items()):
+        reason = backend.availability()
+        versions: dict[str, str] = {}
+        if reason is None:
+            try:
+                versions = backend.versions()
+            except Exception as exc:
+                reason = f"versions failed: {exc!r}"
+        backends.append(
+            {
+                "name": name,
+                "available": reason is None,
+                "reason": reason,
+                "versions": versions,
+                "devices": sorted(backend.device_kinds),
+                "serves_target": backend.serves(target),
+            }
+        )
+    report = selector.plugins.report
+    store = selector.store
+    data: dict[str, Any] = {
+        "unimatmul": __version__,
+        "mode": get_mode(),
+        "target": {"array": target.array_kind, "device": str(target.device)},
+        "platform": platform.to_dict() | {"namespace": platform.namespace},
+        "backends": backends,
+        "plugins": {"loaded": report.loaded, "skipped": report.skipped, "failed": report.failed},
+        "cache": {"path": store.location, "entries": store.count()},
+    }
+    if args.json:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"unimatmul {__version__}   mode: {data['mode']}\n")
+    out.write(f"platform:  {platform.namespace}\n")
+    libs = ", ".join(f"{k} {v}" for k, v in platform.libraries)
+    out.write(f"libraries: {libs}\n")
+    out.write("backends:\n")
+    for b in backends:
+        if b["available"]:
+            names = ", ".join(f"{k} {v}" for k, v in b["versions"].items())
+            out.write(f"  {b['name']:<10} available    {names}   devices: {', '.join(b['devices'])}\n")
+        else:
+            out.write(f"  {b['name']:<10} unavailable  {b['reason']}\n")
+    if report.failed:
+        out.write("plugins rejected:\n")
+        for name, why in report.failed.items():
+            out.write(f"  {name}: {why}\n")
+    if report.skipped:
+        out.write("plugins skipped: " + ", ".join(f"{k} ({v})" for k, v in report.skipped.items()) + "\n")
+    out.write(f"cache:     {store.location} ({data['cache']['entries']} entries)\n")
+    return EXIT_OK
+
+
+# --- tune ------------------------------------------------------------------------------
+
+
+def _problems(args: argparse.Namespace) -> list[Any]:
+    from unimatmul.plugins import get_plugin_manager
+    from unimatmul.problem import Problem
+
+    texts: list[str] = []
+    presets = get_plugin_manager().presets()
+    for name in args.preset or []:
+        if name not in presets:
+            valid = ", ".join(sorted(presets)) or "none"
+            raise CliError(f"unknown preset {name!r}; valid presets: {valid}")
+        texts.extend(f"{shape}:{args.dtype}" for shape in presets[name].shapes)
+    texts.extend(s if ":" in s else f"{s}:{args.dtype}" for s in args.shape or [])
+    if not texts:
+        raise CliError("nothing to tune: give --shape MxNxK[:dtype] or --preset NAME")
+    problems = []
+    for text in texts:
+        try:
+            problems.append(Problem.parse_shape(text))
+        except (ValueError, TypeError) as exc:
+            raise CliError(str(exc)) from exc
+    unique: dict[str, Any] = {}
+    for problem in problems:
+        unique.setdefault(problem.key, problem)
+    return list(unique.values())
+
+
+def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
+    from tqdm import tqdm
+
+    from unimatmul.harness import HarnessSettings
+    from unimatmul.selector import get_selector
+
+    problems = _problems(args)
+    selector = get_selector()
+    target = _target(args.array, args.device)
+    if not selector.backends_for(target):
+        reasons = {n: b.availability() for n, b in selector.plugins.backends().items()}
+        out.write(f"no backend is available for {target.array_kind} on {target.device}: {reasons}\n")
+        return EXIT_UNAVAILABLE
+    if args.budget_ms is not None:
+        settings = selector.settings_for(target)
+        selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
+    rows: list[list[str]] = []
+    results = []
+    bar = tqdm(problems, desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
+    for problem in bar:
+        bar.set_postfix_str(f"{problem.shape_text} {problem.dtype_a}")
+        before = selector.lookup(problem, target) if not args.force else None
+        record = before or selector.tune(problem, target, force=args.force)
+        source = "cache" if before is not None else "tuned"
+        rows.append(
+            [
+                problem.shape_text,
+                problem.dtype_a,
+                _fmt_us(record.default_s),
+                record.winner,
+                _fmt_us(record.winner_s),
+                f"{record.speedup:.2f}x",
+                f"{record.tune_s:.2f}" if source == "tuned" else "cached",
+            ]
+        )
+        results.append({"problem": problem.key, "source": source, **record.to_dict()})
+    bar.close()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
+    _table(rows, headers, out)
+    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
+    if speedups:
+        import math
+
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    out.write(f"cache: {selector.store.location} ({selector.store.count()} entries)\n")
+    return EXIT_OK
+
+
+# --- cache -----------------------------------------------------------------------------
+
+
+def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
+    from unimatmul.cache import open_store
+
+    store = open_store(args.cache)
+    items = list(store.items(args.namespace))
+    if args.json:
+        json.dump([{"namespace": ns, "key": k, **r.to_dict()} for ns, k, r in items], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"cache: {store.location} ({len(items)} entries)\n")
+    by_ns: dict[str, list[list[str]]] = {}
+    for ns, key, record in items:
+        by_ns.setdefault(ns, []).append(
+            [
+                key,
+                record.winner,
+                _fmt_us(record.winner_s),
+                _fmt_us(record.default_s),
+                f"{record.speedup:.2f}x",
+            ]
+        )
+    for ns, rows in by_ns.items():
+        out.write(f"\n[{ns}]\n")
+        _table(rows, ["problem", "winner", "us", "default us", "speedup"], out)
+    return EXIT_OK
+
+
+def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
+    from unimatmul.cache import open_store
+
+    out.write(open_store(args.cache).location + "\n")
+    return EXIT_OK
+
+
+# --- parser ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unimatmul",
+        description="Measure, pick and remember the fastest GEMM kernel on this machine.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def target_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--array",
+            default="numpy",
+            choices=["numpy", "torch", "cupy"],
+            help="array library whose Default is the baseline (default: numpy)",
+        )
+        p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or hip[:N] (default: cpu)")
+
+    p = sub.add_parser("info", help="platform, backends and their versions, cache")
+    target_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("tune", help="tune shapes and write the cache; prints a table")
+    target_args(p)
+    p.add_argument(
+        "--shape",
+        action="append",
+        metavar="MxNxK[:dtype]",
+        help="a problem to tune (repeatable); BxMxNxK for batched",
+    )
+    p.add_argument("--preset", action="append", metavar="NAME", help="a shape suite of a real model")
+    p.add_argument("--dtype", default="f32", help="dtype for shapes without one (default: f32)")
+    p.add_argument("--force", action="store_true", help="tune again even when the cache has an answer")
+    p.add_argument("--budget-ms", type=float, default=None, help="measuring time per candidate")
+    p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("cache", help="inspect the cache")
+    cache_sub = p.add_subparsers(dest="cache_command", required=True)
+    c = cache_sub.add_parser("show", help="list the entries")
+    c.add_argument("--cache", default=None, help="cache file (default: $UNIMATMUL_CACHE or the user's)")
+    c.add_argument("--namespace", default=None, help="only this platform namespace")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_cache_show)
+    c = cache_sub.add_parser("path", help="print the cache file's path")
+    c.add_argument("--cache", default=None)
+    c.set_defaults(func=cmd_cache_path)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args, out)
+        return code
+    except CliError as exc:
+        sys.stderr.write(f"unimatmul: error: {exc}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        sys.stderr.write("unimatmul: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

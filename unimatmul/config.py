@@ -1,0 +1,58 @@
+"""Modes and settings: environment variables, overridable in code by context managers."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+
+MODES = ("off", "cached", "tune", "record")
+DEFAULT_MODE = "cached"
+
+_mode: contextvars.ContextVar[str | None] = contextvars.ContextVar("unimatmul_mode", default=None)
+
+
+def check_mode(name: str) -> str:
+    if name not in MODES:
+        msg = f"unknown unimatmul mode {name!r}; valid modes: {', '.join(MODES)}"
+        raise ValueError(msg)
+    return name
+
+
+def env_mode() -> str:
+    """``UNIMATMUL_MODE`` (off, cached, tune, record), default ``cached``."""
+    text = os.environ.get("UNIMATMUL_MODE", "").strip().lower()
+    return check_mode(text) if text else DEFAULT_MODE
+
+
+def get_mode() -> str:
+    """The mode in force here: the innermost ``mode()`` block, else the environment."""
+    value = _mode.get()
+    return value if value is not None else env_mode()
+
+
+@contextlib.contextmanager
+def mode(name: str) -> Iterator[None]:
+    """Use another mode inside a ``with`` block (this thread or task only).
+
+    ``off``: always Default. ``cached``: use tuned answers, never tune. ``tune``: tune
+    unknown problems on first call. ``record``: like cached, and remember every problem
+    met so that ``unimatmul tune --from FILE`` can tune them later.
+    """
+    token = _mode.set(check_mode(name))
+    try:
+        yield
+    finally:
+        _mode.reset(token)
+
+
+def env_float(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        msg = f"environment variable {name}={text!r} is not a number"
+        raise ValueError(msg) from None

@@ -1,0 +1,46 @@
+"""The exceptions unimatmul raises, each carrying the object that caused it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class UnimatmulError(Exception):
+    """Base class of every error unimatmul raises on purpose."""
+
+
+class UnsupportedProblem(UnimatmulError):
+    """A backend cannot run this Problem (or this Candidate on it).
+
+    This is the protocol's "no": the selector moves on to the next backend or to
+    Default. It is never a crash.
+    """
+
+    def __init__(self, msg: str, *, problem: Any = None, backend: str | None = None) -> None:
+        super().__init__(msg)
+        self.problem = problem
+        self.backend = backend
+
+
+class BackendUnavailable(UnimatmulError):
+    """A backend's vendor library is missing or failed to load."""
+
+    def __init__(self, msg: str, *, backend: str | None = None) -> None:
+        super().__init__(msg)
+        self.backend = backend
+
+
+class UnknownCandidate(UnimatmulError, LookupError):
+    """A Candidate identity names no kernel the backend offers now."""
+
+    def __init__(self, msg: str, *, identity: str | None = None) -> None:
+        super().__init__(msg)
+        self.identity = identity
+
+
+class PluginError(UnimatmulError):
+    """A plugin failed to load or registered something invalid; names the plugin."""
+
+    def __init__(self, msg: str, *, plugin: str | None = None) -> None:
+        super().__init__(msg)
+        self.plugin = plugin

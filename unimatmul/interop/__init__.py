@@ -1,0 +1,1 @@
+"""Files of other tools that unimatmul reads and writes."""

@@ -1,0 +1,243 @@
+"""The Problem: everything that changes which kernel is right, and nothing else.
+
+Convention: row-major ``C[m, n] = alpha * A[m, k] @ B[k, n] + beta * C``, batched over a
+leading dimension. ``trans_a`` means A is stored column-major (its unit stride runs
+along m), i.e. the caller passed a transposed view; ``lda`` is then A's stride along k.
+A Problem never describes a copy: it describes the caller's memory as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from unimatmul.dtypes import ITEMSIZE, canonical
+
+OPS = ("gemm",)
+EPILOGUES = ("none", "relu", "gelu", "gelu_tanh", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+_KEY_RE = re.compile(
+    r"^(?P<op>[a-z_]+):(?P<da>\w+)\.(?P<db>\w+)\.(?P<dc>\w+):(?P<cp>\w+):(?P<ta>[NT])(?P<tb>[NT])"
+    r":m(?P<m>\d+)n(?P<n>\d+)k(?P<k>\d+)b(?P<b>\d+)"
+    r":ld(?P<lda>\d+),(?P<ldb>\d+),(?P<ldc>\d+)"
+    r":st(?P<sa>\d+),(?P<sb>\d+),(?P<sc>\d+)"
+    r":beta(?P<beta>[01])"
+    r":(?P<ep>[a-z_]+)(?::bias(?P<dbias>\w+))?"
+    r":al(?P<al>\d+)$"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A canonical, hashable GEMM description with one stable text key (``key``)."""
+
+    m: int
+    n: int
+    k: int
+    dtype_a: str = "f32"
+    dtype_b: str = "f32"
+    dtype_c: str = "f32"
+    compute: str = "f32"
+    trans_a: bool = False
+    trans_b: bool = False
+    lda: int = 0
+    ldb: int = 0
+    ldc: int = 0
+    batch: int = 1
+    stride_a: int = 0
+    stride_b: int = 0
+    stride_c: int = 0
+    beta_zero: bool = True
+    epilogue: str = "none"
+    dtype_bias: str | None = None
+    align: int = 16
+    op: str = "gemm"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                msg = f"Problem.{name} must be a positive int, got {value!r}"
+                raise ValueError(msg)
+        for name in ("dtype_a", "dtype_b", "dtype_c"):
+            if getattr(self, name) not in ITEMSIZE:
+                msg = f"Problem.{name}={getattr(self, name)!r} is not one of {sorted(ITEMSIZE)}"
+                raise ValueError(msg)
+        if self.epilogue not in EPILOGUES:
+            msg = f"unknown epilogue {self.epilogue!r}; valid: {', '.join(EPILOGUES)}"
+            raise ValueError(msg)
+        if self.op not in OPS:
+            msg = f"unknown op {self.op!r}; valid: {', '.join(OPS)}"
+            raise ValueError(msg)
+        # Fill minimal leading dimensions so that Problem(m, n, k) means "contiguous".
+        if self.lda == 0:
+            object.__setattr__(self, "lda", self.m if self.trans_a else self.k)
+        if self.ldb == 0:
+            object.__setattr__(self, "ldb", self.k if self.trans_b else self.n)
+        if self.ldc == 0:
+            object.__setattr__(self, "ldc", self.n)
+        if self.batch > 1 and self.stride_a == 0 and self.stride_b == 0 and self.stride_c == 0:
+            object.__setattr__(self, "stride_a", self.m * self.k)
+            object.__setattr__(self, "stride_b", self.k * self.n)
+            object.__setattr__(self, "stride_c", self.m * self.n)
+        min_lda = self.m if self.trans_a else self.k
+        min_ldb = self.k if self.trans_b else self.n
+        if self.lda < min_lda or self.ldb < min_ldb or self.ldc < self.n:
+            msg = (
+                f"leading dimensions ld=({self.lda}, {self.ldb}, {self.ldc}) are smaller than "
+                f"the rows they must hold (>= {min_lda}, {min_ldb}, {self.n})"
+            )
+            raise ValueError(msg)
+        if self.has_bias and self.dtype_bias is None:
+            object.__setattr__(self, "dtype_bias", self.dtype_c)
+
+    # --- derived facts -------------------------------------------------------------
+    @property
+    def has_bias(self) -> bool:
+        return self.epilogue.startswith("bias")
+
+    @property
+    def activation(self) -> str | None:
+        """The activation of the epilogue (``relu``, ``gelu``, ``gelu_tanh``) or None."""
+        name = self.epilogue.removeprefix("bias").lstrip("_")
+        return name if name not in ("", "none") else None
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def min_bytes(self) -> int:
+        """Fewest bytes a kernel must move: each input read once, the output written once."""
+        a = self.m * self.k * ITEMSIZE[self.dtype_a]
+        b = self.k * self.n * ITEMSIZE[self.dtype_b]
+        c = self.m * self.n * ITEMSIZE[self.dtype_c] * (1 if self.beta_zero else 2)
+        b_batches = 1 if (self.batch > 1 and self.stride_b == 0) else self.batch
+        a_batches = 1 if (self.batch > 1 and self.stride_a == 0) else self.batch
+        return a * a_batches + b * b_batches + c * self.batch
+
+    @property
+    def shape_text(self) -> str:
+        text = f"{self.m}x{self.n}x{self.k}"
+        return text if self.batch == 1 else f"{self.batch}x{text}"
+
+    @property
+    def key(self) -> str:
+        """The stable text form used as the cache key. Never change its format lightly."""
+        bias = f":bias{self.dtype_bias}" if self.has_bias else ""
+        return (
+            f"{self.op}:{self.dtype_a}.{self.dtype_b}.{self.dtype_c}:{self.compute}:"
+            f"{'T' if self.trans_a else 'N'}{'T' if self.trans_b else 'N'}:"
+            f"m{self.m}n{self.n}k{self.k}b{self.batch}:"
+            f"ld{self.lda},{self.ldb},{self.ldc}:"
+            f"st{self.stride_a},{self.stride_b},{self.stride_c}:"
+            f"beta{0 if self.beta_zero else 1}:{self.epilogue}{bias}:al{self.align}"
+        )
+
+    def __str__(self) -> str:
+        return self.key
+
+    @classmethod
+    def from_key(cls, key: str) -> Problem:
+        """Parse a key written by :attr:`key` back into the same Problem."""
+        match = _KEY_RE.match(key)
+        if match is None:
+            msg = f"not a unimatmul problem key: {key!r}"
+            raise ValueError(msg)
+        g = match.groupdict()
+        return cls(
+            op=g["op"],
+            dtype_a=g["da"],
+            dtype_b=g["db"],
+            dtype_c=g["dc"],
+            compute=g["cp"],
+            trans_a=g["ta"] == "T",
+            trans_b=g["tb"] == "T",
+            m=int(g["m"]),
+            n=int(g["n"]),
+            k=int(g["k"]),
+            batch=int(g["b"]),
+            lda=int(g["lda"]),
+            ldb=int(g["ldb"]),
+            ldc=int(g["ldc"]),
+            stride_a=int(g["sa"]),
+            stride_b=int(g["sb"]),
+            stride_c=int(g["sc"]),
+            beta_zero=g["beta"] == "0",
+            epilogue=g["ep"],
+            dtype_bias=g["dbias"],
+            align=int(g["al"]),
+        )
+
+    @classmethod
+    def from_shape(
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        dtype: str = "f32",
+        *,
+        batch: int = 1,
+        compute: str | None = None,
+        epilogue: str = "none",
+    ) -> Problem:
+        """A contiguous row-major problem, as a user would write ``MxNxK:dtype``."""
+        dtype = canonical(dtype)
+        return cls(
+            m=m,
+            n=n,
+            k=k,
+            batch=batch,
+            dtype_a=dtype,
+            dtype_b=dtype,
+            dtype_c=dtype,
+            compute=compute or _default_compute(dtype),
+            epilogue=epilogue,
+        )
+
+    @classmethod
+    def parse_shape(cls, text: str) -> Problem:
+        """Parse ``MxNxK[:dtype]`` or ``BxMxNxK[:dtype]`` (the CLI's ``--shape``)."""
+        dims_text, _, dtype = text.partition(":")
+        try:
+            dims = [int(part) for part in dims_text.lower().split("x")]
+        except ValueError:
+            dims = []
+        if len(dims) not in (3, 4) or min(dims, default=0) < 1:
+            msg = f"bad shape {text!r}: expected MxNxK[:dtype] or BxMxNxK[:dtype] with positive sizes"
+            raise ValueError(msg)
+        batch = dims[0] if len(dims) == 4 else 1
+        m, n, k = dims[-3:]
+        return cls.from_shape(m, n, k, dtype or "f32", batch=batch)
+
+
+def _default_compute(dtype: str) -> str:
+    return "f64" if dtype == "f64" else "f32"
+
+
+# --- building a Problem from the caller's arrays -------------------------------------
+
+
+def matrix_layout(shape: tuple[int, ...], strides: tuple[int, ...], what: str) -> tuple[bool, int]:
+    """(transposed, leading dimension) of the last two dims of an operand, in elements.
+
+    A dimension of size 1 can carry any stride; those are normalised so that equal
+    layouts give equal keys.
+    """
+    rows, cols = shape[-2], shape[-1]
+    s_row, s_col = strides[-2], strides[-1]
+    if cols == 1 or s_col == 1:
+        ld = s_row if rows > 1 else cols
+        if rows == 1 or ld >= cols:
+            return False, max(ld, cols, 1)
+    if rows == 1 or s_row == 1:
+        ld = s_col if cols > 1 else rows
+        if cols == 1 or ld >= rows:
+            return True, max(ld, rows, 1)
+    msg = (
+        f"{what} has strides {tuple(strides)} for shape {tuple(shape)}: no GEMM kernel takes a "
+        f"matrix without a unit stride in one of its last two dimensions; pass a contiguous "
+        f"copy (e.g. .contiguous() or numpy.ascontiguousarray)"
+    )
+    raise ValueError(msg)
