@@ -204,41 +204,16 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-# --- cache -----------------------------------------------------------------------------
+# --- conformance -----------------------------------------------------------------------
 
 
-def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache import open_store
-
-    store = open_store(args.cache)
-    items = list(store.items(args.namespace))
-    if args.json:
-        json.dump([{"namespace": ns, "key": k, **r.to_dict()} for ns, k, r in items], out, indent=2)
-        out.write("\n")
-        return EXIT_OK
-    out.write(f"cache: {store.location} ({len(items)} entries)\n")
-    by_ns: dict[str, list[list[str]]] = {}
-    for ns, key, record in items:
-        by_ns.setdefault(ns, []).append(
-            [
-                key,
-                record.winner,
-                _fmt_us(record.winner_s),
-                _fmt_us(record.default_s),
-                f"{record.speedup:.2f}x",
-            ]
-        )
-    for ns, rows in by_ns.items():
-        out.write(f"\n[{ns}]\n")
-        _table(rows, ["problem", "winner", "us", "default us", "speedup"], out)
-    return EXIT_OK
-
-
-def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache import open_store
-
-    out.write(open_store(args.cache).location + "\n")
-    return EXIT_OK
+def cmd_conformance(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        from unimatmul_conformance.runner import run_from_cli
+    except ImportError as exc:
+        raise CliError(f"the conformance suite is not installed ({exc})", EXIT_UNAVAILABLE) from exc
+    code: int = run_from_cli(args, out)
+    return code
 
 
 # --- parser ----------------------------------------------------------------------------
@@ -281,16 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("cache", help="inspect the cache")
-    cache_sub = p.add_subparsers(dest="cache_command", required=True)
-    c = cache_sub.add_parser("show", help="list the entries")
-    c.add_argument("--cache", default=None, help="cache file (default: $UNIMATMUL_CACHE or the user's)")
-    c.add_argument("--namespace", default=None, help="only this platform namespace")
-    c.add_argument("--json", action="store_true")
-    c.set_defaults(func=cmd_cache_show)
-    c = cache_sub.add_parser("path", help="print the cache file's path")
-    c.add_argument("--cache", default=None)
-    c.set_defaults(func=cmd_cache_path)
+    from unimatmul.cli_cache import add_cache_commands
+
+    add_cache_commands(sub)
+
+    p = sub.add_parser("conformance", help="run the conformance suite on one backend")
+    p.add_argument("--backend", required=True, help="backend name (see `unimatmul info`)")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
+    p.add_argument("--quick", action="store_true", help="a smaller problem matrix")
+    p.set_defaults(func=cmd_conformance)
     return parser
 
 

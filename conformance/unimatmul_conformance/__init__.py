@@ -1,0 +1,1 @@
+"""The unimatmul conformance suite: a pytest plugin, opt-in (in progress)."""

@@ -1,0 +1,1 @@
+"""Routing PyTorch matmuls through unimatmul (in progress)."""
