@@ -15,7 +15,7 @@ import itertools
 import pytest
 
 from unimatmul_backends.lt import abi
-from unimatmul_unimatmul_backends.lt.abi import (
+from unimatmul_backends.lt.abi import (
     ALL_ABIS,
     CUBLASLT_12,
     CUBLASLT_13,
