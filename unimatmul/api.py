@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from unimatmul.arrays import ArrayAdapter, adapter_of, pointer_alignment
-from unimatmul.backend import Runner, Target
+from unimatmul.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.cache import LRU
 from unimatmul.config import get_mode
 from unimatmul.problem import ACTIVATIONS, Problem, matrix_layout
@@ -60,17 +60,22 @@ def matmul(
     alpha = float(alpha)
     beta = float(beta)
     mode = get_mode()
-    sig = (
-        mode,
-        adapter.kind,
-        _signature(adapter, a),
-        _signature(adapter, b),
-        None if out is None else _signature(adapter, out),
-        None if bias is None else _signature(adapter, bias),
-        activation,
-        beta == 0.0,
-        c is None,
-    )
+    try:
+        sig = (
+            mode,
+            adapter.kind,
+            _signature(adapter, a),
+            _signature(adapter, b),
+            None if out is None else _signature(adapter, out),
+            None if bias is None else _signature(adapter, bias),
+            activation,
+            beta == 0.0,
+            c is None,
+        )
+    except AttributeError:
+        # An operand from another array library (or not an array): describe() says which.
+        describe(adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
+        raise
     found = _fast.get(sig)
     if found is None:
         found = _resolve(adapter, a, b, out, c, bias, activation, beta, mode)
@@ -80,8 +85,38 @@ def matmul(
         out = adapter.empty(out_shape, problem.dtype_c, adapter.device(a))
     if c is not None and beta != 0.0:
         adapter.copy_(out, c)
-    runner(a, b, out, alpha, beta, bias)
+    try:
+        runner(a, b, out, alpha, beta, bias)
+    except Exception as exc:
+        if runner.candidate == DEFAULT:
+            raise  # the array library's own error: the caller's to see
+        runner = _fall_back(sig, found, adapter, exc)
+        if c is not None and beta != 0.0:
+            adapter.copy_(out, c)  # the failed kernel may have written part of out
+        runner(a, b, out, alpha, beta, bias)
     return out
+
+
+def _fall_back(
+    sig: tuple[Any, ...],
+    found: tuple[Runner, tuple[int, ...], Problem],
+    adapter: ArrayAdapter,
+    exc: Exception,
+) -> Runner:
+    """Replace a kernel that failed on a call by Default and warn once: never crash the caller."""
+    from unimatmul.selector import get_selector
+
+    failed, out_shape, problem = found
+    default = DefaultRunner(adapter, problem.activation)
+    _fast.put(sig, (default, out_shape, problem))
+    selector = get_selector()
+    selector.stats.fallbacks += 1
+    selector.warn_once(
+        f"run:{problem.key}",
+        f"{failed.candidate.identity} failed on {problem.shape_text} {problem.dtype_a} "
+        f"({type(exc).__name__}: {exc}); using Default",
+    )
+    return default
 
 
 def _resolve(
@@ -100,6 +135,9 @@ def _resolve(
     problem, out_shape = describe(adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
     target = Target(adapter, adapter.device(a))
     decision = get_selector().decide(problem, target, mode)
+    if decision.source == "tuned":
+        # Signatures resolved earlier in another mode may hold Default for this problem.
+        clear_fast_path()
     return decision.runner, out_shape, problem
 
 
@@ -126,7 +164,7 @@ def describe(
 ) -> tuple[Problem, tuple[int, ...]]:
     """The Problem for these operands and the output's shape; clear errors for bad input."""
     if adapter_of(b) is not adapter:
-        msg = f"a and b must come from the same array library, got {type(a).__name__} and {type(b).__name__}"
+        msg = f"matmul: a and b must come from the same array library, got {type(a).__name__} and {type(b).__name__}"
         raise TypeError(msg)
     a_shape, b_shape = adapter.shape(a), adapter.shape(b)
     for name, shape in (("a", a_shape), ("b", b_shape)):

@@ -127,11 +127,11 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _problems(args: argparse.Namespace) -> list[Any]:
-    from unimatmul.plugins import get_plugin_manager
     from unimatmul.problem import Problem
+    from unimatmul.selector import get_selector
 
     texts: list[str] = []
-    presets = get_plugin_manager().presets()
+    presets = get_selector().plugins.presets()
     for name in args.preset or []:
         if name not in presets:
             valid = ", ".join(sorted(presets)) or "none"

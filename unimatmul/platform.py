@@ -15,9 +15,12 @@ if TYPE_CHECKING:
 class Platform:
     """Vendor, arch, device and the exact versions of every candidate library.
 
-    ``namespace`` (vendor, arch, device, cores) keys the cache: results never leak
-    across it. Library versions are kept per entry, so that a library upgrade
-    re-checks entries one by one instead of throwing a namespace away.
+    ``namespace`` (vendor, arch, device, cores, and the array library whose
+    ``matmul`` is the Default) keys the cache: results never leak across it. The
+    array library is part of it because a record's verdict is relative to the
+    Default it was measured against (numpy.matmul and torch.matmul differ). Library
+    versions are kept per entry, so that a library upgrade re-checks entries one by
+    one instead of throwing a namespace away.
     """
 
     vendor: str
@@ -25,10 +28,12 @@ class Platform:
     device: str
     cores: int
     libraries: tuple[tuple[str, str], ...] = ()
+    array: str = ""
 
     @property
     def namespace(self) -> str:
-        return f"{self.vendor}/{self.arch}/{self.device}/{self.cores}"
+        base = f"{self.vendor}/{self.arch}/{self.device}/{self.cores}"
+        return f"{base}/{self.array}" if self.array else base
 
     @property
     def versions(self) -> dict[str, str]:
@@ -41,6 +46,7 @@ class Platform:
             "device": self.device,
             "cores": self.cores,
             "libraries": dict(self.libraries),
+            "array": self.array,
         }
 
 
@@ -105,7 +111,7 @@ def detect_platform(target: Target, backends: list[Backend]) -> Platform:
     arch = extra.get("arch", arch)
     model = extra.get("device", model)
     cores = int(extra.get("cores", cores))
-    return Platform(vendor, arch, model, cores, tuple(sorted(libraries.items())))
+    return Platform(vendor, arch, model, cores, tuple(sorted(libraries.items())), target.array_kind)
 
 
 def _default_versions(target: Target) -> dict[str, str]:

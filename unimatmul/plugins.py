@@ -9,6 +9,7 @@ loading to those names, ``UNIMATMUL_DISABLE_PLUGINS`` blocks the names it lists,
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import os
 import threading
 import warnings
@@ -94,6 +95,15 @@ class PluginManager:
 
     def register(self, plugin: ModuleType | object, name: str) -> None:
         """Register one plugin object, validating its hooks now, not at first call."""
+        # pluggy ignores functions without the @hookimpl marker, so a misspelled,
+        # undecorated hook would otherwise be skipped silently.
+        prefix = f"{hookspecs.PROJECT}_"
+        known = sorted(h for h in dir(hookspecs) if h.startswith(prefix))
+        for attr in dir(plugin):
+            value = getattr(plugin, attr, None)
+            if attr.startswith(prefix) and attr not in known and inspect.isroutine(value):
+                msg = f"plugin {name!r} defines {attr!r}, which is not a unimatmul hook; known hooks: {', '.join(known)}"
+                raise PluginError(msg, plugin=name)
         try:
             self._pm.register(plugin, name=name)
         except (ValueError, pluggy.PluginValidationError) as exc:

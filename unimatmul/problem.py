@@ -70,6 +70,17 @@ class Problem:
         if self.op not in OPS:
             msg = f"unknown op {self.op!r}; valid: {', '.join(OPS)}"
             raise ValueError(msg)
+        # The key is parsed back by from_key, so every free-form field must be one word.
+        if not isinstance(self.compute, str) or not re.fullmatch(r"\w+", self.compute):
+            msg = f"Problem.compute must be a dtype name like 'f32' or 'tf32', got {self.compute!r}"
+            raise ValueError(msg)
+        if not isinstance(self.align, int) or self.align < 1 or self.align & (self.align - 1):
+            msg = f"Problem.align must be a power of two (bytes), got {self.align!r}"
+            raise ValueError(msg)
+        if self.batch == 1:
+            # Batch strides mean nothing for one matrix: equal layouts must give equal keys.
+            for name in ("stride_a", "stride_b", "stride_c"):
+                object.__setattr__(self, name, 0)
         # Fill minimal leading dimensions so that Problem(m, n, k) means "contiguous".
         if self.lda == 0:
             object.__setattr__(self, "lda", self.m if self.trans_a else self.k)
@@ -91,6 +102,11 @@ class Problem:
             raise ValueError(msg)
         if self.has_bias and self.dtype_bias is None:
             object.__setattr__(self, "dtype_bias", self.dtype_c)
+        elif not self.has_bias:
+            object.__setattr__(self, "dtype_bias", None)  # not in the key, so not in the Problem
+        if self.dtype_bias is not None and self.dtype_bias not in ITEMSIZE:
+            msg = f"Problem.dtype_bias={self.dtype_bias!r} is not one of {sorted(ITEMSIZE)}"
+            raise ValueError(msg)
 
     # --- derived facts -------------------------------------------------------------
     @property
