@@ -1,0 +1,238 @@
+"""The Harness: the fastest right candidate wins; slow ones lose, wrong ones never win.
+
+Real oneDNN candidates are measured beside fake backends that are slow, wrong or
+broken on purpose. Pruning is checked with a scripted timer, so that the verdicts do
+not depend on how busy this machine is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import unimatmul
+from unimatmul.arrays import CPU, NumpyAdapter, adapter_for_kind
+from unimatmul.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
+from unimatmul.harness import CpuTimer, Harness, HarnessSettings
+from unimatmul.problem import Problem
+from unimatmul.record import FAILED, OK, PRUNED, REJECTED, TuningRecord
+
+NUMPY = Target(adapter_for_kind("numpy"), CPU)
+
+
+def _by_identity(record: TuningRecord) -> dict[str, Any]:
+    return {r.identity: r for r in record.results}
+
+
+def assert_fastest_right_candidate_won(record: TuningRecord, settings: HarnessSettings) -> None:
+    """The winner is the measured fastest checked candidate, or Default if the gain is below min_gain."""
+    results = _by_identity(record)
+    ok = [r for r in record.results if r.status == OK]
+    best = min(ok, key=lambda r: r.median_s or float("inf"))
+    assert record.winner in (best.identity, DEFAULT.identity)
+    if record.winner != best.identity:
+        default = results[DEFAULT.identity]
+        assert best.median_s > default.median_s * (1 - settings.min_gain)
+    assert results[record.winner].status == OK
+    assert record.winner_s == results[record.winner].median_s
+
+
+def assert_every_time_recorded(record: TuningRecord) -> None:
+    for result in record.results:
+        if result.status in (OK, PRUNED):
+            assert result.median_s is not None and result.median_s > 0, result
+            assert result.samples >= 1, result
+        else:
+            assert result.status in (REJECTED, FAILED) and result.note, result
+
+
+def test_real_onednn_candidates_are_all_measured(isolated: Any) -> None:
+    problem = Problem.from_shape(96, 80, 64)
+    record = isolated.selector.tune(problem, NUMPY)
+    identities = [r.identity for r in record.results]
+    assert identities[0] == DEFAULT.identity
+    onednn = [i for i in identities if i.startswith("onednn/")]
+    assert onednn, identities
+    assert not any(i.startswith("onednn/ref:") for i in onednn)  # reference kernels only on request
+    assert all(r.status in (OK, PRUNED) for r in record.results), record.results
+    assert all(r.error is not None and r.error < 1e-5 for r in record.results)
+    assert_every_time_recorded(record)
+    assert_fastest_right_candidate_won(record, isolated.selector.settings)
+    assert record.default_s == _by_identity(record)[DEFAULT.identity].median_s
+    assert record.versions["onednn"] and record.versions["numpy"] == np.__version__
+    assert record.settings["timer"] == CpuTimer.name and record.settings["tolerance"] == 1e-4
+    assert record.tune_s > 0
+
+
+def test_a_slow_backend_loses(isolated: Any, fake_backend: Callable[..., Any]) -> None:
+    slow = fake_backend("slow", "slow", delay_s=2e-3)
+    record = isolated.selector.tune(Problem.from_shape(48, 40, 32), NUMPY)
+    result = _by_identity(record)["slow/k0"]
+    assert slow.calls > 0 and result.error is not None and result.error < 1e-5  # it was right ...
+    assert record.winner != "slow/k0"  # ... but slow
+    # A clear loser is pruned (unless a busy machine slowed everyone else as much).
+    assert result.status in (PRUNED, OK)
+    assert result.median_s is not None and result.median_s >= 2e-3
+    assert_every_time_recorded(record)
+    assert_fastest_right_candidate_won(record, isolated.selector.settings)
+
+
+@pytest.mark.parametrize("behaviour", ["wrong", "almost"])
+def test_a_fast_wrong_backend_is_rejected(
+    isolated: Any, fake_backend: Callable[..., Any], behaviour: str
+) -> None:
+    wrong = fake_backend("wrong", behaviour)
+    a = np.random.default_rng(1).standard_normal((40, 24)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((24, 56)).astype(np.float32)
+    with unimatmul.mode("tune"):
+        out = unimatmul.matmul(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    (_, _, record), *_ = list(isolated.selector.store.items())
+    result = _by_identity(record)["wrong/k0"]
+    assert wrong.calls == 1  # checked once, never timed
+    assert result.status == REJECTED
+    assert result.error is not None and result.error > 1e-3
+    assert "tolerance" in result.note and result.median_s is None
+    assert record.winner != "wrong/k0"
+
+
+@pytest.mark.parametrize("behaviour", ["raise_prepare", "raise_run"])
+def test_a_broken_candidate_is_contained(
+    isolated: Any, fake_backend: Callable[..., Any], behaviour: str
+) -> None:
+    fake_backend("broken", behaviour)
+    record = isolated.selector.tune(Problem.from_shape(16, 24, 8), NUMPY)
+    result = _by_identity(record)["broken/k0"]
+    assert result.status == FAILED
+    assert "RuntimeError" in result.note and "on purpose" in result.note
+    assert record.winner != "broken/k0"
+    assert_every_time_recorded(record)
+
+
+def test_unsupported_candidates_are_failed_not_fatal(isolated: Any, fake_backend: Callable[..., Any]) -> None:
+    # A kernel that prepare() refuses (say, gone since it was listed): the protocol's "no".
+    fake = fake_backend("picky", "correct", kernels=("k0",))
+    problem = Problem.from_shape(8, 8, 8)
+    harness = Harness(CpuTimer(), isolated.selector.settings)
+    entries = [
+        (DEFAULT, lambda: DefaultRunner(NUMPY.adapter)),
+        (
+            Candidate.make("picky", "gone"),
+            lambda: fake.prepare(problem, Candidate.make("picky", "gone"), NUMPY),
+        ),
+    ]
+    record = harness.measure(problem, NUMPY, entries)
+    assert _by_identity(record)["picky/gone"].status == FAILED
+    assert _by_identity(record)["picky/gone"].note.startswith("unsupported:")
+    assert record.winner == DEFAULT.identity
+
+
+# --- pruning, deterministically -----------------------------------------------------
+
+
+class _Clock:
+    """The cost of whichever runner ran last: the scripted timer reports it."""
+
+    current = 0.0
+
+
+class _CostedRunner:
+    def __init__(self, candidate: Candidate, cost: float, clock: _Clock) -> None:
+        self.candidate = candidate
+        self.cost = cost
+        self.clock = clock
+        self.adapter = NumpyAdapter()
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        self.adapter.matmul(a, b, out, alpha, beta, bias, None)
+        self.clock.current = self.cost
+
+
+class _ScriptedTimer:
+    name = "scripted"
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
+        def sample() -> float:
+            calls[0]()
+            return self.clock.current
+
+        return sample
+
+
+def _scripted(costs: dict[Candidate, float], settings: HarnessSettings) -> TuningRecord:
+    clock = _Clock()
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (candidate, lambda c=candidate, t=cost: _CostedRunner(c, t, clock))
+        for candidate, cost in costs.items()
+    ]
+    harness = Harness(_ScriptedTimer(clock), settings)
+    return harness.measure(Problem.from_shape(8, 6, 4), NUMPY, entries)
+
+
+def test_pruning_marks_clear_losers_and_keeps_their_times() -> None:
+    fast, close, loser, hopeless = (Candidate.make("t", n) for n in ("fast", "close", "loser", "hopeless"))
+    settings = HarnessSettings(
+        warmup=1, min_samples=3, max_samples=10, budget_s=1.0, settle_s=0.0, max_sets=1
+    )
+    record = _scripted({DEFAULT: 1.0, fast: 0.5, close: 0.6, loser: 0.8, hopeless: 10.0}, settings)
+    results = _by_identity(record)
+    assert record.winner == fast.identity and record.winner_s == 0.5
+    assert record.default_s == 1.0 and record.speedup == 2.0
+    # 10x the best on its first timed call: dropped at once, after one sample.
+    assert results[hopeless.identity].status == PRUNED and results[hopeless.identity].samples == 1
+    # 1.6x the best after min_samples: dropped then, not measured to the end.
+    assert (
+        results[loser.identity].status == PRUNED and results[loser.identity].samples == settings.min_samples
+    )
+    assert "1.60x the best" in results[loser.identity].note
+    # Within the prune ratio: measured fully, not the winner.
+    assert results[close.identity].status == OK and results[close.identity].samples == settings.max_samples
+    # Default is never pruned: it is the baseline every speedup is quoted against.
+    assert results[DEFAULT.identity].status == OK
+    assert_every_time_recorded(record)
+
+
+def test_a_small_gain_keeps_default() -> None:
+    nearly = Candidate.make("t", "nearly")
+    settings = HarnessSettings(
+        warmup=1, min_samples=3, max_samples=5, settle_s=0.0, max_sets=1, min_gain=0.05
+    )
+    record = _scripted({DEFAULT: 1.0, nearly: 0.97}, settings)
+    assert record.winner == DEFAULT.identity and record.speedup == 1.0
+    assert _by_identity(record)[nearly.identity].median_s == 0.97
+
+
+def test_interleaved_rounds_prune_too() -> None:
+    fast, loser = Candidate.make("t", "fast"), Candidate.make("t", "loser")
+    settings = HarnessSettings(
+        warmup=1, min_samples=3, max_samples=6, budget_s=1.0, settle_s=0.0, max_sets=1, interleave=True
+    )
+    record = _scripted({DEFAULT: 1.0, fast: 0.5, loser: 0.9}, settings)
+    results = _by_identity(record)
+    assert record.winner == fast.identity
+    assert results[loser.identity].status == PRUNED
+    assert results[fast.identity].samples == settings.max_samples
+
+
+def test_inputs_rotate_through_more_memory_than_the_cache() -> None:
+    settings = HarnessSettings(rotate_bytes=1 << 20, max_sets=64)
+    problem = Problem.from_shape(64, 64, 64)  # 48 KiB a set
+    sets = Harness(CpuTimer(), settings)._operand_sets(problem, NUMPY, np.random.default_rng(0))
+    assert len(sets) == -(-(1 << 20) // problem.min_bytes)
+    assert len({s.a.ctypes.data for s in sets}) == len(sets)  # distinct memory, not one buffer again
+    assert all(np.isfinite(s.a).all() and np.abs(s.a).sum() > 0 for s in sets)  # never zeros
+
+
+def test_beta_problems_are_checked_with_c_in_the_output(isolated: Any) -> None:
+    problem = Problem(m=24, n=16, k=8, beta_zero=False)
+    record = isolated.selector.tune(problem, NUMPY)
+    assert all(r.status in (OK, PRUNED) for r in record.results), record.results
+    assert all(r.error is not None and r.error < 1e-5 for r in record.results)
