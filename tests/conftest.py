@@ -219,3 +219,15 @@ def fake_backend(isolated: Isolated) -> Iterator[Callable[..., Any]]:
             return backend
 
         yield make
+
+
+@pytest.fixture
+def unregistered_backend() -> type[FakeBackend]:
+    """The FakeBackend class itself, for tests that register it their own way."""
+    return FakeBackend
+
+
+@pytest.fixture(name="registered")
+def registered_fixture() -> Callable[..., contextlib.AbstractContextManager[None]]:
+    """:func:`registered`: ``with registered(plugins, *backends, name=...)``."""
+    return registered
