@@ -81,6 +81,8 @@ def add_cache_commands(sub: Any) -> None:
     common(c)
     c.add_argument("format", help="file format, e.g. tunableop")
     c.add_argument("file", help="the file to read")
+    c.add_argument("--namespace", default=None, help="namespace to import into (default: this GPU's)")
+    c.add_argument("--replace", action="store_true", help="overwrite entries the cache already holds")
     c.set_defaults(func=cmd_cache_import)
 
     c = cache_sub.add_parser("export", help="write the cache in another format")

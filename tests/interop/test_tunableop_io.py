@@ -1,0 +1,380 @@
+"""``unimatmul cache import tunableop`` / ``cache export --format tunableop``: files <-> cache entries.
+
+Every command runs through the real CLI (argparse wiring, msgpack cache file in a
+temporary folder) on the sample files of ``data/`` (see test_tunableop.py for where
+each format comes from). No GPU is needed: the namespace is passed explicitly or a
+Platform is handed in where the command would ask torch for the current GPU.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from unimatmul.backend import DEFAULT, Candidate
+from unimatmul.cache import open_store
+from unimatmul.cli import main
+from unimatmul.interop import tunableop as to
+from unimatmul.interop import tunableop_io as tio
+from unimatmul.platform import Platform
+from unimatmul.problem import Problem
+from unimatmul.record import TuningRecord
+
+DATA = Path(__file__).resolve().parent / "data"
+MI300 = "amd/gfx942:sramecc+:xnack-/AMD Instinct MI300X/304/torch"
+H200 = "nvidia/sm_90/NVIDIA H200/132/torch"
+RESULT_FILES = sorted(p.name for p in DATA.glob("*.csv") if p.name != "untuned.csv")
+# Files with at least one importable row (cuda_main_cublaslt.csv has none: see its own test).
+ROUND_TRIP_FILES = [name for name in RESULT_FILES if name != "cuda_main_cublaslt.csv"]
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out)
+    return code, out.getvalue()
+
+
+def entries(cache: Path, namespace: str | None = None) -> dict[str, TuningRecord]:
+    return {key: record for _, key, record in open_store(cache).items(namespace)}
+
+
+def import_file(name: str, cache: Path, namespace: str = MI300, *extra: str) -> str:
+    code, text = run(
+        "cache",
+        "import",
+        "tunableop",
+        str(DATA / name),
+        "--cache",
+        str(cache),
+        "--namespace",
+        namespace,
+        *extra,
+    )
+    assert code == 0, text
+    return text
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torch reports on this machine anyway (no GPU), without importing torch each time."""
+    monkeypatch.setattr(tio, "current_gpu_platform", lambda: None)
+
+
+def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    text = import_file("rocm_2.7_ld.csv", cache)
+    got = entries(cache, MI300)
+    # tn_8192_2_3584_ld_3584_3584_8192 is x[2, 3584] @ W.T with W[8192, 3584] (a Linear).
+    linear = Problem(
+        m=2, n=8192, k=3584, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, lda=3584, ldb=3584
+    )
+    record = got[linear.key]
+    assert record.winner == "hipblaslt/solution?index=61169"
+    assert record.winner_s == pytest.approx(0.0171694e-3, rel=1e-12)
+    assert record.versions == {
+        "hipblaslt": "900-0c1a3dfa",
+        "rocblas": "4.3.0.ef408db7-dirty",
+        "hip": "6.3.42131-fa1d09cbd",
+    }
+    assert record.settings["validators"]["GCN_ARCH_NAME"] == "gfx942:sramecc+:xnack-"
+    # nn_1024_512_256_ld_1024_256_1024: BLAS m=1024 is our n; BLAS lda describes our B.
+    rocblas = Problem(m=512, n=1024, k=256, dtype_a="f16", dtype_b="f16", dtype_c="f16", ldb=1024, lda=256)
+    assert got[rocblas.key].winner == "rocblas/solution?index=20981"
+    padded = Problem(
+        m=512, n=1024, k=256, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_a=True, lda=520, ldb=1040
+    )
+    assert got[padded.key].winner == DEFAULT.identity
+    assert got[padded.key].default_s == got[padded.key].winner_s
+    bias = Problem(m=32, n=768, k=1024, trans_b=True, lda=1024, ldb=1024, ldc=768, epilogue="bias")
+    assert got[bias.key].winner == "hipblaslt/solution?index=220580"
+    batched = Problem(
+        m=128, n=64, k=32, batch=16, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_a=True, lda=128, ldb=64,
+        ldc=64, stride_a=32 * 128, stride_b=32 * 64, stride_c=128 * 64,
+    )  # fmt: skip
+    assert got[batched.key].winner == "hipblaslt/solution?index=8537"
+    assert len(got) == 5
+    assert "line 11: ScaledGemm" in text and "line 12: ScaledGemm" in text
+    assert f"imported 5 entries into {MI300}" in text
+
+
+def test_identities_are_the_backends_own() -> None:
+    from unimatmul_backends.rocm.rocblas import solution_candidate
+
+    for index in (1, 20981, -7):
+        sol = to.TunableOpSolution.rocblas(index)
+        assert tio.candidate_of(sol) == solution_candidate(index)
+    assert tio.candidate_of(to.TunableOpSolution.hipblaslt(61169)) == Candidate.make(
+        "hipblaslt", "solution", index=61169
+    )
+    assert tio.candidate_of(to.TunableOpSolution("Gemm_Hipblaslt_TN_572")).param("index") == 572
+
+
+def test_rocm_29_tf32_negative_index_inf_time_and_blas_params_strides(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    import_file("rocm_2.9_hip_version.csv", cache)
+    got = entries(cache, MI300)
+    tf32 = Problem(m=512, n=512, k=512, compute="tf32")
+    assert got[tf32.key].winner == "hipblaslt/solution?index=3081"
+    negative = Problem(
+        m=16, n=1024, k=4096, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_b=True, ldb=4096, lda=4096
+    )
+    assert got[negative.key].winner == "rocblas/solution?index=-7"
+    f64 = Problem(m=64, n=64, k=64, dtype_a="f64", dtype_b="f64", dtype_c="f64", compute="f64")
+    assert math.isinf(got[f64.key].winner_s)
+    strided = Problem(
+        m=128, n=128, k=64, batch=8, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_b=True,
+        lda=64, ldb=64, ldc=128, stride_a=8192, stride_b=8192, stride_c=16384,
+    )  # fmt: skip
+    assert got[strided.key].winner == "hipblaslt/solution?index=1412"
+    # HIP_VERSION ("603") is not torch.version.hip's format: kept with the validators only.
+    assert got[strided.key].versions == {
+        "hipblaslt": "1000-a6254b89-dirty",
+        "rocblas": "4.3.0.ef408db7-dirty",
+    }
+    assert got[strided.key].settings["validators"]["HIP_VERSION"] == "603"
+
+
+def test_broken_rows_are_reported_with_line_numbers_and_the_rest_imported(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    text = import_file("broken_rows.csv", cache)
+    assert "imported 2 entries" in text
+    lines = [int(n) for n in re.findall(r"^  line (\d+):", text, re.MULTILINE)]
+    assert lines == sorted(lines)
+    assert lines == [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17]
+    assert {r.winner for r in entries(cache).values()} == {
+        "hipblaslt/solution?index=12",
+        "rocblas/solution?index=5",
+    }
+
+
+def test_bare_integers_are_unknown_library_and_times_are_optional(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    text = import_file("readme_initial_bare_int.csv", cache)
+    assert re.search(r"line 5: solution '1219' is a bare index: the library it belongs to is unknown", text)
+    assert re.search(r"line 6: solution '1216' is a bare index", text)
+    got = entries(cache)
+    assert sorted(r.winner for r in got.values()) == ["default/default", "rocblas/solution?index=1216"]
+    assert all(math.isinf(r.winner_s) for r in got.values())
+
+
+def test_cublaslt_names_and_wildcards_are_skipped(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    code, text = run("cache", "import", "tunableop", str(DATA / "cuda_main_cublaslt.csv"), "--cache", str(cache), "--namespace", H200)  # fmt: skip
+    assert code == 0
+    assert "line 2: cuBLASLt solution" in text and "line 3: a '*' (dynamic) dimension" in text
+    assert "imported 0 entries" in text
+
+
+def test_namespace_is_required_without_a_matching_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "c.msgpack"
+    path = str(DATA / "rocm_2.7_ld.csv")
+    code, _ = run("cache", "import", "tunableop", path, "--cache", str(cache))
+    assert code == 2
+    assert entries(cache) == {}
+    # A GPU of another arch: still refused, and the message names both.
+    mi200 = Platform("amd", "gfx90a:sramecc+:xnack-", "AMD Instinct MI250X", 110, array="torch")
+    monkeypatch.setattr(tio, "current_gpu_platform", lambda: mi200)
+    with pytest.raises(Exception, match=r"gfx942.*gfx90a.*--namespace"):
+        tio.cmd_import(_args(path, cache), io.StringIO())
+    # An explicit namespace for another arch is refused too.
+    with pytest.raises(Exception, match="tuned on gfx942"):
+        tio.cmd_import(_args(path, cache, namespace="amd/gfx90a/MI250X/110/torch"), io.StringIO())
+    # The GPU torch sees has the file's arch: its namespace is used.
+    mi300 = Platform("amd", "gfx942:sramecc+:xnack-", "AMD Instinct MI300X", 304, array="torch")
+    monkeypatch.setattr(tio, "current_gpu_platform", lambda: mi300)
+    out = io.StringIO()
+    assert tio.cmd_import(_args(path, cache), out) == 0
+    assert set(entries(cache)) == set(entries(cache, mi300.namespace))
+    assert mi300.namespace == MI300
+
+
+def _args(file: str, cache: Path, namespace: str | None = None, replace: bool = False) -> object:
+    import argparse
+
+    return argparse.Namespace(file=file, cache=str(cache), namespace=namespace, replace=replace)
+
+
+def test_existing_entries_are_kept_unless_replace(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    linear = Problem(
+        m=2, n=8192, k=3584, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, lda=3584, ldb=3584
+    )
+    mine = TuningRecord(problem=linear.key, winner="onednn/x", winner_s=1.0, default_s=2.0)
+    open_store(cache).put(MI300, linear.key, mine)
+    text = import_file("rocm_2.7_ld.csv", cache)
+    assert "imported 4 entries" in text and "kept 1 existing entries" in text
+    assert entries(cache)[linear.key].winner == "onednn/x"
+    text = import_file("rocm_2.7_ld.csv", cache, MI300, "--replace")
+    assert "imported 5 entries" in text
+    assert entries(cache)[linear.key].winner == "hipblaslt/solution?index=61169"
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP_FILES)
+def test_export_then_import_gives_identical_entries(name: str, tmp_path: Path) -> None:
+    namespace = H200 if name.startswith("cuda") else MI300
+    first, second = tmp_path / "first.msgpack", tmp_path / "second.msgpack"
+    import_file(name, first, namespace)
+    before = entries(first, namespace)
+    exported = tmp_path / "exported.csv"
+    code, text = run("cache", "export", "--format", "tunableop", "-o", str(exported), "--cache", str(first))
+    assert code == 0, text
+    assert f"wrote {len(before)} rows" in text
+    assert "skipped" not in text
+    assert "validators stored by the import" in text
+    code, text = run(
+        "cache", "import", "tunableop", str(exported), "--cache", str(second), "--namespace", namespace
+    )
+    assert code == 0 and "skipped" not in text, text
+    after = entries(second, namespace)
+    assert {k: r.to_dict() for k, r in after.items()} == {k: r.to_dict() for k, r in before.items()}
+    # The validator set is written back as read (torch compares it key by key).
+    original = to.parse(DATA / name).validators
+    assert to.parse(exported).validators == original
+
+
+def test_export_writes_the_format_of_the_validators_torch(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    import_file("rocm_2.3_no_ld.csv", cache)
+    out = tmp_path / "old.csv"
+    assert run("cache", "export", "--format", "tunableop", "-o", str(out), "--cache", str(cache))[0] == 0
+    text = out.read_text()
+    assert "GemmTunableOp_float_NT,nt_25088_4096_64,Gemm_Hipblaslt_NT_1219,1.262\n" in text
+    assert "_ld_" not in text
+    cache2 = tmp_path / "c2.msgpack"
+    import_file("rocm_2.7_ld.csv", cache2)
+    out2 = tmp_path / "new.csv"
+    assert run("cache", "export", "--format", "tunableop", "-o", str(out2), "--cache", str(cache2))[0] == 0
+    assert "GemmTunableOp_BFloat16_TN,tn_8192_2_3584_ld_3584_3584_8192,Gemm_Hipblaslt_61169,0.0171694\n" in (
+        out2.read_text()
+    )
+
+
+def _harness_record(problem: Problem, winner: str, seconds: float = 2e-5) -> TuningRecord:
+    return TuningRecord(
+        problem=problem.key,
+        winner=winner,
+        winner_s=seconds,
+        default_s=3e-5,
+        versions={
+            "torch": "2.7.0+rocm6.3",
+            "hip": "6.3.42131-fa1d09cbd",
+            "rocblas": "4.3.0.ef408db7-dirty",
+            "hipblaslt": "900-0c1a3dfa",
+        },
+        tuned_at=1.0,
+    )
+
+
+def test_export_skips_what_tunableop_cannot_name_and_says_why(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    store = open_store(cache)
+    plain = Problem(m=64, n=128, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16")
+    cases = {
+        plain: "hipblaslt/solution?index=77",
+        Problem(m=64, n=128, k=32, dtype_a="f16", dtype_b="f16", dtype_c="f16"): "rocblas/solution?index=9",
+        Problem(m=8, n=8, k=8): "default/default",
+        Problem(m=16, n=16, k=16): "cublaslt/heuristic?algo=3",
+        Problem(m=32, n=16, k=16): "onednn/brg:avx512_core",
+        Problem(m=48, n=16, k=16, beta_zero=False): "default/default",
+        Problem(m=64, n=16, k=16, epilogue="relu"): "default/default",
+        Problem(m=80, n=16, k=16, align=8): "default/default",
+    }
+    for problem, winner in cases.items():
+        store.put(MI300, problem.key, _harness_record(problem, winner))
+    out = tmp_path / "out.csv"
+    code, text = run("cache", "export", "--format", "tunableop", "-o", str(out), "--cache", str(cache))
+    assert code == 0, text
+    assert "wrote 3 rows" in text and "skipped 5 entries" in text
+    assert "1 x cublaslt winners have no TunableOp solution name" in text
+    assert "1 x onednn winners have no TunableOp solution name" in text
+    assert "beta != 0" in text and "epilogue 'relu'" in text and "8-byte aligned" in text
+    assert "synthesized from the entries' versions" in text
+    parsed = to.parse(out)
+    assert dict(parsed.validators) == {
+        "PT_VERSION": "2.7.0",
+        "ROCM_VERSION": "6.3.42131-fa1d09cbd",
+        "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-",
+        "ROCBLAS_VERSION": "4.3.0.ef408db7-dirty",
+        "HIPBLASLT_VERSION": "900-0c1a3dfa",
+    }
+    rows = {g.solution.name: g for g in parsed.gemms if g.solution is not None}
+    assert set(rows) == {"Gemm_Hipblaslt_77", "Gemm_Rocblas_9", "Default"}
+    # Row-major 64x128x256 is BLAS 128x64x256 with our B as BLAS's A.
+    assert rows["Gemm_Hipblaslt_77"].params == "nn_128_64_256_ld_128_256_128"
+    assert rows["Gemm_Hipblaslt_77"].op_name == "GemmTunableOp_BFloat16_NN"
+    assert rows["Gemm_Hipblaslt_77"].time_ms == pytest.approx(0.02)
+    assert tio.problem_of(rows["Gemm_Hipblaslt_77"]) == plain
+
+
+def test_synthesized_validators_follow_the_torch_version() -> None:
+    problem = Problem(m=8, n=8, k=8)
+    record = _harness_record(problem, "default/default")
+    record.versions["torch"] = "2.10.0+rocm6.3"
+    validators = tio.synthesized_validators(MI300, [record])
+    assert validators["HIP_VERSION"] == "603" and "ROCM_VERSION" not in validators
+    assert validators["PT_VERSION"] == "2.10.0"
+    cuda = TuningRecord(problem=problem.key, winner="default/default", winner_s=1e-5, default_s=1e-5,
+                        versions={"torch": "2.11.0+cu130", "cuda": "13.0"})  # fmt: skip
+    assert tio.synthesized_validators(H200, [cuda]) == {"PT_VERSION": "2.11.0"}
+    with pytest.raises(ValueError, match="PT_VERSION"):
+        tio.synthesized_validators(
+            MI300, [TuningRecord(problem=problem.key, winner="x/y", winner_s=1, default_s=1)]
+        )
+
+
+def test_live_torch_validators_win_when_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    mi300 = Platform("amd", "gfx942:sramecc+:xnack-", "AMD Instinct MI300X", 304, array="torch")
+    record = _harness_record(Problem(m=8, n=8, k=8), "default/default")
+    live = (("PT_VERSION", "2.9.1"), ("HIP_VERSION", "603"), ("GCN_ARCH_NAME", "gfx942:sramecc+:xnack-"),
+            ("ROCBLAS_VERSION", "4.3.0.ef408db7-dirty"), ("HIPBLASLT_VERSION", "1000-a6254b89-dirty"))  # fmt: skip
+    # This CPU torch has no TunableOp binding: stand in for a ROCm build's answer.
+    monkeypatch.setattr(torch.cuda.tunable, "get_validators", lambda: live)
+    validators, source = tio.choose_validators(MI300, [record], mi300)
+    assert validators == dict(live) and "get_validators" in source
+    # Another namespace than the GPU's: the live set says nothing about it.
+    _, source = tio.choose_validators(H200, [record], mi300)
+    assert "synthesized" in source
+    # torch 2.3-2.6 before any TunableOp GEMM ran: only PT_VERSION is registered.
+    monkeypatch.setattr(torch.cuda.tunable, "get_validators", lambda: (("PT_VERSION", "2.5.0"),))
+    _, source = tio.choose_validators(MI300, [record], mi300)
+    assert "synthesized" in source
+
+
+def test_export_needs_one_namespace(tmp_path: Path) -> None:
+    cache = tmp_path / "c.msgpack"
+    import_file("rocm_2.7_ld.csv", cache)
+    import_file("cuda_2.6.csv", cache, H200)
+    code, _ = run(
+        "cache", "export", "--format", "tunableop", "-o", str(tmp_path / "x.csv"), "--cache", str(cache)
+    )
+    assert code == 2 and not (tmp_path / "x.csv").exists()
+    code, text = run("cache", "export", "--format", "tunableop", "-o", str(tmp_path / "x.csv"), "--cache", str(cache), "--namespace", H200)  # fmt: skip
+    assert code == 0 and "wrote 3 rows" in text
+    assert dict(to.parse(tmp_path / "x.csv").validators) == {"PT_VERSION": "2.6.0+cu124"}
+
+
+def test_missing_or_unreadable_file_exits_3(tmp_path: Path) -> None:
+    code, _ = run("cache", "import", "tunableop", str(tmp_path / "nope.csv"), "--cache", str(tmp_path / "c"), "--namespace", MI300)  # fmt: skip
+    assert code == 3
+    (tmp_path / "junk.csv").write_text("hello\nworld\n")
+    code, _ = run("cache", "import", "tunableop", str(tmp_path / "junk.csv"), "--cache", str(tmp_path / "c"), "--namespace", MI300)  # fmt: skip
+    assert code == 3
+
+
+def test_times_round_trip_exactly() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        ms = float(f"{rng.uniform(1e-4, 50):.{rng.randint(3, 9)}g}")
+        seconds = ms / 1e3
+        written = tio.time_text(seconds)
+        assert written is not None
+        assert float(to.format_time(written)) / 1e3 == seconds
+    assert tio.time_text(math.inf) is None
