@@ -1,0 +1,94 @@
+"""Finding cuBLASLt: the nvmath-python bindings or ``libcublasLt`` through ctypes.
+
+Both give an :class:`~unimatmul_backends.lt.driver.LtLibrary`. ``UNIMATMUL_LT_LIBRARY``
+picks one (``nvmath``, ``ctypes``); the default, ``auto``, takes nvmath-python's
+bindings when they import (their Cython calls cost less host time per call than
+ctypes, measured on the H200: see benchmarks/results) and ctypes otherwise.
+``UNIMATMUL_CUBLASLT_PATH`` names a library file for the ctypes path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.util
+import os
+from typing import Any
+
+from unimatmul_backends.lt.abi import LtABI, select_cublaslt_abi
+from unimatmul_backends.lt.driver import CtypesLtLibrary, LtDriver, LtLibrary, load_ctypes_library
+
+LIBRARY_KINDS = ("auto", "nvmath", "ctypes")
+SONAMES = ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so")
+
+
+def library_kind() -> str:
+    kind = os.environ.get("UNIMATMUL_LT_LIBRARY", "auto").strip().lower() or "auto"
+    if kind not in LIBRARY_KINDS:
+        msg = f"UNIMATMUL_LT_LIBRARY={kind!r} is not one of {', '.join(LIBRARY_KINDS)}"
+        raise ValueError(msg)
+    return kind
+
+
+def _wheel_paths() -> list[str]:
+    """libcublasLt files of the nvidia-cublas wheels (CUDA 13: nvidia/cu13/lib, 12: nvidia/cublas/lib)."""
+    found: list[str] = []
+    spec = importlib.util.find_spec("nvidia")
+    for root in list(spec.submodule_search_locations or []) if spec else []:
+        for pattern in ("cu13/lib/libcublasLt.so*", "cublas/lib/libcublasLt.so*", "cu12/lib/libcublasLt.so*"):
+            found += sorted(glob.glob(os.path.join(root, pattern)), reverse=True)
+    return found
+
+
+def _pathfinder_path() -> list[str]:
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError:
+        return []
+    try:
+        loaded = load_nvidia_dynamic_lib("cublasLt")
+    except Exception:
+        return []
+    path = getattr(loaded, "abs_path", None)
+    return [str(path)] if path else []
+
+
+def cublaslt_paths() -> list[str]:
+    """Where to look for libcublasLt, in order: the explicit path, loaded sonames, wheels, loader."""
+    explicit = os.environ.get("UNIMATMUL_CUBLASLT_PATH", "").strip()
+    paths = [explicit] if explicit else []
+    return [*paths, *SONAMES[:2], *_pathfinder_path(), *_wheel_paths(), *SONAMES]
+
+
+def _select_abi(cdll: ctypes.CDLL) -> LtABI:
+    get_version = cdll.cublasLtGetVersion
+    get_version.restype = ctypes.c_size_t
+    get_version.argtypes = []
+    return select_cublaslt_abi(int(get_version()))
+
+
+def load_ctypes() -> CtypesLtLibrary:
+    """libcublasLt through ctypes, bound with the ABI table of its version."""
+    return load_ctypes_library(cublaslt_paths(), _select_abi)
+
+
+def load_nvmath() -> Any:
+    """The ``nvmath.bindings.cublasLt`` module (it already has the LtLibrary shape)."""
+    from nvmath.bindings import cublasLt
+
+    return cublasLt
+
+
+def load_driver(kind: str | None = None) -> tuple[LtDriver, str]:
+    """A cuBLASLt driver and the name of the library object under it."""
+    kind = kind or library_kind()
+    errors = []
+    order = ("nvmath", "ctypes") if kind == "auto" else (kind,)
+    for name in order:
+        try:
+            lib: LtLibrary = load_nvmath() if name == "nvmath" else load_ctypes()
+            abi = select_cublaslt_abi(int(lib.get_version()))
+            return LtDriver(abi, lib), name
+        except Exception as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    raise OSError("cuBLASLt could not be loaded (" + "; ".join(errors) + ")")

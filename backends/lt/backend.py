@@ -1,0 +1,224 @@
+"""LtBackend: a Backend on the shared Lt driver; cuBLASLt and hipBLASLt subclass it.
+
+A subclass says how to load its library (``load_driver``) and how an algo is named
+(``algo_params`` / ``algo_from_params``: its algo codec); this class does the rest:
+
+* **Candidates**: the library's heuristic list (``UNIMATMUL_LT_HEURISTICS``, default
+  16), named by configuration, duplicates dropped; optionally an exhaustive search
+  (``UNIMATMUL_LT_EXHAUSTIVE=1``, through ``extra_params``); and, when a leading
+  dimension or pointer breaks 16-byte alignment, alignment candidates (``pad``) that
+  run the best few heuristic algos of the padded problem.
+* **prepare** rebuilds the algo from the candidate's parameters, so what is measured is
+  exactly what a stored identity reproduces, and returns an LtRunner / PaddedRunner.
+* **check** re-validates a stored identity against the library now loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from unimatmul.backend import Backend, Candidate, Runner, Target
+from unimatmul.errors import UnsupportedProblem
+from unimatmul.problem import Problem
+from unimatmul_backends.lt.driver import LtAlgo, LtDriver, LtPlan
+from unimatmul_backends.lt.layout import lt_gemm, padded_problem
+from unimatmul_backends.lt.runner import ArrayHooks, LtRunner, PaddedRunner, array_hooks
+
+GEMM = "gemm"  # candidate name: an algo on the caller's own memory
+PAD = "pad"  # candidate name: an algo on padded, aligned copies
+
+
+def env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        msg = f"environment variable {name}={text!r} is not an integer"
+        raise ValueError(msg) from None
+
+
+class LtBackend(Backend):
+    """Candidates and runners on the Lt driver (see the module docstring)."""
+
+    #: Key of the library version in ``versions()`` (and so in every TuningRecord).
+    version_name: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._driver: LtDriver | None = None
+        self._error: str | None = None
+        self._lock = threading.Lock()
+        self._hooks: dict[tuple[str, int], ArrayHooks] = {}
+        #: Counts of the last exhaustive search (for reports).
+        self.last_search: dict[str, int] = {}
+
+    # --- what a subclass provides ---------------------------------------------------
+    @abstractmethod
+    def load_driver(self) -> LtDriver:
+        """Load the library and make a driver; raise with a clear reason if impossible."""
+
+    @abstractmethod
+    def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, int]:
+        """The identity of an algo: a few ints that ``algo_from_params`` rebuilds it from."""
+
+    @abstractmethod
+    def algo_from_params(self, plan: LtPlan, params: Mapping[str, Any]) -> LtAlgo:
+        """The checked algo of an identity on ``plan``; raise if the library rejects it."""
+
+    def extra_params(self, plan: LtPlan, seeds: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
+        """Exhaustive mode: identities beyond the heuristic ``seeds`` (default: none)."""
+        return []
+
+    def format_version(self, version: int) -> str:
+        return str(version)
+
+    # --- settings ---------------------------------------------------------------------
+    @property
+    def heuristic_count(self) -> int:
+        return max(1, env_int("UNIMATMUL_LT_HEURISTICS", 16))
+
+    @property
+    def pad_count(self) -> int:
+        return max(0, env_int("UNIMATMUL_LT_PAD_HEURISTICS", 2))
+
+    @property
+    def workspace_limit(self) -> int:
+        return max(0, env_int("UNIMATMUL_LT_WORKSPACE_MB", 32)) << 20
+
+    @property
+    def exhaustive(self) -> bool:
+        return os.environ.get("UNIMATMUL_LT_EXHAUSTIVE", "").strip() in ("1", "true", "yes")
+
+    # --- the library ------------------------------------------------------------------
+    def driver(self) -> LtDriver:
+        if self._driver is None and self._error is None:
+            with self._lock:
+                if self._driver is None and self._error is None:
+                    try:
+                        self._driver = self.load_driver()
+                    except Exception as exc:  # missing library, unknown version, bad path
+                        self._error = f"{type(exc).__name__}: {exc}"
+        if self._driver is None:
+            msg = f"{self.name} is unavailable: {self._error}"
+            raise UnsupportedProblem(msg, backend=self.name)
+        return self._driver
+
+    def availability(self) -> str | None:
+        try:
+            self.driver()
+        except UnsupportedProblem:
+            return self._error
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {self.version_name: self.format_version(self.driver().version())}
+
+    def hooks(self, target: Target) -> ArrayHooks:
+        key = (target.array_kind, target.device.index)
+        found = self._hooks.get(key)
+        if found is None:
+            found = self._hooks[key] = array_hooks(target)
+        return found
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    # --- candidates -------------------------------------------------------------------
+    def _heuristic_params(self, problem: Problem, count: int, exhaustive: bool) -> list[dict[str, int]]:
+        driver = self.driver()
+        plan = driver.plan(lt_gemm(problem), self.workspace_limit)
+        try:
+            params = [self.algo_params(plan, algo) for algo in plan.heuristics(count)]
+            if exhaustive:
+                params += self.extra_params(plan, params)
+        finally:
+            plan.close()
+        return params
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        lt_gemm(problem)  # UnsupportedProblem before any library work
+        hooks = self.hooks(target)
+        found: list[Candidate] = []
+        errors: list[str] = []
+        with hooks.device():
+            try:
+                for params in self._heuristic_params(problem, self.heuristic_count, self.exhaustive):
+                    found.append(Candidate.make(self.name, GEMM, **params))
+            except UnsupportedProblem:
+                raise
+            except Exception as exc:  # the library refused the layout: padding may still work
+                errors.append(f"{type(exc).__name__}: {exc}")
+            padded, pads = padded_problem(problem)
+            if pads and self.pad_count:
+                try:
+                    for params in self._heuristic_params(padded, self.pad_count, False):
+                        found.append(Candidate.make(self.name, PAD, **params))
+                except Exception as exc:
+                    errors.append(f"padded: {type(exc).__name__}: {exc}")
+        if not found and errors:
+            raise UnsupportedProblem(
+                f"{self.name} offers no algo for {problem.key}: {'; '.join(errors)}", problem=problem
+            )
+        return list(dict.fromkeys(found))
+
+    # --- runners ----------------------------------------------------------------------
+    def _algo(self, plan: LtPlan, candidate: Candidate, problem: Problem) -> LtAlgo:
+        try:
+            algo = self.algo_from_params(plan, dict(candidate.params))
+        except Exception as exc:
+            plan.close()
+            raise UnsupportedProblem(
+                f"{self.name} rejects {candidate.identity} for {problem.key}: {type(exc).__name__}: {exc}",
+                problem=problem,
+            ) from exc
+        if algo.workspace > self.workspace_limit:
+            plan.close()
+            raise UnsupportedProblem(
+                f"{candidate.identity} needs {algo.workspace} bytes of workspace, over the "
+                f"limit of {self.workspace_limit} (UNIMATMUL_LT_WORKSPACE_MB)",
+                problem=problem,
+            )
+        return algo
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
+        if candidate.backend != self.name or candidate.name not in (GEMM, PAD):
+            raise UnsupportedProblem(f"{candidate.identity} is not a {self.name} candidate", problem=problem)
+        driver = self.driver()
+        hooks = self.hooks(target)
+        with hooks.device():
+            if candidate.name == GEMM:
+                plan = driver.plan(lt_gemm(problem), self.workspace_limit)
+                return LtRunner(plan, self._algo(plan, candidate, problem), candidate, hooks)
+            padded, pads = padded_problem(problem)
+            if not pads:
+                raise UnsupportedProblem(f"{problem.key} is aligned: no padding to do", problem=problem)
+            plan = driver.plan(lt_gemm(padded), self.workspace_limit)
+            inner = LtRunner(plan, self._algo(plan, candidate, padded), candidate, hooks)
+            return PaddedRunner(inner, problem, padded, pads, candidate, hooks)
+
+    def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        """Whether the library now loaded still builds and accepts this identity."""
+        if candidate.backend != self.name or candidate.name not in (GEMM, PAD):
+            return False
+        try:
+            driver = self.driver()
+            with self.hooks(target).device():
+                if candidate.name == PAD:
+                    problem, pads = padded_problem(problem)
+                    if not pads:
+                        return False
+                plan = driver.plan(lt_gemm(problem), self.workspace_limit)
+                try:
+                    self._algo(plan, candidate, problem)
+                finally:
+                    plan.close()
+        except Exception:
+            return False
+        return True

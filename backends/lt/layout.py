@@ -1,0 +1,200 @@
+"""A Problem restated as the column-major GEMM that cuBLASLt and hipBLASLt run.
+
+Pure functions, no library: they are unit-tested on any machine and shared by the
+cuBLASLt and hipBLASLt backends.
+
+unimatmul's Problem is row-major ``C[m, n] = A[m, k] @ B[k, n]``. The Lt libraries are
+column-major, and a row-major matrix read column-major is its transpose, so the Lt
+call computes ``C^T[n, m] = B^T[n, k] @ A^T[k, m]``: the caller's B is passed as the
+library's "A" and the caller's A as its "B". A caller's transposed view (``trans_a``)
+is already column-major, so it becomes a transpose op of the library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from unimatmul.dtypes import ITEMSIZE
+from unimatmul.errors import UnsupportedProblem
+from unimatmul.problem import Problem
+
+# What the Lt kernels take here: one storage dtype for A, B, C and D, and the compute
+# type per (storage dtype, Problem.compute). f16/bf16 accumulate in f32, as torch does.
+COMPUTE_TYPES: dict[tuple[str, str], str] = {
+    ("f32", "f32"): "32F",
+    ("f32", "tf32"): "32F_FAST_TF32",
+    ("f16", "f32"): "32F",
+    ("bf16", "f32"): "32F",
+}
+
+# Problem epilogue -> the Lt epilogue key of the ABI table. cuBLASLt's and hipBLASLt's
+# GELU is the tanh approximation, so only ``gelu_tanh`` maps to it; the exact (erf)
+# GELU has no Lt epilogue and goes to other candidates (Default).
+EPILOGUES: dict[str, str] = {
+    "none": "DEFAULT",
+    "relu": "RELU",
+    "gelu_tanh": "GELU",
+    "bias": "BIAS",
+    "bias_relu": "RELU_BIAS",
+    "bias_gelu_tanh": "GELU_BIAS",
+}
+
+#: The fast kernels want every leading dimension and pointer on 16 bytes.
+ALIGN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class LtMatrix:
+    """One matrix layout as the library sees it: column-major ``rows x cols``, ``ld``."""
+
+    dtype: str
+    rows: int
+    cols: int
+    ld: int
+    batch: int = 1
+    stride: int = 0  # elements between batches; 0 broadcasts one matrix over the batch
+
+
+@dataclass(frozen=True)
+class LtGemm:
+    """``D = act(alpha * op(A) @ op(B) + beta * C + bias)``, column-major, D laid out as C.
+
+    ``a`` is the caller's B and ``b`` the caller's A (see the module docstring).
+    """
+
+    trans_a: bool
+    trans_b: bool
+    a: LtMatrix
+    b: LtMatrix
+    c: LtMatrix
+    compute: str  # ABI compute-type key: "32F", "32F_FAST_TF32"
+    scale: str  # canonical dtype of alpha and beta
+    epilogue: str  # ABI epilogue key: "DEFAULT", "RELU", "BIAS", ...
+    bias_dtype: str | None = None
+
+    @property
+    def m(self) -> int:
+        return self.c.rows
+
+    @property
+    def n(self) -> int:
+        return self.c.cols
+
+
+def lt_gemm(problem: Problem) -> LtGemm:
+    """The column-major Lt GEMM of ``problem``; UnsupportedProblem if no Lt kernel takes it."""
+    if problem.op != "gemm":
+        raise UnsupportedProblem(f"the Lt backends run gemm, not {problem.op}", problem=problem)
+    dtype = problem.dtype_a
+    if problem.dtype_b != dtype or problem.dtype_c != dtype:
+        raise UnsupportedProblem(
+            f"the Lt backends take one dtype for A, B and C, not "
+            f"{problem.dtype_a}/{problem.dtype_b}/{problem.dtype_c}",
+            problem=problem,
+        )
+    compute = COMPUTE_TYPES.get((dtype, problem.compute))
+    if compute is None:
+        valid = ", ".join(f"{d}:{c}" for d, c in COMPUTE_TYPES)
+        raise UnsupportedProblem(
+            f"no Lt kernel for {dtype} data with {problem.compute} compute (valid: {valid})",
+            problem=problem,
+        )
+    epilogue = EPILOGUES.get(problem.epilogue)
+    if epilogue is None:
+        raise UnsupportedProblem(
+            f"epilogue {problem.epilogue!r} has no Lt equivalent (Lt's GELU is the tanh form: "
+            f"use gelu_tanh); valid: {', '.join(EPILOGUES)}",
+            problem=problem,
+        )
+    if problem.has_bias and problem.dtype_bias != dtype:
+        raise UnsupportedProblem(
+            f"bias of {problem.dtype_bias} with {dtype} data is not offered", problem=problem
+        )
+    batch = problem.batch
+    m, n, k = problem.m, problem.n, problem.k
+    # Caller's B [k, n] row-major is column-major [n, k] = B^T: no op. A caller's
+    # transposed B is column-major [k, n]: the library transposes it.
+    if problem.trans_b:
+        lt_a = LtMatrix(dtype, k, n, problem.ldb, batch, problem.stride_b)
+    else:
+        lt_a = LtMatrix(dtype, n, k, problem.ldb, batch, problem.stride_b)
+    if problem.trans_a:
+        lt_b = LtMatrix(dtype, m, k, problem.lda, batch, problem.stride_a)
+    else:
+        lt_b = LtMatrix(dtype, k, m, problem.lda, batch, problem.stride_a)
+    lt_c = LtMatrix(dtype, n, m, problem.ldc, batch, problem.stride_c)
+    if batch > 1 and problem.stride_c == 0:
+        raise UnsupportedProblem("a batched output needs a non-zero batch stride", problem=problem)
+    return LtGemm(
+        trans_a=problem.trans_b,
+        trans_b=problem.trans_a,
+        a=lt_a,
+        b=lt_b,
+        c=lt_c,
+        compute=compute,
+        scale="f32",
+        epilogue=epilogue,
+        bias_dtype=problem.dtype_bias if problem.has_bias else None,
+    )
+
+
+# --- the alignment candidate -----------------------------------------------------------
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def misaligned_operands(problem: Problem) -> tuple[str, ...]:
+    """Which of ``a``, ``b``, ``c`` break 16-byte alignment (leading dimension or pointer).
+
+    A misaligned pointer (``problem.align < 16``) cannot be told apart per operand from
+    the Problem, so then every operand counts as misaligned.
+    """
+    if problem.align < ALIGN_BYTES:
+        return ("a", "b", "c")
+    found = []
+    for name, ld, stride, dtype in (
+        ("a", problem.lda, problem.stride_a, problem.dtype_a),
+        ("b", problem.ldb, problem.stride_b, problem.dtype_b),
+        ("c", problem.ldc, problem.stride_c, problem.dtype_c),
+    ):
+        size = ITEMSIZE[dtype]
+        if (ld * size) % ALIGN_BYTES or (problem.batch > 1 and (stride * size) % ALIGN_BYTES):
+            found.append(name)
+    return tuple(found)
+
+
+def padded_problem(problem: Problem) -> tuple[Problem, tuple[str, ...]]:
+    """The Problem on padded, aligned copies of the misaligned operands, and which they are.
+
+    Only leading dimensions (and batch strides) grow; m, n and k stay, so the padding is
+    never read and needs no zeroing. Returns ``(problem, ())`` when nothing is misaligned.
+    """
+    pads = misaligned_operands(problem)
+    if not pads:
+        return problem, ()
+    changes: dict[str, int] = {"align": ALIGN_BYTES}
+    batched = problem.batch > 1
+    m, n, k = problem.m, problem.n, problem.k
+    for name in pads:
+        dtype = getattr(problem, f"dtype_{name}")
+        per = ALIGN_BYTES // ITEMSIZE[dtype]
+        if name == "a":
+            ld = _round_up(problem.lda, per)
+            outer = k if problem.trans_a else m
+            changes["lda"] = ld
+            if batched and problem.stride_a:
+                changes["stride_a"] = outer * ld
+        elif name == "b":
+            ld = _round_up(problem.ldb, per)
+            outer = n if problem.trans_b else k
+            changes["ldb"] = ld
+            if batched and problem.stride_b:
+                changes["stride_b"] = outer * ld
+        else:
+            ld = _round_up(problem.ldc, per)
+            changes["ldc"] = ld
+            if batched:
+                changes["stride_c"] = m * ld
+    return replace(problem, **changes), pads  # type: ignore[arg-type]

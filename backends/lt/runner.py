@@ -1,0 +1,246 @@
+"""Runners on the Lt driver: the prepared call, and the alignment (padding) candidate.
+
+Both are shared by the cuBLASLt and hipBLASLt backends. Array access goes through
+:class:`ArrayHooks`, a few fast accessors per array library (torch on CUDA or ROCm,
+CuPy), so that the call itself reads three pointers and the current stream and makes
+one library call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from unimatmul.arrays import operand_layouts
+from unimatmul.backend import Candidate, Target
+from unimatmul.dtypes import ITEMSIZE
+from unimatmul.problem import Problem
+from unimatmul_backends.lt.driver import LtAlgo, LtPlan
+
+
+@dataclass(frozen=True)
+class ArrayHooks:
+    """Fast accessors for one array library on one device."""
+
+    ptr: Callable[[Any], int]
+    stream: Callable[[], int]  # the caller's current stream on the device
+    empty_strided: Callable[[tuple[int, ...], tuple[int, ...], str], Any]
+    copy_: Callable[[Any, Any], None]
+    device: Callable[[], contextlib.AbstractContextManager[Any]]  # make the device current
+
+
+def array_hooks(target: Target) -> ArrayHooks:
+    """The hooks of the target's array library (torch or CuPy) on its device."""
+    index = target.device.index
+    if target.array_kind == "torch":
+        import torch
+
+        tdtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}
+        tdevice = torch.device("cuda", index)
+
+        def torch_empty(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
+            return torch.empty_strided(shape, strides, dtype=tdtypes.get(dtype, torch.uint8), device=tdevice)
+
+        # The raw-stream getter costs a fraction of torch.cuda.current_stream(); on ROCm
+        # torch keeps the same name for its HIP stream.
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw_stream is not None:
+            stream: Callable[[], int] = functools.partial(raw_stream, index)
+        else:  # pragma: no cover - older torch
+
+            def stream() -> int:
+                return int(torch.cuda.current_stream(index).cuda_stream)
+
+        def torch_copy(dst: Any, src: Any) -> None:
+            dst.copy_(src)
+
+        return ArrayHooks(
+            ptr=torch.Tensor.data_ptr,
+            stream=stream,
+            empty_strided=torch_empty,
+            copy_=torch_copy,
+            device=lambda: torch.cuda.device(index),
+        )
+    if target.array_kind == "cupy":
+        import cupy
+        import numpy as np
+
+        npdtypes = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+
+        def cupy_empty(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
+            npdt = np.dtype(npdtypes.get(dtype, np.uint8))
+            size = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+            with cupy.cuda.Device(index):
+                base = cupy.empty(size, dtype=npdt)
+            return cupy.lib.stride_tricks.as_strided(
+                base, shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
+            )
+
+        def cupy_copy(dst: Any, src: Any) -> None:
+            dst[...] = src
+
+        def cupy_stream() -> int:
+            return int(cupy.cuda.get_current_stream(index).ptr)
+
+        return ArrayHooks(
+            ptr=lambda x: int(x.data.ptr),
+            stream=cupy_stream,
+            empty_strided=cupy_empty,
+            copy_=cupy_copy,
+            device=lambda: cupy.cuda.Device(index),
+        )
+    msg = f"the Lt runners take torch tensors or CuPy arrays, not {target.array_kind}"
+    raise TypeError(msg)
+
+
+class LtRunner:
+    """One Lt algo on one plan: the cached call of the hot path.
+
+    Everything is built here, once: the plan's descriptors, the algo struct, the
+    workspace (exactly what the algo needs) and the host scalars alpha and beta. A call
+    writes the scalars, reads the pointers and the current stream and makes one library
+    call: no allocation, no synchronisation, no logging, so it can be captured in a
+    CUDA/HIP graph. The caller's B goes in as the library's A (``layout.py``).
+    """
+
+    def __init__(self, plan: LtPlan, algo: LtAlgo, candidate: Candidate, hooks: ArrayHooks) -> None:
+        self.candidate = candidate
+        self.plan = plan
+        self.algo = algo
+        abi = plan.driver.abi
+        self._algo = abi.algo_struct().from_buffer_copy(algo.data)
+        self._workspace = (
+            hooks.empty_strided((max(algo.workspace, 256),), (1,), "u8") if algo.workspace else None
+        )
+        self._ws_ptr = hooks.ptr(self._workspace) if self._workspace is not None else 0
+        self._ws_size = algo.workspace
+        self._alpha = plan.scale_ctype(1.0)
+        self._beta = plan.scale_ctype(0.0)
+        self._bias_ptr = -1
+        self._ptr = hooks.ptr
+        self._stream = hooks.stream
+        self._matmul, self._handle, self._desc = plan.call_prefix()
+        self._alpha_ptr = ctypes.addressof(self._alpha)
+        self._beta_ptr = ctypes.addressof(self._beta)
+        self._algo_ptr = ctypes.addressof(self._algo)
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        ptr = self._ptr
+        self._alpha.value = alpha
+        self._beta.value = beta
+        if bias is not None:
+            bias_ptr = ptr(bias)
+            if bias_ptr != self._bias_ptr:
+                # The bias address lives in the descriptor: set only when it changes.
+                self.plan.set_bias(bias_ptr)
+                self._bias_ptr = bias_ptr
+        plan = self.plan
+        d = ptr(out)
+        self._matmul(
+            self._handle,
+            self._desc,
+            self._alpha_ptr,
+            ptr(b),
+            plan.adesc,
+            ptr(a),
+            plan.bdesc,
+            self._beta_ptr,
+            d,
+            plan.cdesc,
+            d,
+            plan.cdesc,
+            self._algo_ptr,
+            self._ws_ptr,
+            self._ws_size,
+            self._stream(),
+        )
+
+    def close(self) -> None:
+        self.plan.close()
+
+
+class PaddedRunner:
+    """The alignment candidate: an Lt algo on padded, aligned copies of the operands.
+
+    The padded buffers are allocated once, laid out as ``padded`` (the Problem with
+    rounded-up leading dimensions, ``layout.padded_problem``). A call copies the
+    misaligned inputs in (and C, when beta != 0), runs the inner runner on the
+    buffers, and copies the result back into the caller's ``out``: three small copy
+    kernels on the caller's stream, paid on every call and measured with it.
+    """
+
+    def __init__(
+        self,
+        inner: LtRunner,
+        problem: Problem,
+        padded: Problem,
+        pads: tuple[str, ...],
+        candidate: Candidate,
+        hooks: ArrayHooks,
+    ) -> None:
+        self.candidate = candidate
+        self.inner = inner
+        self.problem = problem
+        self.padded = padded
+        self._copy = hooks.copy_
+        layouts = operand_layouts(padded)
+        dtypes = {"a": padded.dtype_a, "b": padded.dtype_b, "c": padded.dtype_c}
+        self._bufs: dict[str, Any] = {}
+        strides_of = {"a": padded.stride_a, "b": padded.stride_b, "c": padded.stride_c}
+        self._broadcast: dict[str, bool] = {}
+        for name in pads:
+            shape, strides = layouts[name]
+            # A matrix broadcast over the batch (batch stride 0) is padded once.
+            broadcast = padded.batch > 1 and strides_of[name] == 0
+            if broadcast:
+                shape, strides = shape[1:], strides[1:]
+            self._broadcast[name] = broadcast
+            self._bufs[name] = hooks.empty_strided(shape, strides, dtypes[name])
+        self._a = self._bufs.get("a")
+        self._b = self._bufs.get("b")
+        self._c = self._bufs.get("c")
+        self._a_first = self._broadcast.get("a", False)
+        self._b_first = self._broadcast.get("b", False)
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        copy = self._copy
+        if self._a is not None:
+            copy(self._a, a[0] if self._a_first and len(a.shape) == 3 else a)
+            a = self._a
+        if self._b is not None:
+            copy(self._b, b[0] if self._b_first and len(b.shape) == 3 else b)
+            b = self._b
+        d = out
+        if self._c is not None:
+            d = self._c
+            if beta != 0.0:
+                copy(d, out)
+        self.inner(a, b, d, alpha, beta, bias)
+        if d is not out:
+            copy(out, d)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def padded_bytes(problem: Problem) -> int:
+    """Device memory the padded buffers of ``problem`` take (for reports)."""
+    total = 0
+    for name, (shape, strides) in operand_layouts(problem).items():
+        size = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        total += size * ITEMSIZE[getattr(problem, f"dtype_{name}")]
+    return total
+
+
+@contextlib.contextmanager
+def no_device() -> Iterator[None]:
+    """A do-nothing device context (tests with fake hooks)."""
+    yield

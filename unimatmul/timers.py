@@ -1,0 +1,206 @@
+"""Device timers and settings for GPU tuning (CUDA and ROCm).
+
+:class:`TorchGraphTimer` captures a batch of back-to-back calls, cycling through the
+rotated input sets, into one CUDA graph once, then times replays of it between two
+events: launch gaps vanish and each sample is seconds per call on the device's clock.
+It runs unchanged on ROCm builds of torch, whose ``torch.cuda`` events, streams and
+graphs are HIP events, streams and graphs. A candidate that cannot be captured is
+timed with events around the same batch launched eagerly. :class:`CupyEventTimer`
+times CuPy arrays with events around eager batches.
+
+:func:`device_settings` sizes the Harness for a GPU: interleaved rounds, no settling
+pause, inputs rotated through twice the L2 cache (read from the device), and a
+budget per candidate that keeps a tuning run with the default candidate count
+around a tenth of a second (``UNIMATMUL_GPU_BUDGET_S`` overrides it).
+
+torch and CuPy are imported only when a GPU target asks for a timer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from unimatmul.backend import Target
+from unimatmul.config import env_float
+from unimatmul.harness import HarnessSettings, Timer
+
+#: Calls per timed batch: enough that launch latency is a few percent of a small GEMM.
+MIN_CALLS = 20
+#: A batch is cut shorter than MIN_CALLS where it would run longer than this.
+MAX_BATCH_S = 2e-3
+
+
+def batch_size(sets: int, call_s: float, min_calls: int = MIN_CALLS, max_batch_s: float = MAX_BATCH_S) -> int:
+    """Calls per timed batch: every input set at least once, bounded by ``max_batch_s``."""
+    count = max(min_calls, sets)
+    if call_s > 0 and math.isfinite(call_s):
+        count = min(count, max(1, int(max_batch_s / call_s)))
+    return max(1, count)
+
+
+class TorchGraphTimer:
+    """CUDA/HIP-graph replays of back-to-back calls, timed with torch events."""
+
+    name = "torch-cuda-graph"
+
+    def __init__(self, index: int, *, min_calls: int = MIN_CALLS, max_batch_s: float = MAX_BATCH_S) -> None:
+        import torch
+
+        self.torch = torch
+        self.index = index
+        self.min_calls = min_calls
+        self.max_batch_s = max_batch_s
+        # One side stream for every capture: library workspaces made on it during the
+        # eager warm-up are reused, not allocated inside a capture.
+        self.stream = torch.cuda.Stream(device=index)
+        #: How the last ``prepare`` ended up timing: "graph" or "eager" (and why).
+        self.last_mode = ""
+
+    def _events(self) -> tuple[Any, Any]:
+        event = self.torch.cuda.Event
+        return event(enable_timing=True), event(enable_timing=True)
+
+    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
+        torch = self.torch
+        stream = self.stream
+        start, end = self._events()
+        stream.wait_stream(torch.cuda.current_stream(self.index))
+        with torch.cuda.stream(stream):
+            # Warm-up: each input set once, timed to size the batch.
+            start.record()
+            for call in calls:
+                call()
+            end.record()
+        end.synchronize()
+        per_call = start.elapsed_time(end) * 1e-3 / len(calls)
+        count = batch_size(len(calls), per_call, self.min_calls, self.max_batch_s)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    for i in range(count):
+                        calls[i % len(calls)]()
+                finally:
+                    graph.capture_end()
+        except Exception as exc:
+            torch.cuda.synchronize(self.index)
+            self.last_mode = f"eager ({type(exc).__name__}: {exc})"
+            return self._eager(calls, count)
+        self.last_mode = "graph"
+
+        def sample() -> float:
+            with torch.cuda.stream(stream):
+                start.record()
+                graph.replay()
+                end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3 / count
+
+        sample.graph = graph  # type: ignore[attr-defined]  # kept alive with the sampler
+        return sample
+
+    def _eager(self, calls: Sequence[Callable[[], None]], count: int) -> Callable[[], float]:
+        torch = self.torch
+        stream = self.stream
+        start, end = self._events()
+
+        def sample() -> float:
+            with torch.cuda.stream(stream):
+                start.record()
+                for i in range(count):
+                    calls[i % len(calls)]()
+                end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3 / count
+
+        return sample
+
+
+class CupyEventTimer:
+    """Events around eager batches of back-to-back calls on CuPy's current stream."""
+
+    name = "cupy-events"
+
+    def __init__(self, index: int, *, min_calls: int = MIN_CALLS, max_batch_s: float = MAX_BATCH_S) -> None:
+        import cupy
+
+        self.cupy = cupy
+        self.index = index
+        self.min_calls = min_calls
+        self.max_batch_s = max_batch_s
+
+    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
+        cupy = self.cupy
+        with cupy.cuda.Device(self.index):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+
+        def batch(count: int) -> float:
+            with cupy.cuda.Device(self.index):
+                start.record()
+                for i in range(count):
+                    calls[i % len(calls)]()
+                end.record()
+                end.synchronize()
+                return float(cupy.cuda.get_elapsed_time(start, end)) * 1e-3 / count
+
+        per_call = batch(len(calls))
+        count = batch_size(len(calls), per_call, self.min_calls, self.max_batch_s)
+        return lambda: batch(count)
+
+
+_timers: dict[tuple[str, int], Timer] = {}
+_timers_lock = threading.Lock()
+
+
+def device_timer(target: Target) -> Timer:
+    """The timer for a GPU target (one per array library and device, reused)."""
+    key = (target.array_kind, target.device.index)
+    with _timers_lock:
+        found = _timers.get(key)
+        if found is None:
+            if target.array_kind == "torch":
+                found = TorchGraphTimer(target.device.index)
+            elif target.array_kind == "cupy":
+                found = CupyEventTimer(target.device.index)
+            else:
+                msg = f"no device timer for {target.array_kind} arrays on {target.device}"
+                raise TypeError(msg)
+            _timers[key] = found
+    return found
+
+
+def l2_cache_bytes(target: Target) -> int:
+    """The device's L2 size in bytes (50 MiB when the library does not say)."""
+    index = target.device.index
+    try:
+        if target.array_kind == "cupy":
+            import cupy
+
+            return int(cupy.cuda.runtime.getDeviceProperties(index)["l2CacheSize"])
+        import torch
+
+        return int(torch.cuda.get_device_properties(index).L2_cache_size)
+    except Exception:
+        return 50 << 20
+
+
+def device_settings(target: Target) -> HarnessSettings:
+    """Harness settings for a GPU target (see the module docstring)."""
+    return HarnessSettings(
+        warmup=1,
+        min_samples=3,
+        max_samples=20,
+        budget_s=env_float("UNIMATMUL_GPU_BUDGET_S", 0.004),
+        prune_ratio=1.25,
+        first_prune_ratio=2.0,
+        interleave=True,
+        settle_s=0.0,
+        min_gain=0.01,
+        rotate_bytes=2 * l2_cache_bytes(target),
+        max_rotation_bytes=1 << 30,
+        max_sets=32,
+    )
