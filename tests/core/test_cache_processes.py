@@ -58,7 +58,11 @@ def _child(cache: Path, mode: str, shape: str = "3x40x24x56", **extra_env: str) 
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "Warning" not in done.stderr, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "Warning" in line]
+    # The only warning allowed is the one saying that a read-only cache keeps new results in memory.
+    assert all("read-only" in line for line in warned), done.stderr
+    if extra_env.get("UNIMATMUL_CACHE_READONLY") != "1":
+        assert not warned, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     return result
 
