@@ -1,0 +1,121 @@
+"""The float64 reference and the two ways an output is compared with it.
+
+The whole output must be within the dtype's tolerance in relative Frobenius norm
+(:func:`unimatmul.dtypes.tolerance`, the same rule the Harness uses), and every
+element within that tolerance of its own error scale ``|alpha| |A| @ |B| + |beta C|
++ |bias|``: a norm alone hides one wrong element in a large matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from unimatmul.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
+from unimatmul.dtypes import tolerance
+from unimatmul.problem import Problem
+from unimatmul_conformance.guards import host64
+
+# Largest slope of each activation: an input error grows by at most this much.
+_SLOPE = {None: 1.0, "relu": 1.0, "gelu": 1.13, "gelu_tanh": 1.13}
+
+
+@dataclass
+class CaseData:
+    """Operands of one case on the device, their float64 host copies and the reference."""
+
+    a: Any
+    b: Any
+    c: Any  # C's initial values (only read when beta != 0), in the output's layout
+    bias: Any
+    a64: np.ndarray
+    b64: np.ndarray
+    c64: np.ndarray
+    bias64: np.ndarray | None
+    reference: np.ndarray
+    scale: np.ndarray  # per-element error scale (see module docstring)
+    tolerance: float
+
+    def inputs_changed(self, adapter: ArrayAdapter) -> list[str]:
+        """Names of the inputs whose values differ from when the case was made."""
+        changed = []
+        for name, now, then in (
+            ("A", self.a, self.a64),
+            ("B", self.b, self.b64),
+            ("bias", self.bias, self.bias64),
+        ):
+            if now is not None and then is not None and not np.array_equal(host64(adapter, now), then):
+                changed.append(name)
+        return changed
+
+
+def make_case_data(
+    problem: Problem, alpha: float, beta: float, adapter: ArrayAdapter, device: Device, seed: int
+) -> CaseData:
+    rng = np.random.default_rng(seed)
+    ops = make_operands(problem, adapter, device, rng)
+    a64, b64, c64 = host64(adapter, ops.a), host64(adapter, ops.b), host64(adapter, ops.out)
+    bias64 = host64(adapter, ops.bias) if ops.bias is not None else None
+    # The project's own definition of the result, evaluated in float64 on the host.
+    reference = np.asarray(
+        adapter_for_kind("numpy").reference(a64, b64, c64, alpha, beta, bias64, problem.activation)
+    )
+    scale = abs(alpha) * (np.abs(a64) @ np.abs(b64))
+    if beta != 0.0:
+        scale = scale + abs(beta) * np.abs(c64)
+    if bias64 is not None:
+        scale = scale + np.abs(bias64)
+    scale = scale * _SLOPE[problem.activation]
+    return CaseData(
+        a=ops.a,
+        b=ops.b,
+        c=ops.out,
+        bias=ops.bias,
+        a64=a64,
+        b64=b64,
+        c64=c64,
+        bias64=bias64,
+        reference=reference,
+        scale=scale,
+        tolerance=tolerance(problem.dtype_c, problem.compute),
+    )
+
+
+@dataclass
+class Comparison:
+    """How an output compares with the reference, over the elements that were written."""
+
+    rel_error: float
+    bad_elements: int
+    worst: str
+
+    def ok(self, tol: float) -> bool:
+        return self.rel_error <= tol and self.bad_elements == 0
+
+
+def compare(out64: np.ndarray, data: CaseData, written: np.ndarray) -> Comparison:
+    """Compare ``out64`` with the reference where ``written`` is True."""
+    ref = data.reference[written]
+    got = out64[written]
+    if got.size == 0:
+        return Comparison(math.inf, 0, "no element was written")
+    diff = np.abs(got - ref)
+    den = float(np.linalg.norm(ref))
+    num = float(np.linalg.norm(np.where(np.isfinite(diff), diff, np.inf)))
+    rel = num / den if den > 0 else num
+    bound = data.tolerance * data.scale[written] + 1e-30
+    bad = ~(diff <= bound)  # NaN counts as bad
+    worst = ""
+    if bad.any():
+        positions = np.argwhere(written)[np.flatnonzero(bad)]
+        ratio = np.where(np.isfinite(diff[bad]), diff[bad] / bound[bad], np.inf)
+        i = int(np.argmax(ratio))
+        where = tuple(int(x) for x in positions[i])
+        worst = (
+            f"worst element {where}: got {got[bad][i]!r}, expected {ref[bad][i]!r} "
+            f"(error {diff[bad][i]:.3g} > bound {bound[bad][i]:.3g})"
+        )
+    return Comparison(rel if math.isfinite(rel) else math.inf, int(bad.sum()), worst)
