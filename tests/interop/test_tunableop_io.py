@@ -8,6 +8,7 @@ Platform is handed in where the command would ask torch for the current GPU.
 
 from __future__ import annotations
 
+import argparse
 import io
 import math
 import random
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from unimatmul.backend import DEFAULT, Candidate
+from unimatmul.backend import DEFAULT
 from unimatmul.cache import open_store
 from unimatmul.cli import main
 from unimatmul.interop import tunableop as to
@@ -74,7 +75,7 @@ def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path
         m=2, n=8192, k=3584, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, lda=3584, ldb=3584
     )
     record = got[linear.key]
-    assert record.winner == "hipblaslt/solution?index=61169"
+    assert record.winner == "hipblaslt/gemm?index=61169"
     assert record.winner_s == pytest.approx(0.0171694e-3, rel=1e-12)
     assert record.versions == {
         "hipblaslt": "900-0c1a3dfa",
@@ -91,27 +92,25 @@ def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path
     assert got[padded.key].winner == DEFAULT.identity
     assert got[padded.key].default_s == got[padded.key].winner_s
     bias = Problem(m=32, n=768, k=1024, trans_b=True, lda=1024, ldb=1024, ldc=768, epilogue="bias")
-    assert got[bias.key].winner == "hipblaslt/solution?index=220580"
+    assert got[bias.key].winner == "hipblaslt/gemm?index=220580"
     batched = Problem(
         m=128, n=64, k=32, batch=16, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_a=True, lda=128, ldb=64,
         ldc=64, stride_a=32 * 128, stride_b=32 * 64, stride_c=128 * 64,
     )  # fmt: skip
-    assert got[batched.key].winner == "hipblaslt/solution?index=8537"
+    assert got[batched.key].winner == "hipblaslt/gemm?index=8537"
     assert len(got) == 5
     assert "line 11: ScaledGemm" in text and "line 12: ScaledGemm" in text
     assert f"imported 5 entries into {MI300}" in text
 
 
 def test_identities_are_the_backends_own() -> None:
-    from unimatmul_backends.rocm.rocblas import solution_candidate
+    from unimatmul_backends.rocm import hipblaslt, rocblas
 
     for index in (1, 20981, -7):
-        sol = to.TunableOpSolution.rocblas(index)
-        assert tio.candidate_of(sol) == solution_candidate(index)
-    assert tio.candidate_of(to.TunableOpSolution.hipblaslt(61169)) == Candidate.make(
-        "hipblaslt", "solution", index=61169
-    )
-    assert tio.candidate_of(to.TunableOpSolution("Gemm_Hipblaslt_TN_572")).param("index") == 572
+        assert tio.candidate_of(to.TunableOpSolution.rocblas(index)) == rocblas.solution_candidate(index)
+        assert tio.candidate_of(to.TunableOpSolution.hipblaslt(index)) == hipblaslt.solution_candidate(index)
+    old_name = to.TunableOpSolution("Gemm_Hipblaslt_TN_572")
+    assert tio.candidate_of(old_name) == hipblaslt.solution_candidate(572)
 
 
 def test_rocm_29_tf32_negative_index_inf_time_and_blas_params_strides(tmp_path: Path) -> None:
@@ -119,7 +118,7 @@ def test_rocm_29_tf32_negative_index_inf_time_and_blas_params_strides(tmp_path: 
     import_file("rocm_2.9_hip_version.csv", cache)
     got = entries(cache, MI300)
     tf32 = Problem(m=512, n=512, k=512, compute="tf32")
-    assert got[tf32.key].winner == "hipblaslt/solution?index=3081"
+    assert got[tf32.key].winner == "hipblaslt/gemm?index=3081"
     negative = Problem(
         m=16, n=1024, k=4096, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_b=True, ldb=4096, lda=4096
     )
@@ -130,7 +129,7 @@ def test_rocm_29_tf32_negative_index_inf_time_and_blas_params_strides(tmp_path: 
         m=128, n=128, k=64, batch=8, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_b=True,
         lda=64, ldb=64, ldc=128, stride_a=8192, stride_b=8192, stride_c=16384,
     )  # fmt: skip
-    assert got[strided.key].winner == "hipblaslt/solution?index=1412"
+    assert got[strided.key].winner == "hipblaslt/gemm?index=1412"
     # HIP_VERSION ("603") is not torch.version.hip's format: kept with the validators only.
     assert got[strided.key].versions == {
         "hipblaslt": "1000-a6254b89-dirty",
@@ -147,7 +146,7 @@ def test_broken_rows_are_reported_with_line_numbers_and_the_rest_imported(tmp_pa
     assert lines == sorted(lines)
     assert lines == [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17]
     assert {r.winner for r in entries(cache).values()} == {
-        "hipblaslt/solution?index=12",
+        "hipblaslt/gemm?index=12",
         "rocblas/solution?index=5",
     }
 
@@ -195,9 +194,7 @@ def test_namespace_is_required_without_a_matching_gpu(
     assert mi300.namespace == MI300
 
 
-def _args(file: str, cache: Path, namespace: str | None = None, replace: bool = False) -> object:
-    import argparse
-
+def _args(file: str, cache: Path, namespace: str | None = None, replace: bool = False) -> argparse.Namespace:
     return argparse.Namespace(file=file, cache=str(cache), namespace=namespace, replace=replace)
 
 
@@ -213,7 +210,7 @@ def test_existing_entries_are_kept_unless_replace(tmp_path: Path) -> None:
     assert entries(cache)[linear.key].winner == "onednn/x"
     text = import_file("rocm_2.7_ld.csv", cache, MI300, "--replace")
     assert "imported 5 entries" in text
-    assert entries(cache)[linear.key].winner == "hipblaslt/solution?index=61169"
+    assert entries(cache)[linear.key].winner == "hipblaslt/gemm?index=61169"
 
 
 @pytest.mark.parametrize("name", ROUND_TRIP_FILES)
@@ -277,7 +274,7 @@ def test_export_skips_what_tunableop_cannot_name_and_says_why(tmp_path: Path) ->
     store = open_store(cache)
     plain = Problem(m=64, n=128, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16")
     cases = {
-        plain: "hipblaslt/solution?index=77",
+        plain: "hipblaslt/gemm?index=77",
         Problem(m=64, n=128, k=32, dtype_a="f16", dtype_b="f16", dtype_c="f16"): "rocblas/solution?index=9",
         Problem(m=8, n=8, k=8): "default/default",
         Problem(m=16, n=16, k=16): "cublaslt/heuristic?algo=3",
@@ -285,13 +282,15 @@ def test_export_skips_what_tunableop_cannot_name_and_says_why(tmp_path: Path) ->
         Problem(m=48, n=16, k=16, beta_zero=False): "default/default",
         Problem(m=64, n=16, k=16, epilogue="relu"): "default/default",
         Problem(m=80, n=16, k=16, align=8): "default/default",
+        Problem(m=96, n=16, k=16): "hipblaslt/pad?index=3",
     }
     for problem, winner in cases.items():
         store.put(MI300, problem.key, _harness_record(problem, winner))
     out = tmp_path / "out.csv"
     code, text = run("cache", "export", "--format", "tunableop", "-o", str(out), "--cache", str(cache))
     assert code == 0, text
-    assert "wrote 3 rows" in text and "skipped 5 entries" in text
+    assert "wrote 3 rows" in text and "skipped 6 entries" in text
+    assert "1 x hipblaslt/pad winners have no TunableOp solution name" in text  # padded copies
     assert "1 x cublaslt winners have no TunableOp solution name" in text
     assert "1 x onednn winners have no TunableOp solution name" in text
     assert "beta != 0" in text and "epilogue 'relu'" in text and "8-byte aligned" in text

@@ -17,7 +17,7 @@ Every GEMM row becomes one entry (a :class:`~unimatmul.record.TuningRecord` unde
   compute type is what torch uses on a GPU: f32 for f16/bf16, ``tf32`` for a ``tf32``
   op name.
 * Winner: ``Default`` -> ``default/default``; ``Gemm_Hipblaslt_[AB_]<i>`` ->
-  ``hipblaslt/solution?index=<i>``; ``Gemm_Rocblas_<i>`` -> ``rocblas/solution?index=<i>``
+  ``hipblaslt/gemm?index=<i>``; ``Gemm_Rocblas_<i>`` -> ``rocblas/solution?index=<i>``
   (the identities the hipBLASLt and rocBLAS backends give those indices; negative
   indices are kept). The time (ms) becomes ``winner_s``; a row without a time gets
   ``inf`` (unknown).
@@ -91,8 +91,9 @@ if TYPE_CHECKING:
     from unimatmul.platform import Platform
 
 SOURCE = "pytorch-tunableop"
-# The identities the ROCm backends give a solution index (backends/rocm).
-SOLUTION_BACKENDS = ("hipblaslt", "rocblas")
+# Candidate name under which each ROCm backend offers a solution index (backends/rocm:
+# hipBLASLt names its Lt-driver candidates "gemm", rocBLAS its solutions "solution").
+SOLUTION_NAMES = {"hipblaslt": "gemm", "rocblas": "solution"}
 
 # torch dtype names (tunableop.py) -> ours. fp8 appears only in ScaledGemm rows.
 _DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
@@ -170,8 +171,8 @@ def candidate_of(solution: TunableOpSolution) -> Candidate:
     """The Candidate a TunableOp solution name means, or RowSkipped."""
     if solution.source == "default":
         return DEFAULT
-    if solution.source in SOLUTION_BACKENDS and solution.index is not None:
-        return Candidate.make(solution.source, "solution", index=solution.index)
+    if solution.source in SOLUTION_NAMES and solution.index is not None:
+        return Candidate.make(solution.source, SOLUTION_NAMES[solution.source], index=solution.index)
     if solution.source == "bare":
         raise RowSkipped(f"solution {solution.name!r} is a bare index: the library it belongs to is unknown")
     if solution.source == "cublaslt":
@@ -310,12 +311,14 @@ def solution_of(winner: Candidate, layout: str, *, legacy: bool) -> TunableOpSol
     if winner == DEFAULT:
         return TunableOpSolution.default()
     index = winner.param("index")
-    if winner.backend in SOLUTION_BACKENDS and winner.name == "solution" and isinstance(index, int):
+    if SOLUTION_NAMES.get(winner.backend) == winner.name and isinstance(index, int):
         if winner.backend == "rocblas":
             return TunableOpSolution.rocblas(index)
         return TunableOpSolution.hipblaslt(index, layout if legacy else None)
+    # hipblaslt/pad (padded copies) is a hipBLASLt kernel torch cannot call the same way.
+    label = f"{winner.backend}/{winner.name}" if winner.backend in SOLUTION_NAMES else winner.backend
     raise RowSkipped(
-        f"{winner.backend} winners have no TunableOp solution name (writing Default would misstate the choice)"
+        f"{label} winners have no TunableOp solution name (writing Default would misstate the choice)"
     )
 
 

@@ -1,0 +1,217 @@
+"""HipblasltBackend: hipBLASLt solutions as Candidates, on the shared Lt driver.
+
+The library is ``libhipblaslt.so`` through ctypes (:class:`CtypesLtLibrary` of the Lt
+driver, bound with the hipBLASLt ABI table of the version the library reports). We
+do not bind through hip-python: ROCm/hip-python ships hip, hiprtc, hipBLAS, hipFFT,
+hipRAND, hipSOLVER, hipSPARSE, RCCL and rocTX modules but no hipBLASLt one, and the
+C API through ctypes is the same path the cuBLASLt backend exercises on real NVIDIA
+hardware.
+
+Candidates: ``hipblasLtMatmulAlgoGetHeuristic`` with a large requested count
+(``UNIMATMUL_HIPBLASLT_HEURISTICS``, default 256). Identity: ``hipblaslt/gemm?index=<i>``
+where ``i`` is the solution index hipBLASLt keeps in the first 4 bytes of the algo
+(``LtABI.solution_index``), the same index PyTorch TunableOp writes as
+``Gemm_Hipblaslt_<i>``; the records carry the library version as torch writes it
+(``<hipblasLtGetVersion>-<hipblasLtGetGitRevision>``, e.g. ``1000-a6254b89-dirty``).
+
+Rebuilding an algo from an index: hipBLASLt's C API has none (``getAlgosFromIndex``
+lives in the C++-only ``hipblaslt-ext.hpp``) and no ``hipblasLtMatmulAlgoCheck``
+either. So ``prepare`` and ``check`` re-run the heuristic for the problem with
+:data:`REBUILD_COUNT` results and take the algo whose index matches: an index the
+heuristic does not return for that problem (e.g. one imported from a TunableOp file,
+which tries every solution of the type) is reported as unsupported, and the selector
+falls back to Default. The heuristic answers are cached per problem layout.
+
+hipBLASLt 0.1 / 0.2 (ROCm 5.5 / 5.6) kept pointers in the algo struct, so their
+algos have no index and no stable identity: those versions are refused.
+
+Nothing here has run on an AMD GPU: CI drives it through a fake libhipblaslt.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from unimatmul.backend import Candidate, Target
+from unimatmul.cache import LRU
+from unimatmul.errors import UnsupportedProblem
+from unimatmul_backends.lt.abi import (
+    HIPBLASLT_ONLY_SIGNATURES,
+    LT_SHARED_SIGNATURES,
+    LtABI,
+    select_hipblaslt_abi,
+)
+from unimatmul_backends.lt.backend import GEMM, LtBackend, env_int
+from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtPlan
+from unimatmul_backends.lt.runner import ArrayHooks
+from unimatmul_backends.rocm.libraries import ENV_HIPBLASLT, LibraryChoice, hip_device_reason, load_library
+
+NAME = "hipblaslt"
+#: Sonames to try: .so.0 (ROCm 5.7-6.x), .so.1 (ROCm 7).
+LIBRARY_NAMES = ("libhipblaslt.so", "libhipblaslt.so.1", "libhipblaslt.so.0")
+#: Results asked of the heuristic when an index is rebuilt (prepare, check).
+REBUILD_COUNT = 1024
+_REVISION_BYTES = 128  # what torch and hipblaslt-bench pass to hipblasLtGetGitRevision
+
+
+def solution_candidate(index: int) -> Candidate:
+    """The Candidate of one hipBLASLt solution index (TunableOp's ``Gemm_Hipblaslt_<index>``)."""
+    return Candidate.make(NAME, GEMM, index=int(index))
+
+
+def read_version(cdll: Any) -> tuple[int, str]:
+    """(``hipblasLtGetVersion``, ``hipblasLtGetGitRevision``) through a handle of its own.
+
+    Both take a handle, and which ABI table applies depends on the version, so this
+    binds only the three functions whose C shape is the same in every release.
+    """
+    signatures = {
+        "hipblasLtCreate": LT_SHARED_SIGNATURES["Create"],
+        "hipblasLtDestroy": LT_SHARED_SIGNATURES["Destroy"],
+        "hipblasLtGetVersion": HIPBLASLT_ONLY_SIGNATURES["GetVersion"],
+        "hipblasLtGetGitRevision": HIPBLASLT_ONLY_SIGNATURES["GetGitRevision"],
+    }
+    fns = {}
+    for symbol, signature in signatures.items():
+        fn = getattr(cdll, symbol)
+        fn.restype = signature.restype
+        fn.argtypes = list(signature.argtypes)
+        fns[symbol] = fn
+    handle = ctypes.c_void_p()
+    status = fns["hipblasLtCreate"](ctypes.byref(handle))
+    if status != 0:
+        msg = f"hipblasLtCreate returned status {status} (is a HIP device visible?)"
+        raise OSError(msg)
+    try:
+        version = ctypes.c_int(0)
+        status = fns["hipblasLtGetVersion"](handle, ctypes.byref(version))
+        if status != 0:
+            msg = f"hipblasLtGetVersion returned status {status}"
+            raise OSError(msg)
+        revision = ctypes.create_string_buffer(_REVISION_BYTES)
+        # Older builds may lack the revision; the version alone still selects the table.
+        if fns["hipblasLtGetGitRevision"](handle, revision) != 0:
+            revision.value = b""
+    finally:
+        fns["hipblasLtDestroy"](handle)
+    return int(version.value), revision.value.decode("ascii", "replace")
+
+
+def select_abi(version: int) -> LtABI:
+    """The ABI table for ``version``; refuses releases whose algos have no index."""
+    abi = select_hipblaslt_abi(version)
+    if abi.solution_index_offset is None:
+        msg = (
+            f"{abi.label} keeps pointers in its algo struct: its algos have no solution index and "
+            "cannot be stored; hipBLASLt 0.3 (ROCm 5.7) or newer is needed"
+        )
+        raise OSError(msg)
+    return abi
+
+
+Loader = Callable[[], tuple[Any, LibraryChoice]]
+
+
+def _load_hipblaslt() -> tuple[Any, LibraryChoice]:
+    return load_library(LIBRARY_NAMES, ENV_HIPBLASLT, "libhipblaslt")
+
+
+class HipblasltBackend(LtBackend):
+    """AMD hipBLASLt on torch tensors of a ROCm build (see the module docstring).
+
+    ``loader``, ``device_check`` and ``hooks`` exist for the contract tests, which run
+    without an AMD GPU: a fake library, no device check, host-memory array hooks.
+    """
+
+    name = NAME
+    version_name = NAME
+    device_kinds = frozenset({"hip"})
+    array_kinds = frozenset({"torch"})
+
+    def __init__(
+        self,
+        *,
+        loader: Loader | None = None,
+        device_check: Callable[[], str | None] = hip_device_reason,
+        hooks: Callable[[Target], ArrayHooks] | None = None,
+    ) -> None:
+        super().__init__()
+        self._loader = loader or _load_hipblaslt
+        self._device_check = device_check
+        self._hooks_factory = hooks
+        self.location: LibraryChoice | None = None
+        self.revision = ""
+        # Bounded: each entry holds up to REBUILD_COUNT algos of one problem layout.
+        self._heuristics: LRU[tuple[Any, int], dict[int, LtAlgo]] = LRU(256)
+
+    # --- the library ------------------------------------------------------------------
+    def load_driver(self) -> LtDriver:
+        cdll, where = self._loader()
+        version, revision = read_version(cdll)
+        abi = select_abi(version)
+        driver = LtDriver(abi, CtypesLtLibrary(abi, cdll, where.path))
+        self.location, self.revision = where, revision
+        return driver
+
+    def availability(self) -> str | None:
+        reasons = []
+        device = self._device_check()
+        if device is not None:
+            reasons.append(device)
+        library = super().availability()
+        if library is not None:
+            reasons.append(f"libhipblaslt: {library}")
+        return "; ".join(reasons) or None
+
+    def format_version(self, version: int) -> str:
+        # As torch's TunableOp writes HIPBLASLT_VERSION (>= 2.5), so imported files match.
+        return f"{version}-{self.revision}" if self.revision else str(version)
+
+    @property
+    def heuristic_count(self) -> int:
+        return max(1, env_int("UNIMATMUL_HIPBLASLT_HEURISTICS", 256))
+
+    def hooks(self, target: Target) -> ArrayHooks:
+        if self._hooks_factory is not None:
+            return self._hooks_factory(target)
+        return super().hooks(target)
+
+    def close(self) -> None:
+        self._heuristics.clear()
+        super().close()
+
+    # --- the algo codec: the solution index -------------------------------------------
+    def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, int]:
+        return {"index": plan.driver.abi.solution_index(algo.data)}
+
+    def _by_index(self, plan: LtPlan) -> dict[int, LtAlgo]:
+        """The heuristic's algos for ``plan``'s layout, by solution index (cached)."""
+        key = (plan.gemm, plan.workspace_limit)
+        found = self._heuristics.get(key)
+        if found is None:
+            abi = plan.driver.abi
+            algos = plan.heuristics(max(REBUILD_COUNT, self.heuristic_count))
+            found = {}
+            for algo in algos:
+                # An index can come back twice (hipBLASLt lists "fallback" copies of the
+                # plain kernels first); the first one is what the heuristic ranks best.
+                found.setdefault(abi.solution_index(algo.data), algo)
+            self._heuristics.put(key, found)
+        return found
+
+    def algo_from_params(self, plan: LtPlan, params: Mapping[str, Any]) -> LtAlgo:
+        index = params.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            msg = f"a hipBLASLt identity needs an int 'index', got {dict(params)}"
+            raise ValueError(msg)
+        algos = self._by_index(plan)
+        algo = algos.get(index)
+        if algo is None:
+            msg = (
+                f"solution {index} is not among the {len(algos)} the heuristic returns for this "
+                f"problem (hipBLASLt's C API cannot rebuild an algo from an index otherwise)"
+            )
+            raise UnsupportedProblem(msg, backend=NAME)
+        return algo

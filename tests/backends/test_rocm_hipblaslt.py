@@ -1,0 +1,475 @@
+"""Contract tests of the hipBLASLt backend: the shared Lt driver with the hipBLASLt ABI tables.
+
+No AMD GPU exists on the machines that run these tests, so libhipblaslt cannot run
+here; that is the only reason a fake is used. The fake is a set of real C function
+pointers (``ctypes.CFUNCTYPE`` callbacks) under the hipblasLt* symbol names, so the
+driver's ctypes bindings (argument types, widths, pointer passing) run exactly as
+they would against the real library. Each function checks its arguments against
+the hipBLASLt ABI table of the version the fake reports (enum numbers, attribute
+ids and value sizes), records the call, and ``hipblasLtMatmul`` computes the
+column-major GEMM it is given on the host memory behind the pointers, so the tests
+check the numbers against a float64 reference too. The same driver runs cuBLASLt
+on the H200 for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unimatmul.arrays import Device, NumpyAdapter, make_operands
+from unimatmul.backend import Target
+from unimatmul.errors import UnsupportedProblem
+from unimatmul.problem import Problem
+from unimatmul_backends.lt.abi import HIPBLASLT_5, HIPBLASLT_6, HIPBLASLT_6_0, LtABI, signatures_for
+from unimatmul_backends.lt.runner import ArrayHooks
+from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate
+from unimatmul_backends.rocm.libraries import LibraryChoice
+
+VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6}
+STREAM = 0x5EED
+
+
+def _key(table: dict[str, int | None], value: int, what: str) -> str:
+    keys = [k for k, v in table.items() if v == value]
+    assert keys, f"{what} {value} is not in the ABI table"
+    return keys[0]
+
+
+def _numpy_dtype(abi: LtABI, value: int) -> Any:
+    key = _key(dict(abi.datatype), value, "data type")
+    return {"R_32F": np.float32, "R_16F": np.float16, "R_64F": np.float64}[key]
+
+
+def _matrix(ptr: int, dtype: Any, rows: int, cols: int, ld: int, batch: int, stride: int) -> np.ndarray:
+    item = np.dtype(dtype).itemsize
+    extent = (batch - 1) * stride + (cols - 1) * ld + rows
+    flat = np.frombuffer((ctypes.c_char * (extent * item)).from_address(ptr), dtype=dtype, count=extent)
+    return np.lib.stride_tricks.as_strided(
+        flat, shape=(batch, rows, cols), strides=(stride * item, item, ld * item)
+    )
+
+
+FAKES: list[FakeHipblaslt] = []
+
+
+@pytest.fixture(autouse=True)
+def no_bad_calls() -> Iterator[None]:
+    """Every argument check the fake made during a test passed."""
+    FAKES.clear()
+    yield
+    failures = [f for fake in FAKES for f in fake.failures]
+    FAKES.clear()
+    assert not failures, failures
+
+
+class FakeHipblaslt:
+    """libhipblaslt's C functions for one ABI table, checked and recorded (module docstring)."""
+
+    def __init__(self, version: int, solutions: list[int], *, workspace: int = 4096) -> None:
+        self.abi = VERSIONS[version]
+        self.version = version
+        self.revision = b"a6254b89-dirty"
+        self.solutions = solutions
+        self.valid = set(solutions)
+        self.workspace = workspace
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.failures: list[str] = []
+        FAKES.append(self)
+        self.objects: dict[int, dict[str, Any]] = {}
+        self.requested: list[int] = []
+        self.ran: list[tuple[int, int]] = []  # (solution index, stream)
+        self._next = 0x1000
+        self._keep: list[Any] = []
+        for generic, signature in signatures_for(self.abi).items():
+            impl = getattr(self, f"_{generic}", None)
+            if impl is None:
+                continue  # the real library exports it; nothing here calls it
+            # Char buffers arrive as addresses so that the fake can write into them.
+            argtypes = [ctypes.c_void_p if t is ctypes.c_char_p else t for t in signature.argtypes]
+            fn = ctypes.CFUNCTYPE(signature.restype, *argtypes)(self._recording(generic, impl))
+            self._keep.append(fn)
+            setattr(self, self.abi.symbol(generic), fn)
+
+    def _recording(self, generic: str, impl: Any) -> Any:
+        def call(*args: Any) -> int:
+            self.calls.append((generic, args))
+            try:
+                return int(impl(*args))
+            except AssertionError as exc:
+                # An exception cannot cross a C callback: keep it for the fixture to raise.
+                self.failures.append(f"{generic}: {exc}")
+                return 3  # HIPBLAS_STATUS_INVALID_VALUE
+
+        return call
+
+    def _new(self, kind: str, **fields: Any) -> int:
+        self._next += 0x10
+        self.objects[self._next] = {"kind": kind, "attrs": {}, **fields}
+        return self._next
+
+    def _obj(self, handle: int | None, kind: str) -> dict[str, Any]:
+        assert handle in self.objects and self.objects[handle]["kind"] == kind, f"not a {kind}: {handle}"
+        return self.objects[handle]
+
+    def args(self, generic: str) -> list[tuple[Any, ...]]:
+        return [args for name, args in self.calls if name == generic]
+
+    # --- handle and version
+    def _Create(self, out: Any) -> int:
+        out[0] = self._new("handle")
+        return 0
+
+    def _Destroy(self, handle: int) -> int:
+        self._obj(handle, "handle")
+        return 0
+
+    def _GetVersion(self, handle: int, out: Any) -> int:
+        self._obj(handle, "handle")
+        out[0] = self.version
+        return 0
+
+    def _GetGitRevision(self, handle: int, buf: int) -> int:
+        self._obj(handle, "handle")
+        ctypes.memmove(buf, self.revision + b"\0", len(self.revision) + 1)
+        return 0
+
+    # --- descriptors
+    def _MatrixLayoutCreate(self, out: Any, dtype: int, rows: int, cols: int, ld: int) -> int:
+        _key(dict(self.abi.datatype), dtype, "data type")
+        assert rows >= 1 and cols >= 1 and ld >= rows, (rows, cols, ld)
+        out[0] = self._new("layout", dtype=dtype, rows=rows, cols=cols, ld=ld)
+        return 0
+
+    def _MatrixLayoutDestroy(self, layout: int) -> int:
+        self._obj(layout, "layout")["destroyed"] = True
+        return 0
+
+    def _set(self, obj: dict[str, Any], ids: Any, ctypes_of: Any, attr: int, buf: int, size: int) -> int:
+        key = _key(dict(ids), attr, "attribute")
+        ctype = ctypes_of[key]
+        assert size == ctypes.sizeof(ctype), (
+            f"{key}: {size} bytes, the header's type has {ctypes.sizeof(ctype)}"
+        )
+        obj["attrs"][key] = ctype.from_address(buf).value
+        return 0
+
+    def _MatrixLayoutSetAttribute(self, layout: int, attr: int, buf: int, size: int) -> int:
+        obj = self._obj(layout, "layout")
+        return self._set(obj, self.abi.layout_attr, self.abi.layout_attr_ctype, attr, buf, size)
+
+    def _MatmulDescCreate(self, out: Any, compute: int, scale: int) -> int:
+        _key(dict(self.abi.compute_type), compute, "compute type")
+        _key(dict(self.abi.datatype), scale, "scale type")
+        out[0] = self._new("desc", compute=compute, scale=scale)
+        return 0
+
+    def _MatmulDescDestroy(self, desc: int) -> int:
+        self._obj(desc, "desc")["destroyed"] = True
+        return 0
+
+    def _MatmulDescSetAttribute(self, desc: int, attr: int, buf: int, size: int) -> int:
+        obj = self._obj(desc, "desc")
+        return self._set(obj, self.abi.matmul_desc_attr, self.abi.matmul_desc_attr_ctype, attr, buf, size)
+
+    def _MatmulPreferenceCreate(self, out: Any) -> int:
+        out[0] = self._new("pref")
+        return 0
+
+    def _MatmulPreferenceDestroy(self, pref: int) -> int:
+        self._obj(pref, "pref")["destroyed"] = True
+        return 0
+
+    def _MatmulPreferenceSetAttribute(self, pref: int, attr: int, buf: int, size: int) -> int:
+        obj = self._obj(pref, "pref")
+        return self._set(obj, self.abi.pref_attr, self.abi.pref_attr_ctype, attr, buf, size)
+
+    # --- the GEMM
+    def _shapes(self, desc: int, a: int, b: int, c: int, d: int) -> tuple[dict[str, Any], ...]:
+        dsc = self._obj(desc, "desc")
+        la, lb, lc = self._obj(a, "layout"), self._obj(b, "layout"), self._obj(c, "layout")
+        assert c == d, "D is laid out as C"
+        ops = {v: k for k, v in self.abi.operation.items()}
+        ta = ops[dsc["attrs"].get("TRANSA", self.abi.operation["N"])]
+        tb = ops[dsc["attrs"].get("TRANSB", self.abi.operation["N"])]
+        m, n = lc["rows"], lc["cols"]
+        k = la["rows"] if ta == "T" else la["cols"]
+        assert (la["cols"] if ta == "T" else la["rows"]) == m, "op(A) rows != m"
+        assert (lb["rows"] if tb == "T" else lb["cols"]) == n, "op(B) cols != n"
+        assert (lb["cols"] if tb == "T" else lb["rows"]) == k, "op(B) rows != k"
+        return dsc, la, lb, lc, {"ta": ta == "T", "tb": tb == "T", "m": m, "n": n, "k": k}
+
+    def _MatmulAlgoGetHeuristic(
+        self,
+        handle: int,
+        desc: int,
+        a: int,
+        b: int,
+        c: int,
+        d: int,
+        pref: int,
+        requested: int,
+        results: int,
+        count: Any,
+    ) -> int:
+        self._obj(handle, "handle")
+        self._obj(pref, "pref")
+        self._shapes(desc, a, b, c, d)
+        self.requested.append(requested)
+        struct = self.abi.heuristic_result_struct()
+        array = (struct * requested).from_address(results)
+        limit = self._obj(pref, "pref")["attrs"].get("MAX_WORKSPACE_BYTES", 0)
+        found = [i for i in self.solutions if self.workspace <= limit][:requested]
+        for slot, index in zip(array, found, strict=False):
+            raw = bytearray(self.abi.algo_size)
+            raw[0:4] = int(index).to_bytes(4, "little", signed=True)
+            ctypes.memmove(ctypes.addressof(slot.algo), bytes(raw), len(raw))
+            slot.workspaceSize = self.workspace
+            slot.state = self.abi.status["SUCCESS"]
+            slot.wavesCount = 1.0
+        count[0] = len(found)
+        return 0
+
+    def _Matmul(
+        self, handle: int, desc: int, alpha: int, a: int, adesc: int, b: int, bdesc: int, beta: int,
+        c: int, cdesc: int, d: int, ddesc: int, algo: int, workspace: int, ws_size: int, stream: int,
+    ) -> int:  # fmt: skip
+        self._obj(handle, "handle")
+        dsc, la, lb, lc, s = self._shapes(desc, adesc, bdesc, cdesc, ddesc)
+        index = int.from_bytes(ctypes.string_at(algo, 4), "little", signed=True)
+        if index not in self.valid:
+            return self.abi.status["INVALID_VALUE"] or 3
+        assert ws_size >= self.workspace and workspace, "the algo's workspace was not given"
+        assert all(p for p in (alpha, beta, a, b, c, d)), "NULL pointer"
+        assert c == d, "in place: C is D"
+        scale = (
+            ctypes.c_float
+            if _key(dict(self.abi.datatype), dsc["scale"], "scale") == "R_32F"
+            else ctypes.c_double
+        )
+        al, be = scale.from_address(alpha).value, scale.from_address(beta).value
+        dtype = _numpy_dtype(self.abi, la["dtype"])
+        batch = la["attrs"].get("BATCH_COUNT", 1)
+        assert lb["attrs"].get("BATCH_COUNT", 1) == batch == lc["attrs"].get("BATCH_COUNT", 1)
+
+        def view(ptr: int, lay: dict[str, Any]) -> np.ndarray:
+            stride = lay["attrs"].get("STRIDED_BATCH_OFFSET", 0)
+            return _matrix(ptr, dtype, lay["rows"], lay["cols"], lay["ld"], batch, stride)
+
+        ma, mb, mc = view(a, la).astype(np.float64), view(b, lb).astype(np.float64), view(c, lc)
+        opa = ma.transpose(0, 2, 1) if s["ta"] else ma
+        opb = mb.transpose(0, 2, 1) if s["tb"] else mb
+        result = al * (opa @ opb)
+        if be != 0.0:
+            result = result + be * mc.astype(np.float64)
+        epilogue = _key(
+            dict(self.abi.epilogue), dsc["attrs"].get("EPILOGUE", self.abi.epilogue["DEFAULT"]), "epilogue"
+        )
+        if "BIAS" in epilogue:
+            bias_ptr = dsc["attrs"]["BIAS_POINTER"]
+            assert bias_ptr, "bias epilogue without a bias pointer"
+            bias = np.frombuffer(
+                (ctypes.c_char * (s["m"] * np.dtype(dtype).itemsize)).from_address(bias_ptr), dtype
+            )
+            result = result + bias.astype(np.float64)[None, :, None]  # one value per row of D
+        if "RELU" in epilogue:
+            result = np.maximum(result, 0)
+        mc[...] = result.astype(dtype)
+        self.ran.append((index, stream))
+        return 0
+
+
+def host_hooks(target: Target) -> ArrayHooks:
+    """Array hooks over NumPy arrays in host memory (what the fake library reads)."""
+
+    @contextlib.contextmanager
+    def device() -> Iterator[None]:
+        yield
+
+    def empty_strided(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
+        npdt = np.dtype({"f32": np.float32, "f16": np.float16}.get(dtype, np.uint8))
+        size = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        return np.lib.stride_tricks.as_strided(
+            np.empty(size, npdt), shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
+        )
+
+    def copy_(dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    return ArrayHooks(
+        ptr=lambda x: int(x.__array_interface__["data"][0]),
+        stream=lambda: STREAM,
+        empty_strided=empty_strided,
+        copy_=copy_,
+        device=device,
+    )
+
+
+def make_backend(fake: FakeHipblaslt) -> HipblasltBackend:
+    return HipblasltBackend(
+        loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
+        device_check=lambda: None,
+        hooks=host_hooks,
+    )
+
+
+TARGET = Target(NumpyAdapter(), Device("hip", 0))
+VERSION_IDS = [f"hipblaslt-{v}" for v in VERSIONS]
+
+
+@pytest.mark.parametrize("abi", [HIPBLASLT_5, HIPBLASLT_6_0, HIPBLASLT_6], ids=lambda a: a.label)
+def test_struct_layouts_are_the_headers(abi: LtABI) -> None:
+    algo, result = abi.algo_struct(), abi.heuristic_result_struct()
+    assert ctypes.sizeof(algo) == abi.algo_size == 24
+    assert ctypes.sizeof(result) == abi.heuristic_result_size == 56
+    for name, offset in abi.heuristic_result_offsets.items():
+        assert getattr(result, name).offset == offset
+    raw = (61169).to_bytes(4, "little") + bytes(20)
+    assert abi.solution_index(raw) == 61169
+    assert abi.solution_index((-7).to_bytes(4, "little", signed=True) + bytes(20)) == -7
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
+def test_candidates_ask_a_large_heuristic_and_name_solution_indices(version: int) -> None:
+    fake = FakeHipblaslt(version, [61169, 572, 61169, 30410])
+    backend = make_backend(fake)
+    problem = Problem(m=64, n=128, k=32, dtype_a="f16", dtype_b="f16", dtype_c="f16")
+    found = backend.candidates(problem, TARGET)
+    assert found == [solution_candidate(61169), solution_candidate(572), solution_candidate(30410)]
+    assert found[0].identity == "hipblaslt/gemm?index=61169"
+    assert fake.requested == [256]
+    abi = fake.abi
+    # hipBLASLt has no compute-type attribute: compute and scale go to MatmulDescCreate only.
+    ((_out, compute, scale),) = fake.args("MatmulDescCreate")
+    assert (compute, scale) == (abi.compute_type["32F"], abi.datatype["R_32F"])
+    set_desc = {
+        _key(dict(abi.matmul_desc_attr), attr, "attr"): size
+        for _, attr, _, size in fake.args("MatmulDescSetAttribute")
+    }
+    assert set(set_desc) == {"TRANSA", "TRANSB"} and set(set_desc.values()) == {4}
+    # Row-major C[64,128] = A[64,32] @ B[32,128] is C^T[128,64] = B^T[128,32] A^T[32,64].
+    layouts = [(dtype, rows, cols, ld) for _, dtype, rows, cols, ld in fake.args("MatrixLayoutCreate")]
+    f16 = abi.datatype["R_16F"]
+    assert layouts == [(f16, 128, 32, 128), (f16, 32, 64, 32), (f16, 128, 64, 128)]
+    ((_, attr, _, size),) = fake.args("MatmulPreferenceSetAttribute")
+    assert (attr, size) == (abi.pref_attr["MAX_WORKSPACE_BYTES"], 8)
+    assert all(o.get("destroyed") for o in fake.objects.values() if o["kind"] != "handle")
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
+def test_batches_and_bias_set_the_tables_attribute_ids(version: int) -> None:
+    fake = FakeHipblaslt(version, [5])
+    abi = fake.abi
+    backend = make_backend(fake)
+    backend.candidates(Problem(m=8, n=16, k=24, batch=3), TARGET)
+    sets = [(attr, size) for _, attr, _, size in fake.args("MatrixLayoutSetAttribute")]
+    assert sets == [(abi.layout_attr["BATCH_COUNT"], 4), (abi.layout_attr["STRIDED_BATCH_OFFSET"], 8)] * 3
+    fake.calls.clear()
+    backend.candidates(Problem(m=8, n=16, k=24, epilogue="bias_relu"), TARGET)
+    # What the fake read from the driver's buffers during each call.
+    values = [o for o in fake.objects.values() if o["kind"] == "desc"][-1]["attrs"]
+    assert values["EPILOGUE"] == abi.epilogue["RELU_BIAS"] == 6
+    assert values["BIAS_DATA_TYPE"] == abi.datatype["R_32F"]
+
+
+CASES = [
+    Problem(m=33, n=17, k=45),
+    Problem(m=33, n=17, k=45, trans_a=True),
+    Problem(m=33, n=17, k=45, trans_b=True, ldb=50),
+    Problem(m=20, n=12, k=9, trans_a=True, trans_b=True, lda=24, ldb=16, ldc=13),
+    Problem(m=6, n=10, k=7, batch=4),
+    Problem(m=24, n=8, k=16, dtype_a="f16", dtype_b="f16", dtype_c="f16"),
+    Problem(m=12, n=20, k=8, epilogue="bias"),
+    Problem(m=12, n=20, k=8, epilogue="bias_relu"),
+    Problem(m=12, n=20, k=8, epilogue="relu"),
+]
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
+@pytest.mark.parametrize("problem", CASES, ids=lambda p: p.key)
+def test_runner_computes_the_row_major_product(version: int, problem: Problem) -> None:
+    fake = FakeHipblaslt(version, [11, 42])
+    backend = make_backend(fake)
+    runner = backend.prepare(problem, solution_candidate(42), TARGET)
+    ops = make_operands(problem, NumpyAdapter(), TARGET.device, np.random.default_rng(5))
+    c0 = ops.out.copy()
+    tol = {"f32": 1e-5, "f16": 2e-3}[problem.dtype_a]
+    for alpha, beta in ((1.0, 0.0), (0.5, 2.0)):
+        ops.out[...] = c0 if beta else np.nan
+        runner(ops.a, ops.b, ops.out, alpha, beta, ops.bias)
+        ref = alpha * (ops.a.astype(np.float64) @ ops.b.astype(np.float64)) + beta * c0.astype(np.float64)
+        if ops.bias is not None:
+            ref = ref + ops.bias.astype(np.float64)
+        if problem.activation == "relu":
+            ref = np.maximum(ref, 0)
+        err = np.linalg.norm(ops.out.astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert err < tol, err
+    assert fake.ran == [(42, STREAM), (42, STREAM)]
+
+
+def test_prepare_and_check_rebuild_by_heuristic_match() -> None:
+    fake = FakeHipblaslt(1000, [7, 8, 9])
+    backend = make_backend(fake)
+    problem = Problem(m=16, n=16, k=16)
+    assert backend.check(problem, solution_candidate(8), TARGET)
+    assert not backend.check(problem, solution_candidate(61169), TARGET)
+    with pytest.raises(UnsupportedProblem, match="not among the 3 the heuristic returns"):
+        backend.prepare(problem, solution_candidate(61169), TARGET)
+    # The rebuild asks for many results, and the answer is reused for the same layout.
+    assert fake.requested == [1024]
+    backend.prepare(problem, solution_candidate(9), TARGET)
+    assert fake.requested == [1024]
+
+
+def test_workspace_over_the_limit_is_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeHipblaslt(1000, [1], workspace=64 << 20)
+    backend = make_backend(fake)
+    assert backend.candidates(Problem(m=16, n=16, k=16), TARGET) == []
+    monkeypatch.setenv("UNIMATMUL_LT_WORKSPACE_MB", "128")
+    assert backend.candidates(Problem(m=16, n=16, k=16), TARGET) == [solution_candidate(1)]
+
+
+def test_heuristic_count_is_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeHipblaslt(1000, list(range(1, 40)))
+    backend = make_backend(fake)
+    monkeypatch.setenv("UNIMATMUL_HIPBLASLT_HEURISTICS", "8")
+    assert len(backend.candidates(Problem(m=16, n=16, k=16), TARGET)) == 8
+    assert fake.requested == [8]
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
+def test_version_is_written_as_torch_writes_it(version: int) -> None:
+    fake = FakeHipblaslt(version, [])
+    backend = make_backend(fake)
+    assert backend.availability() is None
+    assert backend.versions() == {"hipblaslt": f"{version}-a6254b89-dirty"}
+    assert backend.driver().abi is VERSIONS[version]
+
+
+@pytest.mark.parametrize("version", [100, 250, 450])
+def test_versions_without_a_stable_identity_are_refused(version: int) -> None:
+    with pytest.raises(Exception, match=r"no solution index|never released"):
+        select_abi(version)
+
+
+def test_unsupported_problems_are_refused_before_any_call() -> None:
+    fake = FakeHipblaslt(1000, [1])
+    backend = make_backend(fake)
+    with pytest.raises(UnsupportedProblem, match="gelu_tanh"):
+        backend.candidates(Problem(m=8, n=8, k=8, epilogue="gelu"), TARGET)
+    with pytest.raises(UnsupportedProblem):
+        backend.candidates(
+            Problem(m=8, n=8, k=8, dtype_a="f64", dtype_b="f64", dtype_c="f64", compute="f64"), TARGET
+        )
+    assert fake.args("MatmulAlgoGetHeuristic") == []
+
+
+def test_without_rocm_the_backend_says_why() -> None:
+    """The real loader and device check on this machine (no ROCm, no HIP device)."""
+    reason = HipblasltBackend().availability()
+    assert reason is not None and "libhipblaslt" in reason
