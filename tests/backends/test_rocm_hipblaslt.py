@@ -26,7 +26,14 @@ from unimatmul.arrays import Device, NumpyAdapter, make_operands
 from unimatmul.backend import Target
 from unimatmul.errors import UnsupportedProblem
 from unimatmul.problem import Problem
-from unimatmul_backends.lt.abi import HIPBLASLT_5, HIPBLASLT_6, HIPBLASLT_6_0, LtABI, signatures_for
+from unimatmul_backends.lt.abi import (
+    HIPBLASLT_5,
+    HIPBLASLT_6,
+    HIPBLASLT_6_0,
+    LtABI,
+    select_hipblaslt_abi,
+    signatures_for,
+)
 from unimatmul_backends.lt.runner import ArrayHooks
 from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate
 from unimatmul_backends.rocm.libraries import LibraryChoice
@@ -72,7 +79,7 @@ class FakeHipblaslt:
     """libhipblaslt's C functions for one ABI table, checked and recorded (module docstring)."""
 
     def __init__(self, version: int, solutions: list[int], *, workspace: int = 4096) -> None:
-        self.abi = VERSIONS[version]
+        self.abi = select_hipblaslt_abi(version)
         self.version = version
         self.revision = b"a6254b89-dirty"
         self.solutions = solutions
