@@ -218,6 +218,10 @@ def describe(
         if adapter.dtype(bias) != dtype:
             msg = f"matmul: bias is {adapter.dtype(bias)}, expected {dtype}"
             raise TypeError(msg)
+        if n > 1 and adapter.strides(bias)[0] != 1:
+            # Kernels read the bias as n consecutive values; the key has no stride for it.
+            msg = f"matmul: bias must be contiguous, got stride {adapter.strides(bias)[0]}; pass a contiguous copy"
+            raise ValueError(msg)
     if activation is not None and activation not in ACTIVATIONS:
         msg = f"matmul: unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}"
         raise ValueError(msg)

@@ -468,6 +468,12 @@ BAD_INPUTS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "unknown activation 'tanh'",
     ),
     (
+        "bias stride",
+        lambda: unimatmul.matmul(_A, _B, bias=np.ones(10, np.float32)[::2]),
+        ValueError,
+        "bias must be contiguous, got stride 2",
+    ),
+    (
         "torch dtype",
         lambda: unimatmul.matmul(torch.ones(4, 3), torch.ones(3, 5, dtype=torch.bfloat16)),
         TypeError,
