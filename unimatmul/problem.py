@@ -9,7 +9,7 @@ A Problem never describes a copy: it describes the caller's memory as it is.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from unimatmul.dtypes import ITEMSIZE, canonical
 
@@ -137,6 +137,26 @@ class Problem:
     def shape_text(self) -> str:
         text = f"{self.m}x{self.n}x{self.k}"
         return text if self.batch == 1 else f"{self.batch}x{text}"
+
+    def with_m(self, m: int) -> Problem:
+        """The same problem with ``m`` rows: what dynamic shapes (bucketing) compare.
+
+        Fields that follow from m in a tight layout follow it: a column-major A's
+        leading dimension when it equalled m, and batch strides that were exactly one
+        matrix apart. Looser layouts (a view into a wider buffer) keep their strides.
+        """
+        if m == self.m:
+            return self
+        lda = self.lda
+        if self.trans_a and (lda == self.m or lda < m):
+            lda = m
+        stride_a, stride_c = self.stride_a, self.stride_c
+        if self.batch > 1:
+            if stride_a == (self.k * self.lda if self.trans_a else self.m * self.lda):
+                stride_a = self.k * lda if self.trans_a else m * lda
+            if stride_c == self.m * self.ldc:
+                stride_c = m * self.ldc
+        return replace(self, m=m, lda=lda, stride_a=stride_a, stride_c=stride_c)
 
     @property
     def key(self) -> str:

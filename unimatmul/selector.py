@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unimatmul.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.buckets import Buckets, lookup_bucket
 from unimatmul.cache import LRU, CacheStore, open_store
 from unimatmul.errors import UnknownCandidate, UnsupportedProblem
 from unimatmul.harness import CpuTimer, Harness, HarnessSettings, Timer
@@ -23,6 +24,7 @@ from unimatmul.platform import Platform, detect_platform
 from unimatmul.plugins import PluginManager, get_plugin_manager
 from unimatmul.problem import Problem
 from unimatmul.record import TuningRecord
+from unimatmul.recording import record_problem
 
 
 @dataclass
@@ -30,7 +32,7 @@ class Decision:
     """What the selector chose for one problem, and why (for ``info``/profiling)."""
 
     runner: Runner
-    source: str  # "tuned", "cache", "default", "fallback"
+    source: str  # "tuned", "cache", "bucket", "default", "fallback"
     record: TuningRecord | None = None
 
 
@@ -66,7 +68,10 @@ class Selector:
         self._tune_locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._warned: set[str] = set()
-        self.on_problem: Callable[[Problem, Target], None] | None = None
+        # Record mode hands every problem it resolves here (default: the record file).
+        self.on_problem: Callable[[Problem, Target], None] | None = record_problem
+        # Dynamic shapes: a problem differing from a bucket-tuned one only in m uses its choice.
+        self.buckets: Buckets | None = Buckets.from_env()
 
     # --- wiring -------------------------------------------------------------------
     @property
@@ -127,10 +132,16 @@ class Selector:
         if mode == "off":
             return Decision(DefaultRunner(target.adapter, problem.activation), "default")
         if mode == "record" and self.on_problem is not None:
-            self.on_problem(problem, target)
+            try:
+                self.on_problem(problem, target)
+            except Exception as exc:  # recording must never break the workload
+                self.warn_once("record", f"could not record {problem.shape_text}: {exc!r}")
         try:
             record = self.lookup(problem, target)
             source = "cache"
+            if record is None and self.buckets is not None:
+                record = lookup_bucket(self, problem, target)
+                source = "bucket" if record is not None else source
             if record is None and mode == "tune":
                 record, source = self.tune(problem, target), "tuned"
             if record is None:

@@ -1,0 +1,250 @@
+"""Record mode: remember every distinct problem a workload meets, to tune it later.
+
+With ``UNIMATMUL_MODE=record`` the Selector behaves like ``cached`` and hands each
+problem it resolves to :func:`record_problem`, which appends it to the record file
+(``UNIMATMUL_RECORD_FILE``, default ``recorded.jsonl`` beside the cache file) once.
+``unimatmul tune --from FILE`` then tunes them, and the workload runs with ``cached``.
+
+The file is JSON Lines, one problem per line::
+
+    {"problem": "gemm:f32.f32.f32:f32:NT:m8n64k32b1:...", "array": "torch", "device": "cpu"}
+
+Several processes may record into one file at once: each append happens under an
+exclusive advisory lock, after reading what the others appended since, so a problem
+is written once, and a line is written by a single ``write`` (never interleaved). A
+line that cannot be parsed (a crash mid-write) is skipped by readers. Problems only
+reach this module on the Selector's slow path, never on a cached call.
+
+:func:`read_problems` also reads PyTorch TunableOp's untuned file
+(``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``), whose GEMMs carry no device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from unimatmul.cache import default_cache_path
+from unimatmul.dtypes import canonical
+from unimatmul.problem import Problem
+
+if TYPE_CHECKING:
+    from unimatmul.backend import Target
+    from unimatmul.interop.tunableop import RowMajorGemm
+
+ENV = "UNIMATMUL_RECORD_FILE"
+FILENAME = "recorded.jsonl"
+
+try:  # POSIX advisory locks; elsewhere appends are still single writes
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+def default_record_path() -> Path:
+    """``$UNIMATMUL_RECORD_FILE``, else ``recorded.jsonl`` in the cache file's folder."""
+    explicit = os.environ.get(ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.environ.get("UNIMATMUL_CACHE") == ":memory:":
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "unimatmul" / FILENAME
+    return default_cache_path().parent / FILENAME
+
+
+@dataclass(frozen=True)
+class RecordedProblem:
+    """One problem met by a workload, and where: array library and device (``cuda:0``).
+
+    ``device`` is None when the source did not say (TunableOp's untuned file).
+    """
+
+    problem: Problem
+    array: str = "torch"
+    device: str | None = "cpu"
+
+    def to_line(self) -> str:
+        data = {"problem": self.problem.key, "array": self.array, "device": self.device}
+        return json.dumps(data, separators=(",", ":")) + "\n"
+
+
+class ProblemRecorder:
+    """Appends each distinct (problem, array, device) once to one file."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_record_path()
+        self._seen: set[str] = set()
+        self._offset = 0  # how far this process has read the file
+        self._lock = threading.Lock()
+
+    def __call__(self, problem: Problem, target: Target) -> None:
+        """The Selector's ``on_problem`` hook."""
+        self.record(RecordedProblem(problem, target.array_kind, str(target.device)))
+
+    def record(self, item: RecordedProblem) -> bool:
+        """Append ``item`` unless the file already holds it; True when written."""
+        line = item.to_line()
+        if line in self._seen:
+            return False
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            with os.fdopen(fd, "r+b", buffering=0) as fh, _exclusive(fh):
+                # Learn what other processes appended since we last looked.
+                fh.seek(self._offset)
+                tail = fh.read()
+                for raw in tail.splitlines():
+                    self._seen.add(raw.decode("utf-8", "replace") + "\n")
+                self._offset += len(tail)
+                if line in self._seen:
+                    return False
+                data = line.encode()
+                if tail and not tail.endswith(b"\n"):
+                    data = b"\n" + data  # a writer crashed mid-line: do not glue onto it
+                fh.write(data)
+                fh.flush()
+                self._offset += len(data)
+                self._seen.add(line)
+                return True
+
+
+@contextlib.contextmanager
+def _exclusive(fh: io.FileIO) -> Iterator[None]:
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+_recorder: ProblemRecorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def get_recorder() -> ProblemRecorder:
+    """The process-wide recorder, following ``UNIMATMUL_RECORD_FILE`` if it changes."""
+    global _recorder
+    path = default_record_path()
+    with _recorder_lock:
+        if _recorder is None or _recorder.path != path:
+            _recorder = ProblemRecorder(path)
+        return _recorder
+
+
+def record_problem(problem: Problem, target: Target) -> None:
+    """The Selector's default ``on_problem`` hook in record mode."""
+    get_recorder()(problem, target)
+
+
+# --- reading --------------------------------------------------------------------------
+
+
+@dataclass
+class ReadResult:
+    """The distinct problems of a file, in file order, and the lines left out (why)."""
+
+    problems: list[RecordedProblem]
+    skipped: list[tuple[int, str]]
+    format: str
+
+
+def read_problems(path: str | os.PathLike[str]) -> ReadResult:
+    """Read a record file, or a PyTorch TunableOp untuned file; distinct problems only."""
+    text = Path(path).read_text(encoding="utf-8")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    result = _read_jsonl(text) if first.startswith("{") else _read_tunableop_untuned(text, str(path))
+    unique: dict[tuple[str, str, str | None], RecordedProblem] = {}
+    for item in result.problems:
+        unique.setdefault((item.problem.key, item.array, item.device), item)
+    result.problems = list(unique.values())
+    return result
+
+
+def _read_jsonl(text: str) -> ReadResult:
+    problems: list[RecordedProblem] = []
+    skipped: list[tuple[int, str]] = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            device = data.get("device")
+            problems.append(
+                RecordedProblem(
+                    Problem.from_key(str(data["problem"])),
+                    str(data.get("array", "torch")),
+                    None if device is None else str(device),
+                )
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            skipped.append((line_no, f"{type(exc).__name__}: {exc}"))
+    return ReadResult(problems, skipped, "unimatmul-record")
+
+
+def _read_tunableop_untuned(text: str, path: str) -> ReadResult:
+    from unimatmul.interop.tunableop import parse_untuned
+
+    try:
+        parsed = parse_untuned(text)
+    except ValueError as exc:
+        msg = f"{path}: neither a unimatmul record file (JSON lines) nor a TunableOp untuned file: {exc}"
+        raise ValueError(msg) from None
+    problems: list[RecordedProblem] = []
+    skipped = [(e.line_no, e.reason) for e in parsed.errors]
+    for gemm in parsed.gemms:
+        try:
+            problems.append(RecordedProblem(_problem_from_tunableop(gemm.row_major()), "torch", None))
+        except (ValueError, TypeError) as exc:
+            skipped.append((gemm.line_no or 0, str(exc)))
+    return ReadResult(problems, skipped, "tunableop-untuned")
+
+
+_KINDS = {"gemm": "none", "gemm_bias": "bias", "gemm_strided_batched": "none"}
+
+
+def _problem_from_tunableop(gemm: RowMajorGemm) -> Problem:
+    """Our Problem for TunableOp's row-major view of one GEMM (see interop.tunableop)."""
+    from unimatmul.interop.tunableop import WILDCARD
+
+    if gemm.kind not in _KINDS:
+        msg = f"TunableOp {gemm.kind} GEMMs have no unimatmul problem kind yet"
+        raise ValueError(msg)
+    dims = (gemm.m, gemm.n, gemm.k, gemm.lda, gemm.ldb, gemm.ldc, gemm.batch)
+    if WILDCARD in dims:
+        msg = "a dynamic ('*') dimension cannot be tuned"
+        raise ValueError(msg)
+    dtypes = [canonical(d) for d in (gemm.dtype_a, gemm.dtype_b, gemm.dtype_c)]
+    compute = "tf32" if gemm.tf32 else ("f64" if dtypes[0] == "f64" else "f32")
+    batch = gemm.batch or 1
+    return Problem(
+        m=gemm.m,
+        n=gemm.n,
+        k=gemm.k,
+        dtype_a=dtypes[0],
+        dtype_b=dtypes[1],
+        dtype_c=dtypes[2],
+        compute=compute,
+        trans_a=gemm.trans_a,
+        trans_b=gemm.trans_b,
+        lda=gemm.lda or 0,
+        ldb=gemm.ldb or 0,
+        ldc=gemm.ldc or 0,
+        batch=batch,
+        stride_a=(gemm.stride_a or 0) if batch > 1 else 0,
+        stride_b=(gemm.stride_b or 0) if batch > 1 else 0,
+        stride_c=(gemm.stride_c or 0) if batch > 1 else 0,
+        epilogue=_KINDS[gemm.kind],
+        dtype_bias=canonical(gemm.bias_dtype) if gemm.bias_dtype and gemm.kind == "gemm_bias" else None,
+    )
