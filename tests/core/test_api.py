@@ -235,6 +235,21 @@ def test_torch_cpu(
     _run_modes(isolated, mode, lambda: unimatmul.matmul(a, b), check, a, b)
 
 
+@pytest.mark.parametrize("mode", ["off", "cached", "tune"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, None, 9, 8, 7), (None, 3, 9, 8, 7), (1, 4, 5, 6, 3)], ids=_ids)
+def test_torch_broadcast_batches(
+    isolated: Any, mode: str, dtype: str, shape: tuple[int | None, int | None, int, int, int]
+) -> None:
+    ba, bb, m, n, k = shape
+    a = _operand(ba, m, k, False, dtype, "torch")
+    b = _operand(bb, k, n, True, dtype, "torch")
+    ref = reference(a, b)
+    _run_modes(
+        isolated, mode, lambda: unimatmul.matmul(a, b), lambda out: assert_close(out, ref, dtype), a, b
+    )
+
+
 @pytest.mark.parametrize("lib_dtype", [("numpy", "f64"), ("numpy", "f16"), ("torch", "f16")])
 def test_dtypes_without_a_onednn_kernel_use_default(isolated: Any, lib_dtype: tuple[str, str]) -> None:
     lib, dtype = lib_dtype
