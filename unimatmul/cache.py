@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from unimatmul.record import TuningRecord
 
@@ -36,12 +36,19 @@ class CacheStore(Protocol):
 
     def count(self) -> int: ...
 
+    def note_platform(self, namespace: str, facts: dict[str, Any]) -> None:
+        """Keep a namespace's platform facts (vendor, arch, library versions) once."""
+
+    def flush(self) -> None:
+        """Make pending writes durable (stores that write at once do nothing)."""
+
 
 class MemoryStore:
     """A store that lives and dies with the process (tests, ``UNIMATMUL_CACHE=:memory:``)."""
 
     def __init__(self) -> None:
         self._data: dict[str, dict[str, TuningRecord]] = {}
+        self.platforms: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -68,11 +75,42 @@ class MemoryStore:
     def count(self) -> int:
         return sum(len(entries) for entries in self._data.values())
 
+    def note_platform(self, namespace: str, facts: dict[str, Any]) -> None:
+        with self._lock:
+            self.platforms[namespace] = dict(facts)
+
+    def flush(self) -> None:
+        return None
+
+
+DEFAULT_LRU_SIZE = 4096
+
+
+def lru_size(default: int = DEFAULT_LRU_SIZE) -> int:
+    """``$UNIMATMUL_LRU_SIZE`` (entries of each in-process map), else ``default``."""
+    text = os.environ.get("UNIMATMUL_LRU_SIZE", "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"UNIMATMUL_LRU_SIZE={text!r} is not a positive integer"
+        raise ValueError(msg)
+    return value
+
 
 class LRU(Generic[K, V]):
-    """A bounded map that forgets the least recently used entry first; thread-safe."""
+    """A bounded map that forgets the least recently used entry first; thread-safe.
 
-    def __init__(self, maxsize: int = 4096) -> None:
+    The bound keeps memory flat however many distinct shapes a process meets; a
+    forgotten entry is found again in the store (or tuned again) when it returns.
+    """
+
+    def __init__(self, maxsize: int | None = None) -> None:
+        if maxsize is None:
+            maxsize = lru_size()
         if maxsize < 1:
             msg = f"LRU maxsize must be >= 1, got {maxsize}"
             raise ValueError(msg)

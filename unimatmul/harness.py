@@ -21,6 +21,7 @@ import numpy as np
 from unimatmul._version import __version__
 from unimatmul.arrays import Operands, make_operands
 from unimatmul.backend import DEFAULT, Candidate, Runner, Target
+from unimatmul.conditions import read_device_state
 from unimatmul.dtypes import tolerance
 from unimatmul.errors import UnsupportedProblem
 from unimatmul.problem import Problem
@@ -188,6 +189,8 @@ class Harness:
             measured.append(entry)
 
         self._time(measured, sets, target, alpha, beta)
+        # Read right after the last sample, while clocks still reflect the load.
+        device_state = read_device_state(target.device)
 
         ok = [e for e in measured if e.result.status == OK and e.times]
         default_entry = next((e for e in measured if e.candidate == DEFAULT), None)
@@ -219,6 +222,7 @@ class Harness:
             tune_s=time.perf_counter() - started,
             settings=record_settings,
             writer=f"unimatmul {__version__}",
+            device_state=device_state,
         )
 
     def _operand_sets(self, problem: Problem, target: Target, rng: np.random.Generator) -> list[Operands]:

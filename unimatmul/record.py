@@ -12,6 +12,12 @@ REJECTED = "rejected"  # ran, but the numeric check failed: never chosen
 FAILED = "failed"  # raised while preparing or running
 PRUNED = "pruned"  # measured briefly, a clear loser, not measured further
 
+Scalar = str | int | float | bool | None
+
+# Settings come from files too: nesting is bounded so that a crafted record cannot
+# make the code that walks it recurse without end.
+_MAX_SETTINGS_DEPTH = 4
+
 
 @dataclass
 class CandidateResult:
@@ -26,20 +32,28 @@ class CandidateResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CandidateResult:
+    def from_dict(cls, data: Any) -> CandidateResult:
+        if not isinstance(data, dict):
+            msg = f"a candidate result must be a map, got {type(data).__name__}"
+            raise TypeError(msg)
         return cls(
-            identity=str(data["identity"]),
-            status=str(data["status"]),
+            identity=_str(data["identity"]),
+            status=_str(data["status"]),
             median_s=_opt_float(data.get("median_s")),
-            samples=int(data.get("samples", 0)),
+            samples=_int(data.get("samples", 0)),
             error=_opt_float(data.get("error")),
-            note=str(data.get("note", "")),
+            note=_str(data.get("note", "")),
         )
 
 
 @dataclass
 class TuningRecord:
-    """What one tuning of one Problem on one Platform found."""
+    """What one tuning of one Problem on one Platform found.
+
+    ``device_state`` holds what could be read about the device while it was tuned
+    (clock in MHz, temperature in degrees C, ...; see :mod:`unimatmul.conditions`),
+    so that a surprising record can be explained later. It may be empty.
+    """
 
     problem: str
     winner: str
@@ -51,6 +65,7 @@ class TuningRecord:
     tune_s: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     writer: str = ""
+    device_state: dict[str, Scalar] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -59,13 +74,17 @@ class TuningRecord:
             return 1.0
         return self.default_s / self.winner_s
 
+    def result(self, identity: str) -> CandidateResult | None:
+        """The result of one candidate, or None if it was not measured."""
+        return next((r for r in self.results if r.identity == identity), None)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["results"] = [r.to_dict() for r in self.results]
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TuningRecord:
+    def from_dict(cls, data: Any) -> TuningRecord:
         """Rebuild a record, checking types strictly (the data may come from a file)."""
         if not isinstance(data, dict):
             msg = f"a tuning record must be a map, got {type(data).__name__}"
@@ -73,8 +92,9 @@ class TuningRecord:
         results = data.get("results", [])
         versions = data.get("versions", {})
         settings = data.get("settings", {})
-        if not isinstance(results, list) or not isinstance(versions, dict) or not isinstance(settings, dict):
-            msg = "a tuning record's results/versions/settings have the wrong types"
+        device_state = data.get("device_state", {})
+        if not isinstance(results, list) or not isinstance(versions, dict):
+            msg = "a tuning record's results must be a list and its versions a map"
             raise TypeError(msg)
         winner_s = _opt_float(data["winner_s"])
         return cls(
@@ -84,11 +104,53 @@ class TuningRecord:
             default_s=_opt_float(data.get("default_s")),
             results=[CandidateResult.from_dict(r) for r in results],
             versions={_str(k): _str(v) for k, v in versions.items()},
-            tuned_at=float(data.get("tuned_at", 0.0)),
-            tune_s=float(data.get("tune_s", 0.0)),
-            settings=dict(settings),
-            writer=str(data.get("writer", "")),
+            tuned_at=_float(data.get("tuned_at", 0.0)),
+            tune_s=_float(data.get("tune_s", 0.0)),
+            settings=check_settings(settings),
+            writer=_str(data.get("writer", "")),
+            device_state=check_device_state(device_state),
         )
+
+
+def check_settings(value: Any, depth: int = 0) -> dict[str, Any]:
+    """``value`` if it is a map of str to scalars, lists and maps (bounded depth)."""
+    if not isinstance(value, dict):
+        msg = f"settings must be a map, got {type(value).__name__}"
+        raise TypeError(msg)
+    for key, item in value.items():
+        _str(key)
+        _check_plain(item, depth + 1)
+    return dict(value)
+
+
+def _check_plain(value: Any, depth: int) -> None:
+    if depth > _MAX_SETTINGS_DEPTH:
+        msg = f"settings nest deeper than {_MAX_SETTINGS_DEPTH} levels"
+        raise TypeError(msg)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return
+    if isinstance(value, list):
+        for item in value:
+            _check_plain(item, depth + 1)
+        return
+    if isinstance(value, dict):
+        check_settings(value, depth)
+        return
+    msg = f"settings hold a {type(value).__name__}; only str, numbers, bool, None, lists and maps"
+    raise TypeError(msg)
+
+
+def check_device_state(value: Any) -> dict[str, Scalar]:
+    """``value`` if it is a flat map of str to scalars."""
+    if not isinstance(value, dict):
+        msg = f"device_state must be a map, got {type(value).__name__}"
+        raise TypeError(msg)
+    for key, item in value.items():
+        _str(key)
+        if item is not None and not isinstance(item, (str, int, float, bool)):
+            msg = f"device_state[{key!r}] is a {type(item).__name__}; only scalars"
+            raise TypeError(msg)
+    return dict(value)
 
 
 def _str(value: Any) -> str:
@@ -96,6 +158,21 @@ def _str(value: Any) -> str:
         msg = f"expected a string, got {type(value).__name__}"
         raise TypeError(msg)
     return value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"expected an integer, got {type(value).__name__}"
+        raise TypeError(msg)
+    return value
+
+
+def _float(value: Any) -> float:
+    result = _opt_float(value)
+    if result is None:
+        msg = "expected a number, got None"
+        raise TypeError(msg)
+    return result
 
 
 def _opt_float(value: Any) -> float | None:
