@@ -11,13 +11,13 @@ from typing import Any
 
 from unimatmul.arrays import ArrayAdapter, adapter_of, pointer_alignment
 from unimatmul.backend import DEFAULT, DefaultRunner, Runner, Target
-from unimatmul.cache import LRU
+from unimatmul.cache import LRU, lru_size
 from unimatmul.config import get_mode
 from unimatmul.problem import ACTIVATIONS, Problem, matrix_layout
 
 # signature -> (runner, output shape, Problem). Bounded, so that a workload with
 # ever-new shapes cannot grow memory without limit.
-_fast: LRU[tuple[Any, ...], tuple[Runner, tuple[int, ...], Problem]] = LRU(8192)
+_fast: LRU[tuple[Any, ...], tuple[Runner, tuple[int, ...], Problem]] = LRU(lru_size(8192))
 
 
 def clear_fast_path() -> None:

@@ -40,10 +40,40 @@ class Decision:
 class SelectorStats:
     lookups: int = 0
     tuned: int = 0
-    cache_hits: int = 0
-    invalidated: int = 0
+    cache_hits: int = 0  # matched + revalidated
+    matched: int = 0  # stored under the library versions in use now
+    revalidated: int = 0  # versions changed, and the backend says the winner still applies
+    invalidated: int = 0  # versions changed and the winner is gone: dropped, retuned on demand
     fallbacks: int = 0
     recorded: set[str] = field(default_factory=set)
+
+    def summary(self) -> str:
+        """One line for logs: how the cache served this process."""
+        return (
+            f"cache: {self.matched} matched, {self.revalidated} revalidated, "
+            f"{self.invalidated} invalidated, {self.tuned} tuned"
+        )
+
+
+@dataclass
+class ValidationSummary:
+    """Per-entry validation of one namespace against the libraries installed now."""
+
+    namespace: str
+    matched: int = 0
+    revalidated: int = 0
+    invalidated: list[str] = field(default_factory=list)
+    deleted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "matched": self.matched,
+            "revalidated": self.revalidated,
+            "invalidated": len(self.invalidated),
+            "invalidated_keys": list(self.invalidated),
+            "deleted": self.deleted,
+        }
 
 
 class Selector:
@@ -56,7 +86,7 @@ class Selector:
         store: CacheStore | None = None,
         settings: HarnessSettings | None = None,
         backends: Iterable[str] | None = None,
-        runner_cache_size: int = 4096,
+        runner_cache_size: int | None = None,  # None: $UNIMATMUL_LRU_SIZE or 4096
     ) -> None:
         self._plugins = plugins
         self._store = store
@@ -179,15 +209,44 @@ class Selector:
             return None
         if self._versions_match(record, platform):
             self.stats.cache_hits += 1
+            self.stats.matched += 1
             return record
         candidate = Candidate.from_identity(record.winner)
         if candidate == DEFAULT or self._still_valid(problem, candidate, target):
             self.stats.cache_hits += 1
+            self.stats.revalidated += 1
             return record
         # The winner no longer exists or no longer checks: forget it, retune on demand.
         self.stats.invalidated += 1
         self.store.delete(platform.namespace, problem.key)
         return None
+
+    def validate(self, target: Target, *, delete: bool = False) -> ValidationSummary:
+        """Check every stored entry of ``target``'s namespace against the libraries
+        installed now, one by one (``unimatmul cache verify --validate``); with
+        ``delete``, drop the entries whose winner no longer exists or checks."""
+        platform = self.platform(target)
+        summary = ValidationSummary(platform.namespace)
+        for _, key, record in list(self.store.items(platform.namespace)):
+            if self._versions_match(record, platform):
+                summary.matched += 1
+                continue
+            try:
+                problem = Problem.from_key(record.problem)
+                candidate = Candidate.from_identity(record.winner)
+                valid = candidate == DEFAULT or self._still_valid(problem, candidate, target)
+            except ValueError:
+                valid = False
+            if valid:
+                summary.revalidated += 1
+            else:
+                summary.invalidated.append(key)
+        if delete:
+            for key in summary.invalidated:
+                self.store.delete(platform.namespace, key)
+            self.store.flush()
+            summary.deleted = True
+        return summary
 
     def _versions_match(self, record: TuningRecord, platform: Platform) -> bool:
         current = platform.versions
@@ -251,6 +310,7 @@ class Selector:
             record.tune_s = time.perf_counter() - started
             self.stats.tuned += 1
             if store:
+                self.store.note_platform(platform.namespace, platform.to_dict())
                 self.store.put(platform.namespace, problem.key, record)
             return record
 
