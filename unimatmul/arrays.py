@@ -232,6 +232,7 @@ class TorchAdapter(ArrayAdapter):
 
         self.torch = torch
         self._hip = bool(getattr(torch.version, "hip", None))
+        self._torch_devices: dict[Device, Any] = {}
         self._dtypes = {
             "f64": torch.float64,
             "f32": torch.float32,
@@ -254,7 +255,13 @@ class TorchAdapter(ArrayAdapter):
         return Device(dev.type, dev.index or 0)
 
     def torch_device(self, device: Device) -> Any:
-        return "cpu" if device.kind == "cpu" else f"cuda:{device.index}"
+        # A torch.device object, made once per Device: torch parses a device string
+        # on every allocation, which the cached call's output allocation would pay.
+        found = self._torch_devices.get(device)
+        if found is None:
+            text = "cpu" if device.kind == "cpu" else f"cuda:{device.index}"
+            found = self._torch_devices[device] = self.torch.device(text)
+        return found
 
     def torch_dtype(self, dtype: str) -> Any:
         try:

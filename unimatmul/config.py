@@ -20,10 +20,20 @@ def check_mode(name: str) -> str:
     return name
 
 
+# Raw UNIMATMUL_MODE text -> mode: every cached matmul call reads the variable, and
+# parsing it each time cost as much as the rest of the lookup.
+_env_modes: dict[str, str] = {}
+
+
 def env_mode() -> str:
     """``UNIMATMUL_MODE`` (off, cached, tune, record), default ``cached``."""
-    text = os.environ.get("UNIMATMUL_MODE", "").strip().lower()
-    return check_mode(text) if text else DEFAULT_MODE
+    raw = os.environ.get("UNIMATMUL_MODE", "")
+    found = _env_modes.get(raw)
+    if found is None:
+        text = raw.strip().lower()
+        found = check_mode(text) if text else DEFAULT_MODE
+        _env_modes[raw] = found
+    return found
 
 
 def get_mode() -> str:
