@@ -152,7 +152,7 @@ def test_tune_a_preset_and_write_json(isolated: Any, tmp_path: Path) -> None:
             ["tune", "--preset", "bert"],
             "unknown preset 'bert'; valid presets: bert-base, gpt2, llama3-8b, resnet50",
         ),
-        (["tune"], "nothing to tune: give --shape MxNxK[:dtype] or --preset NAME"),
+        (["tune"], "nothing to tune: give --shape MxNxK[:dtype]"),
         (["tune", "--shape", "8x8x8", "--device", "cuda"], "NumPy arrays live on the CPU"),
         (["info", "--device", "tpu"], "unknown device 'tpu'"),
     ],
