@@ -15,6 +15,7 @@ its entry is asked for, with every index checked.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import math
 import struct
@@ -50,7 +51,7 @@ MAX_INFLATED_BYTES = 512 << 20  # all columns of a file together, once inflated
 _THREAD_MIN_BYTES = 256 << 10
 MAX_ENTRIES = 4_000_000  # all namespaces together
 MAX_DEPTH = 12  # legitimate files nest 6 deep
-MAX_OBJECTS = 2_000_000  # msgpack objects outside the columns (tables, header)
+MAX_OBJECTS = 100_000  # msgpack objects outside the columns (header, maps: a few hundred)
 MAX_TEXT = 1 << 20  # one string or table map element
 
 # Candidate times are kept as their ratio to the winner's (exact) time, on a log
@@ -357,11 +358,48 @@ class Column:
         return lengths.tobytes() + b"".join(items)
 
 
+class Strings:
+    """The strings table: a Column of UTF-8 items, each decoded when first used."""
+
+    def __init__(self, column: Column | None = None) -> None:
+        self.column = column if column is not None else Column()
+        self._memo: dict[int, str] = {}
+
+    @classmethod
+    def of(cls, texts: list[str]) -> Strings:
+        table = cls()
+        for text in texts:
+            table.append(text)
+        return table
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __getitem__(self, i: int) -> str:
+        found = self._memo.get(i)
+        if found is None:
+            try:
+                found = self.column[i].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                msg = f"string {i} of the table is not UTF-8"
+                raise BadEntry(msg) from exc
+            self._memo[i] = found
+        return found
+
+    def append(self, text: str) -> int:
+        index = self.column.append(text.encode("utf-8", "surrogatepass"))
+        self._memo[index] = text
+        return index
+
+    def raw(self) -> list[bytes]:
+        return [self.column[i] for i in range(len(self.column))]
+
+
 @dataclass
 class Tables:
     """One namespace's interned strings, maps and string lists; append-only between compactions."""
 
-    strings: list[str] = field(default_factory=list)
+    strings: Strings = field(default_factory=Strings)
     maps: list[dict[str, Any]] = field(default_factory=list)
     lists: Column = field(default_factory=Column)  # each item: varint string indices
     _string_index: dict[str, int] | None = None
@@ -371,11 +409,13 @@ class Tables:
 
     def string(self, text: str) -> int:
         if self._string_index is None:
-            self._string_index = {s: i for i, s in enumerate(self.strings)}
+            self._string_index = {}
+            for i in range(len(self.strings)):
+                with contextlib.suppress(BadEntry):  # an undecodable string is never reused
+                    self._string_index.setdefault(self.strings[i], i)
         found = self._string_index.get(text)
         if found is None:
-            found = self._string_index[text] = len(self.strings)
-            self.strings.append(text)
+            found = self._string_index[text] = self.strings.append(text)
         return found
 
     def map(self, value: dict[str, Any]) -> int:
@@ -840,10 +880,10 @@ def _decode_namespace(name: str, raw: Any, budget: list[int]) -> Namespace:
         msg = f"{where} is not a map"
         raise CacheFileError(msg)
     platform, strings, maps, lists, count = (
-        raw.get(k) for k in ("platform", "strings", "maps", "list_count", "count")
+        raw.get(k) for k in ("platform", "string_count", "maps", "list_count", "count")
     )
-    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-        msg = f"{where}: 'strings' is not a list of strings"
+    if isinstance(strings, bool) or not isinstance(strings, int) or not 0 <= strings <= MAX_ENTRIES:
+        msg = f"{where}: bad string count {strings!r}"
         raise CacheFileError(msg)
     if not isinstance(maps, list):
         msg = f"{where}: 'maps' is not a list"
@@ -877,10 +917,13 @@ def _decode_namespace(name: str, raw: Any, budget: list[int]) -> Namespace:
     # Items of the lists column are checked when a row uses them (see _at): checking
     # them all here would cost every load what only a crafted file needs.
     lists_column = Column.parse(_inflate(raw.get("lists"), budget, f"{where} lists"), lists, f"{where} lists")
+    strings_column = Column.parse(
+        _inflate(raw.get("strings"), budget, f"{where} strings"), strings, f"{where} strings"
+    )
     rows = Column.parse(rows_blob(), count, f"{where} rows")
     return Namespace(
         platform=platform,
-        tables=Tables(list(strings), checked_maps, lists_column),
+        tables=Tables(Strings(strings_column), checked_maps, lists_column),
         index=index,
         rows=rows,
     )
@@ -945,7 +988,8 @@ def encode_namespace(name: str, ns: Namespace, *, level: int = 6) -> dict[str, A
     lists = ns.tables.lists
     return {
         "platform": ns.platform,
-        "strings": ns.tables.strings,
+        "string_count": len(ns.tables.strings),
+        "strings": zlib.compress(Column.pack(ns.tables.strings.raw()), level),
         "maps": ns.tables.maps,
         "list_count": len(lists),
         "count": len(keys),
