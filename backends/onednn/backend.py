@@ -104,7 +104,15 @@ class OneDNNBackend(Backend):
         key = (spec, beta)
         found = self._impls.get(key)
         if found is None:
-            found = self._impls[key] = self._library().list_impls(spec)
+            from unimatmul_backends.onednn._dnnl import DnnlError
+
+            try:
+                found = self._library().list_impls(spec)
+            except DnnlError as exc:
+                # oneDNN refuses some layouts outright (e.g. overlapping batch strides):
+                # that is the protocol's "unsupported", not a failure of the backend.
+                raise UnsupportedProblem(f"oneDNN refuses {problem.key}: {exc}", problem=problem) from exc
+            self._impls[key] = found
         return found
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
