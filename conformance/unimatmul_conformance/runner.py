@@ -27,13 +27,13 @@ def run_from_cli(args: argparse.Namespace, out: TextIO) -> int:
         backend = load_backend(args.backend)
     except BackendNotFound as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
-    device_text = getattr(args, "device", None)
+    device_text = args.device
     try:
         device = parse_device(device_text) if device_text else None
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
     expectations = None
-    xfail_path = getattr(args, "xfail", None)
+    xfail_path = args.xfail
     if xfail_path:
         try:
             expectations = Expectations.builtin(backend.name)
