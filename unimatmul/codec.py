@@ -605,7 +605,7 @@ def decode_row(key: str, row: bytes, tables: Tables) -> TuningRecord:
         raise BadEntry(msg) from exc
 
 
-def _at(table: list[Any], index: int) -> Any:
+def _at(table: Any, index: int) -> Any:
     # Python would read a negative index from the end: a crafted row must not.
     if not 0 <= index < len(table):
         msg = f"table index {index} outside 0..{len(table) - 1}"

@@ -122,6 +122,16 @@ class _Unsupported(Exception):
     pass
 
 
+_process_locks: dict[str, threading.Lock] = {}
+_process_locks_guard = threading.Lock()
+
+
+def _process_lock(path: Path) -> threading.Lock:
+    name = os.path.abspath(path)
+    with _process_locks_guard:
+        return _process_locks.setdefault(name, threading.Lock())
+
+
 class FileLock:
     """An advisory exclusive lock on ``path`` that also works on shared file systems.
 
@@ -129,6 +139,10 @@ class FileLock:
     POSIX ``lockf``; where that fails too, an atomic ``mkdir`` beside it (a lock
     left by a killed process is broken after a while); where even that fails, no
     lock and a warning. ``method`` says which one is held.
+
+    A lock of this process is taken first: ``lockf`` locks belong to the process,
+    not to the descriptor (two threads would both "hold" one, and closing any
+    descriptor of the file drops it), so threads must be kept apart here.
     """
 
     def __init__(self, path: Path, timeout_s: float | None = None) -> None:
@@ -136,9 +150,27 @@ class FileLock:
         self.timeout_s = lock_timeout_s() if timeout_s is None else timeout_s
         self.method = ""
         self._fd: int | None = None
+        self._inner: threading.Lock | None = None
 
     def __enter__(self) -> FileLock:
         deadline = time.monotonic() + self.timeout_s
+        inner = _process_lock(self.path)
+        if not inner.acquire(timeout=max(self.timeout_s, 0.001)):
+            msg = f"the cache lock {self.path} was held for more than {self.timeout_s:g} s in this process"
+            raise LockTimeout(errno.ETIMEDOUT, msg)
+        self._inner = inner
+        try:
+            return self._enter_os(deadline)
+        except BaseException:
+            self._release_inner()
+            raise
+
+    def _release_inner(self) -> None:
+        if self._inner is not None:
+            self._inner.release()
+            self._inner = None
+
+    def _enter_os(self, deadline: float) -> FileLock:
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
@@ -194,19 +226,22 @@ class FileLock:
         return "mkdir"
 
     def __exit__(self, *exc: object) -> None:
-        if self.method == "mkdir":
-            with contextlib.suppress(OSError):
-                os.rmdir(f"{self.path}.d")
-        if self._fd is not None:
-            with contextlib.suppress(Exception):
-                import fcntl
+        try:
+            if self.method == "mkdir":
+                with contextlib.suppress(OSError):
+                    os.rmdir(f"{self.path}.d")
+            if self._fd is not None:
+                with contextlib.suppress(Exception):
+                    import fcntl
 
-                if self.method == "flock":
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                elif self.method == "lockf":
-                    fcntl.lockf(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+                    if self.method == "flock":
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    elif self.method == "lockf":
+                        fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                os.close(self._fd)
+                self._fd = None
+        finally:
+            self._release_inner()
 
 
 # --- reading and writing whole files ----------------------------------------------------
@@ -217,7 +252,7 @@ def read_file(path: Path) -> Snapshot:
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return Snapshot()
     return decode_file(data, version=__version__)
 
@@ -584,9 +619,10 @@ class MsgpackFileStore:
             if not (self._puts or self._deletes):
                 return
             if self.read_only:
+                # Same kind as _refuse_writes: whichever comes first is the one message.
                 warn_once(
                     self.path,
-                    "not-written",
+                    "read-only",
                     f"read-only ({self.read_only_reason}): new results are kept in this process only",
                 )
                 self._clear_pending()
@@ -597,8 +633,7 @@ class MsgpackFileStore:
                 # Keep them: the next flush (or exit) tries again.
                 warn_once(self.path, "lock-timeout", f"{exc}; results not written yet")
             except OSError as exc:
-                self._refuse_writes(f"cannot be written ({exc})")
-                warn_once(self.path, "not-written", "results are kept in this process only")
+                self._refuse_writes(f"cannot be written ({exc}); new results are kept in this process only")
                 self._clear_pending()
 
     def _clear_pending(self) -> None:

@@ -1,0 +1,87 @@
+"""Read-only caches: UNIMATMUL_CACHE_READONLY=1 or a file that cannot be written never change."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cache_helpers import NS, key, record
+
+import unimatmul
+from unimatmul.store import MsgpackFileStore
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> None:
+    from unimatmul import store as store_module
+
+    store_module._warned.clear()
+
+
+def test_the_environment_makes_a_store_read_only_and_it_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.msgpack"
+    MsgpackFileStore(path).put(NS, key(0), record(key(0)))
+    before = path.read_bytes()
+    stat = path.stat()
+    monkeypatch.setenv("UNIMATMUL_CACHE_READONLY", "1")
+    store = MsgpackFileStore(path)
+    assert store.read_only
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(1, 5):
+            store.put(NS, key(i), record(key(i)))
+        store.delete(NS, key(0))
+        store.flush()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "UNIMATMUL_CACHE_READONLY" in messages[0]
+    assert store.get(NS, key(3)) is not None  # kept in this process
+    assert store.get(NS, key(0)) is None
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert not store.lock_path.exists() or store.lock_path.stat().st_size == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.msgpack", "c.msgpack.lock"]
+
+
+def test_a_path_that_cannot_be_written_turns_the_store_read_only(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    store = MsgpackFileStore(blocker / "c.msgpack")
+    with pytest.warns(RuntimeWarning, match="cannot be written") as caught:
+        store.put(NS, key(0), record(key(0)))
+        store.put(NS, key(1), record(key(1)))
+    assert len([w for w in caught if "cannot be written" in str(w.message)]) == 1
+    assert store.read_only
+    assert store.get(NS, key(1)) is not None
+    assert blocker.read_text().startswith("a file")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes read-only files")
+def test_a_file_without_write_permission_is_never_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    MsgpackFileStore(path).put(NS, key(0), record(key(0)))
+    path.chmod(0o444)
+    before = path.read_bytes()
+    store = MsgpackFileStore(path)
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        store.put(NS, key(1), record(key(1)))
+    assert path.read_bytes() == before
+
+
+def test_a_read_only_selector_tunes_in_memory_and_leaves_the_file(
+    isolated: Any, fake_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_backend("fa")
+    monkeypatch.setenv("UNIMATMUL_CACHE_READONLY", "1")
+    a = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((8, 12)).astype(np.float32)
+    with unimatmul.mode("tune"), pytest.warns(RuntimeWarning, match="read-only"):
+        out = unimatmul.matmul(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert isolated.selector.stats.tuned == 1
+    assert isolated.store_count() == 1
+    assert not isolated.cache_path.exists()

@@ -1,0 +1,91 @@
+"""Per-entry validation after a library upgrade: only entries whose winner is gone are retuned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cache_helpers import record
+
+from unimatmul.arrays import CPU, adapter_for_kind
+from unimatmul.backend import Target
+from unimatmul.cli import main
+from unimatmul.problem import Problem
+from unimatmul.selector import Selector
+from unimatmul.store import MsgpackFileStore
+
+NUMPY = Target(adapter_for_kind("numpy"), CPU)
+PROBLEMS = [Problem.from_shape(16, 8 + i, 12) for i in range(4)]  # not m: no bucket sharing
+
+
+def test_an_upgrade_invalidates_entries_one_by_one(isolated: Any, fake_backend: Any) -> None:
+    fake_backend("fa", kernels=("k0", "k1"), version="2.0")  # the upgraded library
+    selector: Selector = isolated.selector
+    platform = selector.platform(NUMPY)
+    old = {**platform.versions, "fa": "1.0"}
+    store = selector.store
+    winners = ["fa/k0", "fa/k_removed", "default/default", "fa/k1"]
+    for i, (problem, winner) in enumerate(zip(PROBLEMS, winners, strict=True)):
+        versions = platform.versions if i == 3 else old
+        store.put(platform.namespace, problem.key, record(problem.key, winner=winner, versions=versions))
+
+    summary = selector.validate(NUMPY)
+    assert (summary.matched, summary.revalidated, summary.invalidated) == (1, 2, [PROBLEMS[1].key])
+    assert store.count() == 4  # validate alone changes nothing
+
+    found = [selector.lookup(p, NUMPY) for p in PROBLEMS]
+    assert [r is not None for r in found] == [True, False, True, True]
+    stats = selector.stats
+    assert (stats.matched, stats.revalidated, stats.invalidated) == (1, 2, 1)
+    # The invalid entry is gone from the file; the others keep serving.
+    assert MsgpackFileStore(isolated.cache_path).count() == 3
+
+    decision = selector.decide(PROBLEMS[1], NUMPY, "tune")
+    assert decision.source == "tuned"
+    assert stats.tuned == 1
+    assert stats.summary() == "cache: 1 matched, 2 revalidated, 1 invalidated, 1 tuned"
+    retuned = MsgpackFileStore(isolated.cache_path).get(platform.namespace, PROBLEMS[1].key)
+    assert retuned is not None and retuned.versions == platform.versions
+    assert retuned.device_state == {} or all(isinstance(v, (int, str)) for v in retuned.device_state.values())
+
+
+def test_validate_with_delete_drops_the_invalid(isolated: Any, fake_backend: Any) -> None:
+    fake_backend("fa", kernels=("k0",), version="3.0")
+    selector: Selector = isolated.selector
+    platform = selector.platform(NUMPY)
+    old = {**platform.versions, "fa": "1.0"}
+    for problem, winner in zip(PROBLEMS[:2], ["fa/k0", "fa/gone"], strict=True):
+        selector.store.put(platform.namespace, problem.key, record(problem.key, winner=winner, versions=old))
+    summary = selector.validate(NUMPY, delete=True)
+    assert summary.deleted and summary.invalidated == [PROBLEMS[1].key]
+    assert MsgpackFileStore(isolated.cache_path).count() == 1
+
+
+def test_the_cli_reports_validation_and_prunes_invalid_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The real plugins of this installation: a winner of a backend that does not
+    # exist is invalid, Default is always valid.
+    path = tmp_path / "c.msgpack"
+    platform = Selector().platform(NUMPY)
+    old = {**platform.versions, "numpy": "0.0.1"}
+    store = MsgpackFileStore(path)
+    store.put(
+        platform.namespace, PROBLEMS[0].key, record(PROBLEMS[0].key, winner="default/default", versions=old)
+    )
+    store.put(
+        platform.namespace, PROBLEMS[1].key, record(PROBLEMS[1].key, winner="nosuch/kernel", versions=old)
+    )
+    store.put(platform.namespace, PROBLEMS[2].key, record(PROBLEMS[2].key, winner="default/default",
+                                                         versions=platform.versions))  # fmt: skip
+    capsys.readouterr()
+    assert main(["cache", "stats", "--cache", str(path), "--validate"]) == 0
+    text = capsys.readouterr().out
+    assert "1 matched, 1 revalidated, 1 invalidated" in text
+    assert main(["cache", "verify", "--cache", str(path), "--validate"]) == 0
+    assert "1 matched, 1 revalidated, 1 invalidated" in capsys.readouterr().out
+    assert main(["cache", "prune", "--cache", str(path), "--invalid", "-v"]) == 0
+    text = capsys.readouterr().out
+    assert "removed 1 entries" in text and PROBLEMS[1].key in text
+    assert MsgpackFileStore(path).count() == 2
