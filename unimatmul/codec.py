@@ -1,13 +1,14 @@
 """The cache file's encoding (schema 2): compact, strict, and safe to read when hostile.
 
-A file is one msgpack map (see docs/cache-format.md). Its body keeps, per namespace,
-the platform facts once, two interning tables (``strings`` and ``maps``), and two
-zlib-compressed columns: the problem keys and one binary row per entry. Rows refer
-to the tables by index, so that a candidate identity, a settings map or a library
-version map is written once per namespace instead of once per entry.
+A file is one msgpack map (see docs/cache-format.md): a header, and a CRC-protected
+body that keeps, per namespace, the platform facts once, a table of settings and
+version maps, and zlib-compressed columns: interned strings, interned candidate
+lists, the problem keys, and one binary row per entry. Rows refer to the tables by
+index, so a candidate identity, a settings map or a library version map is written
+once per namespace instead of once per entry.
 
 Reading never trusts the file: the msgpack structure is pre-scanned without building
-objects (bounded depth, object count, no extension types), lengths are checked
+objects (bounded depth and object count, no extension types), lengths are checked
 before anything is allocated, inflation is bounded, and a row is decoded only when
 its entry is asked for, with every index checked.
 """
