@@ -142,6 +142,7 @@ class Bench:
         self.host: dict[str, Any] = {}
         self.exhaustive: list[dict[str, Any]] = []
         self.skipped: list[str] = []
+        self.keep: list[Any] = []
 
     # -- helpers
     def elapsed(self) -> float:
@@ -218,9 +219,22 @@ class Bench:
             if best_lt:
                 best = min(best_lt, key=lambda r: r.median_s or math.inf)
                 row.notes["harness_best_lt_us"] = (best.median_s or 0) * 1e6
-            failed = [f"{r.identity}: {r.note}" for r in record.results if r.status in ("failed", "rejected")]
-            if failed:
-                row.notes["failed"] = failed[:4]
+            row.notes["results"] = [
+                [r.identity, r.status, round((r.median_s or 0) * 1e6, 2), r.samples, r.note]
+                for r in record.results
+            ]
+            if shape.group == "misaligned":
+                # The alignment candidates measured here too, whatever the tuner decided.
+                pads = [
+                    Candidate.from_identity(r.identity)
+                    for r in record.results
+                    if r.identity.startswith("cublaslt/pad")
+                ]
+                for i, pad in enumerate(pads):
+                    pad_runner = self.selector.prepare(problem, pad, self.target)
+                    calls = [lambda s=s, r=pad_runner: r(s[0], s[1], s[2], 1.0, 0.0, None) for s in sets]
+                    samplers[f"pad{i}"], row.method[f"pad{i}"] = self.graph_sampler(calls)
+                    row.notes[f"pad{i}"] = pad.identity
         except Exception as exc:
             row.errors["unimatmul"] = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -275,12 +289,9 @@ class Bench:
 
         row.us = self.time_columns(samplers)
         if mm is not None:
-            try:
-                mm.free()
-            except Exception:
-                # nvmath waits on its last compute event, which was recorded inside the
-                # graph capture and is no valid event: leave the object to the process exit.
-                pass
+            # Not mm.free(): nvmath would wait on its last compute event, recorded inside
+            # the graph capture and so not a valid event; the process exit releases it.
+            self.keep.append(mm)
         samplers.clear()
         sets.clear()
         torch.cuda.synchronize()
@@ -346,6 +357,14 @@ class Bench:
         with unimatmul.mode("cached"):
             loop("unimatmul.matmul(a, b, out=out) [Lt]", lambda: unimatmul.matmul(a, b, out=out))
             loop("unimatmul.matmul(a, b) [Lt]", lambda: unimatmul.matmul(a, b))
+            # The lower-level path: hold the Runner the selector decided on.
+            from unimatmul.api import describe
+            from unimatmul.backend import Target
+
+            adapter = self.adapter
+            described, _ = describe(adapter, a, b, out=out)
+            prepared = self.selector.decide(described, Target(adapter, adapter.device(a)), "cached").runner
+            loop("prepared runner (Selector.decide) [Lt]", lambda: prepared(a, b, out))
         self.store.put(
             platform_.namespace, problem.key, TuningRecord(problem.key, "default/default", 1e-6, 1e-6)
         )
@@ -457,7 +476,15 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         out["median_tune_ms_all"] = statistics.median(tunes)
     mis = [r for r in rows if r.group == "misaligned" and "unimatmul" in r.us]
     out["misaligned"] = {f"{r.shape} {r.dtype}": r.us["torch"] / r.us["unimatmul"] for r in mis}
+    out["misaligned_best_pad_measured_alone"] = {
+        f"{r.shape} {r.dtype}": r.us["torch"] / best_pad(r.us) for r in mis if math.isfinite(best_pad(r.us))
+    }
     return out
+
+
+def best_pad(us: dict[str, float]) -> float:
+    """The fastest alignment candidate measured on its own (misaligned shapes), else nan."""
+    return min((v for k, v in us.items() if k.startswith("pad")), default=math.nan)
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -476,8 +503,8 @@ def markdown(data: dict[str, Any]) -> str:
         "through > 3x L2, median of 15 interleaved replays. Speedup = torch.matmul time / column time. "
         "Tune: wall-clock ms per shape.",
         "",
-        "| shape | dtype | torch us | TunableOp us | nvmath us | unimatmul us | x torch | winner | tune ms: unimatmul / TunableOp / nvmath |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| shape | dtype | torch us | TunableOp us | nvmath us | unimatmul us | x torch | winner | pad us | tune ms: unimatmul / TunableOp / nvmath |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def f(v: Any, fmt: str = "{:.1f}") -> str:
@@ -487,10 +514,11 @@ def markdown(data: dict[str, Any]) -> str:
         us, tm = r["us"], r["tune_ms"]
         speed = us["torch"] / us["unimatmul"] if "unimatmul" in us and "torch" in us else math.nan
         winner = r["notes"].get("winner", "-")
-        kind = "Default" if winner.startswith("default") else ("pad" if "/pad?" in winner else "Lt")
+        kind = "Default" if winner.startswith("default") else winner.split("/", 1)[1].split("?")[0]
         lines.append(
             f"| {r['shape']} | {r['dtype']} | {f(us.get('torch'))} | {f(us.get('tunableop'))} | "
             f"{f(us.get('nvmath'))} | {f(us.get('unimatmul'))} | {f(speed, '{:.3f}')} | {kind} | "
+            f"{f(best_pad(us))} | "
             f"{f(tm.get('unimatmul'))} / {f(tm.get('tunableop'))} / {f(tm.get('nvmath'))} |"
         )
     lines += ["", "## Summary", "", "```", json.dumps(summary, indent=1, default=str), "```"]
@@ -602,9 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         bench.write()
     ex_shapes = [
+        Shape(1, 4096, 4096, "bf16"),
         Shape(1000, 1000, 1000, "bf16"),
-        Shape(4096, 4096, 4096, "bf16"),
-        Shape(128, 4096, 4096, "bf16"),
+        Shape(16, 28672, 4096, "bf16"),
     ]
     try:
         bench.exhaustive_mode(ex_shapes[: args.exhaustive])

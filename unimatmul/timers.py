@@ -29,8 +29,11 @@ from unimatmul.harness import HarnessSettings, Timer
 
 #: Calls per timed batch: enough that launch latency is a few percent of a small GEMM.
 MIN_CALLS = 20
-#: A batch is cut shorter than MIN_CALLS where it would run longer than this.
-MAX_BATCH_S = 2e-3
+#: A batch is cut shorter than MIN_CALLS where it would run longer than this. Long
+#: enough that large GEMMs are measured back to back, at the clocks they sustain, and
+#: not in short bursts (on the H200 a single 1.3 ms call ran ~10 % faster than 14 in a
+#: row, which could rank kernels differently from how they run in a model).
+MAX_BATCH_S = 6e-3
 
 
 def batch_size(sets: int, call_s: float, min_calls: int = MIN_CALLS, max_batch_s: float = MAX_BATCH_S) -> int:
@@ -91,6 +94,10 @@ class TorchGraphTimer:
             self.last_mode = f"eager ({type(exc).__name__}: {exc})"
             return self._eager(calls, count)
         self.last_mode = "graph"
+        # The first launch of a graph also uploads it: replay once before any sample.
+        with torch.cuda.stream(stream):
+            graph.replay()
+        stream.synchronize()
 
         def sample() -> float:
             with torch.cuda.stream(stream):

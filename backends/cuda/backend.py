@@ -1,8 +1,8 @@
 """CublasLtBackend: cuBLASLt algos as Candidates, named by their algo configuration.
 
 An identity reads ``cublaslt/gemm?algo=..&cluster=..&custom=..&inner=..&reduction=..
-&splitk=..&stages=..&swizzle=..&tile=..`` (``pad`` instead of ``gemm`` for the
-alignment candidate). It is stored with the cuBLASLt version (``versions()``), and
+&splitk=..&stages=..&swizzle=..&tile=..`` (``pad`` or ``pad-dims`` instead of
+``gemm`` for the alignment candidates, whose algo runs on the padded problem). It is stored with the cuBLASLt version (``versions()``), and
 ``check`` rebuilds it with ``algo_init`` + config attributes + ``algo_check`` when a
 record written under another version is loaded.
 """

@@ -6,8 +6,9 @@ A subclass says how to load its library (``load_driver``) and how an algo is nam
 * **Candidates**: the library's heuristic list (``UNIMATMUL_LT_HEURISTICS``, default
   16), named by configuration, duplicates dropped; optionally an exhaustive search
   (``UNIMATMUL_LT_EXHAUSTIVE=1``, through ``extra_params``); and, when a leading
-  dimension or pointer breaks 16-byte alignment, alignment candidates (``pad``) that
-  run the best few heuristic algos of the padded problem.
+  dimension or pointer breaks 16-byte alignment, alignment candidates that run the best
+  few heuristic algos (``UNIMATMUL_LT_PAD_HEURISTICS``, default 2) of the problem on
+  padded copies: ``pad`` rounds leading dimensions up, ``pad-dims`` the dimensions too.
 * **prepare** rebuilds the algo from the candidate's parameters, so what is measured is
   exactly what a stored identity reproduces, and returns an LtRunner / PaddedRunner.
 * **check** re-validates a stored identity against the library now loaded.
@@ -29,7 +30,10 @@ from unimatmul_backends.lt.layout import lt_gemm, padded_problem
 from unimatmul_backends.lt.runner import ArrayHooks, LtRunner, PaddedRunner, array_hooks
 
 GEMM = "gemm"  # candidate name: an algo on the caller's own memory
-PAD = "pad"  # candidate name: an algo on padded, aligned copies
+PAD = "pad"  # candidate name: an algo on copies with aligned leading dimensions
+PAD_DIMS = "pad-dims"  # ... on copies whose dimensions are rounded up to 16 bytes too
+PADS = {PAD: False, PAD_DIMS: True}  # candidate name -> padded_problem(dims=...)
+NAMES = (GEMM, *PADS)
 
 
 def env_int(name: str, default: int) -> int:
@@ -155,13 +159,19 @@ class LtBackend(Backend):
                 raise
             except Exception as exc:  # the library refused the layout: padding may still work
                 errors.append(f"{type(exc).__name__}: {exc}")
-            padded, pads = padded_problem(problem)
-            if pads and self.pad_count:
+            seen: set[Problem] = set()
+            for name, dims in PADS.items():
+                padded, copied = padded_problem(problem, dims=dims)
+                if not copied or not self.pad_count or padded in seen:
+                    continue
+                if problem.has_bias and padded.n != problem.n:
+                    continue  # the bias vector would be read past its end
+                seen.add(padded)
                 try:
                     for params in self._heuristic_params(padded, self.pad_count, False):
-                        found.append(Candidate.make(self.name, PAD, **params))
+                        found.append(Candidate.make(self.name, name, **params))
                 except Exception as exc:
-                    errors.append(f"padded: {type(exc).__name__}: {exc}")
+                    errors.append(f"{name}: {type(exc).__name__}: {exc}")
         if not found and errors:
             raise UnsupportedProblem(
                 f"{self.name} offers no algo for {problem.key}: {'; '.join(errors)}", problem=problem
@@ -188,7 +198,7 @@ class LtBackend(Backend):
         return algo
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
-        if candidate.backend != self.name or candidate.name not in (GEMM, PAD):
+        if candidate.backend != self.name or candidate.name not in NAMES:
             raise UnsupportedProblem(f"{candidate.identity} is not a {self.name} candidate", problem=problem)
         driver = self.driver()
         hooks = self.hooks(target)
@@ -196,23 +206,27 @@ class LtBackend(Backend):
             if candidate.name == GEMM:
                 plan = driver.plan(lt_gemm(problem), self.workspace_limit)
                 return LtRunner(plan, self._algo(plan, candidate, problem), candidate, hooks)
-            padded, pads = padded_problem(problem)
-            if not pads:
+            padded, copied = padded_problem(problem, dims=PADS[candidate.name])
+            if not copied:
                 raise UnsupportedProblem(f"{problem.key} is aligned: no padding to do", problem=problem)
+            if problem.has_bias and padded.n != problem.n:
+                raise UnsupportedProblem(
+                    f"{candidate.name} would read the bias past its end", problem=problem
+                )
             plan = driver.plan(lt_gemm(padded), self.workspace_limit)
             inner = LtRunner(plan, self._algo(plan, candidate, padded), candidate, hooks)
-            return PaddedRunner(inner, problem, padded, pads, candidate, hooks)
+            return PaddedRunner(inner, problem, padded, copied, candidate, hooks)
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         """Whether the library now loaded still builds and accepts this identity."""
-        if candidate.backend != self.name or candidate.name not in (GEMM, PAD):
+        if candidate.backend != self.name or candidate.name not in NAMES:
             return False
         try:
             driver = self.driver()
             with self.hooks(target).device():
-                if candidate.name == PAD:
-                    problem, pads = padded_problem(problem)
-                    if not pads:
+                if candidate.name in PADS:
+                    problem, copied = padded_problem(problem, dims=PADS[candidate.name])
+                    if not copied:
                         return False
                 plan = driver.plan(lt_gemm(problem), self.workspace_limit)
                 try:

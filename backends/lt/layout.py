@@ -165,15 +165,25 @@ def misaligned_operands(problem: Problem) -> tuple[str, ...]:
     return tuple(found)
 
 
-def padded_problem(problem: Problem) -> tuple[Problem, tuple[str, ...]]:
-    """The Problem on padded, aligned copies of the misaligned operands, and which they are.
+def padded_problem(problem: Problem, *, dims: bool = False) -> tuple[Problem, tuple[str, ...]]:
+    """The Problem on padded, aligned copies of operands, and which operands are copied.
 
-    Only leading dimensions (and batch strides) grow; m, n and k stay, so the padding is
-    never read and needs no zeroing. Returns ``(problem, ())`` when nothing is misaligned.
+    ``dims=False``: only the leading dimensions (and batch strides) of the misaligned
+    operands grow; m, n and k stay, so the padding is never read.
+
+    ``dims=True``: the contiguous dimension of each misaligned operand is rounded up
+    too (n for a row-major B or C, k for a row-major A or a transposed B, m for a
+    transposed A), so the kernel sees whole 16-byte rows. Every operand whose shape
+    changes is copied, into a compact buffer whose padding is zero (a padded k must
+    add nothing); extra rows and columns of the output are computed and dropped.
+
+    Returns ``(problem, ())`` when nothing is misaligned.
     """
     pads = misaligned_operands(problem)
     if not pads:
         return problem, ()
+    if dims:
+        return _padded_dims(problem, pads)
     changes: dict[str, int] = {"align": ALIGN_BYTES}
     batched = problem.batch > 1
     m, n, k = problem.m, problem.n, problem.k
@@ -198,3 +208,41 @@ def padded_problem(problem: Problem) -> tuple[Problem, tuple[str, ...]]:
             if batched:
                 changes["stride_c"] = m * ld
     return replace(problem, **changes), pads  # type: ignore[arg-type]
+
+
+def _padded_dims(problem: Problem, pads: tuple[str, ...]) -> tuple[Problem, tuple[str, ...]]:
+    per = ALIGN_BYTES // ITEMSIZE[problem.dtype_a]
+    m, n, k = problem.m, problem.n, problem.k
+    m2, n2, k2 = m, n, k
+    if "a" in pads:
+        if problem.trans_a:
+            m2 = _round_up(m, per)
+        else:
+            k2 = _round_up(k, per)
+    if "b" in pads:
+        if problem.trans_b:
+            k2 = _round_up(k, per)
+        else:
+            n2 = _round_up(n, per)
+    if "c" in pads:
+        n2 = _round_up(n, per)
+    copied = tuple(
+        name
+        for name, changed in (("a", m2 != m or k2 != k), ("b", k2 != k or n2 != n), ("c", m2 != m or n2 != n))
+        if name in pads or changed
+    )
+    batched = problem.batch > 1
+    changes: dict[str, int] = {"m": m2, "n": n2, "k": k2, "align": ALIGN_BYTES}
+    if "a" in copied:
+        changes["lda"] = m2 if problem.trans_a else k2
+        if batched and problem.stride_a:
+            changes["stride_a"] = m2 * k2
+    if "b" in copied:
+        changes["ldb"] = k2 if problem.trans_b else n2
+        if batched and problem.stride_b:
+            changes["stride_b"] = k2 * n2
+    if "c" in copied:
+        changes["ldc"] = n2
+        if batched:
+            changes["stride_c"] = m2 * n2
+    return replace(problem, **changes), copied  # type: ignore[arg-type]

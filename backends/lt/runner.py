@@ -30,6 +30,7 @@ class ArrayHooks:
     stream: Callable[[], int]  # the caller's current stream on the device
     empty_strided: Callable[[tuple[int, ...], tuple[int, ...], str], Any]
     copy_: Callable[[Any, Any], None]
+    zero_: Callable[[Any], None]
     device: Callable[[], contextlib.AbstractContextManager[Any]]  # make the device current
 
 
@@ -58,11 +59,15 @@ def array_hooks(target: Target) -> ArrayHooks:
         def torch_copy(dst: Any, src: Any) -> None:
             dst.copy_(src)
 
+        def torch_zero(x: Any) -> None:
+            x.zero_()
+
         return ArrayHooks(
             ptr=torch.Tensor.data_ptr,
             stream=stream,
             empty_strided=torch_empty,
             copy_=torch_copy,
+            zero_=torch_zero,
             device=lambda: torch.cuda.device(index),
         )
     if target.array_kind == "cupy":
@@ -83,6 +88,9 @@ def array_hooks(target: Target) -> ArrayHooks:
         def cupy_copy(dst: Any, src: Any) -> None:
             dst[...] = src
 
+        def cupy_zero(x: Any) -> None:
+            x.fill(0)
+
         def cupy_stream() -> int:
             return int(cupy.cuda.get_current_stream(index).ptr)
 
@@ -91,6 +99,7 @@ def array_hooks(target: Target) -> ArrayHooks:
             stream=cupy_stream,
             empty_strided=cupy_empty,
             copy_=cupy_copy,
+            zero_=cupy_zero,
             device=lambda: cupy.cuda.Device(index),
         )
     msg = f"the Lt runners take torch tensors or CuPy arrays, not {target.array_kind}"
@@ -166,13 +175,15 @@ class LtRunner:
 
 
 class PaddedRunner:
-    """The alignment candidate: an Lt algo on padded, aligned copies of the operands.
+    """The alignment candidate: an Lt algo on padded, aligned copies of operands.
 
-    The padded buffers are allocated once, laid out as ``padded`` (the Problem with
-    rounded-up leading dimensions, ``layout.padded_problem``). A call copies the
-    misaligned inputs in (and C, when beta != 0), runs the inner runner on the
-    buffers, and copies the result back into the caller's ``out``: three small copy
-    kernels on the caller's stream, paid on every call and measured with it.
+    The padded buffers are allocated once, laid out as ``padded`` (from
+    ``layout.padded_problem``: rounded-up leading dimensions, and with ``dims`` also
+    rounded-up dimensions) and zeroed once, so that a padded k adds nothing. A call
+    copies the caller's inputs into the top-left corner of their buffers (and C, when
+    beta != 0), runs the inner runner on the buffers, and copies the caller's part of
+    the result back into ``out``: a few copy kernels on the caller's stream, paid on
+    every call and measured with it.
     """
 
     def __init__(
@@ -180,7 +191,7 @@ class PaddedRunner:
         inner: LtRunner,
         problem: Problem,
         padded: Problem,
-        pads: tuple[str, ...],
+        copied: tuple[str, ...],
         candidate: Candidate,
         hooks: ArrayHooks,
     ) -> None:
@@ -191,20 +202,25 @@ class PaddedRunner:
         self._copy = hooks.copy_
         layouts = operand_layouts(padded)
         dtypes = {"a": padded.dtype_a, "b": padded.dtype_b, "c": padded.dtype_c}
-        self._bufs: dict[str, Any] = {}
         strides_of = {"a": padded.stride_a, "b": padded.stride_b, "c": padded.stride_c}
+        m, n, k = problem.m, problem.n, problem.k
+        corner = {"a": (m, k), "b": (k, n), "c": (m, n)}
+        self._bufs: dict[str, tuple[Any, Any]] = {}
         self._broadcast: dict[str, bool] = {}
-        for name in pads:
+        for name in copied:
             shape, strides = layouts[name]
             # A matrix broadcast over the batch (batch stride 0) is padded once.
             broadcast = padded.batch > 1 and strides_of[name] == 0
             if broadcast:
                 shape, strides = shape[1:], strides[1:]
             self._broadcast[name] = broadcast
-            self._bufs[name] = hooks.empty_strided(shape, strides, dtypes[name])
-        self._a = self._bufs.get("a")
-        self._b = self._bufs.get("b")
-        self._c = self._bufs.get("c")
+            buf = hooks.empty_strided(shape, strides, dtypes[name])
+            hooks.zero_(buf)
+            rows, cols = corner[name]
+            self._bufs[name] = (buf, buf[..., :rows, :cols])
+        self._a, self._a_view = self._bufs.get("a", (None, None))
+        self._b, self._b_view = self._bufs.get("b", (None, None))
+        self._c, self._c_view = self._bufs.get("c", (None, None))
         self._a_first = self._broadcast.get("a", False)
         self._b_first = self._broadcast.get("b", False)
 
@@ -213,19 +229,19 @@ class PaddedRunner:
     ) -> None:
         copy = self._copy
         if self._a is not None:
-            copy(self._a, a[0] if self._a_first and len(a.shape) == 3 else a)
+            copy(self._a_view, a[0] if self._a_first and len(a.shape) == 3 else a)
             a = self._a
         if self._b is not None:
-            copy(self._b, b[0] if self._b_first and len(b.shape) == 3 else b)
+            copy(self._b_view, b[0] if self._b_first and len(b.shape) == 3 else b)
             b = self._b
         d = out
         if self._c is not None:
             d = self._c
             if beta != 0.0:
-                copy(d, out)
+                copy(self._c_view, out)
         self.inner(a, b, d, alpha, beta, bias)
         if d is not out:
-            copy(out, d)
+            copy(out, self._c_view)
 
     def close(self) -> None:
         self.inner.close()

@@ -398,11 +398,15 @@ class FakeHooks:
         def copy(dst: Any, src: Any) -> None:
             dst[...] = src
 
+        def zero(x: Any) -> None:
+            x[...] = 0
+
         return ArrayHooks(
             ptr=lambda x: int(x.__array_interface__["data"][0]),
             stream=lambda: 0x57,
             empty_strided=empty,
             copy_=copy,
+            zero_=zero,
             device=no_device,
         )
 
@@ -453,11 +457,17 @@ def test_backend_offers_padding_for_misaligned_ld(lib: RecordingLtLibrary) -> No
     problem = Problem.from_shape(1024, 1025, 1024, "bf16")
     found = backend.candidates(problem, _target())
     names = [c.name for c in found]
-    assert names.count("pad") == 2  # UNIMATMUL_LT_PAD_HEURISTICS default
-    heuristic_plans = [args for name, args in lib.calls if name == "matrix_layout_create"]
-    # The padded plan's B^T and C^T layouts have ld 1032 (1025 rounded up to 8 bf16).
-    assert (CUBLASLT_13.datatype["R_16BF"], 1025, 1024, 1032) in heuristic_plans
-    assert (CUBLASLT_13.datatype["R_16BF"], 1025, 1024, 1032) in heuristic_plans
+    # UNIMATMUL_LT_PAD_HEURISTICS (default 2) per flavour; the fake's 4th algo repeats its 1st.
+    assert names.count("pad") == names.count("pad-dims") == 2
+    layouts = [args for name, args in lib.calls if name == "matrix_layout_create"]
+    bf16 = CUBLASLT_13.datatype["R_16BF"]
+    # pad: B^T and C^T keep n = 1025 rows with ld 1032 (1025 rounded up to 8 bf16) ...
+    assert layouts.count((bf16, 1025, 1024, 1032)) == 2
+    # ... pad-dims: n itself becomes 1032.
+    assert layouts.count((bf16, 1032, 1024, 1032)) == 2
+    # A bias vector must not be read past n: no pad-dims candidate then.
+    biased = Problem(m=64, n=1025, k=64, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", epilogue="bias")
+    assert "pad-dims" not in {c.name for c in backend.candidates(biased, _target())}
 
 
 def test_runner_passes_swapped_pointers_on_the_current_stream(lib: RecordingLtLibrary) -> None:
@@ -474,7 +484,9 @@ def test_runner_passes_swapped_pointers_on_the_current_stream(lib: RecordingLtLi
     names = lib.names()
     assert names.count("matmul_desc_set_attribute") == 1  # the bias pointer set once, not per call
     call = [args for name, args in lib.calls if name == "matmul"][-1]
-    _handle, _desc, alpha, lt_a, adesc, lt_b, bdesc, beta, c, cdesc, d, ddesc, algo, ws, ws_size, stream = call
+    _handle, _desc, alpha, lt_a, adesc, lt_b, bdesc, beta, c, cdesc, d, ddesc, algo, ws, ws_size, stream = (
+        call
+    )
     assert (lt_a, lt_b, c, d) == (ptr(b), ptr(a), ptr(out), ptr(out))
     assert (adesc, bdesc, cdesc, ddesc) == (
         runner.plan.adesc,
@@ -509,6 +521,29 @@ def test_padded_runner_copies_in_and_out(lib: RecordingLtLibrary) -> None:
     call = [args for name, args in lib.calls if name == "matmul"][-1]
     ptr = FakeHooks.make().ptr
     assert (call[3], call[5], call[8]) == (ptr(runner._b), ptr(runner._a), ptr(runner._c))
+
+
+def test_padded_dims_runner_zero_pads_and_copies_the_corner(lib: RecordingLtLibrary) -> None:
+    backend = FakeLtBackend(lib)
+    problem = Problem(m=3, n=5, k=7)
+    pad = next(c for c in backend.candidates(problem, _target()) if c.name == "pad-dims")
+    runner = backend.prepare(problem, pad, _target())
+    assert isinstance(runner, PaddedRunner)
+    assert (runner.padded.m, runner.padded.n, runner.padded.k) == (3, 8, 8)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 7), dtype=np.float32), rng.standard_normal((7, 5), dtype=np.float32)
+    out = np.full((3, 5), np.nan, dtype=np.float32)
+    assert runner._a is not None and runner._b is not None and runner._c is not None
+    runner._c[...] = np.arange(24, dtype=np.float32).reshape(3, 8)
+    runner(a, b, out)
+    # Inputs in the top-left corner, zeros in the padded k (it must add nothing).
+    np.testing.assert_array_equal(runner._a[:, :7], a)
+    np.testing.assert_array_equal(runner._a[:, 7:], 0.0)
+    np.testing.assert_array_equal(runner._b[:7, :5], b)
+    np.testing.assert_array_equal(runner._b[7:, :], 0.0)
+    # The caller's part of the padded output comes back, the extra columns do not.
+    np.testing.assert_array_equal(out, np.arange(24, dtype=np.float32).reshape(3, 8)[:, :5])
+    assert runner.inner.plan.gemm.c.rows == 8  # the kernel computes n = 8 columns
 
 
 def test_backend_rejects_unsupported_problems(lib: RecordingLtLibrary) -> None:

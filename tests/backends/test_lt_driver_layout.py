@@ -185,3 +185,24 @@ def test_padded_problem_transposed_and_batched() -> None:
     assert (padded.ldb, padded.stride_b) == (8, 0)
     assert (padded.ldc, padded.stride_c) == (8, 5 * 8)
     assert lt_gemm(padded).b == LtMatrix("f32", 5, 7, 8, 2, 56)
+
+
+@pytest.mark.parametrize(
+    ("problem", "dims", "copied"),
+    [
+        (Problem.from_shape(1024, 1025, 1024, "bf16"), (1024, 1032, 1024), ("b", "c")),
+        (Problem.from_shape(2047, 4095, 1023, "bf16"), (2047, 4096, 1024), ("a", "b", "c")),
+        # k rounded up for a transposed B: A must be copied too (its k grows).
+        (Problem(m=8, n=8, k=7, trans_b=True), (8, 8, 8), ("a", "b")),
+        (Problem(m=5, n=4, k=4, trans_a=True), (8, 4, 4), ("a", "c")),
+    ],
+)
+def test_padded_dims(problem: Problem, dims: tuple[int, int, int], copied: tuple[str, ...]) -> None:
+    padded, got = padded_problem(problem, dims=True)
+    assert (padded.m, padded.n, padded.k) == dims
+    assert got == copied
+    assert misaligned_operands(padded) == ()
+    # Copied operands are compact; the others keep the caller's layout.
+    if "a" not in copied:
+        assert padded.lda == problem.lda
+    assert padded.ldc == (dims[1] if "c" in copied else problem.ldc)

@@ -76,6 +76,15 @@ CASES: list[tuple[str, Problem, float, float]] = [
         -1.0,
     ),
     ("bf16-m1", _problem(1, 4096, 512), 1.0, 0.0),
+    # Misaligned with transposes, batches, bias and beta: both padding flavours.
+    ("bf16-odd-TN", _problem(45, 64, 30, trans_a=True), 1.0, 0.0),
+    ("bf16-odd-TT-batched", _problem(45, 38, 30, trans_a=True, trans_b=True, batch=2), 1.0, 0.0),
+    (
+        "f16-odd-bias-gelu-beta",
+        _problem(33, 47, 29, "f16", epilogue="bias_gelu_tanh", beta_zero=False),
+        1.0,
+        0.5,
+    ),
 ]
 
 
@@ -127,7 +136,9 @@ def test_every_candidate_is_correct(
     bad = {ident: err for ident, err in errors.items() if not err <= tol}
     assert not bad, f"{len(bad)} of {len(errors)} candidates over tolerance {tol}: {bad}"
     if "1025" in case or "odd" in case:
-        assert any(c.name == "pad" for c in candidates), "misaligned ld but no alignment candidate"
+        names = {c.name for c in candidates}
+        assert "pad" in names, "misaligned ld but no alignment candidate"
+        assert ("pad-dims" in names) == (not problem.has_bias), names
 
 
 def test_identity_rebuilds_the_heuristic_algo(backend: Any, target: Target) -> None:
