@@ -7,6 +7,7 @@ the runner runs. Only a new signature builds a Problem and asks the Selector.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from unimatmul.arrays import ArrayAdapter, adapter_of, pointer_alignment
@@ -20,9 +21,21 @@ from unimatmul.problem import ACTIVATIONS, Problem, matrix_layout
 _fast: LRU[tuple[Any, ...], tuple[Runner, tuple[int, ...], Problem]] = LRU(lru_size(8192))
 
 
+# Other fast paths (unimatmul.torch's routed kernels) that must forget with this one.
+_clear_hooks: list[Callable[[], None]] = []
+
+
 def clear_fast_path() -> None:
     """Forget prepared runners (after the selector, the cache or the mode changed)."""
     _fast.clear()
+    for hook in _clear_hooks:
+        hook()
+
+
+def on_clear_fast_path(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`clear_fast_path` runs (once per distinct hook)."""
+    if hook not in _clear_hooks:
+        _clear_hooks.append(hook)
 
 
 def _signature(adapter: ArrayAdapter, x: Any) -> tuple[Any, ...]:

@@ -25,10 +25,11 @@ class CliError(Exception):
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _target(array: str, device: str) -> Any:
+def _target(array: str | None, device: str | None) -> Any:
     from unimatmul.arrays import Device, adapter_for_kind
     from unimatmul.backend import Target
 
+    array, device = array or "numpy", device or "cpu"
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda", "hip"):
         raise CliError(f"unknown device {device!r}; use cpu, cuda[:N] or hip[:N]")
@@ -139,7 +140,7 @@ def _problems(args: argparse.Namespace) -> list[Any]:
         texts.extend(f"{shape}:{args.dtype}" for shape in presets[name].shapes)
     texts.extend(s if ":" in s else f"{s}:{args.dtype}" for s in args.shape or [])
     if not texts:
-        raise CliError("nothing to tune: give --shape MxNxK[:dtype] or --preset NAME")
+        raise CliError("nothing to tune: give --shape MxNxK[:dtype], --preset NAME or --from FILE")
     problems = []
     for text in texts:
         try:
@@ -155,30 +156,37 @@ def _problems(args: argparse.Namespace) -> list[Any]:
 def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm import tqdm
 
+    from unimatmul.cli_tune import build_jobs
     from unimatmul.harness import HarnessSettings
     from unimatmul.selector import get_selector
 
-    problems = _problems(args)
+    try:
+        jobs, notes = build_jobs(args, _problems, _target)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    for note in notes:
+        sys.stderr.write(f"unimatmul: {note}\n")
     selector = get_selector()
-    target = _target(args.array, args.device)
-    if not selector.backends_for(target):
-        reasons = {n: b.availability() for n, b in selector.plugins.backends().items()}
-        out.write(f"no backend is available for {target.array_kind} on {target.device}: {reasons}\n")
-        return EXIT_UNAVAILABLE
-    if args.budget_ms is not None:
-        settings = selector.settings_for(target)
+    for target in dict.fromkeys(job.target for job in jobs):
+        if not selector.backends_for(target):
+            reasons = {n: b.availability() for n, b in selector.plugins.backends().items()}
+            out.write(f"no backend is available for {target.array_kind} on {target.device}: {reasons}\n")
+            return EXIT_UNAVAILABLE
+    if args.budget_ms is not None and jobs:
+        settings = selector.settings_for(jobs[0].target)
         selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
     rows: list[list[str]] = []
     results = []
-    bar = tqdm(problems, desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
-    for problem in bar:
-        bar.set_postfix_str(f"{problem.shape_text} {problem.dtype_a}")
-        before = selector.lookup(problem, target) if not args.force else None
-        record = before or selector.tune(problem, target, force=args.force)
-        source = "cache" if before is not None else "tuned"
+    bar = tqdm(jobs, desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
+    for job in bar:
+        problem = job.problem
+        bar.set_postfix_str(f"{job.label} {problem.dtype_a}")
+        record, source = job.run(selector, force=args.force)
         rows.append(
             [
-                problem.shape_text,
+                job.label,
                 problem.dtype_a,
                 _fmt_us(record.default_s),
                 record.winner,
@@ -229,11 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     def target_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--array",
-            default="numpy",
             choices=["numpy", "torch", "cupy"],
-            help="array library whose Default is the baseline (default: numpy)",
+            help="array library whose Default is the baseline (default: numpy; with --from, as recorded)",
         )
-        p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or hip[:N] (default: cpu)")
+        p.add_argument("--device", help="cpu, cuda[:N] or hip[:N] (default: cpu; with --from, as recorded)")
 
     p = sub.add_parser("info", help="platform, backends and their versions, cache")
     target_args(p)
@@ -254,6 +261,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, default=None, help="measuring time per candidate")
     p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="tune the problems of a record file (UNIMATMUL_MODE=record) or a TunableOp untuned file",
+    )
+    p.add_argument(
+        "--buckets",
+        nargs="?",
+        const="pow2",
+        metavar="SPEC",
+        help="tune every bucket of m up to each problem's m: pow2 (default), pow2:MAX or M1,M2,...",
+    )
+    p.add_argument("--max-m", type=int, metavar="M", help="with --buckets: sweep the buckets up to M")
     p.set_defaults(func=cmd_tune)
 
     from unimatmul.cli_cache import add_cache_commands

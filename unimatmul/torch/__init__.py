@@ -1,1 +1,131 @@
-"""Routing PyTorch matmuls through unimatmul (in progress)."""
+"""Route PyTorch's matrix products through unimatmul, with no change to model code.
+
+>>> import unimatmul.torch
+>>> unimatmul.torch.enable()          # or: with unimatmul.torch.enabled(): ...
+>>> model(x)                          # mm, addmm, bmm, baddbmm, matmul, @, Linear: routed
+
+Which kernel a routed call runs follows the mode (``UNIMATMUL_MODE`` or
+:func:`unimatmul.mode`): ``cached`` (the default) runs tuned choices and PyTorch's
+own kernel for the rest, ``tune`` tunes each new problem on first call, ``record``
+writes each new problem to the record file for ``unimatmul tune --from``, ``off``
+routes nothing. ``UNIMATMUL_TORCH=1`` turns routing on at ``import torch`` (through
+PyTorch's backend autoloading) or at ``import unimatmul.torch``;
+``python -m unimatmul.torch script.py`` runs a script with routing on. See
+docs/torch.md.
+
+This module imports nothing heavy: PyTorch imports it at start-up (see ``autoload``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from unimatmul.torch.autoload import ENV, wanted
+
+if TYPE_CHECKING:
+    from unimatmul.torch.model_tuning import WarmupResult
+    from unimatmul.torch.routing import Plan
+
+__all__ = [
+    "ENV",
+    "WarmupResult",
+    "clear_plans",
+    "disable",
+    "enable",
+    "enabled",
+    "is_enabled",
+    "plans",
+    "reset_stats",
+    "stats",
+    "warmup",
+]
+
+
+def enable() -> None:
+    """Route eligible products from now on, in every thread (idempotent).
+
+    Reads ``UNIMATMUL_MODE`` now; change the mode later with :func:`unimatmul.mode`.
+    """
+    from unimatmul import api
+    from unimatmul.torch import compiled, routing
+
+    routing.install()
+    compiled.install()
+    api.on_clear_fast_path(routing.clear_plans)
+
+
+def disable() -> None:
+    """Give every product back to PyTorch: its own kernels and Inductor pass return."""
+    from unimatmul.torch import compiled, routing
+
+    routing.uninstall()
+    compiled.uninstall()
+
+
+def is_enabled() -> bool:
+    from unimatmul.torch import routing
+
+    return routing.is_enabled()
+
+
+@contextlib.contextmanager
+def enabled() -> Iterator[None]:
+    """Routing inside a ``with`` block; the state before it comes back after."""
+    was = is_enabled()
+    enable()
+    try:
+        yield
+    finally:
+        if not was:
+            disable()
+
+
+def stats() -> dict[str, Any]:
+    """Counts of routed calls; see :func:`unimatmul.torch.routing.stats`."""
+    from unimatmul.torch import routing
+
+    return routing.stats()
+
+
+def reset_stats() -> None:
+    from unimatmul.torch import routing
+
+    routing.reset_stats()
+
+
+def clear_plans() -> None:
+    """Forget every operand key's plan: the next calls ask the Selector again.
+
+    Needed after another process tuned problems this one already resolved.
+    """
+    from unimatmul.torch import routing
+
+    routing.clear_plans()
+
+
+def plans() -> list[Plan]:
+    from unimatmul.torch import routing
+
+    return routing.plans()
+
+
+def warmup(model: Any, example_inputs: Any, **options: Any) -> WarmupResult:
+    """Run the model once and tune every problem it met; see :mod:`unimatmul.torch.model_tuning`."""
+    from unimatmul.torch.model_tuning import warmup as run
+
+    return run(model, example_inputs, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WarmupResult":
+        from unimatmul.torch.model_tuning import WarmupResult
+
+        return WarmupResult
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+if wanted():
+    enable()

@@ -1,0 +1,179 @@
+"""torch.compile: keep routed products in compiled graphs.
+
+Eager mode, ``backend="eager"`` and ``backend="aot_eager"`` run aten ops, which reach
+the routed kernels by themselves. Inductor instead lowers ``aten.mm`` and friends
+into its own kernels or calls their ``out=`` forms, which are PyTorch's. So while
+routing is on, a post-grad pass (``torch._inductor.config.post_grad_custom_pre_pass``,
+chained after any pass already set there) rewrites the graph's mm, addmm, bmm and
+baddbmm nodes on CPU/CUDA floating tensors into the custom op ``unimatmul::mm``.
+Inductor keeps a custom op as an opaque call; at run time it calls the routed aten
+kernel, so the compiled model runs the tuned kernels, forward and backward (AOT
+autograd has already split the backward into its own graph, which the pass also
+sees). Shapes come from the op's fake implementation.
+
+``unimatmul::mm(a, b, c=None, alpha=1, beta=1)`` is ``alpha * a @ b + beta * c``
+(``c`` broadcast as addmm's input, absent for mm), 2-D or batched 3-D.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unimatmul._version import __version__
+
+_lock = threading.Lock()
+_defined = False
+_library: Any = None
+_previous_pass: Any = None
+_installed = False
+
+
+def _mm(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 1.0
+) -> torch.Tensor:
+    # The functional aten ops: routed while routing is on, PyTorch's own otherwise.
+    if a.dim() == 3:
+        if c is None:
+            if alpha == 1.0:
+                return torch.bmm(a, b)
+            return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=alpha)
+        return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)
+    if c is None:
+        if alpha == 1.0:
+            return torch.mm(a, b)
+        return torch.addmm(a.new_zeros(()), a, b, beta=0, alpha=alpha)
+    return torch.addmm(c, a, b, beta=beta, alpha=alpha)
+
+
+def _mm_fake(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 1.0
+) -> torch.Tensor:
+    if a.dim() == 3:
+        return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def define_ops() -> None:
+    """Define ``unimatmul::mm`` once per process (a library cannot be defined twice)."""
+    global _defined, _library
+    with _lock:
+        if _defined:
+            return
+        library = torch.library.Library("unimatmul", "DEF")
+        library.define("mm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=1.0) -> Tensor")
+        library.impl("mm", _mm, "CompositeExplicitAutograd")
+        torch.library.register_fake("unimatmul::mm", _mm_fake, lib=library)
+        _library = library
+        _defined = True
+
+
+_ATEN: dict[Any, str] = {}
+
+
+def _aten_targets() -> dict[Any, str]:
+    if not _ATEN:
+        aten = torch.ops.aten
+        _ATEN.update(
+            {
+                aten.mm.default: "mm",
+                aten.bmm.default: "bmm",
+                aten.addmm.default: "addmm",
+                aten.baddbmm.default: "baddbmm",
+            }
+        )
+    return _ATEN
+
+
+def _eligible(node: Any) -> bool:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return False
+    return value.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) and (
+        value.device.type in ("cpu", "cuda")
+    )
+
+
+def rewrite(graph: torch.fx.Graph) -> int:
+    """Replace eligible aten products by ``unimatmul::mm``; returns how many."""
+    targets = _aten_targets()
+    op = torch.ops.unimatmul.mm.default
+    count = 0
+    for node in list(graph.nodes):
+        kind = targets.get(node.target) if node.op == "call_function" else None
+        if kind is None or not _eligible(node):
+            continue
+        if kind in ("mm", "bmm"):
+            a, b = node.args[:2]
+            args: tuple[Any, ...] = (a, b)
+            kwargs: dict[str, Any] = {}
+        else:
+            c, a, b = node.args[:3]
+            beta = node.kwargs.get("beta", node.args[3] if len(node.args) > 3 else 1)
+            alpha = node.kwargs.get("alpha", node.args[4] if len(node.args) > 4 else 1)
+            if not isinstance(alpha, (int, float)) or not isinstance(beta, (int, float)):
+                continue  # symbolic scalars: leave the node to Inductor
+            args = (a, b, c)
+            kwargs = {"alpha": float(alpha), "beta": float(beta)}
+        with graph.inserting_before(node):
+            new = graph.call_function(op, args, kwargs)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
+    return count
+
+
+def _make_pass(previous: Any) -> Any:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    source = Path(__file__).read_bytes()
+
+    class RoutePass(CustomGraphPass):
+        """Inductor post-grad pass: aten products -> unimatmul::mm (see module docs)."""
+
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            if previous is not None:
+                previous(graph)
+            rewrite(graph)
+
+        def uuid(self) -> Any:
+            # Part of Inductor's cache key: a graph compiled with the pass is not one without.
+            digest = hashlib.sha256(source + __version__.encode()).hexdigest()
+            inner = previous.uuid() if previous is not None and hasattr(previous, "uuid") else None
+            return (digest, inner)
+
+    return RoutePass()
+
+
+def install() -> None:
+    """Define the op and set the Inductor pass (chained after an existing one)."""
+    global _previous_pass, _installed
+    define_ops()
+    try:
+        import torch._inductor.config as inductor_config
+    except Exception:  # a torch without Inductor: eager and aot_eager still route
+        return
+    with _lock:
+        if _installed:
+            return
+        _previous_pass = inductor_config.post_grad_custom_pre_pass
+        inductor_config.post_grad_custom_pre_pass = _make_pass(_previous_pass)
+        _installed = True
+
+
+def uninstall() -> None:
+    """Put back the pass that was there before :func:`install`."""
+    global _previous_pass, _installed
+    with _lock:
+        if not _installed:
+            return
+        import torch._inductor.config as inductor_config
+
+        inductor_config.post_grad_custom_pre_pass = _previous_pass
+        _previous_pass = None
+        _installed = False

@@ -1,0 +1,509 @@
+"""Routing PyTorch's matrix products through unimatmul, at the dispatcher.
+
+The mechanism: Python kernels for ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and
+``aten::baddbmm`` registered with a ``torch.library.Library`` for the CPU and CUDA
+dispatch keys (CUDA also serves ROCm builds). Everything above those keys keeps
+working unchanged: autograd (the backward's products are ``aten::mm`` calls too, so
+they are routed), autocast (inputs arrive already cast), ``torch.jit.trace``, vmap,
+tensor subclasses, fake tensors (they never reach a CPU/CUDA kernel). ``torch.matmul``,
+``@``, ``nn.Linear`` and ``F.linear`` are composite ops that reach these four, so
+they are routed without being touched. docs/torch.md has the measurements behind
+the choice.
+
+Only the functional forms are taken over. The ``out=`` and in-place forms stay
+PyTorch's, and they are how a call is passed through: ``torch.mm(a, b, out=...)``
+runs PyTorch's own kernel, never ours, so routing cannot recurse, not even through
+the Default candidate (which calls ``torch.matmul(..., out=out)``). While the
+Selector decides or tunes, a thread-local flag passes every product through, so
+the harness's own references (float64 ``@``) never re-enter it.
+
+The hot path: a key of the operands (shapes, strides, dtypes, devices, pointer
+alignment, mode) finds a :class:`Plan` in a dict; the plan holds the prepared
+Runner (or None: PyTorch's own kernel, when Default was chosen or the operands are
+not eligible). No Problem is built, nothing is logged, nothing synchronises.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.autograd.profiler as _profiler
+
+from unimatmul import config as _config
+from unimatmul.api import describe
+from unimatmul.arrays import adapter_of
+from unimatmul.backend import DEFAULT, Runner, Target
+from unimatmul.problem import Problem
+
+OPS = ("mm", "addmm", "bmm", "baddbmm")
+DISPATCH_KEYS = ("CPU", "CUDA")
+# Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
+_FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+_DEVICES = frozenset({"cpu", "cuda"})
+# Plans for this many distinct operand keys; a workload with ever-new shapes starts over.
+MAX_PLANS = 8192
+
+# How a plan feeds the runner. "plain": out = alpha * a @ b. "bias": + bias[n] (addmm's
+# input as an epilogue). "c": out starts as a copy of the input and gets beta * C.
+PLAIN, BIAS, C = 0, 1, 2
+
+
+class Plan:
+    """What to do with one operand key: a runner, or None for PyTorch's own kernel."""
+
+    __slots__ = ("calls", "form", "label", "op", "out_shape", "problem", "reason", "runner", "source")
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.runner: Runner | None = None
+        self.problem: Problem | None = None
+        self.source = "passthrough"  # or the Selector's Decision.source
+        self.label = ""  # the profiler's name for the call
+        self.reason = ""  # why the operands were not eligible
+        self.out_shape: tuple[int, ...] = ()
+        self.form = PLAIN
+        self.calls = 0
+
+
+class _Busy(threading.local):
+    on = False
+
+
+class _State:
+    def __init__(self) -> None:
+        self.libraries: list[Any] = []
+        self.env_mode = "cached"
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+        self.retired: Counter[tuple[str, str, str]] = Counter()
+        self.collector: list[tuple[Problem, Target]] | None = None
+        self.lock = threading.RLock()
+
+
+_state = _State()
+_busy = _Busy()
+_mode_var = _config._mode  # the context variable behind unimatmul.mode(): read per call
+
+
+def is_enabled() -> bool:
+    return bool(_state.libraries)
+
+
+# --- the kernels ------------------------------------------------------------------------
+# Each reads the mode, builds the operand key inline (a helper call per operand would
+# cost as much as the rest), finds the plan and runs it. PyTorch's own kernels are
+# reached through the out= forms. One set of kernels per dispatch key: a CPU kernel
+# only ever sees CPU tensors (a CUDA operand would have picked the CUDA key), so its
+# key needs no device; the CUDA kernel's key holds the device indices.
+
+
+def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
+    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        mode = _mode_var.get() or _state.env_mode
+        if mode == "off" or _busy.on:
+            return torch.mm(a, b, out=a.new_empty(0))
+        key = (
+            "mm",
+            mode,
+            a.shape,
+            a.stride(),
+            a.dtype,
+            a.data_ptr() & 15,
+            b.shape,
+            b.stride(),
+            b.dtype,
+            b.data_ptr() & 15,
+            (a.get_device(), b.get_device()) if cuda else None,
+        )
+        plan = _state.plans.get(key)
+        if plan is None:
+            plan = _resolve(key, "mm", a, b, None, 1.0, 0.0, mode)
+        plan.calls += 1
+        runner = plan.runner
+        if runner is None:
+            return torch.mm(a, b, out=a.new_empty(0))
+        out = a.new_empty(plan.out_shape)
+        if not _run(plan, runner, a, b, out, 1.0, 0.0, None):
+            return torch.mm(a, b, out=out)
+        return out
+
+    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        mode = _mode_var.get() or _state.env_mode
+        if mode == "off" or _busy.on:
+            return torch.bmm(a, b, out=a.new_empty(0))
+        key = (
+            "bmm",
+            mode,
+            a.shape,
+            a.stride(),
+            a.dtype,
+            a.data_ptr() & 15,
+            b.shape,
+            b.stride(),
+            b.dtype,
+            b.data_ptr() & 15,
+            (a.get_device(), b.get_device()) if cuda else None,
+        )
+        plan = _state.plans.get(key)
+        if plan is None:
+            plan = _resolve(key, "bmm", a, b, None, 1.0, 0.0, mode)
+        plan.calls += 1
+        runner = plan.runner
+        if runner is None:
+            return torch.bmm(a, b, out=a.new_empty(0))
+        out = a.new_empty(plan.out_shape)
+        if not _run(plan, runner, a, b, out, 1.0, 0.0, None):
+            return torch.bmm(a, b, out=out)
+        return out
+
+    def addmm(
+        c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+    ) -> torch.Tensor:
+        mode = _mode_var.get() or _state.env_mode
+        if mode == "off" or _busy.on:
+            return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+        key = (
+            "addmm",
+            mode,
+            a.shape,
+            a.stride(),
+            a.dtype,
+            a.data_ptr() & 15,
+            b.shape,
+            b.stride(),
+            b.dtype,
+            b.data_ptr() & 15,
+            c.shape,
+            c.stride(),
+            c.dtype,
+            c.data_ptr() & 15,
+            beta == 0,
+            beta == 1,
+            (a.get_device(), b.get_device(), c.get_device()) if cuda else None,
+        )
+        plan = _state.plans.get(key)
+        if plan is None:
+            plan = _resolve(key, "addmm", a, b, c, alpha, beta, mode)
+        plan.calls += 1
+        runner = plan.runner
+        if runner is None:
+            return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+        return _run_with_input(plan, runner, c, a, b, alpha, beta, torch.addmm)
+
+    def baddbmm(
+        c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+    ) -> torch.Tensor:
+        mode = _mode_var.get() or _state.env_mode
+        if mode == "off" or _busy.on:
+            return torch.baddbmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+        key = (
+            "baddbmm",
+            mode,
+            a.shape,
+            a.stride(),
+            a.dtype,
+            a.data_ptr() & 15,
+            b.shape,
+            b.stride(),
+            b.dtype,
+            b.data_ptr() & 15,
+            c.shape,
+            c.stride(),
+            c.dtype,
+            c.data_ptr() & 15,
+            beta == 0,
+            beta == 1,
+            (a.get_device(), b.get_device(), c.get_device()) if cuda else None,
+        )
+        plan = _state.plans.get(key)
+        if plan is None:
+            plan = _resolve(key, "baddbmm", a, b, c, alpha, beta, mode)
+        plan.calls += 1
+        runner = plan.runner
+        if runner is None:
+            return torch.baddbmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+        return _run_with_input(plan, runner, c, a, b, alpha, beta, torch.baddbmm)
+
+    return {"mm": mm, "addmm": addmm, "bmm": bmm, "baddbmm": baddbmm}
+
+
+def _run_with_input(
+    plan: Plan,
+    runner: Runner,
+    c: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    alpha: Any,
+    beta: Any,
+    fallback: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    form = plan.form
+    if form == C:
+        out = c.clone(memory_format=torch.contiguous_format)
+        ok = _run(plan, runner, a, b, out, float(alpha), float(beta), None)
+    else:
+        out = a.new_empty(plan.out_shape)
+        ok = _run(plan, runner, a, b, out, float(alpha), 0.0, c if form == BIAS else None)
+    if not ok:
+        return fallback(c, a, b, beta=beta, alpha=alpha, out=out)
+    return out
+
+
+def _run(plan: Plan, runner: Runner, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> bool:
+    """Run the plan's kernel; False (and Default from now on) if it fails on this call."""
+    try:
+        if _profiler._is_profiler_enabled:
+            with torch.profiler.record_function(plan.label):
+                runner(a, b, out, alpha, beta, bias)
+        else:
+            runner(a, b, out, alpha, beta, bias)
+        return True
+    except Exception as exc:
+        plan.runner = None
+        plan.source = "fallback"
+        from unimatmul.selector import get_selector
+
+        selector = get_selector()
+        selector.stats.fallbacks += 1
+        problem = plan.problem
+        what = problem.shape_text if problem is not None else plan.op
+        selector.warn_once(
+            f"torch-run:{problem.key if problem is not None else plan.op}",
+            f"{runner.candidate.identity} failed on {what} ({type(exc).__name__}: {exc}); using PyTorch's kernel",
+        )
+        return False
+
+
+# --- the slow path ------------------------------------------------------------------------
+
+
+def _resolve(
+    key: tuple[Any, ...],
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    alpha: Any,
+    beta: Any,
+    mode: str,
+) -> Plan:
+    """Build the plan for a key met for the first time: describe, decide, prepare."""
+    plan = Plan(op)
+    try:
+        _fill_plan(plan, op, a, b, c, alpha, beta, mode)
+    except Exception as exc:  # never break the caller's program over a routing decision
+        plan.runner, plan.source, plan.reason = None, "passthrough", f"{type(exc).__name__}: {exc}"
+    with _state.lock:
+        plans = _state.plans
+        if plan.source == "tuned" and plans:
+            # Keys resolved before may hold Default for problems tuned since; start over.
+            _retire_plans()
+        elif len(plans) >= MAX_PLANS:
+            _retire_plans()
+        plans[key] = plan
+    return plan
+
+
+def _fill_plan(
+    plan: Plan,
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    alpha: Any,
+    beta: Any,
+    mode: str,
+) -> None:
+    reason = _ineligible(a, b)
+    if reason:
+        plan.reason = reason
+        return
+    batched = op in ("bmm", "baddbmm")
+    rank = 3 if batched else 2
+    if a.dim() != rank or b.dim() != rank:
+        plan.reason = f"{op} needs {rank}-D operands"  # PyTorch's kernel raises the error
+        return
+    out_shape = (a.shape[0], a.shape[1], b.shape[2]) if batched else (a.shape[0], b.shape[1])
+    bias = None
+    form = PLAIN
+    if c is not None and beta != 0:
+        form, bias, why = _input_form(c, out_shape, a.dtype, beta)
+        if why:
+            plan.reason = why
+            return
+    elif c is not None and not _broadcasts(tuple(c.shape), out_shape):
+        plan.reason = f"input of shape {tuple(c.shape)} does not broadcast to {out_shape}"
+        return
+    if isinstance(alpha, complex) or isinstance(beta, complex):
+        plan.reason = "complex alpha/beta"
+        return
+    adapter = adapter_of(a)
+    problem, shape = describe(
+        adapter,
+        a,
+        b,
+        bias=bias,
+        c=c if form == C else None,
+        beta=float(beta) if form == C else 0.0,
+    )
+    target = Target(adapter, adapter.device(a))
+    collector = _state.collector
+    if collector is not None:
+        collector.append((problem, target))
+    if mode == "tune" and a.is_cuda and torch.cuda.is_current_stream_capturing():
+        mode = "cached"  # never measure inside a CUDA graph capture
+    from unimatmul.selector import get_selector
+
+    _busy.on = True
+    try:
+        decision = get_selector().decide(problem, target, mode)
+    finally:
+        _busy.on = False
+    plan.problem = problem
+    plan.out_shape = tuple(shape)
+    plan.form = form
+    plan.source = decision.source
+    candidate = decision.runner.candidate
+    if candidate == DEFAULT:
+        plan.label = f"unimatmul::{op} [default]"
+    else:
+        plan.runner = decision.runner
+        plan.label = f"unimatmul::{op} [{candidate.identity}]"
+
+
+def _ineligible(a: torch.Tensor, b: torch.Tensor) -> str:
+    if a.dtype not in _FLOATS:
+        return f"dtype {a.dtype} is not a GEMM dtype unimatmul routes"
+    if b.dtype is not a.dtype:
+        return f"mixed dtypes {a.dtype} and {b.dtype}"
+    if a.device != b.device or a.device.type not in _DEVICES:
+        return f"devices {a.device} and {b.device}"
+    if a.is_neg() or b.is_neg() or a.is_conj() or b.is_conj():
+        return "a negative or conjugate view"
+    return ""
+
+
+def _input_form(
+    c: torch.Tensor, out_shape: tuple[int, ...], dtype: torch.dtype, beta: Any
+) -> tuple[int, torch.Tensor | None, str]:
+    """How addmm/baddbmm's input enters the kernel: as a bias epilogue, or as C."""
+    if c.dtype is not dtype or c.device.type not in _DEVICES:
+        return PLAIN, None, f"input of dtype {c.dtype} on {c.device}"
+    n = out_shape[-1]
+    if len(out_shape) == 2 and tuple(c.shape) == (n,) and (c.stride(0) == 1 or n == 1):
+        if beta != 1:
+            return PLAIN, None, "a bias scaled by beta != 1"
+        return BIAS, c, ""
+    if tuple(c.shape) == out_shape:
+        return C, None, ""
+    return PLAIN, None, f"input of shape {tuple(c.shape)} broadcast to {out_shape}"
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    if len(shape) > len(to):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(to), strict=False))
+
+
+def _retire_plans() -> None:
+    for plan in _state.plans.values():
+        if plan.calls:
+            _state.retired[(plan.op, plan.source, plan.label)] += plan.calls
+    _state.plans.clear()
+
+
+def clear_plans() -> None:
+    """Forget every plan (after tuning elsewhere, a new Selector, a new cache)."""
+    with _state.lock:
+        _retire_plans()
+
+
+# --- installing ---------------------------------------------------------------------------
+
+_KERNELS: dict[str, dict[str, Callable[..., torch.Tensor]]] = {"CPU": _kernels(False), "CUDA": _kernels(True)}
+
+
+def install() -> None:
+    """Register the kernels (idempotent); the previous kernels come back on :func:`uninstall`."""
+    with _state.lock:
+        if _state.libraries:
+            return
+        _state.env_mode = _config.env_mode()
+        library = torch.library.Library("aten", "IMPL")
+        try:
+            with warnings.catch_warnings():
+                # PyTorch warns that a kernel is overridden: that is the point here.
+                warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+                for key in DISPATCH_KEYS:
+                    for name, kernel in _KERNELS[key].items():
+                        library.impl(name, kernel, key)
+        except Exception:
+            library._destroy()
+            raise
+        _state.libraries.append(library)
+
+
+def uninstall() -> None:
+    with _state.lock:
+        for library in _state.libraries:
+            library._destroy()
+        _state.libraries.clear()
+        _retire_plans()
+
+
+# --- what happened ------------------------------------------------------------------------
+
+
+def stats() -> dict[str, Any]:
+    """Calls seen by the routed kernels since the last :func:`reset_stats`.
+
+    ``routed``: calls unimatmul decided (a kernel or Default); ``kernel``: calls that
+    ran a backend's kernel; ``default``: Default chosen; ``passthrough``: operands not
+    eligible (PyTorch's kernel, untouched). ``by_op``, ``by_label`` (the profiler's
+    names) and ``by_source`` (the Selector's: cache, bucket, tuned, default, ...) break
+    it down.
+    """
+    with _state.lock:
+        counts: Counter[tuple[str, str, str]] = Counter(_state.retired)
+        for plan in _state.plans.values():
+            if plan.calls:
+                counts[(plan.op, plan.source, plan.label)] += plan.calls
+    out: dict[str, Any] = {
+        "routed": 0,
+        "kernel": 0,
+        "default": 0,
+        "passthrough": 0,
+        "by_op": {},
+        "by_label": {},
+        "by_source": {},
+    }
+    for (op, source, label), calls in counts.items():
+        routed = source != "passthrough"
+        kind = "passthrough" if not routed else ("default" if label.endswith("[default]") else "kernel")
+        out[kind] += calls
+        if routed:
+            out["routed"] += calls
+        per_op = out["by_op"].setdefault(op, {"routed": 0, "kernel": 0, "default": 0, "passthrough": 0})
+        per_op[kind] += calls
+        if routed:
+            per_op["routed"] += calls
+            out["by_label"][label] = out["by_label"].get(label, 0) + calls
+        out["by_source"][source] = out["by_source"].get(source, 0) + calls
+    return out
+
+
+def reset_stats() -> None:
+    with _state.lock:
+        _state.retired.clear()
+        for plan in _state.plans.values():
+            plan.calls = 0
+
+
+def plans() -> list[Plan]:
+    """The live plans (for inspection and tests)."""
+    with _state.lock:
+        return list(_state.plans.values())
