@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,10 +78,14 @@ def check_graph(suite: Suite, case: Case, candidate: Candidate) -> Outcome:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
-                    runner(first.a, first.b, out.view, case.alpha, case.beta, first.bias)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    with torch.cuda.graph(graph):
+                        runner(first.a, first.b, out.view, case.alpha, case.beta, first.bias)
             except Exception as exc:
                 return FAILED, f"capturing a call in a graph failed: {_exc(exc)}"
+            # torch warns when nothing was captured: the work went to another stream.
+            empty = any("empty" in str(w.message).lower() for w in caught)
             # New values into the captured buffers: a replay must use them.
             for dst, src in ((first.a, second.a), (first.b, second.b), (first.bias, second.bias)):
                 if dst is not None:
@@ -90,7 +95,8 @@ def check_graph(suite: Suite, case: Case, candidate: Candidate) -> Outcome:
             torch.cuda.synchronize()
         failure = _verdict(out, second, adapter, problem.dtype_c, "after a graph replay with new inputs")
         if failure is not None:
-            return failure
+            note = " (the graph captured no work: the runner launched on another stream)" if empty else ""
+            return FAILED, failure[1] + note
         damage = out.damaged()
         if damage:
             return FAILED, f"the replay wrote outside the output: {'; '.join(damage)}"

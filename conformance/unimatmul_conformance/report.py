@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections import Counter
@@ -93,9 +94,15 @@ class Report:
         }
 
     def write_json(self, path: str | Path) -> None:
+        """Write the report; a name ending in ``.gz`` is gzipped (a GPU run's report is megabytes)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        data = (json.dumps(self.to_dict(), indent=1) + "\n").encode("utf-8")
+        if path.suffix == ".gz":
+            # mtime=0: the same report gives the same bytes, so a committed file only changes with it.
+            path.write_bytes(gzip.compress(data, mtime=0))
+        else:
+            path.write_bytes(data)
 
     def summary(self, width: int = 100, max_failures: int = 8) -> str:
         """The one-screen summary: what ran where, a table per check, the first failures."""
@@ -105,7 +112,7 @@ class Report:
         plat = self.platform
         where = "/".join(str(plat.get(k, "?")) for k in ("vendor", "arch", "device", "cores"))
         lines.append(
-            f"target: {self.target.get('array', '?')} arrays on {self.target.get('device', '?')} "
+            f"target: {self.target.get('arrays') or self.target.get('array', '?')} arrays on {self.target.get('device', '?')} "
             f"[{where}]  matrix: {self.mode}, {self.supported_cases} of {self.cases} problems supported"
         )
         header = f"  {'check':<18}" + "".join(f"{s:>9}" for s in STATUSES)

@@ -252,3 +252,90 @@ class Missing(GoodBackend):
 
     def availability(self) -> str | None:
         return "libfake.so not found"
+
+
+# --- GPU fakes (torch tensors on CUDA or ROCm) ---------------------------------------
+
+
+class TorchRunner:
+    """torch's own product on the caller's stream: what the Default runner does."""
+
+    def __init__(self, problem: Problem, candidate: Candidate, target: Target) -> None:
+        self.problem = problem
+        self.candidate = candidate
+        self.adapter = target.adapter
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        self.adapter.matmul(a, b, out, alpha, beta, bias, self.problem.activation)
+
+
+class TorchGpuGood(Backend):
+    """Correct on a GPU: same-dtype f32/f16/bf16/f64, every epilogue, every layout."""
+
+    name = "fake-torch-gpu"
+    device_kinds = frozenset({"cuda", "hip"})
+    array_kinds = frozenset({"torch"})
+    runner_class: type[TorchRunner] = TorchRunner
+
+    def availability(self) -> str | None:
+        import torch
+
+        return None if torch.cuda.is_available() else "torch sees no GPU"
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": str(torch.__version__)}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        dtypes = {problem.dtype_a, problem.dtype_b, problem.dtype_c}
+        if len(dtypes) != 1 or problem.dtype_a not in ("f32", "f16", "bf16", "f64"):
+            msg = f"{self.name} runs one dtype in and out, not {problem.key}"
+            raise UnsupportedProblem(msg, problem=problem, backend=self.name)
+        if problem.compute != ("f64" if problem.dtype_a == "f64" else "f32"):
+            raise UnsupportedProblem(f"compute {problem.compute} is not offered", problem=problem)
+        return [Candidate.make(self.name, "torch")]
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> TorchRunner:
+        if candidate != Candidate.make(self.name, "torch"):
+            raise UnsupportedProblem(f"no kernel {candidate.identity}", problem=problem)
+        self.candidates(problem, target)
+        return self.runner_class(problem, candidate, target)
+
+
+class OwnStreamRunner(TorchRunner):
+    def __init__(self, problem: Problem, candidate: Candidate, target: Target) -> None:
+        import torch
+
+        super().__init__(problem, candidate, target)
+        self.torch = torch
+        self.stream = torch.cuda.Stream()
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        # Ignores the caller's stream: a graph cannot capture it, and it races the caller.
+        with self.torch.cuda.stream(self.stream):
+            super().__call__(a, b, out, alpha, beta, bias)
+
+
+class RunsOnItsOwnStream(TorchGpuGood):
+    name = "fake-torch-own-stream"
+    runner_class = OwnStreamRunner
+
+
+class SyncingRunner(TorchRunner):
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        import torch
+
+        super().__call__(a, b, out, alpha, beta, bias)
+        torch.cuda.synchronize()  # waits for the device on every call: no graph, no overlap
+
+
+class SynchronisesTheHost(TorchGpuGood):
+    name = "fake-torch-syncs"
+    runner_class = SyncingRunner

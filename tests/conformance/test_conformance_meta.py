@@ -7,6 +7,7 @@ slow checks (a subprocess, threads) only run where they are the point.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -154,6 +155,9 @@ def test_the_json_report_holds_every_check(tmp_path: Path) -> None:
     assert failed[0]["id"] == "platform" and "empty" in failed[0]["why"]
     summary = report.summary()
     assert len(summary.splitlines()) < 25 and "FAILED platform" in summary
+    # Named .gz, the same report is gzipped (GPU reports run to megabytes of JSON).
+    report.write_json(tmp_path / "report.json.gz")
+    assert json.loads(gzip.decompress((tmp_path / "report.json.gz").read_bytes())) == data
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
