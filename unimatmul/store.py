@@ -643,6 +643,37 @@ class MsgpackFileStore:
         _dirty.discard(self)
 
     def _write_merged(self) -> None:
+        if self._replace_file(self._merge_pending) is None:
+            self.flush()  # the file turned out to be of a newer schema: say so, keep in memory
+        else:
+            self._clear_pending()
+
+    def _merge_pending(self, disk: Snapshot) -> Snapshot:
+        """Our pending changes applied to the file as another process may have left it."""
+        for (namespace, key), (record, seen) in self._puts.items():
+            try:
+                theirs = disk.get(namespace, key)
+            except BadEntry:
+                theirs = None
+            if theirs is not None and record_signature(theirs) != seen:
+                # Someone else tuned this key since we looked: the faster one stays.
+                record = faster(theirs, record)
+            disk.namespace(namespace).put(key, record)
+        for (namespace, key), seen in self._deletes.items():
+            theirs_sig: Any
+            try:
+                theirs_sig = record_signature(disk.get(namespace, key))
+            except BadEntry:
+                theirs_sig = "bad"
+            if theirs_sig == seen or seen == "bad":
+                disk.namespace(namespace).delete(key)
+            # else: someone stored a new record since we decided to drop the old one.
+        for namespace, facts in self._platforms.items():
+            disk.namespace(namespace).platform = dict(facts)
+        return disk
+
+    def _replace_file(self, change: Callable[[Snapshot], Snapshot]) -> Snapshot | None:
+        """Under the lock, write ``change(the file as it is now)``; None if it must not be written."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and not os.access(self.path, os.W_OK):
             raise PermissionError(errno.EACCES, "the file is not writable", str(self.path))
@@ -652,41 +683,20 @@ class MsgpackFileStore:
             real = lock.method in ("flock", "lockf")
             remove_stale_temps(self.path, min_age_s=0.0 if real else STALE_TEMP_S)
             disk = self._read(locked=True)
-            if self.read_only:  # the file turned out to be of a newer schema
-                self.flush()
-                return
-            for (namespace, key), (record, seen) in self._puts.items():
-                try:
-                    theirs = disk.get(namespace, key)
-                except BadEntry:
-                    theirs = None
-                if theirs is not None and record_signature(theirs) != seen:
-                    # Someone else tuned this key since we looked: the faster one stays.
-                    record = faster(theirs, record)
-                disk.namespace(namespace).put(key, record)
-            for (namespace, key), seen in self._deletes.items():
-                theirs_sig: Any
-                try:
-                    theirs_sig = record_signature(disk.get(namespace, key))
-                except BadEntry:
-                    theirs_sig = "bad"
-                if theirs_sig == seen or seen == "bad":
-                    disk.namespace(namespace).delete(key)
-                # else: someone stored a new record since we decided to drop the old one.
-            for namespace, facts in self._platforms.items():
-                if len(disk.namespace(namespace)) or namespace in self._platforms:
-                    disk.namespace(namespace).platform = dict(facts)
+            if self.read_only:
+                return None
+            new = change(disk)
             created = disk.header.get("created")
             write_file(
                 self.path,
-                disk,
+                new,
                 level=self.compression,
                 created=created if isinstance(created, (int, float)) else None,
             )
-            self._snap = disk
+            self._snap = new
             self._stat = self._file_stat()
             self._checked_at = time.monotonic()
-            self._clear_pending()
+            return new
 
     def rewrite(self, change: Callable[[Snapshot], Snapshot]) -> Snapshot:
         """Replace the file by ``change(file as it is now)``, under the lock (prune, merge).
@@ -696,27 +706,8 @@ class MsgpackFileStore:
         """
         with self._lock:
             self.flush()
-            if self.read_only:
+            new = None if self.read_only else self._replace_file(change)
+            if new is None:
                 msg = f"the cache {self.path} is read-only ({self.read_only_reason})"
                 raise PermissionError(errno.EROFS, msg)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(self.lock_path, self.lock_timeout_s) as lock:
-                remove_stale_temps(
-                    self.path, min_age_s=0.0 if lock.method in ("flock", "lockf") else STALE_TEMP_S
-                )
-                disk = self._read(locked=True)
-                if self.read_only:
-                    msg = f"the cache {self.path} is read-only ({self.read_only_reason})"
-                    raise PermissionError(errno.EROFS, msg)
-                new = change(disk)
-                created = disk.header.get("created")
-                write_file(
-                    self.path,
-                    new,
-                    level=self.compression,
-                    created=created if isinstance(created, (int, float)) else None,
-                )
-                self._snap = new
-                self._stat = self._file_stat()
-                self._checked_at = time.monotonic()
             return new
