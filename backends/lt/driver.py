@@ -40,9 +40,18 @@ The pieces, in the order a backend uses them:
     identity is rebuilt with ``algo_init`` + config attributes + ``algo_check``. A
     hipBLASLt codec keys on the solution index (``abi.solution_index(algo.data)``).
 
-The hot path (``LtPlan.matmul``) is one library call with pre-built descriptors, a
-pre-built algo struct and host scalars in pre-allocated buffers: no allocation, no
-synchronisation, nothing logged, so it can be captured in a CUDA/HIP graph.
+The hot path (``LtRunner`` in ``runner.py``, through ``LtPlan.call_prefix``) is one
+library call with pre-built descriptors, a pre-built algo struct and host scalars in
+pre-allocated buffers: no allocation, no synchronisation, nothing logged, so it can
+be captured in a CUDA/HIP graph.
+
+Around the driver, shared by both vendors: ``layout.py`` (a Problem as the
+column-major ``LtGemm``, the alignment padding; pure functions), ``runner.py``
+(``LtRunner``, ``PaddedRunner`` and ``ArrayHooks`` for torch on CUDA or ROCm and
+CuPy) and ``backend.py`` (``LtBackend``: a vendor backend subclasses it and provides
+``load_driver``, ``algo_params`` and ``algo_from_params``). The tests in
+``tests/backends/test_lt_driver.py`` run all of it against a recording fake library
+that takes any ABI table.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ import ctypes
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from unimatmul_backends.lt.abi import LtABI, signatures_for
@@ -458,17 +467,6 @@ class LtAlgo:
     waves: float = 0.0
 
 
-@dataclass
-class _Buffers:
-    """ctypes values whose addresses the library reads; kept alive with their owner."""
-
-    values: list[Any] = field(default_factory=list)
-
-    def keep(self, value: Any) -> int:
-        self.values.append(value)
-        return ctypes.addressof(value)
-
-
 class LtDriver:
     """One library handle and the ABI table that goes with it."""
 
@@ -525,7 +523,6 @@ class LtPlan:
         self.gemm = gemm
         self.workspace_limit = int(workspace_limit)
         abi, lib = driver.abi, driver.lib
-        self._buffers = _Buffers()
         self.desc = 0
         self.layouts: list[int] = []
         self.pref = 0

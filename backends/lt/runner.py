@@ -17,7 +17,6 @@ from typing import Any
 
 from unimatmul.arrays import operand_layouts
 from unimatmul.backend import Candidate, Target
-from unimatmul.dtypes import ITEMSIZE
 from unimatmul.problem import Problem
 from unimatmul_backends.lt.driver import LtAlgo, LtPlan
 
@@ -245,15 +244,6 @@ class PaddedRunner:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def padded_bytes(problem: Problem) -> int:
-    """Device memory the padded buffers of ``problem`` take (for reports)."""
-    total = 0
-    for name, (shape, strides) in operand_layouts(problem).items():
-        size = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
-        total += size * ITEMSIZE[getattr(problem, f"dtype_{name}")]
-    return total
 
 
 @contextlib.contextmanager
