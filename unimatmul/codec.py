@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import gc
 import hashlib
 import math
 import struct
@@ -825,6 +826,19 @@ class Snapshot:
 
 def decode_file(data: bytes, *, version: str = "") -> Snapshot:
     """Parse a cache file's bytes; CacheFileError (or NewerSchemaError) when unusable."""
+    # Loading makes one string per key and one dict, none of them in a cycle: a
+    # collection pass over the host program's objects in the middle of it (a
+    # process with torch holds millions) would only cost time.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _decode_file(data, version)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _decode_file(data: bytes, version: str) -> Snapshot:
     if len(data) > MAX_FILE_BYTES:
         msg = f"{len(data)} bytes exceed the {MAX_FILE_BYTES} byte limit"
         raise CacheFileError(msg)
