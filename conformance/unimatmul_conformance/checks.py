@@ -391,25 +391,15 @@ def execute(suite: Suite, case: Case, candidate: Candidate) -> dict[str, Outcome
     problem = case.problem
     target = suite.targets[case.kind]
     adapter, device = target.adapter, target.device
-    not_run = "not run: prepare() failed"
     try:
         runner = suite.backend.prepare(problem, candidate, target)
-    except UnsupportedProblem as exc:
-        why = f"{candidate.identity} is offered for this problem, but prepare() says unsupported: {exc}"
-        return {
-            PREPARE: (FAILED, why),
-            RESULT: (SKIPPED, not_run),
-            WRITTEN: (SKIPPED, not_run),
-            GUARD: (SKIPPED, not_run),
-        }
     except Exception as exc:
-        why = f"prepare() raised {_exc(exc)}"
-        return {
-            PREPARE: (FAILED, why),
-            RESULT: (SKIPPED, not_run),
-            WRITTEN: (SKIPPED, not_run),
-            GUARD: (SKIPPED, not_run),
-        }
+        why = (
+            f"{candidate.identity} is offered for this problem, but prepare() says unsupported: {exc}"
+            if isinstance(exc, UnsupportedProblem)
+            else f"prepare() raised {_exc(exc)}"
+        )
+        return {PREPARE: (FAILED, why)} | {name: (SKIPPED, "not run: prepare() failed") for name in RUN[1:]}
     outcomes: dict[str, Outcome] = {}
     own = getattr(runner, "candidate", None)
     outcomes[PREPARE] = (

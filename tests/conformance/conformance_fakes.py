@@ -227,6 +227,16 @@ class WritesItsInput(GoodBackend):
     runner_class = InputWritingRunner
 
 
+class RefusesWhatItOffers(GoodBackend):
+    """Offers kernels, then says "unsupported" when asked to prepare them."""
+
+    name = "fake-refuses"
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> FakeRunner:
+        msg = f"{self.name} cannot build {candidate.identity} after all"
+        raise UnsupportedProblem(msg, problem=problem, backend=self.name)
+
+
 # --- cheap fakes for the command line's exit codes ---------------------------------
 
 

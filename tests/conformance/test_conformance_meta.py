@@ -34,6 +34,7 @@ FAULTS = [
     (fakes.CrashesOnUnsupported, FAST, {"candidates", "unsupported"}),
     (fakes.BadIdentity, FAST, {"candidates", "cache-roundtrip"}),
     (fakes.IncompletePlatform, FAST, {"platform"}),
+    (fakes.RefusesWhatItOffers, FAST, {"prepare", "cache-roundtrip"}),
     (fakes.UnstableIdentities, {"identity-stable", "candidates", "cache-roundtrip"}, {"identity-stable"}),
     (fakes.NotThreadSafe, {"threads", "result", "written"}, {"threads"}),
 ]
