@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -121,53 +122,73 @@ class LtRunner:
         self.algo = algo
         abi = plan.driver.abi
         self._algo = abi.algo_struct().from_buffer_copy(algo.data)
-        self._workspace = (
-            hooks.empty_strided((max(algo.workspace, 256),), (1,), "u8") if algo.workspace else None
-        )
-        self._ws_ptr = hooks.ptr(self._workspace) if self._workspace is not None else 0
+        self._empty = hooks.empty_strided
         self._ws_size = algo.workspace
+        # One workspace per stream: a split-K algo keeps partial sums there, and calls on
+        # two streams may run at the same time. The caller's first stream gets one now;
+        # another stream gets its own on its first call (never again after).
+        self._workspaces: dict[int, tuple[Any, int]] = {}
         self._alpha = plan.scale_ctype(1.0)
         self._beta = plan.scale_ctype(0.0)
         self._bias_ptr = -1
         self._ptr = hooks.ptr
         self._stream = hooks.stream
+        # The library reads alpha and beta from host memory during the call, and the call
+        # releases the GIL: one thread writes the scalars and calls at a time.
+        self._lock = threading.Lock()
         self._matmul, self._handle, self._desc = plan.call_prefix()
         self._alpha_ptr = ctypes.addressof(self._alpha)
         self._beta_ptr = ctypes.addressof(self._beta)
         self._algo_ptr = ctypes.addressof(self._algo)
+        self._workspace(self._stream())
+
+    def _workspace(self, stream: int) -> int:
+        found = self._workspaces.get(stream)
+        if found is None:
+            if not self._ws_size:
+                found = (None, 0)
+            else:
+                buf = self._empty((max(self._ws_size, 256),), (1,), "u8")
+                found = (buf, self._ptr(buf))
+            self._workspaces[stream] = found
+        return found[1]
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
     ) -> None:
         ptr = self._ptr
-        self._alpha.value = alpha
-        self._beta.value = beta
-        if bias is not None:
-            bias_ptr = ptr(bias)
-            if bias_ptr != self._bias_ptr:
-                # The bias address lives in the descriptor: set only when it changes.
-                self.plan.set_bias(bias_ptr)
-                self._bias_ptr = bias_ptr
+        stream = self._stream()
+        found = self._workspaces.get(stream)
+        ws_ptr = found[1] if found is not None else self._workspace(stream)
         plan = self.plan
         d = ptr(out)
-        self._matmul(
-            self._handle,
-            self._desc,
-            self._alpha_ptr,
-            ptr(b),
-            plan.adesc,
-            ptr(a),
-            plan.bdesc,
-            self._beta_ptr,
-            d,
-            plan.cdesc,
-            d,
-            plan.cdesc,
-            self._algo_ptr,
-            self._ws_ptr,
-            self._ws_size,
-            self._stream(),
-        )
+        a_ptr, b_ptr = ptr(a), ptr(b)
+        bias_ptr = ptr(bias) if bias is not None else -1
+        with self._lock:
+            self._alpha.value = alpha
+            self._beta.value = beta
+            if bias_ptr != -1 and bias_ptr != self._bias_ptr:
+                # The bias address lives in the descriptor: set only when it changes.
+                plan.set_bias(bias_ptr)
+                self._bias_ptr = bias_ptr
+            self._matmul(
+                self._handle,
+                self._desc,
+                self._alpha_ptr,
+                b_ptr,
+                plan.adesc,
+                a_ptr,
+                plan.bdesc,
+                self._beta_ptr,
+                d,
+                plan.cdesc,
+                d,
+                plan.cdesc,
+                self._algo_ptr,
+                ws_ptr,
+                self._ws_size,
+                stream,
+            )
 
     def close(self) -> None:
         self.plan.close()
@@ -199,48 +220,62 @@ class PaddedRunner:
         self.problem = problem
         self.padded = padded
         self._copy = hooks.copy_
+        self._hooks = hooks
+        self._copied = copied
+        self._stream = hooks.stream
+        strides_of = {"a": padded.stride_a, "b": padded.stride_b, "c": padded.stride_c}
+        self._broadcast = {name: padded.batch > 1 and strides_of[name] == 0 for name in copied}
+        self._a_first = self._broadcast.get("a", False)
+        self._b_first = self._broadcast.get("b", False)
+        # Padded buffers per stream, like the inner runner's workspace: calls on two
+        # streams at once must not share them.
+        self._by_stream: dict[int, tuple[Any, ...]] = {}
+        self._buffers(self._stream())
+
+    def _buffers(self, stream: int) -> tuple[Any, ...]:
+        found = self._by_stream.get(stream)
+        if found is not None:
+            return found
+        padded, problem, hooks = self.padded, self.problem, self._hooks
         layouts = operand_layouts(padded)
         dtypes = {"a": padded.dtype_a, "b": padded.dtype_b, "c": padded.dtype_c}
-        strides_of = {"a": padded.stride_a, "b": padded.stride_b, "c": padded.stride_c}
         m, n, k = problem.m, problem.n, problem.k
         corner = {"a": (m, k), "b": (k, n), "c": (m, n)}
-        self._bufs: dict[str, tuple[Any, Any]] = {}
-        self._broadcast: dict[str, bool] = {}
-        for name in copied:
+        bufs: dict[str, tuple[Any, Any]] = {}
+        for name in self._copied:
             shape, strides = layouts[name]
             # A matrix broadcast over the batch (batch stride 0) is padded once.
-            broadcast = padded.batch > 1 and strides_of[name] == 0
-            if broadcast:
+            if self._broadcast[name]:
                 shape, strides = shape[1:], strides[1:]
-            self._broadcast[name] = broadcast
             buf = hooks.empty_strided(shape, strides, dtypes[name])
             hooks.zero_(buf)
             rows, cols = corner[name]
-            self._bufs[name] = (buf, buf[..., :rows, :cols])
-        self._a, self._a_view = self._bufs.get("a", (None, None))
-        self._b, self._b_view = self._bufs.get("b", (None, None))
-        self._c, self._c_view = self._bufs.get("c", (None, None))
-        self._a_first = self._broadcast.get("a", False)
-        self._b_first = self._broadcast.get("b", False)
+            bufs[name] = (buf, buf[..., :rows, :cols])
+        found = (*bufs.get("a", (None, None)), *bufs.get("b", (None, None)), *bufs.get("c", (None, None)))
+        self._by_stream[stream] = found
+        return found
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
     ) -> None:
         copy = self._copy
-        if self._a is not None:
-            copy(self._a_view, a[0] if self._a_first and len(a.shape) == 3 else a)
-            a = self._a
-        if self._b is not None:
-            copy(self._b_view, b[0] if self._b_first and len(b.shape) == 3 else b)
-            b = self._b
+        stream = self._stream()
+        bufs = self._by_stream.get(stream) or self._buffers(stream)
+        a_buf, a_view, b_buf, b_view, c_buf, c_view = bufs
+        if a_buf is not None:
+            copy(a_view, a[0] if self._a_first and len(a.shape) == 3 else a)
+            a = a_buf
+        if b_buf is not None:
+            copy(b_view, b[0] if self._b_first and len(b.shape) == 3 else b)
+            b = b_buf
         d = out
-        if self._c is not None:
-            d = self._c
+        if c_buf is not None:
+            d = c_buf
             if beta != 0.0:
-                copy(self._c_view, out)
+                copy(c_view, out)
         self.inner(a, b, d, alpha, beta, bias)
         if d is not out:
-            copy(out, self._c_view)
+            copy(out, c_view)
 
     def close(self) -> None:
         self.inner.close()

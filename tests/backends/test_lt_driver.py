@@ -511,16 +511,34 @@ def test_padded_runner_copies_in_and_out(lib: RecordingLtLibrary) -> None:
     a, b = rng.standard_normal((3, 7), dtype=np.float32), rng.standard_normal((7, 5), dtype=np.float32)
     out = np.full((3, 5), np.nan, dtype=np.float32)
     # The fake kernel computes nothing: fill the padded output so the copy back shows.
-    assert runner._c is not None
-    runner._c[...] = 7.0
+    a_buf, _, b_buf, _, c_buf, _ = runner._buffers(runner._stream())
+    assert a_buf is not None and b_buf is not None and c_buf is not None
+    c_buf[...] = 7.0
     runner(a, b, out)
-    assert runner._a is not None and runner._b is not None
-    np.testing.assert_array_equal(runner._a, a)
-    np.testing.assert_array_equal(runner._b, b)
+    np.testing.assert_array_equal(a_buf, a)
+    np.testing.assert_array_equal(b_buf, b)
     np.testing.assert_array_equal(out, 7.0)
     call = [args for name, args in lib.calls if name == "matmul"][-1]
     ptr = FakeHooks.make().ptr
-    assert (call[3], call[5], call[8]) == (ptr(runner._b), ptr(runner._a), ptr(runner._c))
+    assert (call[3], call[5], call[8]) == (ptr(b_buf), ptr(a_buf), ptr(c_buf))
+
+
+def test_padded_buffers_and_workspace_are_per_stream(lib: RecordingLtLibrary) -> None:
+    # Calls on two streams may run at once: they must not share padded copies or the
+    # split-K workspace (the H200 conformance run caught a shared workspace).
+    backend = FakeLtBackend(lib)
+    problem = Problem(m=3, n=5, k=7)
+    pad = next(c for c in backend.candidates(problem, _target()) if c.name == "pad")
+    runner = backend.prepare(problem, pad, _target())
+    assert isinstance(runner, PaddedRunner)
+    first = runner._buffers(1)
+    second = runner._buffers(2)
+    assert first[0] is not second[0] and first[4] is not second[4]
+    assert runner._buffers(1) is first
+    inner = runner.inner
+    assert inner._ws_size == 4096
+    assert inner._workspace(1) != inner._workspace(2)
+    assert inner._workspace(1) == inner._workspace(1)
 
 
 def test_padded_dims_runner_zero_pads_and_copies_the_corner(lib: RecordingLtLibrary) -> None:
@@ -533,14 +551,15 @@ def test_padded_dims_runner_zero_pads_and_copies_the_corner(lib: RecordingLtLibr
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((3, 7), dtype=np.float32), rng.standard_normal((7, 5), dtype=np.float32)
     out = np.full((3, 5), np.nan, dtype=np.float32)
-    assert runner._a is not None and runner._b is not None and runner._c is not None
-    runner._c[...] = np.arange(24, dtype=np.float32).reshape(3, 8)
+    a_buf, _, b_buf, _, c_buf, _ = runner._buffers(runner._stream())
+    assert a_buf is not None and b_buf is not None and c_buf is not None
+    c_buf[...] = np.arange(24, dtype=np.float32).reshape(3, 8)
     runner(a, b, out)
     # Inputs in the top-left corner, zeros in the padded k (it must add nothing).
-    np.testing.assert_array_equal(runner._a[:, :7], a)
-    np.testing.assert_array_equal(runner._a[:, 7:], 0.0)
-    np.testing.assert_array_equal(runner._b[:7, :5], b)
-    np.testing.assert_array_equal(runner._b[7:, :], 0.0)
+    np.testing.assert_array_equal(a_buf[:, :7], a)
+    np.testing.assert_array_equal(a_buf[:, 7:], 0.0)
+    np.testing.assert_array_equal(b_buf[:7, :5], b)
+    np.testing.assert_array_equal(b_buf[7:, :], 0.0)
     # The caller's part of the padded output comes back, the extra columns do not.
     np.testing.assert_array_equal(out, np.arange(24, dtype=np.float32).reshape(3, 8)[:, :5])
     assert runner.inner.plan.gemm.c.rows == 8  # the kernel computes n = 8 columns

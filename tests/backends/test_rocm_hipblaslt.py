@@ -308,11 +308,15 @@ def host_hooks(target: Target) -> ArrayHooks:
     def copy_(dst: Any, src: Any) -> None:
         dst[...] = src
 
+    def zero_(x: Any) -> None:
+        x[...] = 0
+
     return ArrayHooks(
         ptr=lambda x: int(x.__array_interface__["data"][0]),
         stream=lambda: STREAM,
         empty_strided=empty_strided,
         copy_=copy_,
+        zero_=zero_,
         device=device,
     )
 
