@@ -16,9 +16,10 @@ from unimatmul.cache import LRU, lru_size
 from unimatmul.config import get_mode
 from unimatmul.problem import ACTIVATIONS, Problem, matrix_layout
 
-# signature -> (runner, output shape, Problem). Bounded, so that a workload with
-# ever-new shapes cannot grow memory without limit.
-_fast: LRU[tuple[Any, ...], tuple[Runner, tuple[int, ...], Problem]] = LRU(lru_size(8192))
+# signature -> (runner, output shape, Problem, output allocator). Bounded, so that a
+# workload with ever-new shapes cannot grow memory without limit.
+_Found = tuple[Runner, tuple[int, ...], Problem, Callable[[], Any]]
+_fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 
 
 # Other fast paths (unimatmul.torch's routed kernels) that must forget with this one.
@@ -36,14 +37,6 @@ def on_clear_fast_path(hook: Callable[[], None]) -> None:
     """Call ``hook`` whenever :func:`clear_fast_path` runs (once per distinct hook)."""
     if hook not in _clear_hooks:
         _clear_hooks.append(hook)
-
-
-def _signature(adapter: ArrayAdapter, x: Any) -> tuple[Any, ...]:
-    if adapter.kind == "numpy":
-        return (x.shape, x.strides, x.dtype.num, x.__array_interface__["data"][0] & 15)
-    if adapter.kind == "torch":
-        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
-    return (x.shape, x.strides, x.dtype.num, x.device.id, x.data.ptr & 15)
 
 
 def matmul(
@@ -70,17 +63,16 @@ def matmul(
     ``cached`` uses tuned answers, ``tune`` tunes unknown problems on first call.
     """
     adapter = adapter_of(a)
-    alpha = float(alpha)
-    beta = float(beta)
+    signature = adapter.signature
     mode = get_mode()
     try:
         sig = (
             mode,
             adapter.kind,
-            _signature(adapter, a),
-            _signature(adapter, b),
-            None if out is None else _signature(adapter, out),
-            None if bias is None else _signature(adapter, bias),
+            signature(a),
+            signature(b),
+            None if out is None else signature(out),
+            None if bias is None else signature(bias),
             activation,
             beta == 0.0,
             c is None,
@@ -89,13 +81,13 @@ def matmul(
         # An operand from another array library (or not an array): describe() says which.
         describe(adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
         raise
-    found = _fast.get(sig)
+    found = _fast.peek(sig)
     if found is None:
         found = _resolve(adapter, a, b, out, c, bias, activation, beta, mode)
         _fast.put(sig, found)
-    runner, out_shape, problem = found
+    runner = found[0]
     if out is None:
-        out = adapter.empty(out_shape, problem.dtype_c, adapter.device(a))
+        out = found[3]()
     if c is not None and beta != 0.0:
         adapter.copy_(out, c)
     try:
@@ -110,18 +102,13 @@ def matmul(
     return out
 
 
-def _fall_back(
-    sig: tuple[Any, ...],
-    found: tuple[Runner, tuple[int, ...], Problem],
-    adapter: ArrayAdapter,
-    exc: Exception,
-) -> Runner:
+def _fall_back(sig: tuple[Any, ...], found: _Found, adapter: ArrayAdapter, exc: Exception) -> Runner:
     """Replace a kernel that failed on a call by Default and warn once: never crash the caller."""
     from unimatmul.selector import get_selector
 
-    failed, out_shape, problem = found
+    failed, out_shape, problem, allocate = found
     default = DefaultRunner(adapter, problem.activation)
-    _fast.put(sig, (default, out_shape, problem))
+    _fast.put(sig, (default, out_shape, problem, allocate))
     selector = get_selector()
     selector.stats.fallbacks += 1
     selector.warn_once(
@@ -142,16 +129,17 @@ def _resolve(
     activation: str | None,
     beta: float,
     mode: str,
-) -> tuple[Runner, tuple[int, ...], Problem]:
+) -> _Found:
     from unimatmul.selector import get_selector
 
     problem, out_shape = describe(adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
-    target = Target(adapter, adapter.device(a))
+    device = adapter.device(a)
+    target = Target(adapter, device)
     decision = get_selector().decide(problem, target, mode)
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         clear_fast_path()
-    return decision.runner, out_shape, problem
+    return decision.runner, out_shape, problem, adapter.allocator(out_shape, problem.dtype_c, device)
 
 
 def _compute_type(adapter: ArrayAdapter, dtype: str, device_kind: str) -> str:

@@ -126,6 +126,16 @@ class LRU(Generic[K, V]):
                 self._data.move_to_end(key)
             return value
 
+    def peek(self, key: K) -> V | None:
+        """A lookup that leaves recency alone and takes no lock (one dict read).
+
+        For the per-call hot path: an entry in use is refreshed only when it is put
+        again, so under more distinct keys than the bound, eviction is first-in
+        first-out there. Reads are safe against concurrent puts (the GIL makes a
+        dict read atomic).
+        """
+        return self._data.get(key)
+
     def put(self, key: K, value: V) -> None:
         with self._lock:
             self._data[key] = value
