@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,20 @@ def test_validate_with_delete_drops_the_invalid(isolated: Any, fake_backend: Any
     assert MsgpackFileStore(isolated.cache_path).count() == 1
 
 
+@pytest.fixture
+def real_plugins() -> Iterator[None]:
+    """The installed plugins, loaded for this test only: later tests get a fresh manager."""
+    import unimatmul.plugins as plugins_module
+
+    saved = plugins_module._manager
+    plugins_module.reset_plugin_manager()
+    try:
+        yield
+    finally:
+        plugins_module.reset_plugin_manager(saved)
+
+
+@pytest.mark.usefixtures("real_plugins")
 def test_the_cli_reports_validation_and_prunes_invalid_entries(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
