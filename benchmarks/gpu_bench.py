@@ -576,7 +576,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--suite", default="full", choices=("full", "probe"))
+    parser.add_argument(
+        "--suite", default="full", choices=("full", "probe", "host"), help="host: only host time per call"
+    )
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop starting new shapes after this")
     parser.add_argument("--exhaustive", type=int, default=3, help="shapes to tune in exhaustive mode")
     args = parser.parse_args(argv)
@@ -613,6 +615,11 @@ def main(argv: list[str] | None = None) -> int:
         print("host", json.dumps(bench.host), flush=True)
     except Exception:
         traceback.print_exc()
+    if args.suite == "host":
+        (args.out / "gpu-host.json").write_text(
+            json.dumps({"meta": bench.meta, "host": bench.host}, indent=2)
+        )
+        return 0
     shapes = suite(args.suite)
     for i, shape in enumerate(shapes):
         if bench.elapsed() > args.budget_s:
