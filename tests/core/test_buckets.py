@@ -262,3 +262,28 @@ def test_a_kernel_slower_at_an_edge_is_not_the_buckets_choice(tmp_path: Path) ->
         ratios = [float(x) for x in ratios_text.split(",")]
         assert ratios[1] > 1.0 and ratios[2] > 1.0  # 2 ms of sleep at both edges
     assert math.isfinite(record.winner_s)
+
+
+def test_cli_tune_buckets_sweeps_every_bucket_up_to_m(selector: Selector) -> None:
+    import io
+
+    from unimatmul.cli import main
+
+    out = io.StringIO()
+    code = main(["tune", "--shape", "20x24x16", "--buckets", "pow2:64", "--quiet"], out=out)
+    assert code == 0, out.getvalue()
+    text = out.getvalue()
+    # Buckets 1, 2, 4, 8 and 16 (whose range 12-23 holds m=20); bucket 32 starts at m=24.
+    for label in ("1x24x16 [m 1-1]", "4x24x16 [m 3-5]", "16x24x16 [m 12-23]"):
+        assert label in text
+    assert "32x24x16" not in text
+    target = _numpy_target()
+    for rep in (1, 2, 4, 8, 16):
+        record = selector.lookup(Problem.from_shape(rep, 24, 16), target)
+        assert record is not None and bucket_range(record) == (
+            Buckets.parse("pow2:64") or Buckets((1,))
+        ).bounds(rep)
+    # A second run finds them all in the cache.
+    out = io.StringIO()
+    assert main(["tune", "--shape", "20x24x16", "--buckets", "pow2:64", "--quiet"], out=out) == 0
+    assert out.getvalue().count("cached") == 5

@@ -345,3 +345,14 @@ def test_stats_survive_plan_clearing(env: Env) -> None:
         torch.mm(a, b)
     assert ut.stats()["by_op"]["mm"]["routed"] == 4
     assert math.isclose(ut.stats()["routed"], 4)
+
+
+def test_warmup_with_backward_tunes_training_products_and_trains_nothing(
+    env: Env, model: TinyTransformer, tokens: torch.Tensor
+) -> None:
+    result = ut.warmup(model, tokens, backward=True, progress=False)
+    assert all(p.grad is None for p in model.parameters())
+    problems = {p.key for p, _ in result.problems}
+    forward_only = {p.key for p, _ in ut.warmup(model, tokens, progress=False).problems}
+    assert forward_only < problems  # the backward's products (transposed layouts) are new
+    assert len(result.records) == len(result.problems)

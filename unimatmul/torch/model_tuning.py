@@ -54,8 +54,8 @@ def warmup(
     """Run ``model(*example_inputs)`` once, then tune each distinct problem it met.
 
     Serving then starts with every problem tuned (mode ``cached``). ``backward``
-    also runs a backward pass (a loss of random weights) so that training products
-    are tuned too. ``buckets`` tunes the bucket of each problem's m instead of that m
+    also runs a backward pass (a loss of random weights; the parameters' gradients
+    are put back as they were) so that training products are tuned too. ``buckets`` tunes the bucket of each problem's m instead of that m
     alone (``True`` for the Selector's buckets, or a spec such as ``"pow2"``), so that
     other batch sizes near it are served as well. Problems already tuned are kept
     unless ``force``. Routing is on during the call and as it was afterwards.
@@ -67,11 +67,16 @@ def warmup(
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     with enabled(), collecting() as met, config.mode("cached"):
         if backward:
+            # The parameters' gradients are put back as they were: a warm-up trains nothing.
+            params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+            saved = [p.grad for p in params]
             output = model(*inputs)
             tensors = [t for t in _tensors(output) if t.requires_grad]
             if tensors:
                 loss = sum((t * torch.randn_like(t)).sum() for t in tensors)
                 loss.backward()  # type: ignore[union-attr]
+            for param, grad in zip(params, saved, strict=True):
+                param.grad = grad
         else:
             with torch.no_grad():
                 model(*inputs)

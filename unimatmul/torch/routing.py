@@ -98,7 +98,14 @@ def is_enabled() -> bool:
 # cost as much as the rest), finds the plan and runs it. PyTorch's own kernels are
 # reached through the out= forms. One set of kernels per dispatch key: a CPU kernel
 # only ever sees CPU tensors (a CUDA operand would have picked the CUDA key), so its
-# key needs no device; the CUDA kernel's key holds the device indices.
+# key needs no device; the CUDA kernel's key holds the device indices and TF32.
+
+
+# Whether float32 products may use TF32: part of the Problem (compute type) on CUDA, so
+# part of the key there too (a user may switch it between calls).
+_tf32: Callable[[], bool] = getattr(
+    torch._C, "_get_cublas_allow_tf32", lambda: bool(torch.backends.cuda.matmul.allow_tf32)
+)
 
 
 def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
@@ -117,7 +124,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
             b.stride(),
             b.dtype,
             b.data_ptr() & 15,
-            (a.get_device(), b.get_device()) if cuda else None,
+            (a.get_device(), b.get_device(), _tf32()) if cuda else None,
         )
         plan = _state.plans.get(key)
         if plan is None:
@@ -146,7 +153,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
             b.stride(),
             b.dtype,
             b.data_ptr() & 15,
-            (a.get_device(), b.get_device()) if cuda else None,
+            (a.get_device(), b.get_device(), _tf32()) if cuda else None,
         )
         plan = _state.plans.get(key)
         if plan is None:
@@ -165,7 +172,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
     ) -> torch.Tensor:
         mode = _mode_var.get() or _state.env_mode
         if mode == "off" or _busy.on:
-            return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+            return _addmm_default(c, a, b, beta, alpha)
         key = (
             "addmm",
             mode,
@@ -183,7 +190,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
             c.data_ptr() & 15,
             beta == 0,
             beta == 1,
-            (a.get_device(), b.get_device(), c.get_device()) if cuda else None,
+            (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
         )
         plan = _state.plans.get(key)
         if plan is None:
@@ -191,7 +198,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
         plan.calls += 1
         runner = plan.runner
         if runner is None:
-            return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+            return _addmm_default(c, a, b, beta, alpha)
         return _run_with_input(plan, runner, c, a, b, alpha, beta, torch.addmm)
 
     def baddbmm(
@@ -199,7 +206,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
     ) -> torch.Tensor:
         mode = _mode_var.get() or _state.env_mode
         if mode == "off" or _busy.on:
-            return torch.baddbmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+            return _baddbmm_default(c, a, b, beta, alpha)
         key = (
             "baddbmm",
             mode,
@@ -217,7 +224,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
             c.data_ptr() & 15,
             beta == 0,
             beta == 1,
-            (a.get_device(), b.get_device(), c.get_device()) if cuda else None,
+            (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
         )
         plan = _state.plans.get(key)
         if plan is None:
@@ -225,10 +232,26 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
         plan.calls += 1
         runner = plan.runner
         if runner is None:
-            return torch.baddbmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+            return _baddbmm_default(c, a, b, beta, alpha)
         return _run_with_input(plan, runner, c, a, b, alpha, beta, torch.baddbmm)
 
     return {"mm": mm, "addmm": addmm, "bmm": bmm, "baddbmm": baddbmm}
+
+
+# PyTorch's own addmm/baddbmm through the out= form; without keywords in the usual
+# case (beta = alpha = 1), where parsing them would cost a tenth of the call.
+def _addmm_default(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
+    if beta == 1 and alpha == 1:
+        return torch.addmm(c, a, b, out=a.new_empty(0))
+    return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+
+
+def _baddbmm_default(
+    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any
+) -> torch.Tensor:
+    if beta == 1 and alpha == 1:
+        return torch.baddbmm(c, a, b, out=a.new_empty(0))
+    return torch.baddbmm(c, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
 
 
 def _run_with_input(
