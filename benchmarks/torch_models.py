@@ -247,8 +247,8 @@ def prepare_tunableop(out: Path) -> bool:
 def bench_models(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, report: Report) -> None:
     import unimatmul.torch as ut
 
-    modes = ["off", "routed"]
-    if args.tunableop and prepare_tunableop(args.out):
+    modes = [m for m in args.modes if m != "tunableop"]
+    if "tunableop" in args.modes and prepare_tunableop(args.out):
         modes.append("tunableop")
     specs = SMALL if args.size == "small" else FULL
     for model_name in args.models:
@@ -274,9 +274,19 @@ def bench_models(args: argparse.Namespace, device: torch.device, dtype: torch.dt
             with torch.no_grad():
                 reference = run().float()
                 tuned = ut.warmup(lambda: run(), (), progress=False, force=False)
-                for name in modes:  # first call in each mode outside the timing (TunableOp tunes here)
-                    with mode(name):
-                        out = run().float()
+                for name in list(modes):  # first call in each mode outside the timing (TunableOp tunes here)
+                    try:
+                        with mode(name):
+                            out = run().float()
+                        sync(device)
+                    except Exception as exc:
+                        # A mode that fails is reported and left out from here on. A CUDA error
+                        # may leave the context unusable: then stop, with what was measured so far.
+                        report.mode_failed(spec.name, phase, batch, name, exc)
+                        report.write()
+                        modes.remove(name)
+                        _check_device(device)
+                        continue
                     err = float((out - reference).norm() / reference.norm())
                     report.note_error(spec.name, phase, batch, name, err)
                 ut.reset_stats()
@@ -295,6 +305,16 @@ def bench_models(args: argparse.Namespace, device: torch.device, dtype: torch.dt
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _check_device(device: torch.device) -> None:
+    if device.type != "cuda":
+        return
+    try:
+        torch.zeros(1, device=device).add_(1).item()
+    except Exception as exc:
+        sys.stderr.write(f"the CUDA context is broken ({exc}); results so far are written\n")
+        raise SystemExit(3) from exc
 
 
 def _timed(run: Callable[[], Any], name: str, device: torch.device, min_s: float) -> Callable[[], float]:
@@ -568,6 +588,17 @@ class Report:
             "buckets": [],
         }
 
+    def mode_failed(self, model: str, phase: str, batch: int, mode: str, exc: Exception) -> None:
+        self.data.setdefault("failures", []).append(
+            {
+                "model": model,
+                "phase": phase,
+                "batch": batch,
+                "mode": mode,
+                "error": f"{type(exc).__name__}: {exc}"[:500],
+            }
+        )
+
     def note_error(self, model: str, phase: str, batch: int, mode: str, err: float) -> None:
         self.data["errors"].append(
             {"model": model, "phase": phase, "batch": batch, "mode": mode, "rel_error": err}
@@ -689,6 +720,16 @@ def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:,.1f}"
 
 
+def _cells(result: dict[str, dict[str, float]], modes: list[str]) -> str:
+    """Tokens per second of each mode, then routed/off ("-" where a mode is missing)."""
+    cells = [f"{result[m]['tokens_per_s']:,.0f}" if m in result else "-" for m in modes]
+    if "off" in result and "routed" in result:
+        cells.append(f"{result['off']['median_s'] / result['routed']['median_s']:.3f}x")
+    else:
+        cells.append("-")
+    return " | ".join(cells)
+
+
 def markdown(data: dict[str, Any]) -> str:
     m = data["machine"]
     lines = [
@@ -702,7 +743,7 @@ def markdown(data: dict[str, Any]) -> str:
     if data["settings"].get("note"):
         lines += ["", f"Note: {data['settings']['note']}"]
     if data["models"]:
-        modes = list(data["models"][0]["eager"])
+        modes = list(dict.fromkeys(m for row in data["models"] for m in row["eager"]))
         lines += [
             "",
             "## Tokens per second",
@@ -716,16 +757,13 @@ def markdown(data: dict[str, Any]) -> str:
             "|---|---|---|---|" + "---|" * len(modes) + "---|---|",
         ]
         for row in data["models"]:
-            eager = row["eager"]
-            ratio = eager["off"]["median_s"] / eager["routed"]["median_s"]
-            cells = " | ".join(f"{eager[x]['tokens_per_s']:,.0f}" for x in modes)
             lines.append(
-                f"| {row['model']} | {row['phase']} | {row['batch']} | {row['tokens_per_step']} | {cells} | "
-                f"{ratio:.3f}x | {row['routed_kernel_calls']}/{row['routed_calls']} |"
+                f"| {row['model']} | {row['phase']} | {row['batch']} | {row['tokens_per_step']} | "
+                f"{_cells(row['eager'], modes)} | {row['routed_kernel_calls']}/{row['routed_calls']} |"
             )
         graphed = [r for r in data["models"] if r["graphs"]]
         if graphed:
-            gmodes = list(graphed[0]["graphs"])
+            gmodes = list(dict.fromkeys(m for row in graphed for m in row["graphs"]))
             lines += [
                 "",
                 "### Decode as CUDA graph replays",
@@ -734,11 +772,11 @@ def markdown(data: dict[str, Any]) -> str:
                 "|---|---|" + "---|" * len(gmodes) + "---|",
             ]
             for row in graphed:
-                g = row["graphs"]
-                cells = " | ".join(f"{g[x]['tokens_per_s']:,.0f}" for x in gmodes)
-                lines.append(
-                    f"| {row['model']} | {row['batch']} | {cells} | {g['off']['median_s'] / g['routed']['median_s']:.3f}x |"
-                )
+                lines.append(f"| {row['model']} | {row['batch']} | {_cells(row['graphs'], gmodes)} |")
+        for f in data.get("failures", []):
+            lines.append(
+                f"\n{f['mode']} failed on {f['model']} {f['phase']} batch {f['batch']} and was left out: {f['error']}"
+            )
         worst = max((e["rel_error"] for e in data["errors"]), default=0.0)
         lines += ["", f"Largest relative error of any mode against routing off: {worst:.2e}."]
     if data["overhead"]:
@@ -804,7 +842,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="rounds per measurement")
     p.add_argument("--min-time", type=float, default=None, help="seconds per sample (0.2 GPU / 0.1 CPU)")
     p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip CUDA graph decode")
-    p.add_argument("--no-tunableop", dest="tunableop", action="store_false")
+    p.add_argument(
+        "--modes",
+        default="off,routed,tunableop",
+        help="comma list of off, routed, tunableop (CUDA/ROCm only). A failing mode is reported and "
+        "dropped; a CUDA error ends the run, so run tunableop apart if it breaks: --modes off,tunableop",
+    )
     p.add_argument("--sections", default="models,overhead,buckets")
     p.add_argument("--overhead-shape", type=_ints, default=[16, 64, 64], help="m,n,k of the small matmul")
     p.add_argument("--overhead-calls", type=int, default=2000)
@@ -832,6 +875,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         [3, 5, 10, 20, 40, 80, 100, 150, 300, 600, 1000, 1500, 3000] if gpu else [5, 7, 10, 20, 40, 80]
     )
     args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    args.modes = [x.strip() for x in args.modes.split(",") if x.strip()]
+    unknown = set(args.modes) - {"off", "routed", "tunableop"}
+    if unknown or "off" not in args.modes:
+        p.error(f"--modes must hold off and any of routed, tunableop (got {args.modes})")
     return args
 
 
