@@ -356,3 +356,61 @@ def test_warmup_with_backward_tunes_training_products_and_trains_nothing(
     forward_only = {p.key for p, _ in ut.warmup(model, tokens, progress=False).problems}
     assert forward_only < problems  # the backward's products (transposed layouts) are new
     assert len(result.records) == len(result.problems)
+
+
+class _BrokenRunner:
+    def __init__(self, candidate: object) -> None:
+        self.candidate = candidate
+
+    def __call__(
+        self, a: object, b: object, out: object, alpha: float = 1.0, beta: float = 0.0, bias: object = None
+    ) -> None:
+        msg = "this kernel breaks on every call (on purpose)"
+        raise RuntimeError(msg)
+
+
+def test_a_kernel_failing_on_a_call_falls_back_to_pytorch_and_warns_once(env: Env) -> None:
+    from unimatmul.backend import Backend, Candidate, Target
+    from unimatmul.hookspecs import hookimpl
+    from unimatmul.problem import Problem
+    from unimatmul.record import TuningRecord
+
+    class Broken(Backend):
+        name = "broken"
+        device_kinds = frozenset({"cpu"})
+        array_kinds = frozenset({"torch"})
+
+        def availability(self) -> str | None:
+            return None
+
+        def versions(self) -> dict[str, str]:
+            return {"broken": "1"}
+
+        def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+            return [Candidate.make("broken", "k")]
+
+        def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> _BrokenRunner:
+            return _BrokenRunner(candidate)
+
+    class Plugin:
+        @hookimpl
+        def unimatmul_register_backends(self, register: object) -> None:
+            register(Broken())  # type: ignore[operator]
+
+    env.selector.plugins.register(Plugin(), "broken")
+    a, b = torch.randn(6, 8), torch.randn(8, 5)
+    with ut.enabled(), collecting() as met:
+        torch.mm(a, b)
+    ((problem, target),) = met
+    # The cache says the broken kernel won (as a stale or corrupt entry could).
+    platform = env.selector.platform(target)
+    record = TuningRecord(problem.key, "broken/k", 1e-6, 2e-6, versions=dict(platform.versions))
+    env.selector.store.put(platform.namespace, problem.key, record)
+    ut.clear_plans()
+    ut.reset_stats()
+    with ut.enabled(), pytest.warns(RuntimeWarning, match="broken/k failed") as caught:
+        first = torch.mm(a, b)
+        second = torch.mm(a, b)
+    assert len([w for w in caught if "broken/k" in str(w.message)]) == 1
+    assert torch.allclose(first, a @ b) and torch.allclose(second, a @ b)
+    assert ut.stats()["by_source"] == {"fallback": 2}

@@ -40,7 +40,6 @@ from unimatmul.arrays import adapter_of
 from unimatmul.backend import DEFAULT, Runner, Target
 from unimatmul.problem import Problem
 
-OPS = ("mm", "addmm", "bmm", "baddbmm")
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
 _FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
@@ -288,6 +287,7 @@ def _run(plan: Plan, runner: Runner, a: Any, b: Any, out: Any, alpha: float, bet
     except Exception as exc:
         plan.runner = None
         plan.source = "fallback"
+        plan.label = f"unimatmul::{plan.op} [default]"
         from unimatmul.selector import get_selector
 
         selector = get_selector()
