@@ -228,8 +228,11 @@ class PaddedRunner:
         self._a_first = self._broadcast.get("a", False)
         self._b_first = self._broadcast.get("b", False)
         # Padded buffers per stream, like the inner runner's workspace: calls on two
-        # streams at once must not share them.
+        # streams at once must not share them. And one thread at a time enqueues its
+        # copy-in, product and copy-out: two threads on one stream would otherwise
+        # interleave their copies into the same buffers.
         self._by_stream: dict[int, tuple[Any, ...]] = {}
+        self._lock = threading.Lock()
         self._buffers(self._stream())
 
     def _buffers(self, stream: int) -> tuple[Any, ...]:
@@ -262,20 +265,21 @@ class PaddedRunner:
         stream = self._stream()
         bufs = self._by_stream.get(stream) or self._buffers(stream)
         a_buf, a_view, b_buf, b_view, c_buf, c_view = bufs
-        if a_buf is not None:
-            copy(a_view, a[0] if self._a_first and len(a.shape) == 3 else a)
-            a = a_buf
-        if b_buf is not None:
-            copy(b_view, b[0] if self._b_first and len(b.shape) == 3 else b)
-            b = b_buf
-        d = out
-        if c_buf is not None:
-            d = c_buf
-            if beta != 0.0:
-                copy(c_view, out)
-        self.inner(a, b, d, alpha, beta, bias)
-        if d is not out:
-            copy(out, c_view)
+        with self._lock:
+            if a_buf is not None:
+                copy(a_view, a[0] if self._a_first and len(a.shape) == 3 else a)
+                a = a_buf
+            if b_buf is not None:
+                copy(b_view, b[0] if self._b_first and len(b.shape) == 3 else b)
+                b = b_buf
+            d = out
+            if c_buf is not None:
+                d = c_buf
+                if beta != 0.0:
+                    copy(c_view, out)
+            self.inner(a, b, d, alpha, beta, bias)
+            if d is not out:
+                copy(out, c_view)
 
     def close(self) -> None:
         self.inner.close()

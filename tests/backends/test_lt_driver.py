@@ -648,3 +648,26 @@ def test_ctypes_library_refuses_a_library_without_the_core_symbols() -> None:
 
     with pytest.raises(OSError, match="does not export hipblasLtCreate"):
         CtypesLtLibrary(HIPBLASLT_6, Empty(), "libempty.so")  # type: ignore[arg-type]
+
+
+def test_padded_runner_enqueues_copy_in_product_and_copy_out_under_one_lock(lib: RecordingLtLibrary) -> None:
+    # Threads sharing one stream must not interleave their copies into the padded
+    # buffers between another thread's copy-in and product (seen on the H200 with
+    # split-K algos: 3-18 of 24 concurrent calls returned another call's product).
+    backend = FakeLtBackend(lib)
+    problem = Problem(m=3, n=5, k=7)
+    pad = next(c for c in backend.candidates(problem, _target()) if c.name == "pad")
+    runner = backend.prepare(problem, pad, _target())
+    assert isinstance(runner, PaddedRunner)
+    seen: list[bool] = []
+    inner = runner.inner
+
+    def checked_inner(*args: Any) -> None:
+        seen.append(runner._lock.locked())
+        inner(*args)
+
+    runner.inner = checked_inner  # type: ignore[assignment]
+    a, b = np.ones((3, 7), dtype=np.float32), np.ones((7, 5), dtype=np.float32)
+    runner(a, b, np.empty((3, 5), dtype=np.float32))
+    assert seen == [True]
+    assert not runner._lock.locked()
