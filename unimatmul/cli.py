@@ -285,8 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", required=True, help="backend name (see `unimatmul info`)")
     p.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
     p.add_argument("--quick", action="store_true", help="a smaller problem matrix")
-    p.add_argument("--device", help="cpu, cuda[:N] or hip[:N] (default: the GPU the backend serves, else cpu)")
-    p.add_argument("--xfail", metavar="FILE", help="more expected failures (one 'check-id-pattern reason' a line)")
+    p.add_argument(
+        "--device", help="cpu, cuda[:N] or hip[:N] (default: the GPU the backend serves, else cpu)"
+    )
+    p.add_argument(
+        "--xfail", metavar="FILE", help="more expected failures (one 'check-id-pattern reason' a line)"
+    )
     p.set_defaults(func=cmd_conformance)
     return parser
 
