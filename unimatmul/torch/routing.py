@@ -108,133 +108,85 @@ _tf32: Callable[[], bool] = getattr(
 
 
 def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
-    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        mode = _mode_var.get() or _state.env_mode
-        if mode == "off" or _busy.on:
-            return torch.mm(a, b, out=a.new_empty(0))
-        key = (
-            "mm",
-            mode,
-            a.shape,
-            a.stride(),
-            a.dtype,
-            a.data_ptr() & 15,
-            b.shape,
-            b.stride(),
-            b.dtype,
-            b.data_ptr() & 15,
-            (a.get_device(), b.get_device(), _tf32()) if cuda else None,
-        )
-        plan = _state.plans.get(key)
-        if plan is None:
-            plan = _resolve(key, "mm", a, b, None, 1.0, 0.0, mode)
-        plan.calls += 1
-        runner = plan.runner
-        if runner is None:
-            return torch.mm(a, b, out=a.new_empty(0))
-        out = a.new_empty(plan.out_shape)
-        if not _run(plan, runner, a, b, out, 1.0, 0.0, None):
-            return torch.mm(a, b, out=out)
-        return out
+    # Factories, not one generic kernel: the op's name and PyTorch function are closure
+    # cells, as cheap to read per call as the hand-written kernels they replace.
+    def product(name: str, op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            mode = _mode_var.get() or _state.env_mode
+            if mode == "off" or _busy.on:
+                return op(a, b, out=a.new_empty(0))
+            key = (
+                name,
+                mode,
+                a.shape,
+                a.stride(),
+                a.dtype,
+                a.data_ptr() & 15,
+                b.shape,
+                b.stride(),
+                b.dtype,
+                b.data_ptr() & 15,
+                (a.get_device(), b.get_device(), _tf32()) if cuda else None,
+            )
+            plan = _state.plans.get(key)
+            if plan is None:
+                plan = _resolve(key, name, a, b, None, 1.0, 0.0, mode)
+            plan.calls += 1
+            runner = plan.runner
+            if runner is None:
+                return op(a, b, out=a.new_empty(0))
+            out = a.new_empty(plan.out_shape)
+            if not _run(plan, runner, a, b, out, 1.0, 0.0, None):
+                return op(a, b, out=out)
+            return out
 
-    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        mode = _mode_var.get() or _state.env_mode
-        if mode == "off" or _busy.on:
-            return torch.bmm(a, b, out=a.new_empty(0))
-        key = (
-            "bmm",
-            mode,
-            a.shape,
-            a.stride(),
-            a.dtype,
-            a.data_ptr() & 15,
-            b.shape,
-            b.stride(),
-            b.dtype,
-            b.data_ptr() & 15,
-            (a.get_device(), b.get_device(), _tf32()) if cuda else None,
-        )
-        plan = _state.plans.get(key)
-        if plan is None:
-            plan = _resolve(key, "bmm", a, b, None, 1.0, 0.0, mode)
-        plan.calls += 1
-        runner = plan.runner
-        if runner is None:
-            return torch.bmm(a, b, out=a.new_empty(0))
-        out = a.new_empty(plan.out_shape)
-        if not _run(plan, runner, a, b, out, 1.0, 0.0, None):
-            return torch.bmm(a, b, out=out)
-        return out
+        return kernel
 
-    def addmm(
-        c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
-    ) -> torch.Tensor:
-        mode = _mode_var.get() or _state.env_mode
-        if mode == "off" or _busy.on:
-            return _addmm_default(c, a, b, beta, alpha)
-        key = (
-            "addmm",
-            mode,
-            a.shape,
-            a.stride(),
-            a.dtype,
-            a.data_ptr() & 15,
-            b.shape,
-            b.stride(),
-            b.dtype,
-            b.data_ptr() & 15,
-            c.shape,
-            c.stride(),
-            c.dtype,
-            c.data_ptr() & 15,
-            beta == 0,
-            beta == 1,
-            (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
-        )
-        plan = _state.plans.get(key)
-        if plan is None:
-            plan = _resolve(key, "addmm", a, b, c, alpha, beta, mode)
-        plan.calls += 1
-        runner = plan.runner
-        if runner is None:
-            return _addmm_default(c, a, b, beta, alpha)
-        return _run_with_input(plan, runner, c, a, b, alpha, beta, torch.addmm)
+    def accumulate(
+        name: str, default: Callable[..., torch.Tensor], op: Callable[..., torch.Tensor]
+    ) -> Callable[..., torch.Tensor]:
+        def kernel(
+            c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+        ) -> torch.Tensor:
+            mode = _mode_var.get() or _state.env_mode
+            if mode == "off" or _busy.on:
+                return default(c, a, b, beta, alpha)
+            key = (
+                name,
+                mode,
+                a.shape,
+                a.stride(),
+                a.dtype,
+                a.data_ptr() & 15,
+                b.shape,
+                b.stride(),
+                b.dtype,
+                b.data_ptr() & 15,
+                c.shape,
+                c.stride(),
+                c.dtype,
+                c.data_ptr() & 15,
+                beta == 0,
+                beta == 1,
+                (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
+            )
+            plan = _state.plans.get(key)
+            if plan is None:
+                plan = _resolve(key, name, a, b, c, alpha, beta, mode)
+            plan.calls += 1
+            runner = plan.runner
+            if runner is None:
+                return default(c, a, b, beta, alpha)
+            return _run_with_input(plan, runner, c, a, b, alpha, beta, op)
 
-    def baddbmm(
-        c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
-    ) -> torch.Tensor:
-        mode = _mode_var.get() or _state.env_mode
-        if mode == "off" or _busy.on:
-            return _baddbmm_default(c, a, b, beta, alpha)
-        key = (
-            "baddbmm",
-            mode,
-            a.shape,
-            a.stride(),
-            a.dtype,
-            a.data_ptr() & 15,
-            b.shape,
-            b.stride(),
-            b.dtype,
-            b.data_ptr() & 15,
-            c.shape,
-            c.stride(),
-            c.dtype,
-            c.data_ptr() & 15,
-            beta == 0,
-            beta == 1,
-            (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
-        )
-        plan = _state.plans.get(key)
-        if plan is None:
-            plan = _resolve(key, "baddbmm", a, b, c, alpha, beta, mode)
-        plan.calls += 1
-        runner = plan.runner
-        if runner is None:
-            return _baddbmm_default(c, a, b, beta, alpha)
-        return _run_with_input(plan, runner, c, a, b, alpha, beta, torch.baddbmm)
+        return kernel
 
-    return {"mm": mm, "addmm": addmm, "bmm": bmm, "baddbmm": baddbmm}
+    return {
+        "mm": product("mm", torch.mm),
+        "bmm": product("bmm", torch.bmm),
+        "addmm": accumulate("addmm", _addmm_default, torch.addmm),
+        "baddbmm": accumulate("baddbmm", _baddbmm_default, torch.baddbmm),
+    }
 
 
 # PyTorch's own addmm/baddbmm through the out= form; without keywords in the usual
