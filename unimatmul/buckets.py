@@ -135,19 +135,9 @@ def lookup_bucket(selector: Selector, problem: Problem, target: Target) -> Tunin
     if covered is None or not covered[0] <= problem.m <= covered[1]:
         return None
     candidate = Candidate.from_identity(record.winner)
-    if candidate != DEFAULT and not _applies(selector, problem, candidate, target):
+    if candidate != DEFAULT and not selector.applies(problem, candidate, target):
         return None  # the bucket's kernel does not take this m: Default, quietly
     return record
-
-
-def _applies(selector: Selector, problem: Problem, candidate: Candidate, target: Target) -> bool:
-    backend = selector.plugins.backends().get(candidate.backend)
-    if backend is None or not backend.serves(target) or backend.availability() is not None:
-        return False
-    try:
-        return backend.check(problem, candidate, target)
-    except Exception:
-        return False
 
 
 def tune_bucket(

@@ -212,7 +212,7 @@ class Selector:
             self.stats.matched += 1
             return record
         candidate = Candidate.from_identity(record.winner)
-        if candidate == DEFAULT or self._still_valid(problem, candidate, target):
+        if candidate == DEFAULT or self.applies(problem, candidate, target):
             self.stats.cache_hits += 1
             self.stats.revalidated += 1
             return record
@@ -234,7 +234,7 @@ class Selector:
             try:
                 problem = Problem.from_key(record.problem)
                 candidate = Candidate.from_identity(record.winner)
-                valid = candidate == DEFAULT or self._still_valid(problem, candidate, target)
+                valid = candidate == DEFAULT or self.applies(problem, candidate, target)
             except ValueError:
                 valid = False
             if valid:
@@ -252,7 +252,8 @@ class Selector:
         current = platform.versions
         return all(current.get(lib) == version for lib, version in record.versions.items())
 
-    def _still_valid(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+    def applies(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        """Whether a stored (non-Default) Candidate still exists and checks for ``problem`` here."""
         backend = self.plugins.backends().get(candidate.backend)
         if backend is None or not backend.serves(target) or backend.availability() is not None:
             return False
