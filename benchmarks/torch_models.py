@@ -22,7 +22,7 @@ machine's facts, results.md with tables) as soon as it is done:
    considered for routing (measured without any routing logic) -- the numbers
    behind docs/torch.md's choice.
 3. **buckets**: for the models' decode products, every bucket of m is tuned
-   (``tune_bucket``: representative plus checks at both edges), then Default and the
+   (``tune_bucket``: representative plus checks at the edges and halfway to them), then Default and the
    bucket's choice are timed by the harness at m values that are not
    representatives. The ratio choice/Default is what "never slower than Default"
    means in numbers.

@@ -8,9 +8,10 @@ comma-separated list, or ``off``); an m belongs to the nearest representative (t
 to the larger), and no bucket reaches above the largest representative.
 
 A bucket's choice is made by :func:`tune_bucket`: it tunes the representative, then
-times the best candidates against Default at the bucket's two edges and keeps the
-best candidate that is not slower than Default at any of the three points (else
-Default). The record is stored under the representative's key with the bucket's
+times the best candidates against Default at the bucket's two edges and at the middle
+of each half (a kernel can lose inside a bucket while winning at both ends: seen on
+the CPU at m = 80 in the bucket 48..95), and keeps the best candidate that is not
+slower than Default at any of the five points (else Default). The record is stored under the representative's key with the bucket's
 range in ``settings["bucket"]``; :func:`lookup_bucket` serves only such records, and
 only for an m inside their own range, so changing the representatives later never
 applies a choice outside the range it was checked on.
@@ -151,8 +152,9 @@ def tune_bucket(
 ) -> TuningRecord:
     """Tune the bucket that holds ``problem.m``; store and return its record.
 
-    The record's winner is never slower than Default at the representative or at
-    either edge of the bucket, as measured here.
+    The record's winner is never slower than Default at the representative, at either
+    edge of the bucket, or halfway between the representative and each edge, as
+    measured here.
     """
     rep = buckets.representative(problem.m)
     if rep is None:
@@ -174,8 +176,8 @@ def tune_bucket(
     ratios: dict[str, list[float]] = {
         r.identity: [(r.median_s or math.inf) / default_s if default_s else math.inf] for r in ranked
     }
-    edges = [m for m in dict.fromkeys((lo, hi)) if m != rep]
-    for m in edges:
+    points = check_points(rep, lo, hi)
+    for m in points:
         times = _time_at(selector, problem.with_m(m), target, [r.identity for r in ranked], progress)
         base = times.get(DEFAULT.identity)
         for identity, found in ratios.items():
@@ -191,14 +193,21 @@ def tune_bucket(
         "lo": lo,
         "hi": hi,
         "spec": buckets.spec,
-        "edges": edges,
-        # identity -> time / Default time at [rep, *edges]; a comma list keeps nesting shallow
+        "points": points,
+        # identity -> time / Default time at [rep, *points]; a comma list keeps nesting shallow
         "ratios": {k: ",".join(f"{x:.4g}" for x in v) for k, v in ratios.items()},
     }
     record.tune_s = time.perf_counter() - started
     platform = selector.platform(target)
     selector.store.put(platform.namespace, rep_problem.key, record)
     return record
+
+
+def check_points(rep: int, lo: int, hi: int) -> list[int]:
+    """Where a bucket's choice is checked besides its representative: the edges and
+    the middle of each half, in increasing order, each once."""
+    points = dict.fromkeys((lo, (lo + rep) // 2, (rep + hi + 1) // 2, hi))
+    return [m for m in points if m != rep]
 
 
 def choose(ratios: dict[str, list[float]], min_gain: float) -> str:

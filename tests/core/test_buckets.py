@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from unimatmul.arrays import CPU, adapter_for_kind
 from unimatmul.backend import DEFAULT, Backend, Candidate, Target
-from unimatmul.buckets import Buckets, bucket_range, choose, lookup_bucket, tune_bucket
+from unimatmul.buckets import Buckets, bucket_range, check_points, choose, lookup_bucket, tune_bucket
 from unimatmul.harness import HarnessSettings
 from unimatmul.hookspecs import hookimpl
 from unimatmul.plugins import PluginManager
@@ -160,11 +160,11 @@ def test_tune_bucket_on_onednn_serves_the_range_and_nothing_else(selector: Selec
     assert record.problem == problem.with_m(128).key
     assert bucket_range(record) == (96, 191)
     info = record.settings["bucket"]
-    assert info["edges"] == [96, 191]
+    assert info["points"] == [96, 112, 160, 191]
     # The winner is Default or a candidate never slower than Default at any point measured.
     if record.winner != DEFAULT.identity:
         ratios = [float(x) for x in info["ratios"][record.winner].split(",")]
-        assert len(ratios) == 3 and max(ratios) <= 1.0
+        assert len(ratios) == 5 and max(ratios) <= 1.0
     # The stored bucket record now answers every m of the range, as the bucket's choice ...
     inside = selector.decide(problem.with_m(150), target, "cached")
     assert inside.source == "bucket"
@@ -201,11 +201,11 @@ def test_bucketing_off_ignores_bucket_records(selector: Selector) -> None:
 
 
 class _EdgeSlowRunner:
-    """Correct everywhere; sleeps at every m but the representative's."""
+    """Correct everywhere; sleeps at every m but the representative's (or only at ``slow_m``)."""
 
-    def __init__(self, candidate: Candidate, problem: Problem, rep: int) -> None:
+    def __init__(self, candidate: Candidate, problem: Problem, rep: int, slow_m: int | None = None) -> None:
         self.candidate = candidate
-        self.slow = problem.m != rep
+        self.slow = problem.m != rep if slow_m is None else problem.m == slow_m
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
@@ -222,8 +222,9 @@ class _EdgeSlowBackend(Backend):
     device_kinds = frozenset({"cpu"})
     array_kinds = frozenset({"numpy"})
 
-    def __init__(self, rep: int) -> None:
+    def __init__(self, rep: int, slow_m: int | None = None) -> None:
         self.rep = rep
+        self.slow_m = slow_m
 
     def availability(self) -> str | None:
         return None
@@ -235,7 +236,7 @@ class _EdgeSlowBackend(Backend):
         return [Candidate.make(self.name, "k")]
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> _EdgeSlowRunner:
-        return _EdgeSlowRunner(candidate, problem, self.rep)
+        return _EdgeSlowRunner(candidate, problem, self.rep, self.slow_m)
 
 
 class _Plugin:
@@ -260,8 +261,36 @@ def test_a_kernel_slower_at_an_edge_is_not_the_buckets_choice(tmp_path: Path) ->
     ratios_text = record.settings["bucket"]["ratios"].get("edgeslow/k")
     if ratios_text is not None:  # it tied Default at the representative (else it was pruned there)
         ratios = [float(x) for x in ratios_text.split(",")]
-        assert ratios[1] > 1.0 and ratios[2] > 1.0  # 2 ms of sleep at both edges
+        assert len(ratios) == 5 and min(ratios[1:]) > 1.0  # 2 ms of sleep at every check point
     assert math.isfinite(record.winner_s)
+
+
+def test_check_points_are_the_edges_and_the_middle_of_each_half() -> None:
+    assert check_points(64, 48, 95) == [48, 56, 80, 95]
+    assert check_points(1, 1, 1) == []
+    assert check_points(2, 2, 2) == []
+    assert check_points(4, 3, 5) == [3, 5]
+
+
+def test_a_kernel_slower_only_inside_the_bucket_is_not_the_buckets_choice(tmp_path: Path) -> None:
+    # Faster than Default at the representative and both edges, slow at m = 80 only: the
+    # interior check must catch it (as seen on the CPU for one oneDNN kernel).
+    plugins = PluginManager(load_entry_points=False)
+    plugins.register(_Plugin(_EdgeSlowBackend(rep=64, slow_m=80)), "edgeslow")
+    from unimatmul.cache import open_store
+
+    selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=FAST)
+    buckets = Buckets.parse("pow2")
+    assert buckets is not None
+    record = tune_bucket(selector, Problem.from_shape(64, 48, 48), _numpy_target(), buckets)
+    assert record.winner == DEFAULT.identity
+    # It ties Default at the representative (the same numpy product), so it is ranked and
+    # measured at every check point: the slow interior point is seen.
+    ratios_text = record.settings["bucket"]["ratios"]["edgeslow/k"]
+    points = [64, *record.settings["bucket"]["points"]]
+    ratios = dict(zip(points, map(float, ratios_text.split(",")), strict=True))
+    assert ratios[80] > 1.0  # 2 ms of sleep there
+    assert max(ratios[m] for m in (48, 56, 64, 95)) < 2.0  # and the same product as Default elsewhere
 
 
 def test_cli_tune_buckets_sweeps_every_bucket_up_to_m(selector: Selector) -> None:
