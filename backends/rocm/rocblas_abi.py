@@ -143,6 +143,73 @@ _int = ctypes.c_int32  # rocblas_int (LP64 build; rocblas_ILP64 would make it in
 _enum = ctypes.c_int  # rocblas_operation / rocblas_datatype / rocblas_gemm_algo
 _stride = ctypes.c_int64  # rocblas_stride
 
+# rocblas.h / rocblas-functions.h: the argument lists of the two GEMMs we run.
+_GEMM_EX: tuple[object, ...] = (
+    _vp,  # rocblas_handle handle
+    _enum,  # rocblas_operation transA
+    _enum,  # rocblas_operation transB
+    _int,  # rocblas_int m
+    _int,  # rocblas_int n
+    _int,  # rocblas_int k
+    _vp,  # const void* alpha
+    _vp,  # const void* a
+    _enum,  # rocblas_datatype a_type
+    _int,  # rocblas_int lda
+    _vp,  # const void* b
+    _enum,  # rocblas_datatype b_type
+    _int,  # rocblas_int ldb
+    _vp,  # const void* beta
+    _vp,  # const void* c
+    _enum,  # rocblas_datatype c_type
+    _int,  # rocblas_int ldc
+    _vp,  # void* d
+    _enum,  # rocblas_datatype d_type
+    _int,  # rocblas_int ldd
+    _enum,  # rocblas_datatype compute_type
+    _enum,  # rocblas_gemm_algo algo
+    ctypes.c_int32,  # int32_t solution_index
+    ctypes.c_uint32,  # uint32_t flags
+)
+_GEMM_STRIDED_BATCHED_EX: tuple[object, ...] = (
+    _vp,  # rocblas_handle handle
+    _enum,  # rocblas_operation transA
+    _enum,  # rocblas_operation transB
+    _int,  # rocblas_int m
+    _int,  # rocblas_int n
+    _int,  # rocblas_int k
+    _vp,  # const void* alpha
+    _vp,  # const void* a
+    _enum,  # rocblas_datatype a_type
+    _int,  # rocblas_int lda
+    _stride,  # rocblas_stride stride_a
+    _vp,  # const void* b
+    _enum,  # rocblas_datatype b_type
+    _int,  # rocblas_int ldb
+    _stride,  # rocblas_stride stride_b
+    _vp,  # const void* beta
+    _vp,  # const void* c
+    _enum,  # rocblas_datatype c_type
+    _int,  # rocblas_int ldc
+    _stride,  # rocblas_stride stride_c
+    _vp,  # void* d
+    _enum,  # rocblas_datatype d_type
+    _int,  # rocblas_int ldd
+    _stride,  # rocblas_stride stride_d
+    _int,  # rocblas_int batch_count
+    _enum,  # rocblas_datatype compute_type
+    _enum,  # rocblas_gemm_algo algo
+    ctypes.c_int32,  # int32_t solution_index
+    ctypes.c_uint32,  # uint32_t flags
+)
+
+
+def _get_solutions(gemm: tuple[object, ...]) -> tuple[object, ...]:
+    """rocblas-beta.h's ``*_get_solutions`` (a "beta feature", same shape since 5.5): the
+    GEMM's arguments without ``solution_index``, then flags, ``rocblas_int* list_array``
+    (NULL: query the count) and ``rocblas_int* list_size`` (in: capacity, out: count)."""
+    return (*gemm[:-2], ctypes.c_uint32, ctypes.POINTER(_int), ctypes.POINTER(_int))
+
+
 ROCBLAS_SIGNATURES: Mapping[str, tuple[object, tuple[object, ...]]] = MappingProxyType(
     {
         # rocblas-auxiliary.h
@@ -152,135 +219,10 @@ ROCBLAS_SIGNATURES: Mapping[str, tuple[object, tuple[object, ...]]] = MappingPro
         # rocblas-functions.h
         "rocblas_get_version_string": (_st, (ctypes.c_char_p, ctypes.c_size_t)),  # (char* buf, size_t len)
         "rocblas_get_version_string_size": (_st, (ctypes.POINTER(ctypes.c_size_t),)),  # (size_t* len)
-        "rocblas_gemm_ex": (
-            _st,
-            (
-                _vp,  # rocblas_handle handle
-                _enum,  # rocblas_operation transA
-                _enum,  # rocblas_operation transB
-                _int,  # rocblas_int m
-                _int,  # rocblas_int n
-                _int,  # rocblas_int k
-                _vp,  # const void* alpha
-                _vp,  # const void* a
-                _enum,  # rocblas_datatype a_type
-                _int,  # rocblas_int lda
-                _vp,  # const void* b
-                _enum,  # rocblas_datatype b_type
-                _int,  # rocblas_int ldb
-                _vp,  # const void* beta
-                _vp,  # const void* c
-                _enum,  # rocblas_datatype c_type
-                _int,  # rocblas_int ldc
-                _vp,  # void* d
-                _enum,  # rocblas_datatype d_type
-                _int,  # rocblas_int ldd
-                _enum,  # rocblas_datatype compute_type
-                _enum,  # rocblas_gemm_algo algo
-                ctypes.c_int32,  # int32_t solution_index
-                ctypes.c_uint32,  # uint32_t flags
-            ),
-        ),
-        "rocblas_gemm_strided_batched_ex": (
-            _st,
-            (
-                _vp,  # rocblas_handle handle
-                _enum,  # rocblas_operation transA
-                _enum,  # rocblas_operation transB
-                _int,  # rocblas_int m
-                _int,  # rocblas_int n
-                _int,  # rocblas_int k
-                _vp,  # const void* alpha
-                _vp,  # const void* a
-                _enum,  # rocblas_datatype a_type
-                _int,  # rocblas_int lda
-                _stride,  # rocblas_stride stride_a
-                _vp,  # const void* b
-                _enum,  # rocblas_datatype b_type
-                _int,  # rocblas_int ldb
-                _stride,  # rocblas_stride stride_b
-                _vp,  # const void* beta
-                _vp,  # const void* c
-                _enum,  # rocblas_datatype c_type
-                _int,  # rocblas_int ldc
-                _stride,  # rocblas_stride stride_c
-                _vp,  # void* d
-                _enum,  # rocblas_datatype d_type
-                _int,  # rocblas_int ldd
-                _stride,  # rocblas_stride stride_d
-                _int,  # rocblas_int batch_count
-                _enum,  # rocblas_datatype compute_type
-                _enum,  # rocblas_gemm_algo algo
-                ctypes.c_int32,  # int32_t solution_index
-                ctypes.c_uint32,  # uint32_t flags
-            ),
-        ),
-        # rocblas-beta.h (marked "beta feature", ROCBLAS_DEPRECATED_MSG; same shape since 5.5)
-        "rocblas_gemm_ex_get_solutions": (
-            _st,
-            (
-                _vp,  # rocblas_handle handle
-                _enum,  # rocblas_operation transA
-                _enum,  # rocblas_operation transB
-                _int,  # rocblas_int m
-                _int,  # rocblas_int n
-                _int,  # rocblas_int k
-                _vp,  # const void* alpha
-                _vp,  # const void* a
-                _enum,  # rocblas_datatype a_type
-                _int,  # rocblas_int lda
-                _vp,  # const void* b
-                _enum,  # rocblas_datatype b_type
-                _int,  # rocblas_int ldb
-                _vp,  # const void* beta
-                _vp,  # const void* c
-                _enum,  # rocblas_datatype c_type
-                _int,  # rocblas_int ldc
-                _vp,  # void* d
-                _enum,  # rocblas_datatype d_type
-                _int,  # rocblas_int ldd
-                _enum,  # rocblas_datatype compute_type
-                _enum,  # rocblas_gemm_algo algo
-                ctypes.c_uint32,  # uint32_t flags
-                ctypes.POINTER(_int),  # rocblas_int* list_array (NULL: query count)
-                ctypes.POINTER(_int),  # rocblas_int* list_size  (in: capacity, out: count)
-            ),
-        ),
-        "rocblas_gemm_strided_batched_ex_get_solutions": (
-            _st,
-            (
-                _vp,  # rocblas_handle handle
-                _enum,  # rocblas_operation transA
-                _enum,  # rocblas_operation transB
-                _int,  # rocblas_int m
-                _int,  # rocblas_int n
-                _int,  # rocblas_int k
-                _vp,  # const void* alpha
-                _vp,  # const void* a
-                _enum,  # rocblas_datatype a_type
-                _int,  # rocblas_int lda
-                _stride,  # rocblas_stride stride_a
-                _vp,  # const void* b
-                _enum,  # rocblas_datatype b_type
-                _int,  # rocblas_int ldb
-                _stride,  # rocblas_stride stride_b
-                _vp,  # const void* beta
-                _vp,  # const void* c
-                _enum,  # rocblas_datatype c_type
-                _int,  # rocblas_int ldc
-                _stride,  # rocblas_stride stride_c
-                _vp,  # void* d
-                _enum,  # rocblas_datatype d_type
-                _int,  # rocblas_int ldd
-                _stride,  # rocblas_stride stride_d
-                _int,  # rocblas_int batch_count
-                _enum,  # rocblas_datatype compute_type
-                _enum,  # rocblas_gemm_algo algo
-                ctypes.c_uint32,  # uint32_t flags
-                ctypes.POINTER(_int),  # rocblas_int* list_array
-                ctypes.POINTER(_int),  # rocblas_int* list_size
-            ),
-        ),
+        "rocblas_gemm_ex": (_st, _GEMM_EX),
+        "rocblas_gemm_strided_batched_ex": (_st, _GEMM_STRIDED_BATCHED_EX),
+        "rocblas_gemm_ex_get_solutions": (_st, _get_solutions(_GEMM_EX)),
+        "rocblas_gemm_strided_batched_ex_get_solutions": (_st, _get_solutions(_GEMM_STRIDED_BATCHED_EX)),
     }
 )
 
