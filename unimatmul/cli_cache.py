@@ -12,10 +12,14 @@ import datetime
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from unimatmul.cli import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, _fmt_us, _table
+
+if TYPE_CHECKING:
+    from unimatmul.interop import Command
 
 
 def cache_path(args: argparse.Namespace) -> Path:
@@ -375,23 +379,22 @@ def cmd_cache_import(args: argparse.Namespace, out: TextIO) -> int:
     """``cache import FORMAT FILE``: delegate to the interop module of that format."""
     from unimatmul.interop import importer
 
-    try:
-        run = importer(args.format)
-    except LookupError as exc:
-        raise CliError(str(exc)) from exc
-    code: int = run(args, out)
-    return code
+    return _delegate(importer, args, out)
 
 
 def cmd_cache_export(args: argparse.Namespace, out: TextIO) -> int:
+    """``cache export --format FORMAT -o FILE``: delegate likewise."""
     from unimatmul.interop import exporter
 
+    return _delegate(exporter, args, out)
+
+
+def _delegate(find: Callable[[str], Command], args: argparse.Namespace, out: TextIO) -> int:
     try:
-        run = exporter(args.format)
+        run = find(args.format)
     except LookupError as exc:
         raise CliError(str(exc)) from exc
-    code: int = run(args, out)
-    return code
+    return run(args, out)
 
 
 # --- parser ----------------------------------------------------------------------------
