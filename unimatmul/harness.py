@@ -9,6 +9,7 @@ within a time budget, and keeps the median. Device timing lives behind the
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -93,6 +94,7 @@ class HarnessSettings:
         return asdict(self)
 
 
+@functools.cache  # the hardware does not change while the process runs
 def last_level_cache_bytes() -> int:
     """The largest CPU cache this process sees (sysfs), or 32 MiB when unreadable."""
     best = 0
