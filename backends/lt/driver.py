@@ -57,6 +57,7 @@ that takes any ABI table.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -215,6 +216,11 @@ class CtypesLtLibrary:
         self.missing = tuple(missing)
         # The hot path: one bound C function, pointer arguments as plain ints.
         self._matmul_fn = self._fns["Matmul"]
+
+    def function_address(self, generic: str) -> int | None:
+        """The address of a bound C function (``"Matmul"``), for native callers; None if absent."""
+        fn = self._fns.get(generic)
+        return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
 
     def _fn(self, generic: str) -> Any:
         try:
@@ -453,6 +459,36 @@ def load_ctypes_library(
             tried.append(f"{name}: {exc}")
     msg = "no loadable Lt library; tried: " + ("; ".join(tried) or "nothing")
     raise OSError(msg)
+
+
+def function_addresses(lib: Any, abi: LtABI, generics: Sequence[str]) -> tuple[int, ...] | None:
+    """Addresses of the library's C functions (``"Matmul"``, ...), or None if one is unknown.
+
+    A :class:`CtypesLtLibrary` knows its own; for ``nvmath.bindings.cublasLt`` they come
+    from its internal module's function-pointer table (``__cublasLtMatmul``, ...), which
+    is the library copy its handles belong to.
+    """
+    found: list[int] = []
+    lookup: Callable[[str], Any] | None = getattr(lib, "function_address", None)
+    if lookup is None:
+        try:
+            internal = importlib.import_module(lib.__name__.replace(".bindings.", ".bindings._internal.", 1))
+            inspect = internal._inspect_function_pointer
+        except (AttributeError, ImportError):
+            return None
+
+        def lookup(generic: str) -> Any:
+            return inspect("__" + abi.symbol(generic))
+
+    for generic in generics:
+        try:
+            address = lookup(generic)
+        except Exception:
+            return None
+        if not address:
+            return None
+        found.append(int(address))
+    return tuple(found)
 
 
 # --- algos ----------------------------------------------------------------------------

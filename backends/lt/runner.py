@@ -19,7 +19,7 @@ from typing import Any
 from unimatmul.arrays import operand_layouts
 from unimatmul.backend import Candidate, Target
 from unimatmul.problem import Problem
-from unimatmul_backends.lt.driver import LtAlgo, LtPlan
+from unimatmul_backends.lt.driver import LtAlgo, LtPlan, function_addresses
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,7 @@ class LtRunner:
         self._alpha_ptr = ctypes.addressof(self._alpha)
         self._beta_ptr = ctypes.addressof(self._beta)
         self._algo_ptr = ctypes.addressof(self._algo)
+        self._native_plan: LtPlan | None = None
         self._workspace(self._stream())
 
     def _workspace(self, stream: int) -> int:
@@ -190,7 +191,53 @@ class LtRunner:
                 stream,
             )
 
+    def native_call(self) -> list[int] | None:
+        """What a native caller needs to make this runner's call itself, on the current stream.
+
+        The words (all ints): the library's matmul and descriptor set-attribute function
+        addresses, the bias-pointer attribute id, the handle, a matmul descriptor and the
+        three layouts, the workspace for the current stream and its size, that stream, the
+        byte size of alpha and beta, then the algo struct as little-endian 8-byte words.
+        The descriptor is a copy of this runner's, made once and kept with it, because the
+        bias address lives in it and the native caller sets it under its own lock. None
+        when the library's function addresses are unknown.
+        """
+        plan = self.plan
+        driver = plan.driver
+        addresses = function_addresses(driver.lib, driver.abi, ("Matmul", "MatmulDescSetAttribute"))
+        if addresses is None:
+            return None
+        with self._lock:
+            if self._native_plan is None:
+                self._native_plan = driver.plan(plan.gemm, plan.workspace_limit)
+        native = self._native_plan
+        try:
+            bias_attr = driver.abi.desc_attr("BIAS_POINTER")[0]
+        except KeyError:
+            bias_attr = -1
+        stream = self._stream()
+        workspace = self._workspace(stream)
+        raw = bytes(self._algo)
+        raw += bytes(-len(raw) % 8)
+        words = [int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
+        return [
+            *addresses,
+            bias_attr,
+            driver.handle,
+            native.desc,
+            native.adesc,
+            native.bdesc,
+            native.cdesc,
+            workspace,
+            self._ws_size,
+            stream,
+            ctypes.sizeof(plan.scale_ctype),
+            *words,
+        ]
+
     def close(self) -> None:
+        if self._native_plan is not None:
+            self._native_plan.close()
         self.plan.close()
 
 

@@ -32,6 +32,7 @@ from unimatmul_backends.lt.driver import (
     LtDriver,
     LtError,
     LtPlan,
+    function_addresses,
 )
 from unimatmul_backends.lt.layout import lt_gemm
 from unimatmul_backends.lt.runner import ArrayHooks, LtRunner, PaddedRunner, no_device
@@ -671,3 +672,60 @@ def test_padded_runner_enqueues_copy_in_product_and_copy_out_under_one_lock(lib:
     runner(a, b, np.empty((3, 5), dtype=np.float32))
     assert seen == [True]
     assert not runner._lock.locked()
+
+
+# --- what the native routing kernels are handed ------------------------------------------
+
+
+def test_ctypes_library_gives_the_addresses_of_its_c_functions() -> None:
+    cdll = FakeCdll(CUBLASLT_13)
+    lib = CtypesLtLibrary(CUBLASLT_13, cdll, "fake")  # type: ignore[arg-type]
+    addresses = function_addresses(lib, CUBLASLT_13, ("Matmul", "Create"))
+    assert addresses is not None
+    matmul = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 14, ctypes.c_size_t, ctypes.c_void_p)(
+        addresses[0]
+    )
+    assert (
+        matmul(1, 2, 3, 0xDEAD, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16) == 15
+    )  # the fake, called by address
+    assert cdll.seen["matmul"][14] == 15
+    assert function_addresses(lib, CUBLASLT_13, ("Matmul", "MatmulAlgoCheck")) is None  # not exported
+
+
+def test_nvmath_addresses_come_from_its_function_pointer_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    public = types.ModuleType("nvmath.bindings.cublasLt")
+    internal = types.ModuleType("nvmath.bindings._internal.cublasLt")
+    table = {"__cublasLtMatmul": 0x5000, "__cublasLtMatmulDescSetAttribute": 0x5100}
+    internal._inspect_function_pointer = table.__getitem__  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nvmath.bindings._internal.cublasLt", internal)
+    assert function_addresses(public, CUBLASLT_13, ("Matmul", "MatmulDescSetAttribute")) == (0x5000, 0x5100)
+    assert function_addresses(public, CUBLASLT_13, ("Matmul", "Create")) is None  # KeyError: unknown
+    monkeypatch.setitem(sys.modules, "nvmath.bindings._internal.cublasLt", types.ModuleType("empty"))
+    assert function_addresses(public, CUBLASLT_13, ("Matmul",)) is None
+
+
+def test_runner_native_call_words(lib: RecordingLtLibrary) -> None:
+    backend = FakeLtBackend(lib)
+    problem = Problem(m=8, n=4, k=2, epilogue="bias")
+    candidate = backend.candidates(problem, _target())[0]
+    runner = backend.prepare(problem, candidate, _target())
+    assert isinstance(runner, LtRunner)
+    assert runner.native_call() is None  # this fake library has no C functions to hand over
+    lib.function_address = {"Matmul": 0x7000, "MatmulDescSetAttribute": 0x7100}.get  # type: ignore[attr-defined]
+    creates = lib.names().count("matmul_desc_create")
+    words = runner.native_call()
+    assert words is not None
+    matmul, set_attr, bias_attr, handle, desc, adesc, bdesc, cdesc, ws, ws_size, stream, scale = words[:12]
+    assert (matmul, set_attr) == (0x7000, 0x7100)
+    assert bias_attr == CUBLASLT_13.desc_attr("BIAS_POINTER")[0]
+    assert handle == runner.plan.driver.handle
+    # A descriptor and layouts of its own: the native caller sets the bias pointer there.
+    assert desc != runner.plan.desc and lib.names().count("matmul_desc_create") == creates + 1
+    assert adesc not in runner.plan.layouts and len({adesc, bdesc, cdesc}) == 3
+    assert ws != 0 and ws_size == 4096 and stream == 0x57 and scale == 4
+    algo = b"".join(w.to_bytes(8, "little", signed=True) for w in words[12:])
+    assert algo[: len(runner.algo.data)] == runner.algo.data
+    assert runner.native_call()[4] == desc  # type: ignore[index]  # made once
