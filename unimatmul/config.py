@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MODES = ("off", "cached", "tune", "record")
@@ -64,10 +65,41 @@ def mode(name: str) -> Iterator[None]:
     met so that ``unimatmul tune --from FILE`` can tune them later.
     """
     token = _mode.set(check_mode(name))
+    _count_override(1)
     try:
         yield
     finally:
         _mode.reset(token)
+        _count_override(-1)
+
+
+# How many mode() blocks are open, in any thread: the native torch kernels cannot read a
+# context variable, so while one is open they hand every call to the Python kernels.
+_overrides = 0
+_overrides_lock = threading.Lock()
+_override_listeners: list[Callable[[int], None]] = []
+
+
+def overrides() -> int:
+    return _overrides
+
+
+def on_overrides(listener: Callable[[int], None], remove: bool = False) -> None:
+    """Call ``listener(count)`` whenever the number of open mode() blocks changes."""
+    with _overrides_lock:
+        if remove:
+            if listener in _override_listeners:
+                _override_listeners.remove(listener)
+        elif listener not in _override_listeners:
+            _override_listeners.append(listener)
+
+
+def _count_override(step: int) -> None:
+    global _overrides
+    with _overrides_lock:  # listeners called under the lock: they see the counts in order
+        _overrides += step
+        for listener in _override_listeners:
+            listener(_overrides)
 
 
 def env_float(name: str, default: float) -> float:

@@ -16,9 +16,20 @@ from unimatmul.plugins import PluginManager  # noqa: E402
 from unimatmul.selector import Selector, set_selector  # noqa: E402
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    """A fresh Selector over a cache in tmp_path; routing disabled and counters reset after."""
+@pytest.fixture(params=["python", "native"])
+def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """A fresh Selector over a cache in tmp_path; routing disabled and counters reset after.
+
+    Every test runs twice: with the Python kernels at the CPU key, and with the native
+    kernels there (``UNIMATMUL_TORCH_NATIVE=all``; built on first use, and a failed
+    build fails the test: CI has the compiler and ninja).
+    """
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0" if request.param == "python" else "all")
+    if request.param == "native":
+        from unimatmul.torch import native
+
+        gpu = torch.cuda.is_available()
+        assert native.load(cuda=gpu), f"native kernels did not build: {native.failure(gpu)}"
     cache, record = tmp_path / "cache.msgpack", tmp_path / "recorded.jsonl"
     monkeypatch.setenv("UNIMATMUL_CACHE", str(cache))
     monkeypatch.setenv("UNIMATMUL_RECORD_FILE", str(record))

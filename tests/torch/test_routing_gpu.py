@@ -147,3 +147,34 @@ def test_gradients_match_pytorch(gpu_env: Env) -> None:
         routed = grads()
     for name, grad in plain.items():
         assert _rel(routed[name], grad) < 5e-3, name
+
+
+@pytest.mark.parametrize("env", ["native"], indirect=True)
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "bias"])
+def test_native_kernels_make_the_lt_call(gpu_env: Env, bias: bool) -> None:
+    """A tuned Lt kernel is called from C++ (counted by the native table), on any stream."""
+    from unimatmul.torch import native, routing
+
+    if not _gpu_kernels_available(gpu_env):
+        pytest.skip("no GPU backend is available")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 192, bias=bias, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(96, 256, device="cuda", dtype=torch.bfloat16)
+    reference = x.double() @ lin.weight.double().t() + (lin.bias.double() if bias else 0.0)
+    _tune_model(gpu_env, lin, x)
+    with torch.no_grad(), ut.enabled():
+        assert routing._state.native_keys == ("CPU", "CUDA") and native.has_lt()
+        outs = [lin(x) for _ in range(4)]
+        lt = [p for p in routing._state.plans.values() if p.native == native.LT]
+        if not lt:
+            kinds = [(p.op, p.label, p.native) for p in routing._state.plans.values()]
+            pytest.skip(f"the tuned choice is not a plain Lt kernel here: {kinds}")
+        assert native.counts().get(lt[0].ident) == 3  # the first call went through Python
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = lin(x)  # another stream: not the workspace's; the Python kernel serves it
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+    for out in [*outs, on_side]:
+        assert _rel(out, reference) < TOLERANCE[torch.bfloat16]

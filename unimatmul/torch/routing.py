@@ -25,6 +25,7 @@ not eligible). No Problem is built, nothing is logged, nothing synchronises.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 from collections import Counter
@@ -55,10 +56,24 @@ PLAIN, BIAS, C = 0, 1, 2
 class Plan:
     """What to do with one operand key: a runner, or None for PyTorch's own kernel."""
 
-    __slots__ = ("calls", "form", "label", "op", "out_shape", "problem", "reason", "runner", "source")
+    __slots__ = (
+        "calls",
+        "form",
+        "ident",
+        "label",
+        "native",
+        "op",
+        "out_shape",
+        "problem",
+        "reason",
+        "runner",
+        "source",
+    )
 
     def __init__(self, op: str) -> None:
         self.op = op
+        self.ident = next(_plan_ids)
+        self.native = -1  # the kind of its entry in the native table; -1: none
         self.runner: Runner | None = None
         self.problem: Problem | None = None
         self.source = "passthrough"  # or the Selector's Decision.source
@@ -67,6 +82,9 @@ class Plan:
         self.out_shape: tuple[int, ...] = ()
         self.form = PLAIN
         self.calls = 0
+
+
+_plan_ids = itertools.count(1)
 
 
 class _Busy(threading.local):
@@ -81,6 +99,12 @@ class _State:
         self.retired: Counter[tuple[str, str, str]] = Counter()
         self.collector: list[tuple[Problem, Target]] | None = None
         self.lock = threading.RLock()
+        # Dispatch keys served by the native kernels (native.py), and the runners their
+        # table points into: kept for one generation after the table is emptied, so that
+        # a native call in flight on another thread never meets a freed descriptor.
+        self.native_keys: tuple[str, ...] = ()
+        self.native_devices: frozenset[str] = frozenset()
+        self.keep: list[list[Any]] = [[], []]
 
 
 _state = _State()
@@ -274,13 +298,46 @@ def _resolve(
         plan.runner, plan.source, plan.reason = None, "passthrough", f"{type(exc).__name__}: {exc}"
     with _state.lock:
         plans = _state.plans
+        found = plans.get(key)
+        if found is not None and plan.source != "tuned":  # another thread resolved it meanwhile
+            return found
         if plan.source == "tuned" and plans:
             # Keys resolved before may hold Default for problems tuned since; start over.
             _retire_plans()
         elif len(plans) >= MAX_PLANS:
             _retire_plans()
         plans[key] = plan
+        if a.device.type in _state.native_devices and _mode_var.get() is None:
+            _native_put(plan, op, a, b, c, beta)
     return plan
+
+
+def _native_put(
+    plan: Plan, op: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, beta: Any
+) -> None:
+    """Give the native kernels this key's entry (they call Python for keys they lack)."""
+    from unimatmul.torch import native
+
+    runner = plan.runner
+    lt = None
+    if runner is None:
+        kind = native.DEFAULT
+    elif plan.form in (PLAIN, BIAS) and native.has_lt() and hasattr(runner, "native_call"):
+        try:
+            lt = runner.native_call()
+        except Exception:  # the Python kernel keeps serving the key
+            lt = None
+        kind = native.LT if lt else native.PYTHON
+    else:
+        kind = native.PYTHON
+    try:
+        native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, lt)
+    except Exception as exc:
+        plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
+        return
+    plan.native = kind
+    if runner is not None:
+        _state.keep[0].append(runner)
 
 
 def _fill_plan(
@@ -333,11 +390,16 @@ def _fill_plan(
         mode = "cached"  # never measure inside a CUDA graph capture
     from unimatmul.selector import get_selector
 
+    native = bool(_state.native_keys)
     _busy.on = True
+    if native:
+        _native_busy(True)
     try:
         decision = get_selector().decide(problem, target, mode)
     finally:
         _busy.on = False
+        if native:
+            _native_busy(False)
     plan.problem = problem
     plan.out_shape = tuple(shape)
     plan.form = form
@@ -384,11 +446,32 @@ def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
     return all(s in (1, t) for s, t in zip(reversed(shape), reversed(to), strict=False))
 
 
+def _native_busy(on: bool) -> None:
+    from unimatmul.torch import native
+
+    native.set_busy(on)
+
+
+def _sync_native_counts(clear: bool = False) -> None:
+    """Add the calls the native kernels counted to their plans (lock held)."""
+    if not _state.native_keys:
+        return
+    from unimatmul.torch import native
+
+    counted = native.clear() if clear else native.counts(reset=True)
+    if not counted:
+        return
+    for plan in _state.plans.values():
+        plan.calls += counted.get(plan.ident, 0)
+
+
 def _retire_plans() -> None:
+    _sync_native_counts(clear=True)
     for plan in _state.plans.values():
         if plan.calls:
             _state.retired[(plan.op, plan.source, plan.label)] += plan.calls
     _state.plans.clear()
+    _state.keep = [[], _state.keep[0]]
 
 
 def clear_plans() -> None:
@@ -403,31 +486,80 @@ _KERNELS: dict[str, dict[str, Callable[..., torch.Tensor]]] = {"CPU": _kernels(F
 
 
 def install() -> None:
-    """Register the kernels (idempotent); the previous kernels come back on :func:`uninstall`."""
+    """Register the kernels (idempotent); the previous kernels come back on :func:`uninstall`.
+
+    The native kernels (native.py) serve the keys ``UNIMATMUL_TORCH_NATIVE`` names when
+    they build; the Python kernels serve the rest.
+    """
     with _state.lock:
         if _state.libraries:
             return
         _state.env_mode = _config.env_mode()
+        native_keys = _native_keys()
         library = torch.library.Library("aten", "IMPL")
         try:
             with warnings.catch_warnings():
                 # PyTorch warns that a kernel is overridden: that is the point here.
                 warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
                 for key in DISPATCH_KEYS:
+                    if key in native_keys:
+                        continue
                     for name, kernel in _KERNELS[key].items():
                         library.impl(name, kernel, key)
+                if native_keys:
+                    from unimatmul.torch import native
+
+                    native.install(native_keys, _state.env_mode, _config.overrides())
         except Exception:
             library._destroy()
             raise
         _state.libraries.append(library)
+        _state.native_keys = native_keys
+        _state.native_devices = frozenset(k.lower() for k in native_keys)
+        if native_keys:
+            _config.on_overrides(_native_overrides)
+
+
+def _native_keys() -> tuple[str, ...]:
+    """The keys the native kernels take, once they are built; () with a warning if they fail."""
+    from unimatmul.torch import native
+
+    keys = native.wanted_keys()
+    if not keys:
+        return ()
+    cuda = "CUDA" in keys
+    if native.load(cuda):
+        return keys
+    from unimatmul.selector import get_selector
+
+    get_selector().warn_once(
+        "torch-native-build",
+        f"unimatmul.torch: the native routing kernels did not build ({native.failure(cuda)}); "
+        f"using the Python kernels, which cost ~6 us more host time per call (set {native.ENV}=0 "
+        "to skip the build)",
+    )
+    return ()
+
+
+def _native_overrides(count: int) -> None:
+    from unimatmul.torch import native
+
+    native.configure(_state.env_mode, count)
 
 
 def uninstall() -> None:
     with _state.lock:
+        if _state.native_keys:
+            from unimatmul.torch import native
+
+            native.uninstall()
+            _config.on_overrides(_native_overrides, remove=True)
         for library in _state.libraries:
             library._destroy()
         _state.libraries.clear()
         _retire_plans()
+        _state.native_keys = ()
+        _state.native_devices = frozenset()
 
 
 # --- what happened ------------------------------------------------------------------------
@@ -443,6 +575,7 @@ def stats() -> dict[str, Any]:
     it down.
     """
     with _state.lock:
+        _sync_native_counts()
         counts: Counter[tuple[str, str, str]] = Counter(_state.retired)
         for plan in _state.plans.values():
             if plan.calls:
@@ -473,6 +606,7 @@ def stats() -> dict[str, Any]:
 
 def reset_stats() -> None:
     with _state.lock:
+        _sync_native_counts()
         _state.retired.clear()
         for plan in _state.plans.values():
             plan.calls = 0
@@ -481,4 +615,5 @@ def reset_stats() -> None:
 def plans() -> list[Plan]:
     """The live plans (for inspection and tests)."""
     with _state.lock:
+        _sync_native_counts()
         return list(_state.plans.values())

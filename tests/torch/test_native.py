@@ -1,0 +1,215 @@
+"""The native routing kernels on the CPU: the table, its kinds, and the way back to Python.
+
+The native kernels are built for real here (CI has the compiler and ninja); the tests
+read the table's own counters, so that a call served without Python is told apart from
+one that went through the Python kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_helpers import Env, onednn_available, tune_preferring_kernels  # noqa: E402
+
+import unimatmul  # noqa: E402
+import unimatmul.torch as ut  # noqa: E402
+from unimatmul.torch import native, routing  # noqa: E402
+from unimatmul.torch.model_tuning import collecting  # noqa: E402
+
+NATIVE = pytest.mark.parametrize("env", ["native"], indirect=True)
+
+
+def _only_plan(op: str) -> routing.Plan:
+    found = [p for p in routing._state.plans.values() if p.op == op]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.double() @ b.double()).to(a.dtype)
+
+
+@NATIVE
+def test_native_kernels_serve_the_cpu_key(env: Env) -> None:
+    ut.enable()
+    assert routing._state.native_keys == ("CPU",)
+    assert torch.ops.unimatmul_native.installed()
+
+
+@NATIVE
+def test_a_known_key_is_served_without_python(env: Env) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with ut.enabled():
+        outs = [torch.mm(a, b) for _ in range(5)]
+        plan = _only_plan("mm")
+        assert plan.native == native.DEFAULT
+        # The first call went through Python (which put the entry); the native table
+        # counted the other four.
+        assert native.counts() == {plan.ident: 4}
+        assert ut.stats()["routed"] == 5
+    for out in outs:
+        torch.testing.assert_close(out, _ref(a, b), rtol=1e-5, atol=1e-5)
+
+
+@NATIVE
+def test_each_layout_and_form_is_its_own_entry(env: Env) -> None:
+    a = torch.randn(12, 20)
+    w = torch.randn(24, 20)
+    bias = torch.randn(24)
+    c = torch.randn(12, 24)
+    with ut.enabled():
+        for _ in range(2):
+            outs = {
+                "plain": torch.mm(a, w.t().contiguous()),
+                "transposed": torch.mm(a, w.t()),
+                "bias": torch.addmm(bias, a, w.t()),
+                "c": torch.addmm(c, a, w.t(), beta=0.5, alpha=2.0),
+                "batched": torch.bmm(a[None].expand(3, -1, -1), w.t()[None].expand(3, -1, -1)),
+            }
+        assert native.size() == 5
+    ref = _ref(a, w.t())
+    torch.testing.assert_close(outs["plain"], ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs["transposed"], ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs["bias"], ref + bias, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs["c"], 0.5 * c + 2.0 * ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs["batched"], ref[None].expand(3, -1, -1), rtol=1e-4, atol=1e-4)
+
+
+@NATIVE
+def test_a_mode_block_sends_every_call_to_python(env: Env) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with ut.enabled():
+        torch.mm(a, b)
+        plan = _only_plan("mm")
+        with unimatmul.mode("off"):
+            for _ in range(3):
+                torch.mm(a, b)
+        assert native.counts() == {}  # nothing counted natively while the block was open
+        torch.mm(a, b)
+        assert native.counts() == {plan.ident: 1}  # and served natively again after it
+        assert ut.stats()["routed"] == 2  # the three calls in mode off were not routed
+
+
+@NATIVE
+def test_a_backend_kernel_goes_to_python_and_is_counted_there(env: Env) -> None:
+    if not onednn_available(env.selector):
+        pytest.skip("oneDNN is not available here")
+    lin = torch.nn.Linear(48, 40)
+    x = torch.randn(16, 48)
+    with ut.enabled(), collecting() as met, torch.no_grad():
+        lin(x)
+    tune_preferring_kernels(env.selector, list({(p.key, t): (p, t) for p, t in met}.values()))
+    ut.clear_plans()
+    with ut.enabled(), torch.no_grad():
+        outs = [lin(x) for _ in range(3)]
+        plan = _only_plan("addmm")
+        assert plan.native == native.PYTHON
+        assert plan.runner is not None and plan.runner.candidate.backend == "onednn"
+        assert native.counts() == {}
+        assert ut.stats()["kernel"] == 3
+    ref = (x.double() @ lin.weight.double().t() + lin.bias.double()).float()
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@NATIVE
+def test_the_profiler_names_a_native_call(env: Env) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with ut.enabled():
+        torch.mm(a, b)  # the entry is made outside the profiler
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                torch.mm(a, b)
+    names = {e.key for e in prof.key_averages()}
+    assert "unimatmul::mm [default]" in names, sorted(names)
+
+
+@NATIVE
+def test_errors_are_pytorch_s_own(env: Env) -> None:
+    with ut.enabled():
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            torch.mm(torch.randn(3, 4), torch.randn(5, 6))
+        with pytest.raises(RuntimeError):
+            torch.bmm(torch.randn(3, 4), torch.randn(4, 6))
+
+
+@NATIVE
+def test_threads_share_the_table(env: Env) -> None:
+    shapes = [(8 + i, 16, 4 + i) for i in range(6)]
+    operands = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in shapes]
+    refs = [_ref(a, b) for a, b in operands]  # before routing: references are products too
+    errors: list[str] = []
+
+    def work() -> None:
+        for _ in range(50):
+            for (a, b), ref in zip(operands, refs, strict=True):
+                out = torch.mm(a, b)
+                if not torch.allclose(out, ref, rtol=1e-4, atol=1e-4):
+                    errors.append(f"{tuple(a.shape)} x {tuple(b.shape)}")
+
+    with ut.enabled():
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # Every call counted once, also when threads met a new key at the same time.
+        assert ut.stats()["routed"] == 4 * 50 * len(shapes)
+        assert native.size() == len(shapes)
+    assert not errors
+
+
+@NATIVE
+def test_clearing_moves_native_counts_to_the_stats(env: Env) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with ut.enabled():
+        for _ in range(4):
+            torch.mm(a, b)
+        ut.clear_plans()
+        assert native.size() == 0
+        torch.mm(a, b)
+        assert ut.stats()["routed"] == 5
+
+
+@pytest.mark.parametrize("env", ["python"], indirect=True)
+def test_a_failed_build_falls_back_to_the_python_kernels(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENV, "all")
+    monkeypatch.setattr(native, "load", lambda cuda: False)
+    monkeypatch.setitem(native._failures, False, "OSError: no compiler (test)")
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    ref = _ref(a, b)
+    with pytest.warns(RuntimeWarning, match="native routing kernels did not build"):
+        ut.enable()
+    assert routing._state.native_keys == ()
+    torch.testing.assert_close(torch.mm(a, b), ref, rtol=1e-4, atol=1e-4)
+    assert ut.stats()["routed"] == 1
+
+
+def test_the_choice_of_keys() -> None:
+    import os
+
+    old = os.environ.get(native.ENV)
+    try:
+        for text, gpu, keys in (
+            ("auto", True, ("CUDA",)),
+            ("auto", False, ()),
+            ("all", True, ("CPU", "CUDA")),
+            ("all", False, ("CPU",)),
+            ("0", True, ()),
+        ):
+            os.environ[native.ENV] = text
+            assert native.wanted_keys(gpu) == keys
+        os.environ[native.ENV] = "sometimes"
+        with pytest.raises(ValueError, match=native.ENV):
+            native.wanted_keys(True)
+    finally:
+        if old is None:
+            os.environ.pop(native.ENV, None)
+        else:
+            os.environ[native.ENV] = old

@@ -1,0 +1,236 @@
+"""The native routing kernels: building them, and the table they read.
+
+``_native.cpp`` holds C++ kernels for ``aten::mm``, ``bmm``, ``addmm`` and ``baddbmm``
+that do what the Python kernels of :mod:`unimatmul.torch.routing` do on a known
+operand key, without entering Python: PyTorch's own kernel when Default was chosen,
+or the cuBLASLt/hipBLASLt call of an :class:`~unimatmul_backends.lt.runner.LtRunner`
+(the same descriptors and algo, the library's own function). Everything else (a key
+met for the first time, a padded candidate, a CPU backend's kernel) goes to the Python
+kernel through the ``unimatmul_native::slow_*`` ops, and the Python kernel puts the
+key's entry into the native table once it has decided.
+
+The kernels are built on first use with ``torch.utils.cpp_extension`` (a C++ compiler
+and ninja are needed; the GPU build also needs the CUDA or ROCm headers that PyTorch's
+extension builder finds) and cached in PyTorch's extension directory
+(``TORCH_EXTENSIONS_DIR``). When the build fails, routing uses the Python kernels and
+says why once. ``UNIMATMUL_TORCH_NATIVE`` chooses: ``auto`` (default: native kernels at
+the CUDA key, where host time per call decides eager speed; Python kernels at the CPU
+key, where a CPU backend's kernel is Python and a detour through the native kernel
+would cost it a dispatcher hop), ``all`` (native at both keys), ``0`` (Python only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENV = "UNIMATMUL_TORCH_NATIVE"
+CHOICES = ("auto", "all", "0")
+SOURCE = Path(__file__).with_name("_native.cpp")
+MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
+OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
+# Entry kinds in the native table (_native.cpp).
+DEFAULT, LT, PYTHON = 0, 1, 2
+
+_lock = threading.Lock()
+_loaded: dict[bool, bool] = {}  # cuda build? -> loaded
+_failures: dict[bool, str] = {}
+
+
+def choice() -> str:
+    text = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if text in ("1", "on", "yes", "true"):
+        return "all"
+    if text in ("no", "off", "false"):
+        return "0"
+    if text not in CHOICES:
+        msg = f"{ENV}={text!r}: expected one of {', '.join(CHOICES)}"
+        raise ValueError(msg)
+    return text
+
+
+def wanted_keys(cuda_available: bool | None = None) -> tuple[str, ...]:
+    """The dispatch keys the native kernels should serve, by ``UNIMATMUL_TORCH_NATIVE``."""
+    which = choice()
+    if which == "0":
+        return ()
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    keys = ["CUDA"] if cuda_available else []
+    if which == "all":
+        keys.insert(0, "CPU")
+    return tuple(keys)
+
+
+def _build_name(cuda: bool) -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(torch.__version__.encode())
+    return f"unimatmul_native_{'gpu' if cuda else 'cpu'}_{digest.hexdigest()[:12]}"
+
+
+def load(cuda: bool) -> bool:
+    """Build (once per source and PyTorch version) and load the kernels; False if that fails.
+
+    ``cuda``: the GPU build, which can make Lt calls itself; the CPU build passes every
+    backend kernel to Python. Only one build is loaded per process (both define the
+    same operators); a GPU build serves the CPU key too.
+    """
+    with _lock:
+        if _loaded:
+            have_cuda = next(iter(_loaded))
+            return have_cuda or not cuda
+        if cuda in _failures:
+            return False
+        try:
+            from torch.utils import cpp_extension
+
+            _find_ninja()
+            cpp_extension.load(
+                name=_build_name(cuda),
+                sources=[str(SOURCE)],
+                extra_cflags=["-O2", *(["-DUNIMATMUL_NATIVE_CUDA"] if cuda else [])],
+                with_cuda=cuda,
+                is_python_module=False,
+                verbose=False,
+            )
+        except Exception as exc:  # a missing compiler, ninja or header: Python kernels instead
+            _failures[cuda] = (
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            )
+            return False
+        _loaded[cuda] = True
+        _register_slow_ops()
+        return True
+
+
+def _find_ninja() -> None:
+    """Put the ninja that pip installed beside this Python on PATH, if none is there.
+
+    The ``ninja`` package installs its program into the environment's bin folder, which
+    is not on PATH when a virtual environment's Python is run without activating it.
+    """
+    if shutil.which("ninja"):
+        return
+    folder = Path(sys.executable).parent
+    if (folder / "ninja").exists():
+        os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def failure(cuda: bool) -> str:
+    return _failures.get(cuda, "")
+
+
+def loaded() -> bool:
+    return bool(_loaded)
+
+
+def has_lt() -> bool:
+    """Whether the loaded build makes Lt calls itself (the GPU build)."""
+    return bool(_loaded) and bool(torch.ops.unimatmul_native.built_with_cuda())
+
+
+# --- the slow ops: the Python kernels behind the native ones -------------------------------
+
+_slow_library: list[Any] = []
+
+
+def _register_slow_ops() -> None:
+    from unimatmul.torch import routing
+
+    library = torch.library.Library("unimatmul_native", "IMPL")
+    for key in routing.DISPATCH_KEYS:
+        kernels = routing._KERNELS[key]
+        library.impl("slow_mm", kernels["mm"], key)
+        library.impl("slow_bmm", kernels["bmm"], key)
+        library.impl("slow_addmm", _positional(kernels["addmm"]), key)
+        library.impl("slow_baddbmm", _positional(kernels["baddbmm"]), key)
+    _slow_library.append(library)
+
+
+def _positional(kernel: Any) -> Any:
+    def slow(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
+        return kernel(c, a, b, beta=beta, alpha=alpha)
+
+    return slow
+
+
+# --- control --------------------------------------------------------------------------------
+
+
+def install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+    ops = torch.ops.unimatmul_native
+    ops.configure(MODES[mode], overrides)
+    ops.install("CPU" in keys, "CUDA" in keys)
+
+
+def uninstall() -> None:
+    if _loaded:
+        torch.ops.unimatmul_native.uninstall()
+
+
+def configure(mode: str, overrides: int) -> None:
+    if _loaded:
+        torch.ops.unimatmul_native.configure(MODES[mode], overrides)
+
+
+def set_busy(on: bool) -> None:
+    torch.ops.unimatmul_native.set_busy(on)
+
+
+def put(
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    beta: Any,
+    kind: int,
+    ident: int,
+    label: str,
+    out_shape: tuple[int, ...],
+    form: int,
+    lt: list[int] | None,
+) -> None:
+    accumulate = c is not None
+    torch.ops.unimatmul_native.put(
+        OPS[op],
+        a,
+        b,
+        c,
+        bool(accumulate and beta == 0),
+        bool(accumulate and beta == 1),
+        kind,
+        ident,
+        label,
+        list(out_shape),
+        form,
+        lt or [],
+    )
+
+
+def _pairs(words: list[int]) -> dict[int, int]:
+    """(id, calls) words -> {id: calls}, entries that made no call left out."""
+    return {words[i]: words[i + 1] for i in range(0, len(words), 2) if words[i + 1]}
+
+
+def clear() -> dict[int, int]:
+    """Empty the table; the calls each entry made there, by entry id."""
+    if not _loaded:
+        return {}
+    return _pairs(list(torch.ops.unimatmul_native.clear()))
+
+
+def counts(reset: bool = False) -> dict[int, int]:
+    if not _loaded:
+        return {}
+    return _pairs(list(torch.ops.unimatmul_native.counts(reset)))
+
+
+def size() -> int:
+    return int(torch.ops.unimatmul_native.size()) if _loaded else 0
