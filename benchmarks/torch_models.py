@@ -212,13 +212,28 @@ def rounds(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, 
 
 @contextlib.contextmanager
 def mode(name: str) -> Iterator[None]:
-    """Run a block with routing off, routing on (cached), or TunableOp on."""
-    import unimatmul
-    import unimatmul.torch as ut
+    """Run a block with routing off, routing on, or TunableOp on.
 
-    if name == "routed":
-        with ut.enabled(), unimatmul.mode("cached"):
-            yield
+    ``routed``: routing as a user gets it (``UNIMATMUL_TORCH_NATIVE`` as set, default
+    ``auto``: the native kernels at the CUDA key); ``routed-py``: the Python kernels
+    only. Both in the environment's mode, ``cached`` (a ``unimatmul.mode()`` block would
+    send every call through the Python kernels).
+    """
+    import unimatmul.torch as ut
+    from unimatmul.torch import native
+
+    if name in ("routed", "routed-py"):
+        old = os.environ.get(native.ENV)
+        if name == "routed-py":
+            os.environ[native.ENV] = "0"
+        try:
+            with ut.enabled():
+                yield
+        finally:
+            if old is None:
+                os.environ.pop(native.ENV, None)
+            else:
+                os.environ[native.ENV] = old
     elif name == "tunableop":
         tunable = torch.cuda.tunable
         was = tunable.is_enabled()
@@ -374,11 +389,11 @@ def bench_overhead(
 
         return take
 
-    def routed(fn: Callable[[], Any], mode_name: str = "cached") -> Callable[[], float]:
+    def routed(fn: Callable[[], Any], how: str = "routed", block: str | None = None) -> Callable[[], float]:
         inner = loop(fn)  # its first, untimed call makes the plan
 
         def take() -> float:
-            with ut.enabled(), unimatmul.mode(mode_name):
+            with mode(how), (unimatmul.mode(block) if block else contextlib.nullcontext()):
                 return inner()
 
         return take
@@ -390,7 +405,9 @@ def bench_overhead(
         variants = dict(plain)
         variants["routed torch.mm, Default chosen"] = routed(lambda: torch.mm(a, b))
         variants["routed nn.Linear, Default chosen"] = routed(lambda: lin(a))
-        variants["routed torch.mm, mode off"] = routed(lambda: torch.mm(a, b), "off")
+        variants["routed torch.mm, Default chosen, Python kernels"] = routed(lambda: torch.mm(a, b), "routed-py")
+        variants["routed nn.Linear, Default chosen, Python kernels"] = routed(lambda: lin(a), "routed-py")
+        variants["routed torch.mm, in a mode('off') block"] = routed(lambda: torch.mm(a, b), block="off")
         variants.update(_mechanisms(a, b, loop))
         result.update(rounds(variants, args.repeats))
         with ut.enabled(), collecting() as met:
@@ -402,6 +419,8 @@ def bench_overhead(
             second = {f"{name} (kernel pass)": fn for name, fn in plain.items()}
             second[f"routed torch.mm, kernel ({kernels})"] = routed(lambda: torch.mm(a, b))
             second[f"routed nn.Linear, kernel ({kernels})"] = routed(lambda: lin(a))
+            second["routed torch.mm, kernel, Python kernels"] = routed(lambda: torch.mm(a, b), "routed-py")
+            second["routed nn.Linear, kernel, Python kernels"] = routed(lambda: lin(a), "routed-py")
             result.update(rounds(second, args.repeats))
     report.set_overhead((m, n, k), calls, result)
     report.write()
@@ -666,7 +685,15 @@ class Report:
         )
 
     def write(self) -> None:
+        from unimatmul.torch import native
+
         self.out.mkdir(parents=True, exist_ok=True)
+        self.data["native"] = {
+            "choice": os.environ.get(native.ENV, "auto"),
+            "loaded": native.loaded(),
+            "lt_calls_from_cpp": native.has_lt(),
+            "build_failure": native.failure(True) or native.failure(False),
+        }
         self.data["written"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         (self.out / "results.json").write_text(json.dumps(self.data, indent=2) + "\n")
         (self.out / "results.md").write_text(markdown(self.data))
@@ -721,13 +748,22 @@ def _us(seconds: float | None) -> str:
 
 
 def _cells(result: dict[str, dict[str, float]], modes: list[str]) -> str:
-    """Tokens per second of each mode, then routed/off ("-" where a mode is missing)."""
+    """Tokens per second of each mode, then each mode's speed over off ("-" where missing)."""
     cells = [f"{result[m]['tokens_per_s']:,.0f}" if m in result else "-" for m in modes]
-    if "off" in result and "routed" in result:
-        cells.append(f"{result['off']['median_s'] / result['routed']['median_s']:.3f}x")
-    else:
-        cells.append("-")
+    for m in _ratio_modes(modes):
+        if "off" in result and m in result:
+            cells.append(f"{result['off']['median_s'] / result[m]['median_s']:.3f}x")
+        else:
+            cells.append("-")
     return " | ".join(cells)
+
+
+def _ratio_modes(modes: list[str]) -> list[str]:
+    return [m for m in modes if m != "off"]
+
+
+def _ratio_heads(modes: list[str]) -> str:
+    return " | ".join(f"{m}/off" for m in _ratio_modes(modes))
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -740,6 +776,13 @@ def markdown(data: dict[str, Any]) -> str:
         f"Written {data.get('written', '')} by `benchmarks/torch_models.py` "
         f"(size {data['settings']['size']}, {data['settings']['repeats']} rounds, median round shown).",
     ]
+    nat = data.get("native", {})
+    lines.append(
+        f"Native routing kernels: {nat.get('choice', '?')}, loaded {nat.get('loaded')}, "
+        f"Lt calls made from C++ {nat.get('lt_calls_from_cpp')}"
+        + (f", build failure: {nat['build_failure']}" if nat.get("build_failure") else "")
+        + "."
+    )
     if data["settings"].get("note"):
         lines += ["", f"Note: {data['settings']['note']}"]
     if data["models"]:
@@ -748,13 +791,15 @@ def markdown(data: dict[str, Any]) -> str:
             "",
             "## Tokens per second",
             "",
-            "routed = every product tuned by `unimatmul.torch.warmup`, then mode `cached`. "
+            "routed = every product tuned by `unimatmul.torch.warmup`, then mode `cached`, "
+            "through the native kernels where they serve (UNIMATMUL_TORCH_NATIVE=auto: the CUDA key); "
+            "routed-py = the same with the Python kernels only. "
             "kernel calls = routed calls that ran a backend kernel (the rest chose Default).",
             "",
             "| model | phase | batch | tokens/step | "
             + " | ".join(f"{x} tok/s" for x in modes)
-            + " | routed/off | kernel calls |",
-            "|---|---|---|---|" + "---|" * len(modes) + "---|---|",
+            + f" | {_ratio_heads(modes)} | kernel calls |",
+            "|---|---|---|---|" + "---|" * len(modes) + "---|" * len(_ratio_modes(modes)) + "---|",
         ]
         for row in data["models"]:
             lines.append(
@@ -768,8 +813,8 @@ def markdown(data: dict[str, Any]) -> str:
                 "",
                 "### Decode as CUDA graph replays",
                 "",
-                "| model | batch | " + " | ".join(f"{x} tok/s" for x in gmodes) + " | routed/off |",
-                "|---|---|" + "---|" * len(gmodes) + "---|",
+                "| model | batch | " + " | ".join(f"{x} tok/s" for x in gmodes) + f" | {_ratio_heads(gmodes)} |",
+                "|---|---|" + "---|" * len(gmodes) + "---|" * len(_ratio_modes(gmodes)),
             ]
             for row in graphed:
                 lines.append(f"| {row['model']} | {row['batch']} | {_cells(row['graphs'], gmodes)} |")
@@ -844,8 +889,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip CUDA graph decode")
     p.add_argument(
         "--modes",
-        default="off,routed,tunableop",
-        help="comma list of off, routed, tunableop (CUDA/ROCm only). A failing mode is reported and "
+        default="off,routed,routed-py,tunableop",
+        help="comma list of off, routed, routed-py, tunableop (CUDA/ROCm only). A failing mode is reported and "
         "dropped; a CUDA error ends the run, so run tunableop apart if it breaks: --modes off,tunableop",
     )
     p.add_argument("--sections", default="models,overhead,buckets")
@@ -876,9 +921,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     args.modes = [x.strip() for x in args.modes.split(",") if x.strip()]
-    unknown = set(args.modes) - {"off", "routed", "tunableop"}
+    unknown = set(args.modes) - {"off", "routed", "routed-py", "tunableop"}
     if unknown or "off" not in args.modes:
-        p.error(f"--modes must hold off and any of routed, tunableop (got {args.modes})")
+        p.error(f"--modes must hold off and any of routed, routed-py, tunableop (got {args.modes})")
     return args
 
 
