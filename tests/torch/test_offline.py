@@ -53,6 +53,21 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> str:
     return done.stdout
 
 
+def _onednn() -> bool:
+    from torch_helpers import onednn_available
+
+    from unimatmul.plugins import PluginManager
+    from unimatmul.selector import Selector
+
+    return onednn_available(Selector(plugins=PluginManager()))
+
+
+# These tune CPU problems in another process: they need a CPU backend (the GPU machine
+# has no oneDNN).
+needs_onednn = pytest.mark.skipif(not _onednn(), reason="oneDNN is not available here")
+
+
+@needs_onednn
 def test_record_then_tune_from_then_cached(tmp_path: Path) -> None:
     script = tmp_path / "model.py"
     script.write_text(MODEL)
@@ -111,6 +126,7 @@ def test_record_then_tune_from_then_cached(tmp_path: Path) -> None:
     assert abs(cached["sum"] - recorded["sum"]) <= 1e-3 * max(1.0, abs(recorded["sum"]))
 
 
+@needs_onednn
 def test_tune_from_a_tunableop_untuned_file(tmp_path: Path) -> None:
     results = tmp_path / "tuned.json"
     done = subprocess.run(
