@@ -393,7 +393,7 @@ def bench_overhead(
         inner = loop(fn)  # its first, untimed call makes the plan
 
         def take() -> float:
-            with mode(how), (unimatmul.mode(block) if block else contextlib.nullcontext()):
+            with mode(how), unimatmul.mode(block) if block else contextlib.nullcontext():
                 return inner()
 
         return take
@@ -405,7 +405,9 @@ def bench_overhead(
         variants = dict(plain)
         variants["routed torch.mm, Default chosen"] = routed(lambda: torch.mm(a, b))
         variants["routed nn.Linear, Default chosen"] = routed(lambda: lin(a))
-        variants["routed torch.mm, Default chosen, Python kernels"] = routed(lambda: torch.mm(a, b), "routed-py")
+        variants["routed torch.mm, Default chosen, Python kernels"] = routed(
+            lambda: torch.mm(a, b), "routed-py"
+        )
         variants["routed nn.Linear, Default chosen, Python kernels"] = routed(lambda: lin(a), "routed-py")
         variants["routed torch.mm, in a mode('off') block"] = routed(lambda: torch.mm(a, b), block="off")
         variants.update(_mechanisms(a, b, loop))
@@ -813,7 +815,9 @@ def markdown(data: dict[str, Any]) -> str:
                 "",
                 "### Decode as CUDA graph replays",
                 "",
-                "| model | batch | " + " | ".join(f"{x} tok/s" for x in gmodes) + f" | {_ratio_heads(gmodes)} |",
+                "| model | batch | "
+                + " | ".join(f"{x} tok/s" for x in gmodes)
+                + f" | {_ratio_heads(gmodes)} |",
                 "|---|---|" + "---|" * len(gmodes) + "---|" * len(_ratio_modes(gmodes)),
             ]
             for row in graphed:
