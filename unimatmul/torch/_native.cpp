@@ -20,17 +20,21 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/baddbmm.h>
-#include <ATen/ops/bmm.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/baddbmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #ifdef UNIMATMUL_NATIVE_CUDA
 #include <ATen/Context.h>
+#include <ATen/ops/addmm_cuda_dispatch.h>
+#include <ATen/ops/baddbmm_cuda_dispatch.h>
+#include <ATen/ops/bmm_cuda_dispatch.h>
+#include <ATen/ops/empty_cuda_dispatch.h>
+#include <ATen/ops/mm_cuda_dispatch.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -172,36 +176,31 @@ std::shared_ptr<Entry> find(const Key& key) {
   return it == s.table.end() ? nullptr : it->second;
 }
 
-// --- PyTorch's own kernels, through the out= forms ----------------------------------------
+// --- PyTorch's own kernels ------------------------------------------------------------------
+// Called directly (at::cpu::mm, at::cuda::mm: the functions PyTorch registered at these
+// keys, which the dispatcher would have called), not through the dispatcher again: the
+// Default path then costs a table lookup more than PyTorch's own call, and cannot
+// recurse into these kernels.
 
-at::Tensor default_mm(const at::Tensor& a, const at::Tensor& b) {
-  if (a.dim() == 2 && b.dim() == 2) {
-    at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-    return at::mm_out(out, a, b);
+template <bool GPU>
+at::Tensor default_product(int64_t op, const at::Tensor& a, const at::Tensor& b) {
+#ifdef UNIMATMUL_NATIVE_CUDA
+  if constexpr (GPU) {
+    return op == MM ? at::cuda::mm(a, b) : at::cuda::bmm(a, b);
   }
-  at::Tensor out = at::empty({0}, a.options());
-  return at::mm_out(out, a, b);
+#endif
+  return op == MM ? at::cpu::mm(a, b) : at::cpu::bmm(a, b);
 }
 
-at::Tensor default_bmm(const at::Tensor& a, const at::Tensor& b) {
-  if (a.dim() == 3 && b.dim() == 3) {
-    at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
-    return at::bmm_out(out, a, b);
+template <bool GPU>
+at::Tensor default_accumulate(int64_t op, const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                              const c10::Scalar& beta, const c10::Scalar& alpha) {
+#ifdef UNIMATMUL_NATIVE_CUDA
+  if constexpr (GPU) {
+    return op == ADDMM ? at::cuda::addmm(c, a, b, beta, alpha) : at::cuda::baddbmm(c, a, b, beta, alpha);
   }
-  at::Tensor out = at::empty({0}, a.options());
-  return at::bmm_out(out, a, b);
-}
-
-at::Tensor default_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const c10::Scalar& beta,
-                         const c10::Scalar& alpha) {
-  at::Tensor out = at::empty({0}, a.options());
-  return at::addmm_out(out, c, a, b, beta, alpha);
-}
-
-at::Tensor default_baddbmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
-                           const c10::Scalar& beta, const c10::Scalar& alpha) {
-  at::Tensor out = at::empty({0}, a.options());
-  return at::baddbmm_out(out, c, a, b, beta, alpha);
+#endif
+  return op == ADDMM ? at::cpu::addmm(c, a, b, beta, alpha) : at::cpu::baddbmm(c, a, b, beta, alpha);
 }
 
 // --- the Python kernels, through the slow ops ---------------------------------------------
@@ -236,7 +235,7 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
   if (reinterpret_cast<intptr_t>(stream) != e.stream) {
     return at::Tensor();
   }
-  at::Tensor out = at::empty(e.out_shape, a.options());
+  at::Tensor out = at::cuda::empty(e.out_shape, a.options());
   void* d = out.data_ptr();
   const void* a_ptr = a.data_ptr();
   const void* b_ptr = b.data_ptr();
@@ -287,11 +286,11 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
 
 // --- the kernels ----------------------------------------------------------------------------
 
-template <int64_t OP>
+template <int64_t OP, bool GPU>
 at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
   State& s = state();
   if (busy || s.mode.load(std::memory_order_relaxed) == MODE_OFF) {
-    return OP == MM ? default_mm(a, b) : default_bmm(a, b);
+    return default_product<GPU>(OP, a, b);
   }
   Key key;
   if (s.python_only.load(std::memory_order_relaxed) != 0 || !make_key(key, OP, nullptr, a, b, false, false)) {
@@ -305,7 +304,7 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
   if (kind == DEFAULT) {
     entry->calls.fetch_add(1, std::memory_order_relaxed);
     RECORD_USER_SCOPE(entry->label.c_str());
-    return OP == MM ? default_mm(a, b) : default_bmm(a, b);
+    return default_product<GPU>(OP, a, b);
   }
   if (kind == LT) {
     RECORD_USER_SCOPE(entry->label.c_str());
@@ -318,12 +317,12 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
   return slow_product(OP, a, b);
 }
 
-template <int64_t OP>
+template <int64_t OP, bool GPU>
 at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const c10::Scalar& beta,
                       const c10::Scalar& alpha) {
   State& s = state();
   if (busy || s.mode.load(std::memory_order_relaxed) == MODE_OFF) {
-    return OP == ADDMM ? default_addmm(c, a, b, beta, alpha) : default_baddbmm(c, a, b, beta, alpha);
+    return default_accumulate<GPU>(OP, c, a, b, beta, alpha);
   }
   Key key;
   const bool complex = beta.isComplex() || alpha.isComplex();
@@ -339,7 +338,7 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
   if (kind == DEFAULT) {
     entry->calls.fetch_add(1, std::memory_order_relaxed);
     RECORD_USER_SCOPE(entry->label.c_str());
-    return OP == ADDMM ? default_addmm(c, a, b, beta, alpha) : default_baddbmm(c, a, b, beta, alpha);
+    return default_accumulate<GPU>(OP, c, a, b, beta, alpha);
   }
   if (kind == LT) {
     RECORD_USER_SCOPE(entry->label.c_str());
@@ -353,6 +352,14 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
 }
 
 // --- control, from Python -------------------------------------------------------------------
+
+bool built_with_cuda() {
+#ifdef UNIMATMUL_NATIVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 // PyTorch warns (once per process) when a kernel replaces another: that is the point here.
 class Quiet : public c10::WarningHandler {
@@ -368,21 +375,27 @@ void install(bool cpu, bool cuda) {
   }
   Quiet quiet;
   c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
-  std::vector<c10::DispatchKey> keys;
+  TORCH_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install: the CUDA key needs the GPU build");
   if (cpu) {
-    keys.push_back(c10::DispatchKey::CPU);
-  }
-  if (cuda) {
-    keys.push_back(c10::DispatchKey::CUDA);
-  }
-  for (c10::DispatchKey k : keys) {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", k, __FILE__, __LINE__);
-    lib->impl("mm", TORCH_FN(product<MM>));
-    lib->impl("bmm", TORCH_FN(product<BMM>));
-    lib->impl("addmm", TORCH_FN(accumulate<ADDMM>));
-    lib->impl("baddbmm", TORCH_FN(accumulate<BADDBMM>));
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__,
+                                                __LINE__);
+    lib->impl("mm", TORCH_FN((product<MM, false>)));
+    lib->impl("bmm", TORCH_FN((product<BMM, false>)));
+    lib->impl("addmm", TORCH_FN((accumulate<ADDMM, false>)));
+    lib->impl("baddbmm", TORCH_FN((accumulate<BADDBMM, false>)));
     s.libraries.push_back(std::move(lib));
   }
+#ifdef UNIMATMUL_NATIVE_CUDA
+  if (cuda) {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA, __FILE__,
+                                                __LINE__);
+    lib->impl("mm", TORCH_FN((product<MM, true>)));
+    lib->impl("bmm", TORCH_FN((product<BMM, true>)));
+    lib->impl("addmm", TORCH_FN((accumulate<ADDMM, true>)));
+    lib->impl("baddbmm", TORCH_FN((accumulate<BADDBMM, true>)));
+    s.libraries.push_back(std::move(lib));
+  }
+#endif
 }
 
 void uninstall() {
@@ -395,14 +408,6 @@ bool installed() {
   State& s = state();
   std::lock_guard<std::mutex> guard(s.install_lock);
   return !s.libraries.empty();
-}
-
-bool built_with_cuda() {
-#ifdef UNIMATMUL_NATIVE_CUDA
-  return true;
-#else
-  return false;
-#endif
 }
 
 void configure(int64_t mode, int64_t python_only) {
