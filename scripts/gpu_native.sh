@@ -50,6 +50,11 @@ if has buckets; then
         --out "$OUT/buckets" --cache /tmp/unimatmul-bucket-cache.msgpack 2>&1 | tail -3
 fi
 
+if has profile; then
+    echo "== profile: llama decode batch 1, off vs routed"
+    timeout 150 python3 benchmarks/profile_decode.py --out "$OUT/profile-llama-decode1.json" 2>&1 | tail -25
+fi
+
 if has tunableop; then
     # A process of its own: TunableOp broke the CUDA context on the Llama block before.
     echo "== models: TunableOp"
