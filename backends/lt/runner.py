@@ -106,6 +106,24 @@ def array_hooks(target: Target) -> ArrayHooks:
     raise TypeError(msg)
 
 
+@dataclass(frozen=True)
+class NativeCall:
+    """What a native caller needs to make a runner's call itself (see ``LtRunner.native_call``).
+
+    ``words``: the Lt call as ints. For the padded runner, ``buffers`` holds the A, B and
+    C buffers and their corner views (None where that operand is not copied) and
+    ``flags`` (a_first, b_first): a batch-broadcast operand is copied as its first matrix.
+    """
+
+    words: list[int]
+    buffers: tuple[Any, ...] = ()
+    flags: tuple[int, ...] = ()
+
+    @property
+    def padded(self) -> bool:
+        return bool(self.buffers)
+
+
 class LtRunner:
     """One Lt algo on one plan: the cached call of the hot path.
 
@@ -191,7 +209,7 @@ class LtRunner:
                 stream,
             )
 
-    def native_call(self) -> list[int] | None:
+    def native_call(self) -> NativeCall | None:
         """What a native caller needs to make this runner's call itself, on the current stream.
 
         The words (all ints): the library's matmul and descriptor set-attribute function
@@ -220,20 +238,22 @@ class LtRunner:
         raw = bytes(self._algo)
         raw += bytes(-len(raw) % 8)
         words = [int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
-        return [
-            *addresses,
-            bias_attr,
-            driver.handle,
-            native.desc,
-            native.adesc,
-            native.bdesc,
-            native.cdesc,
-            workspace,
-            self._ws_size,
-            stream,
-            ctypes.sizeof(plan.scale_ctype),
-            *words,
-        ]
+        return NativeCall(
+            [
+                *addresses,
+                bias_attr,
+                driver.handle,
+                native.desc,
+                native.adesc,
+                native.bdesc,
+                native.cdesc,
+                workspace,
+                self._ws_size,
+                stream,
+                ctypes.sizeof(plan.scale_ctype),
+                *words,
+            ]
+        )
 
     def close(self) -> None:
         if self._native_plan is not None:
@@ -327,6 +347,15 @@ class PaddedRunner:
             self.inner(a, b, d, alpha, beta, bias)
             if d is not out:
                 copy(out, c_view)
+
+    def native_call(self) -> NativeCall | None:
+        """The inner runner's call, and this stream's padded buffers (see :class:`NativeCall`)."""
+        inner = self.inner.native_call()
+        if inner is None:
+            return None
+        with self._lock:
+            buffers = self._buffers(self._stream())
+        return NativeCall(inner.words, tuple(buffers), (int(self._a_first), int(self._b_first)))
 
     def close(self) -> None:
         self.inner.close()

@@ -716,8 +716,9 @@ def test_runner_native_call_words(lib: RecordingLtLibrary) -> None:
     assert runner.native_call() is None  # this fake library has no C functions to hand over
     lib.function_address = {"Matmul": 0x7000, "MatmulDescSetAttribute": 0x7100}.get  # type: ignore[attr-defined]
     creates = lib.names().count("matmul_desc_create")
-    words = runner.native_call()
-    assert words is not None
+    call = runner.native_call()
+    assert call is not None and not call.padded
+    words = call.words
     matmul, set_attr, bias_attr, handle, desc, adesc, bdesc, cdesc, ws, ws_size, stream, scale = words[:12]
     assert (matmul, set_attr) == (0x7000, 0x7100)
     assert bias_attr == CUBLASLT_13.desc_attr("BIAS_POINTER")[0]
@@ -728,4 +729,22 @@ def test_runner_native_call_words(lib: RecordingLtLibrary) -> None:
     assert ws != 0 and ws_size == 4096 and stream == 0x57 and scale == 4
     algo = b"".join(w.to_bytes(8, "little", signed=True) for w in words[12:])
     assert algo[: len(runner.algo.data)] == runner.algo.data
-    assert runner.native_call()[4] == desc  # type: ignore[index]  # made once
+    again = runner.native_call()
+    assert again is not None and again.words[4] == desc  # made once
+
+
+def test_padded_runner_native_call_hands_over_its_buffers(lib: RecordingLtLibrary) -> None:
+    backend = FakeLtBackend(lib)
+    problem = Problem.from_shape(16, 17, 16, "bf16")  # a misaligned leading dimension: padding offered
+    padded = [c for c in backend.candidates(problem, _target()) if c.name == "pad-dims"]
+    assert padded
+    runner = backend.prepare(problem, padded[0], _target())
+    assert isinstance(runner, PaddedRunner)
+    lib.function_address = {"Matmul": 0x7000, "MatmulDescSetAttribute": 0x7100}.get  # type: ignore[attr-defined]
+    call = runner.native_call()
+    assert call is not None and call.padded
+    assert len(call.buffers) == 6
+    assert call.buffers == runner._by_stream[0x57]  # this stream's buffers, the ones Python uses
+    assert any(buf is not None for buf in call.buffers)
+    assert call.flags == (0, 0)
+    assert call.words[8] == runner.inner._workspace(0x57)  # the inner runner's workspace

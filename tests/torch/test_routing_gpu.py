@@ -178,3 +178,30 @@ def test_native_kernels_make_the_lt_call(gpu_env: Env, bias: bool) -> None:
         torch.cuda.synchronize()
     for out in [*outs, on_side]:
         assert _rel(out, reference) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("env", ["native"], indirect=True)
+def test_native_kernels_make_the_padded_call(gpu_env: Env) -> None:
+    """A misaligned product whose tuned choice is a padding candidate runs from C++ too."""
+    from unimatmul.torch import native, routing
+
+    if not _gpu_kernels_available(gpu_env):
+        pytest.skip("no GPU backend is available")
+    torch.manual_seed(0)
+    a = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, 1025, device="cuda", dtype=torch.bfloat16)  # n = 1025: ld not a multiple of 8
+    reference = a.double() @ b.double()
+    with ut.enabled(), collecting() as met:
+        torch.mm(a, b)
+    records = tune_preferring_kernels(gpu_env.selector, list({(p.key, t): (p, t) for p, t in met}.values()))
+    ut.clear_plans()
+    if not records[0].winner.startswith("cublaslt/pad"):
+        pytest.skip(f"the tuned choice here is {records[0].winner}, not a padding candidate")
+    with ut.enabled():
+        outs = [torch.mm(a, b) for _ in range(4)]
+        plan = next(p for p in routing._state.plans.values() if p.op == "mm")
+        assert plan.native == native.PADDED
+        assert native.counts().get(plan.ident) == 3
+    torch.cuda.synchronize()
+    for out in outs:
+        assert _rel(out, reference) < TOLERANCE[torch.bfloat16]

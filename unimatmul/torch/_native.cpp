@@ -52,7 +52,7 @@
 namespace {
 
 enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3 };
-enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2 };
+enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3 };
 enum Form : int { PLAIN = 0, BIAS = 1 };
 constexpr int64_t MODE_OFF = 0;
 
@@ -101,6 +101,12 @@ struct Entry {
   double alpha_d = 1.0, beta_d = 0.0;
   float alpha_f = 1.0f, beta_f = 0.0f;
   const void* bias_ptr = nullptr;
+  // PADDED: the Lt call runs on aligned copies (PaddedRunner in Python): the operands are
+  // copied into the top-left corner (the view) of zeroed buffers, the product is written
+  // to the C buffer when there is one, and its corner is copied into the output.
+  bool padded = false;
+  at::Tensor a_buf, a_view, b_buf, b_view, c_buf, c_view;
+  bool a_first = false, b_first = false;  // a batch-broadcast operand: its first matrix is copied
 };
 
 struct State {
@@ -241,7 +247,22 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
   const void* b_ptr = b.data_ptr();
   int status = 0;
   {
+    // For PADDED, one call at a time enqueues its copy-in, product and copy-out: two
+    // threads on one stream must not interleave their copies into the same buffers.
     std::lock_guard<std::mutex> guard(e.lock);
+    if (e.padded) {
+      if (e.a_buf.defined()) {
+        e.a_view.copy_(e.a_first && a.dim() == 3 ? a.select(0, 0) : a);
+        a_ptr = e.a_buf.data_ptr();
+      }
+      if (e.b_buf.defined()) {
+        e.b_view.copy_(e.b_first && b.dim() == 3 ? b.select(0, 0) : b);
+        b_ptr = e.b_buf.data_ptr();
+      }
+      if (e.c_buf.defined()) {
+        d = e.c_buf.data_ptr();
+      }
+    }
     const void* alpha_ptr;
     const void* beta_ptr;
     if (e.scale_bytes == 8) {
@@ -267,6 +288,9 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
       // C^T = B^T @ A^T), as in the Python LtRunner.
       status = e.matmul(e.handle, e.desc, alpha_ptr, b_ptr, e.adesc, a_ptr, e.bdesc, beta_ptr, d, e.cdesc, d,
                         e.cdesc, e.algo, e.workspace, e.workspace_size, stream);
+    }
+    if (status == 0 && e.padded && e.c_buf.defined()) {
+      out.copy_(e.c_view);
     }
   }
   if (status != 0) {
@@ -306,7 +330,7 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
     RECORD_USER_SCOPE(entry->label.c_str());
     return default_product<GPU>(OP, a, b);
   }
-  if (kind == LT) {
+  if (kind == LT || kind == PADDED) {
     RECORD_USER_SCOPE(entry->label.c_str());
     at::Tensor out = run_lt(*entry, a, b, nullptr, 1.0);
     if (out.defined()) {
@@ -340,7 +364,7 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
     RECORD_USER_SCOPE(entry->label.c_str());
     return default_accumulate<GPU>(OP, c, a, b, beta, alpha);
   }
-  if (kind == LT) {
+  if (kind == LT || kind == PADDED) {
     RECORD_USER_SCOPE(entry->label.c_str());
     at::Tensor out = run_lt(*entry, a, b, entry->form == BIAS ? &c : nullptr, alpha.toDouble());
     if (out.defined()) {
@@ -419,24 +443,26 @@ void set_busy(bool on) {
   busy = on;
 }
 
-// Puts the entry for the key that these operands make. lt holds, for kind LT: the matmul
-// and set-attribute function addresses, the bias attribute, handle, descriptor, the three
-// layouts, workspace address and size, stream, scale bytes, then the algo's bytes as words.
+// Puts the entry for the key that these operands make. lt holds, for kinds LT and PADDED:
+// the matmul and set-attribute function addresses, the bias attribute, handle, descriptor,
+// the three layouts, workspace address and size, stream, scale bytes, then the algo's
+// bytes as words. For PADDED, buffers holds the A, B and C buffers and their corner views
+// (None where that operand is not copied), and flags (a_first, b_first).
 void put(int64_t op, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c, bool beta_zero,
          bool beta_one, int64_t kind, int64_t id, c10::string_view label, c10::IntArrayRef out_shape, int64_t form,
-         c10::IntArrayRef lt) {
+         c10::IntArrayRef lt, const c10::List<std::optional<at::Tensor>>& buffers, c10::IntArrayRef flags) {
   Key key;
   const at::Tensor* cp = c.has_value() ? &*c : nullptr;
   TORCH_CHECK(op >= MM && op <= BADDBMM, "unimatmul_native.put: unknown op ", op);
   TORCH_CHECK(make_key(key, op, cp, a, b, beta_zero, beta_one), "unimatmul_native.put: operands of more than 3-D");
-  TORCH_CHECK(kind == DEFAULT || kind == LT || kind == PYTHON, "unimatmul_native.put: unknown kind ", kind);
+  TORCH_CHECK(kind >= DEFAULT && kind <= PADDED, "unimatmul_native.put: unknown kind ", kind);
   auto entry = std::make_shared<Entry>();
   entry->kind.store(static_cast<int>(kind));
   entry->id = id;
   entry->label = std::string(label);
   entry->out_shape = out_shape.vec();
   entry->form = static_cast<int>(form);
-  if (kind == LT) {
+  if (kind == LT || kind == PADDED) {
     TORCH_CHECK(built_with_cuda(), "unimatmul_native.put: an LT entry needs the GPU build");
     constexpr int fixed = 12;
     TORCH_CHECK(lt.size() > fixed && lt.size() - fixed <= sizeof(entry->algo) / 8,
@@ -460,6 +486,20 @@ void put(int64_t op, const at::Tensor& a, const at::Tensor& b, const std::option
       const int64_t word = lt[w];
       std::memcpy(entry->algo + 8 * (w - fixed), &word, 8);
     }
+  }
+  if (kind == PADDED) {
+    TORCH_CHECK(buffers.size() == 6 && flags.size() == 2, "unimatmul_native.put: PADDED needs 6 buffers, 2 flags");
+    at::Tensor* slots[6] = {&entry->a_buf, &entry->a_view, &entry->b_buf,
+                            &entry->b_view, &entry->c_buf, &entry->c_view};
+    for (size_t i = 0; i < 6; ++i) {
+      const std::optional<at::Tensor> t = buffers.get(i);
+      if (t.has_value()) {
+        *slots[i] = *t;
+      }
+    }
+    entry->padded = true;
+    entry->a_first = flags[0] != 0;
+    entry->b_first = flags[1] != 0;
   }
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
@@ -512,7 +552,7 @@ TORCH_LIBRARY(unimatmul_native, m) {
   m.def("set_busy(bool on) -> ()", &set_busy);
   m.def(
       "put(int op, Tensor a, Tensor b, Tensor? c, bool beta_zero, bool beta_one, int kind, int id, str label, "
-      "int[] out_shape, int form, int[] lt) -> ()",
+      "int[] out_shape, int form, int[] lt, Tensor?[] buffers, int[] flags) -> ()",
       &put);
   m.def("clear() -> int[]", &clear);
   m.def("counts(bool reset) -> int[]", &counts);

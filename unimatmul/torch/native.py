@@ -37,7 +37,7 @@ SOURCE = Path(__file__).with_name("_native.cpp")
 MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
 OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 # Entry kinds in the native table (_native.cpp).
-DEFAULT, LT, PYTHON = 0, 1, 2
+DEFAULT, LT, PYTHON, PADDED = 0, 1, 2, 3
 
 _lock = threading.Lock()
 _loaded: dict[bool, bool] = {}  # cuda build? -> loaded
@@ -195,8 +195,9 @@ def put(
     label: str,
     out_shape: tuple[int, ...],
     form: int,
-    lt: list[int] | None,
+    call: Any = None,
 ) -> None:
+    """Put the entry for these operands' key; ``call``: a runner's NativeCall (LT, PADDED)."""
     accumulate = c is not None
     torch.ops.unimatmul_native.put(
         OPS[op],
@@ -210,7 +211,9 @@ def put(
         label,
         list(out_shape),
         form,
-        lt or [],
+        call.words if call is not None else [],
+        list(call.buffers) if call is not None and call.padded else [],
+        list(call.flags) if call is not None and call.padded else [],
     )
 
 

@@ -319,19 +319,19 @@ def _native_put(
     from unimatmul.torch import native
 
     runner = plan.runner
-    lt = None
+    call = None
     if runner is None:
         kind = native.DEFAULT
     elif plan.form in (PLAIN, BIAS) and native.has_lt() and hasattr(runner, "native_call"):
         try:
-            lt = runner.native_call()
+            call = runner.native_call()
         except Exception:  # the Python kernel keeps serving the key
-            lt = None
-        kind = native.LT if lt else native.PYTHON
+            call = None
+        kind = native.PYTHON if call is None else (native.PADDED if call.padded else native.LT)
     else:
         kind = native.PYTHON
     try:
-        native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, lt)
+        native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, call)
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
