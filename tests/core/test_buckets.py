@@ -126,8 +126,11 @@ def test_choose_never_takes_a_candidate_slower_than_default_anywhere() -> None:
         "x/fast-at-rep": [0.5, 0.6, 1.02],  # loses to Default at one edge
         "x/steady": [0.9, 0.92, 0.95],
         "x/noise": [0.999, 0.998, 1.0],  # never slower, but no real gain
+        "x/level-at-one": [0.7, 0.995, 0.8],  # a big gain, but only level with Default at one point
     }
     assert choose(ratios, 0.01) == "x/steady"
+    assert choose({"x/level-at-one": ratios["x/level-at-one"]}, 0.01) == DEFAULT.identity
+    assert choose({"x/level-at-one": ratios["x/level-at-one"]}, 0.0) == "x/level-at-one"
     assert choose({k: v for k, v in ratios.items() if k != "x/steady"}, 0.01) == DEFAULT.identity
     assert choose({}, 0.01) == DEFAULT.identity
 
