@@ -213,3 +213,17 @@ def test_the_choice_of_keys() -> None:
             os.environ.pop(native.ENV, None)
         else:
             os.environ[native.ENV] = old
+
+
+def test_build_native_command() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "unimatmul.torch", "--build-native"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "native routing kernels built for the" in done.stdout
