@@ -547,7 +547,6 @@ TORCH_LIBRARY(unimatmul_native, m) {
   m.def("install(bool cpu, bool cuda) -> ()", &install);
   m.def("uninstall() -> ()", &uninstall);
   m.def("installed() -> bool", &installed);
-  m.def("built_with_cuda() -> bool", &built_with_cuda);
   m.def("configure(int mode, int python_only) -> ()", &configure);
   m.def("set_busy(bool on) -> ()", &set_busy);
   m.def(

@@ -40,8 +40,8 @@ OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 DEFAULT, LT, PYTHON, PADDED = 0, 1, 2, 3
 
 _lock = threading.Lock()
-_loaded: dict[bool, bool] = {}  # cuda build? -> loaded
-_failures: dict[bool, str] = {}
+_loaded_gpu: bool | None = None  # None: nothing loaded; else whether the GPU build is
+_failures: dict[bool, str] = {}  # GPU build? -> why it failed
 
 
 def choice() -> str:
@@ -82,10 +82,10 @@ def load(cuda: bool) -> bool:
     backend kernel to Python. Only one build is loaded per process (both define the
     same operators); a GPU build serves the CPU key too.
     """
+    global _loaded_gpu
     with _lock:
-        if _loaded:
-            have_cuda = next(iter(_loaded))
-            return have_cuda or not cuda
+        if _loaded_gpu is not None:
+            return _loaded_gpu or not cuda
         if cuda in _failures:
             return False
         try:
@@ -105,7 +105,7 @@ def load(cuda: bool) -> bool:
                 f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
             )
             return False
-        _loaded[cuda] = True
+        _loaded_gpu = cuda
         _register_slow_ops()
         return True
 
@@ -128,12 +128,12 @@ def failure(cuda: bool) -> str:
 
 
 def loaded() -> bool:
-    return bool(_loaded)
+    return _loaded_gpu is not None
 
 
 def has_lt() -> bool:
     """Whether the loaded build makes Lt calls itself (the GPU build)."""
-    return bool(_loaded) and bool(torch.ops.unimatmul_native.built_with_cuda())
+    return _loaded_gpu is True
 
 
 # --- the slow ops: the Python kernels behind the native ones -------------------------------
@@ -171,12 +171,12 @@ def install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
 
 
 def uninstall() -> None:
-    if _loaded:
+    if loaded():
         torch.ops.unimatmul_native.uninstall()
 
 
 def configure(mode: str, overrides: int) -> None:
-    if _loaded:
+    if loaded():
         torch.ops.unimatmul_native.configure(MODES[mode], overrides)
 
 
@@ -224,16 +224,16 @@ def _pairs(words: list[int]) -> dict[int, int]:
 
 def clear() -> dict[int, int]:
     """Empty the table; the calls each entry made there, by entry id."""
-    if not _loaded:
+    if not loaded():
         return {}
     return _pairs(list(torch.ops.unimatmul_native.clear()))
 
 
 def counts(reset: bool = False) -> dict[int, int]:
-    if not _loaded:
+    if not loaded():
         return {}
     return _pairs(list(torch.ops.unimatmul_native.counts(reset)))
 
 
 def size() -> int:
-    return int(torch.ops.unimatmul_native.size()) if _loaded else 0
+    return int(torch.ops.unimatmul_native.size()) if loaded() else 0

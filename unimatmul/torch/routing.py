@@ -1,8 +1,10 @@
 """Routing PyTorch's matrix products through unimatmul, at the dispatcher.
 
-The mechanism: Python kernels for ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and
-``aten::baddbmm`` registered with a ``torch.library.Library`` for the CPU and CUDA
-dispatch keys (CUDA also serves ROCm builds). Everything above those keys keeps
+The mechanism: kernels for ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and
+``aten::baddbmm`` at the CPU and CUDA dispatch keys (CUDA also serves ROCm builds):
+the Python kernels here, registered with a ``torch.library.Library``, and where they
+build, the native (C++) kernels of ``native.py``, which serve known keys without Python
+and call these Python kernels for the rest. Everything above those keys keeps
 working unchanged: autograd (the backward's products are ``aten::mm`` calls too, so
 they are routed), autocast (inputs arrive already cast), ``torch.jit.trace``, vmap,
 tensor subclasses, fake tensors (they never reach a CPU/CUDA kernel). ``torch.matmul``,
@@ -103,7 +105,6 @@ class _State:
         # table points into: kept for one generation after the table is emptied, so that
         # a native call in flight on another thread never meets a freed descriptor.
         self.native_keys: tuple[str, ...] = ()
-        self.native_devices: frozenset[str] = frozenset()
         self.keep: list[list[Any]] = [[], []]
 
 
@@ -307,7 +308,7 @@ def _resolve(
         elif len(plans) >= MAX_PLANS:
             _retire_plans()
         plans[key] = plan
-        if a.device.type in _state.native_devices and _mode_var.get() is None:
+        if a.device.type.upper() in _state.native_keys and _mode_var.get() is None:
             _native_put(plan, op, a, b, c, beta)
     return plan
 
@@ -515,7 +516,6 @@ def install() -> None:
             raise
         _state.libraries.append(library)
         _state.native_keys = native_keys
-        _state.native_devices = frozenset(k.lower() for k in native_keys)
         if native_keys:
             _config.on_overrides(_native_overrides)
 
@@ -559,7 +559,6 @@ def uninstall() -> None:
         _state.libraries.clear()
         _retire_plans()
         _state.native_keys = ()
-        _state.native_devices = frozenset()
 
 
 # --- what happened ------------------------------------------------------------------------
