@@ -215,7 +215,7 @@ def mode(name: str) -> Iterator[None]:
     """Run a block with routing off, routing on, or TunableOp on.
 
     ``routed``: routing as a user gets it (``UNIMATMUL_TORCH_NATIVE`` as set, default
-    ``auto``: the native kernels at the CUDA key); ``routed-py``: the Python kernels
+    ``auto``: the native kernels wherever they build); ``routed-py``: the Python kernels
     only. Both in the environment's mode, ``cached`` (a ``unimatmul.mode()`` block would
     send every call through the Python kernels).
     """
@@ -794,7 +794,7 @@ def markdown(data: dict[str, Any]) -> str:
             "## Tokens per second",
             "",
             "routed = every product tuned by `unimatmul.torch.warmup`, then mode `cached`, "
-            "through the native kernels where they serve (UNIMATMUL_TORCH_NATIVE=auto: the CUDA key); "
+            "through the native kernels (UNIMATMUL_TORCH_NATIVE as set; the native line above says which); "
             "routed-py = the same with the Python kernels only. "
             "kernel calls = routed calls that ran a backend kernel (the rest chose Default).",
             "",

@@ -110,6 +110,30 @@ class Runner(Protocol):
 
 
 @dataclass(frozen=True)
+class NativeCall:
+    """A runner's call as plain numbers, for a native caller to make it without Python.
+
+    A runner may offer ``native_call() -> NativeCall | None`` (torch routing's C++
+    kernels take it; ``unimatmul/torch/_native.cpp`` reads the words). ``kind``: ``"lt"``
+    (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words) or
+    ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``). For the padded
+    Lt runner, ``buffers`` holds the A, B and C buffers and their corner views (None
+    where that operand is not copied) and ``flags`` (a_first, b_first): a
+    batch-broadcast operand is copied as its first matrix. Whatever the words point
+    at belongs to the runner, which must outlive the native caller's use of them.
+    """
+
+    kind: str
+    words: list[int]
+    buffers: tuple[Any, ...] = ()
+    flags: tuple[int, ...] = ()
+
+    @property
+    def padded(self) -> bool:
+        return bool(self.buffers)
+
+
+@dataclass(frozen=True)
 class Target:
     """What a backend is asked to serve: an array library's arrays on one device."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unimatmul.arrays import operand_layouts
-from unimatmul.backend import Candidate, Target
+from unimatmul.backend import Candidate, NativeCall, Target
 from unimatmul.problem import Problem
 from unimatmul_backends.lt.driver import LtAlgo, LtPlan, function_addresses
 
@@ -104,24 +104,6 @@ def array_hooks(target: Target) -> ArrayHooks:
         )
     msg = f"the Lt runners take torch tensors or CuPy arrays, not {target.array_kind}"
     raise TypeError(msg)
-
-
-@dataclass(frozen=True)
-class NativeCall:
-    """What a native caller needs to make a runner's call itself (see ``LtRunner.native_call``).
-
-    ``words``: the Lt call as ints. For the padded runner, ``buffers`` holds the A, B and
-    C buffers and their corner views (None where that operand is not copied) and
-    ``flags`` (a_first, b_first): a batch-broadcast operand is copied as its first matrix.
-    """
-
-    words: list[int]
-    buffers: tuple[Any, ...] = ()
-    flags: tuple[int, ...] = ()
-
-    @property
-    def padded(self) -> bool:
-        return bool(self.buffers)
 
 
 class LtRunner:
@@ -239,6 +221,7 @@ class LtRunner:
         raw += bytes(-len(raw) % 8)
         words = [int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
         return NativeCall(
+            "lt",
             [
                 *addresses,
                 bias_attr,
@@ -355,7 +338,7 @@ class PaddedRunner:
             return None
         with self._lock:
             buffers = self._buffers(self._stream())
-        return NativeCall(inner.words, tuple(buffers), (int(self._a_first), int(self._b_first)))
+        return NativeCall("lt", inner.words, tuple(buffers), (int(self._a_first), int(self._b_first)))
 
     def close(self) -> None:
         self.inner.close()

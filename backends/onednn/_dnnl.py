@@ -809,6 +809,36 @@ class MatmulPrimitive:
         self._execute(self._prim, self._stream, self._nargs, self._args)
         self._wait(self._stream)
 
+    def native_words(self) -> list[int]:
+        """What :meth:`execute` does, as addresses for a native caller (torch routing's C++).
+
+        The ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute`` and
+        ``dnnl_stream_wait`` functions, the primitive, the stream, the exec-arg count and
+        array, the src, weights, dst and bias memories (0: no bias), and the runtime
+        alpha's float (0: none). The caller sets the three (four) data handles, writes
+        alpha, executes and waits, one call at a time, as :meth:`execute` does.
+        """
+        if self._closed:
+            raise RuntimeError("MatmulPrimitive is closed")
+
+        def address(obj: Any) -> int:
+            return int(ctypes.cast(obj, ctypes.c_void_p).value or 0)
+
+        return [
+            address(self._set_handle),
+            address(self._execute),
+            address(self._wait),
+            address(self._prim),
+            address(self._stream),
+            self._nargs,
+            ctypes.addressof(self._args),
+            address(self._src),
+            address(self._wei),
+            address(self._dst),
+            address(self._bias) if self._bias is not None else 0,
+            ctypes.addressof(self._alpha_buf) if self.spec.runtime_alpha else 0,
+        ]
+
     def close(self) -> None:
         """Release primitive, memories and primitive desc (idempotent)."""
         if getattr(self, "_closed", True):

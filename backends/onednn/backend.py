@@ -6,7 +6,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from unimatmul.backend import Backend, Candidate, Target
+from unimatmul.backend import Backend, Candidate, NativeCall, Target
 from unimatmul.errors import UnsupportedProblem
 from unimatmul.problem import Problem
 
@@ -158,6 +158,7 @@ class OneDNNRunner:
         self.candidate = candidate
         self.ptr = target.adapter.ptr
         self._prims: dict[float, MatmulPrimitive] = {}
+        self._native: MatmulPrimitive | None = None  # the native caller's own (native_call)
         # Primitives share one oneDNN stream and a scratchpad: one call at a time.
         self._lock = threading.Lock()
         self._primitive(0.0 if problem.beta_zero else 1.0)
@@ -178,7 +179,25 @@ class OneDNNRunner:
             prim = self._prims.get(beta) or self._primitive(0.0 if self.problem.beta_zero else beta)
             prim.execute(ptr(a), ptr(b), ptr(out), None if bias is None else ptr(bias), alpha)
 
+    def native_call(self) -> NativeCall | None:
+        """This runner's call for a native caller (beta = 0), on a primitive of its own.
+
+        The native caller sets the primitive's data handles under its own lock, so it
+        gets a primitive (and scratchpad) that no Python call uses; made once, closed
+        with the runner.
+        """
+        if not self.problem.beta_zero:
+            return None
+        with self._lock:
+            if self._native is None:
+                dnnl = self.backend._library()
+                self._native = dnnl.matmul(self.backend.spec(self.problem, 0.0), self.candidate.name)
+            return NativeCall("onednn", self._native.native_words())
+
     def close(self) -> None:
         for prim in self._prims.values():
             prim.close()
         self._prims.clear()
+        if self._native is not None:
+            self._native.close()
+            self._native = None

@@ -21,10 +21,10 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Monk
     """A fresh Selector over a cache in tmp_path; routing disabled and counters reset after.
 
     Every test runs twice: with the Python kernels at the CPU key, and with the native
-    kernels there (``UNIMATMUL_TORCH_NATIVE=all``; built on first use, and a failed
+    kernels there (``UNIMATMUL_TORCH_NATIVE=auto``; built on first use, and a failed
     build fails the test: CI has the compiler and ninja).
     """
-    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0" if request.param == "python" else "all")
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0" if request.param == "python" else "auto")
     if request.param == "native":
         from unimatmul.torch import native
 

@@ -96,23 +96,30 @@ def test_a_mode_block_sends_every_call_to_python(env: Env) -> None:
 
 
 @NATIVE
-def test_a_backend_kernel_goes_to_python_and_is_counted_there(env: Env) -> None:
+@pytest.mark.parametrize("alpha", [1.0, 2.5])
+def test_a_onednn_kernel_runs_from_cpp(env: Env, alpha: float) -> None:
+    """A tuned oneDNN choice is executed by the native kernel (its own primitive), bias
+    and runtime alpha included, and counted there."""
     if not onednn_available(env.selector):
         pytest.skip("oneDNN is not available here")
-    lin = torch.nn.Linear(48, 40)
     x = torch.randn(16, 48)
+    weight, bias = torch.randn(40, 48), torch.randn(40)
+
+    def run() -> torch.Tensor:
+        return torch.addmm(bias, x, weight.t(), alpha=alpha)
+
+    ref = (x.double() @ weight.double().t() * alpha + bias.double()).float()
     with ut.enabled(), collecting() as met, torch.no_grad():
-        lin(x)
+        run()
     tune_preferring_kernels(env.selector, list({(p.key, t): (p, t) for p, t in met}.values()))
     ut.clear_plans()
     with ut.enabled(), torch.no_grad():
-        outs = [lin(x) for _ in range(3)]
+        outs = [run() for _ in range(3)]
         plan = _only_plan("addmm")
-        assert plan.native == native.PYTHON
         assert plan.runner is not None and plan.runner.candidate.backend == "onednn"
-        assert native.counts() == {}
+        assert plan.native == native.ONEDNN
+        assert native.counts() == {plan.ident: 2}  # the first call went through Python
         assert ut.stats()["kernel"] == 3
-    ref = (x.double() @ lin.weight.double().t() + lin.bias.double()).float()
     for out in outs:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
@@ -179,7 +186,7 @@ def test_clearing_moves_native_counts_to_the_stats(env: Env) -> None:
 
 @pytest.mark.parametrize("env", ["python"], indirect=True)
 def test_a_failed_build_falls_back_to_the_python_kernels(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(native.ENV, "all")
+    monkeypatch.setenv(native.ENV, "auto")
     monkeypatch.setattr(native, "load", lambda cuda: False)
     monkeypatch.setitem(native._failures, False, "OSError: no compiler (test)")
     a, b = torch.randn(8, 16), torch.randn(16, 4)
@@ -197,11 +204,13 @@ def test_the_choice_of_keys() -> None:
     old = os.environ.get(native.ENV)
     try:
         for text, gpu, keys in (
-            ("auto", True, ("CUDA",)),
-            ("auto", False, ()),
-            ("all", True, ("CPU", "CUDA")),
-            ("all", False, ("CPU",)),
+            ("auto", True, ("CPU", "CUDA")),
+            ("auto", False, ("CPU",)),
+            ("", True, ("CPU", "CUDA")),
+            ("cuda", True, ("CUDA",)),
+            ("cuda", False, ()),
             ("0", True, ()),
+            ("off", True, ()),
         ):
             os.environ[native.ENV] = text
             assert native.wanted_keys(gpu) == keys

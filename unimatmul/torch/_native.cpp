@@ -23,6 +23,7 @@
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -52,7 +53,7 @@
 namespace {
 
 enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3 };
-enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3 };
+enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3, ONEDNN = 4 };
 enum Form : int { PLAIN = 0, BIAS = 1 };
 constexpr int64_t MODE_OFF = 0;
 
@@ -60,6 +61,10 @@ constexpr int64_t MODE_OFF = 0;
 using MatmulFn = int (*)(void*, void*, const void*, const void*, void*, const void*, void*, const void*,
                          const void*, void*, void*, void*, const void*, void*, size_t, void*);
 using SetAttrFn = int (*)(void*, int, const void*, size_t);
+// dnnl_memory_set_data_handle, dnnl_primitive_execute, dnnl_stream_wait (oneDNN 3.x C API).
+using DnnlSetHandleFn = int (*)(void*, void*);
+using DnnlExecuteFn = int (*)(void*, void*, int, const void*);
+using DnnlWaitFn = int (*)(void*);
 
 constexpr int KEY_WORDS = 24;
 using Key = std::array<int64_t, KEY_WORDS>;
@@ -107,6 +112,16 @@ struct Entry {
   bool padded = false;
   at::Tensor a_buf, a_view, b_buf, b_view, c_buf, c_view;
   bool a_first = false, b_first = false;  // a batch-broadcast operand: its first matrix is copied
+  // ONEDNN: a oneDNN matmul primitive of the entry's own, on the caller's memory.
+  DnnlSetHandleFn dnnl_set_handle = nullptr;
+  DnnlExecuteFn dnnl_execute = nullptr;
+  DnnlWaitFn dnnl_wait = nullptr;
+  void* dnnl_prim = nullptr;
+  void* dnnl_stream = nullptr;
+  int dnnl_nargs = 0;
+  const void* dnnl_args = nullptr;
+  void* dnnl_mem[4] = {nullptr, nullptr, nullptr, nullptr};  // src, weights, dst, bias
+  float* dnnl_alpha = nullptr;
 };
 
 struct State {
@@ -308,6 +323,40 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
 #endif
 }
 
+// Runs a ONEDNN entry on the caller's memory (what MatmulPrimitive.execute does in
+// Python); an undefined tensor when it cannot (alpha != 1 without a runtime alpha, a
+// bias the primitive lacks, or oneDNN refused): the caller goes to Python.
+at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha) {
+  if ((alpha != 1.0 && e.dnnl_alpha == nullptr) || ((bias != nullptr) != (e.dnnl_mem[3] != nullptr))) {
+    return at::Tensor();
+  }
+  at::Tensor out = at::cpu::empty(e.out_shape, a.options());
+  int status = 0;
+  {
+    std::lock_guard<std::mutex> guard(e.lock);
+    status |= e.dnnl_set_handle(e.dnnl_mem[0], a.data_ptr());
+    status |= e.dnnl_set_handle(e.dnnl_mem[1], b.data_ptr());
+    status |= e.dnnl_set_handle(e.dnnl_mem[2], out.data_ptr());
+    if (bias != nullptr) {
+      status |= e.dnnl_set_handle(e.dnnl_mem[3], bias->data_ptr());
+    }
+    if (e.dnnl_alpha != nullptr) {
+      *e.dnnl_alpha = static_cast<float>(alpha);
+    }
+    if (status == 0) {
+      status = e.dnnl_execute(e.dnnl_prim, e.dnnl_stream, e.dnnl_nargs, e.dnnl_args);
+    }
+    if (status == 0) {
+      status = e.dnnl_wait(e.dnnl_stream);
+    }
+  }
+  if (status != 0) {
+    e.kind.store(PYTHON, std::memory_order_relaxed);  // the Python kernel reports and falls back
+    return at::Tensor();
+  }
+  return out;
+}
+
 // --- the kernels ----------------------------------------------------------------------------
 
 template <int64_t OP, bool GPU>
@@ -330,9 +379,9 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
     RECORD_USER_SCOPE(entry->label.c_str());
     return default_product<GPU>(OP, a, b);
   }
-  if (kind == LT || kind == PADDED) {
+  if (kind == LT || kind == PADDED || kind == ONEDNN) {
     RECORD_USER_SCOPE(entry->label.c_str());
-    at::Tensor out = run_lt(*entry, a, b, nullptr, 1.0);
+    at::Tensor out = kind == ONEDNN ? run_onednn(*entry, a, b, nullptr, 1.0) : run_lt(*entry, a, b, nullptr, 1.0);
     if (out.defined()) {
       entry->calls.fetch_add(1, std::memory_order_relaxed);
       return out;
@@ -364,9 +413,11 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
     RECORD_USER_SCOPE(entry->label.c_str());
     return default_accumulate<GPU>(OP, c, a, b, beta, alpha);
   }
-  if (kind == LT || kind == PADDED) {
+  if (kind == LT || kind == PADDED || kind == ONEDNN) {
     RECORD_USER_SCOPE(entry->label.c_str());
-    at::Tensor out = run_lt(*entry, a, b, entry->form == BIAS ? &c : nullptr, alpha.toDouble());
+    const at::Tensor* bias = entry->form == BIAS ? &c : nullptr;
+    at::Tensor out = kind == ONEDNN ? run_onednn(*entry, a, b, bias, alpha.toDouble())
+                                    : run_lt(*entry, a, b, bias, alpha.toDouble());
     if (out.defined()) {
       entry->calls.fetch_add(1, std::memory_order_relaxed);
       return out;
@@ -455,7 +506,7 @@ void put(int64_t op, const at::Tensor& a, const at::Tensor& b, const std::option
   const at::Tensor* cp = c.has_value() ? &*c : nullptr;
   TORCH_CHECK(op >= MM && op <= BADDBMM, "unimatmul_native.put: unknown op ", op);
   TORCH_CHECK(make_key(key, op, cp, a, b, beta_zero, beta_one), "unimatmul_native.put: operands of more than 3-D");
-  TORCH_CHECK(kind >= DEFAULT && kind <= PADDED, "unimatmul_native.put: unknown kind ", kind);
+  TORCH_CHECK(kind >= DEFAULT && kind <= ONEDNN, "unimatmul_native.put: unknown kind ", kind);
   auto entry = std::make_shared<Entry>();
   entry->kind.store(static_cast<int>(kind));
   entry->id = id;
@@ -500,6 +551,25 @@ void put(int64_t op, const at::Tensor& a, const at::Tensor& b, const std::option
     entry->padded = true;
     entry->a_first = flags[0] != 0;
     entry->b_first = flags[1] != 0;
+  }
+  if (kind == ONEDNN) {
+    TORCH_CHECK(lt.size() == 12, "unimatmul_native.put: a ONEDNN entry takes 12 words, not ", lt.size());
+    TORCH_CHECK(a.device().is_cpu(), "unimatmul_native.put: a ONEDNN entry is for CPU tensors");
+    auto ptr = [&](size_t i) { return reinterpret_cast<void*>(static_cast<intptr_t>(lt[i])); };
+    entry->dnnl_set_handle = reinterpret_cast<DnnlSetHandleFn>(ptr(0));
+    entry->dnnl_execute = reinterpret_cast<DnnlExecuteFn>(ptr(1));
+    entry->dnnl_wait = reinterpret_cast<DnnlWaitFn>(ptr(2));
+    entry->dnnl_prim = ptr(3);
+    entry->dnnl_stream = ptr(4);
+    entry->dnnl_nargs = static_cast<int>(lt[5]);
+    entry->dnnl_args = ptr(6);
+    for (size_t i = 0; i < 4; ++i) {
+      entry->dnnl_mem[i] = ptr(7 + i);
+    }
+    entry->dnnl_alpha = static_cast<float*>(ptr(11));
+    TORCH_CHECK(entry->dnnl_set_handle && entry->dnnl_execute && entry->dnnl_wait && entry->dnnl_prim &&
+                    entry->dnnl_mem[0] && entry->dnnl_mem[1] && entry->dnnl_mem[2],
+                "unimatmul_native.put: a null oneDNN handle");
   }
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);

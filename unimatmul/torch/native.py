@@ -7,16 +7,16 @@ or the cuBLASLt/hipBLASLt call of an :class:`~unimatmul_backends.lt.runner.LtRun
 (the same descriptors and algo, the library's own function). Everything else (a key
 met for the first time, a padded candidate, a CPU backend's kernel) goes to the Python
 kernel through the ``unimatmul_native::slow_*`` ops, and the Python kernel puts the
-key's entry into the native table once it has decided.
+key's entry into the native table once it has decided. A oneDNN runner's primitive is
+executed from C++ as well (``MatmulPrimitive.native_words``).
 
 The kernels are built on first use with ``torch.utils.cpp_extension`` (a C++ compiler
 and ninja are needed; the GPU build also needs the CUDA or ROCm headers that PyTorch's
 extension builder finds) and cached in PyTorch's extension directory
 (``TORCH_EXTENSIONS_DIR``). When the build fails, routing uses the Python kernels and
-says why once. ``UNIMATMUL_TORCH_NATIVE`` chooses: ``auto`` (default: native kernels at
-the CUDA key, where host time per call decides eager speed; Python kernels at the CPU
-key, where a CPU backend's kernel is Python and a detour through the native kernel
-would cost it a dispatcher hop), ``all`` (native at both keys), ``0`` (Python only).
+says why once. ``UNIMATMUL_TORCH_NATIVE`` chooses: ``auto`` (default: native kernels
+at the CPU key and, with a GPU, the CUDA key), ``cuda`` (the CUDA key only), ``0``
+(Python kernels only).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 ENV = "UNIMATMUL_TORCH_NATIVE"
-CHOICES = ("auto", "all", "0")
+CHOICES = ("auto", "cuda", "0")
 SOURCE = Path(__file__).with_name("_native.cpp")
 MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
 OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 # Entry kinds in the native table (_native.cpp).
-DEFAULT, LT, PYTHON, PADDED = 0, 1, 2, 3
+DEFAULT, LT, PYTHON, PADDED, ONEDNN = 0, 1, 2, 3, 4
 
 _lock = threading.Lock()
 _loaded_gpu: bool | None = None  # None: nothing loaded; else whether the GPU build is
@@ -46,8 +46,8 @@ _failures: dict[bool, str] = {}  # GPU build? -> why it failed
 
 def choice() -> str:
     text = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if text in ("1", "on", "yes", "true"):
-        return "all"
+    if text in ("1", "on", "yes", "true", "all"):
+        return "auto"
     if text in ("no", "off", "false"):
         return "0"
     if text not in CHOICES:
@@ -64,7 +64,7 @@ def wanted_keys(cuda_available: bool | None = None) -> tuple[str, ...]:
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     keys = ["CUDA"] if cuda_available else []
-    if which == "all":
+    if which == "auto":
         keys.insert(0, "CPU")
     return tuple(keys)
 
@@ -134,6 +134,18 @@ def loaded() -> bool:
 def has_lt() -> bool:
     """Whether the loaded build makes Lt calls itself (the GPU build)."""
     return _loaded_gpu is True
+
+
+def kind_of(call: Any) -> int:
+    """The table entry for a runner's NativeCall (None: the runner offers none): PYTHON
+    where the loaded build cannot make that call (an Lt call needs the GPU build)."""
+    if call is None:
+        return PYTHON
+    if call.kind == "onednn":
+        return ONEDNN
+    if call.kind == "lt" and has_lt():
+        return PADDED if call.padded else LT
+    return PYTHON
 
 
 # --- the slow ops: the Python kernels behind the native ones -------------------------------

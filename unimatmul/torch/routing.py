@@ -321,16 +321,12 @@ def _native_put(
 
     runner = plan.runner
     call = None
-    if runner is None:
-        kind = native.DEFAULT
-    elif plan.form in (PLAIN, BIAS) and native.has_lt() and hasattr(runner, "native_call"):
+    if runner is not None and plan.form in (PLAIN, BIAS) and hasattr(runner, "native_call"):
         try:
             call = runner.native_call()
         except Exception:  # the Python kernel keeps serving the key
             call = None
-        kind = native.PYTHON if call is None else (native.PADDED if call.padded else native.LT)
-    else:
-        kind = native.PYTHON
+    kind = native.kind_of(call) if runner is not None else native.DEFAULT
     try:
         native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, call)
     except Exception as exc:
