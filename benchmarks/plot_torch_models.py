@@ -22,8 +22,11 @@ def main(path: Path) -> int:
     rows = data["models"]
     labels = [f"{r['model']} {r['phase']} b{r['batch']}" for r in rows]
     panels = [("eager", "eager (host time counts)"), ("graphs", "decode as CUDA graph replays")]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [len(rows), 8]})
-    for ax, (key, title) in zip(axes, panels, strict=True):
+    panels = [(key, title) for key, title in panels if any(r[key] for r in rows)]
+    widths = [sum(1 for r in rows if r[key]) for key, _ in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 + 0.7 * sum(widths), 5.5), squeeze=False)
+    fig.subplots_adjust(wspace=0.25)
+    for ax, (key, title) in zip(axes[0], panels, strict=True):
         shown = [(label, r[key]) for label, r in zip(labels, rows, strict=True) if r[key]]
         modes = [m for m in dict.fromkeys(m for _, res in shown for m in res) if m != "off"]
         width = 0.8 / max(len(modes), 1)
