@@ -235,7 +235,7 @@ class LtRunner:
                 stream,
                 ctypes.sizeof(plan.scale_ctype),
                 *words,
-            ]
+            ],
         )
 
     def close(self) -> None:
