@@ -357,6 +357,17 @@ at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
   return out;
 }
 
+// Runs a backend kernel entry (LT, PADDED, ONEDNN) and counts the call; an undefined
+// tensor when it could not run here (the caller goes to Python, which counts it).
+at::Tensor run_kernel(Entry& e, int kind, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
+                      double alpha) {
+  at::Tensor out = kind == ONEDNN ? run_onednn(e, a, b, bias, alpha) : run_lt(e, a, b, bias, alpha);
+  if (out.defined()) {
+    e.calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  return out;
+}
+
 // --- the kernels ----------------------------------------------------------------------------
 
 template <int64_t OP, bool GPU>
@@ -379,11 +390,10 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
     RECORD_USER_SCOPE(entry->label.c_str());
     return default_product<GPU>(OP, a, b);
   }
-  if (kind == LT || kind == PADDED || kind == ONEDNN) {
+  if (kind != PYTHON) {
     RECORD_USER_SCOPE(entry->label.c_str());
-    at::Tensor out = kind == ONEDNN ? run_onednn(*entry, a, b, nullptr, 1.0) : run_lt(*entry, a, b, nullptr, 1.0);
+    at::Tensor out = run_kernel(*entry, kind, a, b, nullptr, 1.0);
     if (out.defined()) {
-      entry->calls.fetch_add(1, std::memory_order_relaxed);
       return out;
     }
   }
@@ -413,13 +423,10 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
     RECORD_USER_SCOPE(entry->label.c_str());
     return default_accumulate<GPU>(OP, c, a, b, beta, alpha);
   }
-  if (kind == LT || kind == PADDED || kind == ONEDNN) {
+  if (kind != PYTHON) {
     RECORD_USER_SCOPE(entry->label.c_str());
-    const at::Tensor* bias = entry->form == BIAS ? &c : nullptr;
-    at::Tensor out = kind == ONEDNN ? run_onednn(*entry, a, b, bias, alpha.toDouble())
-                                    : run_lt(*entry, a, b, bias, alpha.toDouble());
+    at::Tensor out = run_kernel(*entry, kind, a, b, entry->form == BIAS ? &c : nullptr, alpha.toDouble());
     if (out.defined()) {
-      entry->calls.fetch_add(1, std::memory_order_relaxed);
       return out;
     }
   }
@@ -442,6 +449,17 @@ class Quiet : public c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
+// The four kernels at one dispatch key, in a Library whose destruction takes them away.
+template <bool GPU>
+std::unique_ptr<torch::Library> kernels_at(c10::DispatchKey key) {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  lib->impl("mm", TORCH_FN((product<MM, GPU>)));
+  lib->impl("bmm", TORCH_FN((product<BMM, GPU>)));
+  lib->impl("addmm", TORCH_FN((accumulate<ADDMM, GPU>)));
+  lib->impl("baddbmm", TORCH_FN((accumulate<BADDBMM, GPU>)));
+  return lib;
+}
+
 void install(bool cpu, bool cuda) {
   State& s = state();
   std::lock_guard<std::mutex> guard(s.install_lock);
@@ -452,23 +470,11 @@ void install(bool cpu, bool cuda) {
   c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
   TORCH_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install: the CUDA key needs the GPU build");
   if (cpu) {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__,
-                                                __LINE__);
-    lib->impl("mm", TORCH_FN((product<MM, false>)));
-    lib->impl("bmm", TORCH_FN((product<BMM, false>)));
-    lib->impl("addmm", TORCH_FN((accumulate<ADDMM, false>)));
-    lib->impl("baddbmm", TORCH_FN((accumulate<BADDBMM, false>)));
-    s.libraries.push_back(std::move(lib));
+    s.libraries.push_back(kernels_at<false>(c10::DispatchKey::CPU));
   }
 #ifdef UNIMATMUL_NATIVE_CUDA
   if (cuda) {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA, __FILE__,
-                                                __LINE__);
-    lib->impl("mm", TORCH_FN((product<MM, true>)));
-    lib->impl("bmm", TORCH_FN((product<BMM, true>)));
-    lib->impl("addmm", TORCH_FN((accumulate<ADDMM, true>)));
-    lib->impl("baddbmm", TORCH_FN((accumulate<BADDBMM, true>)));
-    s.libraries.push_back(std::move(lib));
+    s.libraries.push_back(kernels_at<true>(c10::DispatchKey::CUDA));
   }
 #endif
 }
