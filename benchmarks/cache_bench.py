@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from unimatmul import __version__
-from unimatmul.cache import LRU
-from unimatmul.harness import HarnessSettings
-from unimatmul.problem import Problem
-from unimatmul.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
-from unimatmul.store import MsgpackFileStore, read_file
+from unimatmul.cache.file_store import MsgpackFileStore, read_file
+from unimatmul.cache.lru import LRU
+from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import HarnessSettings
 
 NAMESPACE = "nvidia/sm_90/NVIDIA H200/132/torch"
 PLATFORM = {

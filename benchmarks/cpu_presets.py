@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 
 from unimatmul import __version__
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import DEFAULT, Candidate, DefaultRunner, Target
-from unimatmul.cache import open_store
-from unimatmul.harness import CpuTimer, Harness, HarnessSettings
-from unimatmul.plugins import PluginManager
-from unimatmul.problem import Problem
-from unimatmul.record import OK, TuningRecord
-from unimatmul.selector import Selector
+from unimatmul.cache.protocol import open_store
+from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Target
+from unimatmul.core.plugins import PluginManager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
+from unimatmul.tuning.selector import Selector
 
 PRESETS = ("bert-base", "gpt2", "llama3-8b", "resnet50")
 

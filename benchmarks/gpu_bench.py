@@ -118,12 +118,12 @@ class Bench:
         import torch
 
         import unimatmul
-        from unimatmul.arrays import Device, adapter_for_kind
-        from unimatmul.backend import Target
-        from unimatmul.cache import MemoryStore
-        from unimatmul.plugins import PluginManager
-        from unimatmul.selector import Selector, set_selector
-        from unimatmul.timers import TorchGraphTimer, l2_cache_bytes
+        from unimatmul.cache.protocol import MemoryStore
+        from unimatmul.core.arrays import Device, adapter_for_kind
+        from unimatmul.core.backend import Target
+        from unimatmul.core.plugins import PluginManager
+        from unimatmul.tuning.selector import Selector, set_selector
+        from unimatmul.tuning.timers import TorchGraphTimer, l2_cache_bytes
 
         self.torch = torch
         self.unimatmul = unimatmul
@@ -178,8 +178,8 @@ class Bench:
     # -- one shape
     def run_shape(self, shape: Shape) -> Row:
         torch = self.torch
-        from unimatmul.backend import Candidate
-        from unimatmul.problem import Problem
+        from unimatmul.core.backend import Candidate
+        from unimatmul.core.problem import Problem
 
         row = Row(shape.text, shape.dtype, shape.group)
         sets = self.operand_sets(shape)
@@ -301,8 +301,8 @@ class Bench:
     def host_times(self) -> None:
         torch = self.torch
         import unimatmul
-        from unimatmul.problem import Problem
-        from unimatmul.record import TuningRecord
+        from unimatmul.cache.record import TuningRecord
+        from unimatmul.core.problem import Problem
         from unimatmul_backends.cuda.backend import CublasLtBackend
 
         m, n, k = 64, 256, 256
@@ -359,7 +359,7 @@ class Bench:
             loop("unimatmul.matmul(a, b) [Lt]", lambda: unimatmul.matmul(a, b))
             # The lower-level path: hold the Runner the selector decided on.
             from unimatmul.api import describe
-            from unimatmul.backend import Target
+            from unimatmul.core.backend import Target
 
             adapter = self.adapter
             described, _ = describe(adapter, a, b, out=out)
@@ -386,7 +386,7 @@ class Bench:
 
     # -- exhaustive mode on a few shapes
     def exhaustive_mode(self, shapes: list[Shape]) -> None:
-        from unimatmul.problem import Problem
+        from unimatmul.core.problem import Problem
 
         torch = self.torch
         lt = self.selector.plugins.backends()["cublaslt"]

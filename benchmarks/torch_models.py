@@ -430,8 +430,8 @@ def bench_overhead(
 
 @contextlib.contextmanager
 def _scratch_selector() -> Iterator[Any]:
-    from unimatmul.cache import MemoryStore
-    from unimatmul.selector import Selector, set_selector
+    from unimatmul.cache.protocol import MemoryStore
+    from unimatmul.tuning.selector import Selector, set_selector
 
     selector = Selector(store=MemoryStore())
     old = set_selector(selector)
@@ -444,7 +444,7 @@ def _scratch_selector() -> Iterator[Any]:
 def _pin_problems(selector: Any, met: list[Any]) -> list[str]:
     """Store the fastest kernel (never Default) as the answer for each problem met."""
     import unimatmul.torch as ut
-    from unimatmul.record import OK, PRUNED
+    from unimatmul.cache.record import OK, PRUNED
 
     chosen: list[str] = []
     for problem, target in met:
@@ -534,11 +534,11 @@ def _custom_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, report: Report) -> None:
     import unimatmul.torch as ut
-    from unimatmul.backend import DEFAULT
-    from unimatmul.buckets import Buckets, tune_bucket
-    from unimatmul.harness import Harness
-    from unimatmul.selector import get_selector
+    from unimatmul.core.backend import DEFAULT
     from unimatmul.torch.model_tuning import collecting
+    from unimatmul.tuning.buckets import Buckets, tune_bucket
+    from unimatmul.tuning.harness import Harness
+    from unimatmul.tuning.selector import get_selector
 
     selector = get_selector()
     buckets = Buckets.parse(args.buckets)
@@ -583,7 +583,7 @@ def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.d
 
 
 def _default_preparer(target: Any, problem: Any) -> Callable[[], Any]:
-    from unimatmul.backend import DefaultRunner
+    from unimatmul.core.backend import DefaultRunner
 
     return lambda: DefaultRunner(target.adapter, problem.activation)
 
@@ -733,9 +733,9 @@ def machine(device: torch.device) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         facts["gpu"] = props.name
         facts["cuda"] = torch.version.cuda or torch.version.hip
-    from unimatmul.arrays import Device, adapter_for_kind
-    from unimatmul.backend import Target
-    from unimatmul.selector import get_selector
+    from unimatmul.core.arrays import Device, adapter_for_kind
+    from unimatmul.core.backend import Target
+    from unimatmul.tuning.selector import get_selector
 
     kind = "cpu" if device.type == "cpu" else ("hip" if torch.version.hip else "cuda")
     target = Target(adapter_for_kind("torch"), Device(kind, device.index or 0))

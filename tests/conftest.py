@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from unimatmul.arrays import ArrayAdapter
-from unimatmul.backend import Backend, Candidate, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.harness import HarnessSettings
-from unimatmul.hookspecs import hookimpl
-from unimatmul.plugins import PluginManager
-from unimatmul.problem import Problem
-from unimatmul.selector import Selector, set_selector
+from unimatmul.core.arrays import ArrayAdapter
+from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.hookspecs import hookimpl
+from unimatmul.core.plugins import PluginManager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.selector import Selector, set_selector
 
 # Importing unimatmul reads no environment variable: pytest_configure below still
 # decides the cache path before any Selector or store exists.

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
-from unimatmul.hookspecs import hookimpl
-from unimatmul.selector import Selector, set_selector
+from unimatmul.core.hookspecs import hookimpl
+from unimatmul.tuning.selector import Selector, set_selector
 from unimatmul_backends.onednn import OneDNNBackend
 
 ONEDNN_VERSION = OneDNNBackend().versions()["onednn"]

@@ -15,41 +15,41 @@ from unimatmul._version import __version__
 
 if TYPE_CHECKING:
     from unimatmul.api import matmul
-    from unimatmul.backend import DEFAULT, Backend, Candidate, Runner, Target
-    from unimatmul.config import MODES, get_mode, mode
-    from unimatmul.errors import (
+    from unimatmul.cache.record import CandidateResult, TuningRecord
+    from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
+    from unimatmul.core.errors import (
         BackendUnavailable,
         PluginError,
         UnimatmulError,
         UnknownCandidate,
         UnsupportedProblem,
     )
-    from unimatmul.hookspecs import hookimpl
-    from unimatmul.platform import Platform
-    from unimatmul.problem import Problem
-    from unimatmul.record import CandidateResult, TuningRecord
+    from unimatmul.core.hookspecs import hookimpl
+    from unimatmul.core.modes import MODES, get_mode, mode
+    from unimatmul.core.platform import Platform
+    from unimatmul.core.problem import Problem
 
 # Public name -> the module that defines it, imported on first access (PEP 562).
 _EXPORTS: dict[str, str] = {
     "matmul": "unimatmul.api",
-    "DEFAULT": "unimatmul.backend",
-    "Backend": "unimatmul.backend",
-    "Candidate": "unimatmul.backend",
-    "Runner": "unimatmul.backend",
-    "Target": "unimatmul.backend",
-    "MODES": "unimatmul.config",
-    "get_mode": "unimatmul.config",
-    "mode": "unimatmul.config",
-    "BackendUnavailable": "unimatmul.errors",
-    "PluginError": "unimatmul.errors",
-    "UnimatmulError": "unimatmul.errors",
-    "UnknownCandidate": "unimatmul.errors",
-    "UnsupportedProblem": "unimatmul.errors",
-    "hookimpl": "unimatmul.hookspecs",
-    "Platform": "unimatmul.platform",
-    "Problem": "unimatmul.problem",
-    "CandidateResult": "unimatmul.record",
-    "TuningRecord": "unimatmul.record",
+    "DEFAULT": "unimatmul.core.backend",
+    "Backend": "unimatmul.core.backend",
+    "Candidate": "unimatmul.core.backend",
+    "Runner": "unimatmul.core.backend",
+    "Target": "unimatmul.core.backend",
+    "MODES": "unimatmul.core.modes",
+    "get_mode": "unimatmul.core.modes",
+    "mode": "unimatmul.core.modes",
+    "BackendUnavailable": "unimatmul.core.errors",
+    "PluginError": "unimatmul.core.errors",
+    "UnimatmulError": "unimatmul.core.errors",
+    "UnknownCandidate": "unimatmul.core.errors",
+    "UnsupportedProblem": "unimatmul.core.errors",
+    "hookimpl": "unimatmul.core.hookspecs",
+    "Platform": "unimatmul.core.platform",
+    "Problem": "unimatmul.core.problem",
+    "CandidateResult": "unimatmul.cache.record",
+    "TuningRecord": "unimatmul.cache.record",
 }
 
 __all__ = [

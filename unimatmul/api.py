@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimatmul.arrays import ArrayAdapter, adapter_of, pointer_alignment
-from unimatmul.backend import DEFAULT, DefaultRunner, Runner, Target
-from unimatmul.cache import LRU, lru_size
-from unimatmul.config import get_mode
-from unimatmul.problem import ACTIVATIONS, Problem, matrix_layout
+from unimatmul.cache.lru import LRU, lru_size
+from unimatmul.core.arrays import ArrayAdapter, adapter_of, pointer_alignment
+from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
+from unimatmul.core.modes import get_mode
+from unimatmul.core.problem import ACTIVATIONS, Problem, matrix_layout
 
 # signature -> (runner, output shape, Problem, output allocator). Bounded, so that a
 # workload with ever-new shapes cannot grow memory without limit.
@@ -104,7 +104,7 @@ def matmul(
 
 def _fall_back(sig: tuple[Any, ...], found: _Found, adapter: ArrayAdapter, exc: Exception) -> Runner:
     """Replace a kernel that failed on a call by Default and warn once: never crash the caller."""
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     failed, out_shape, problem, allocate = found
     default = DefaultRunner(adapter, problem.activation)
@@ -130,7 +130,7 @@ def _resolve(
     beta: float,
     mode: str,
 ) -> _Found:
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     problem, out_shape = describe(adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
     device = adapter.device(a)

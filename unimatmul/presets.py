@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from unimatmul.hookspecs import hookimpl
+from unimatmul.core.hookspecs import hookimpl
 
 TOKENS = 128
 

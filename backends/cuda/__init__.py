@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimatmul.hookspecs import hookimpl
+from unimatmul.backend import hookimpl
 from unimatmul_backends.cuda.backend import CublasLtBackend
 
 __all__ = ["CublasLtBackend", "unimatmul_register_backends"]

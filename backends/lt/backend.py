@@ -22,9 +22,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from unimatmul.backend import Backend, Candidate, Runner, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.backend import Backend, Candidate, Problem, Runner, Target, UnsupportedProblem
 from unimatmul_backends.lt.driver import LtAlgo, LtDriver, LtPlan
 from unimatmul_backends.lt.layout import lt_gemm, padded_problem
 from unimatmul_backends.lt.runner import ArrayHooks, LtRunner, PaddedRunner, array_hooks

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from unimatmul.dtypes import ITEMSIZE
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.backend import ITEMSIZE, Problem, UnsupportedProblem
 
 # What the Lt kernels take here: one storage dtype for A, B, C and D, and the compute
 # type per (storage dtype, Problem.compute). f16/bf16 accumulate in f32, as torch does.

@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from unimatmul.arrays import operand_layouts
-from unimatmul.backend import Candidate, NativeCall, Target
-from unimatmul.problem import Problem
+from unimatmul.backend import Candidate, NativeCall, Problem, Target, operand_layouts
 from unimatmul_backends.lt.driver import LtAlgo, LtPlan, function_addresses
 
 

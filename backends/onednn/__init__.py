@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimatmul.hookspecs import hookimpl
+from unimatmul.backend import hookimpl
 from unimatmul_backends.onednn.backend import OneDNNBackend
 
 __all__ = ["OneDNNBackend", "unimatmul_register_backends"]

@@ -6,9 +6,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from unimatmul.backend import Backend, Candidate, NativeCall, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.backend import Backend, Candidate, NativeCall, Problem, Target, UnsupportedProblem
 
 if TYPE_CHECKING:
     from unimatmul_backends.onednn._dnnl import Dnnl, MatmulPrimitive, MatmulSpec

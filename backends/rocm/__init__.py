@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimatmul.hookspecs import hookimpl
+from unimatmul.backend import hookimpl
 from unimatmul_backends.rocm.hipblaslt import HipblasltBackend
 from unimatmul_backends.rocm.rocblas import RocblasBackend
 

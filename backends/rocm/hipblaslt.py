@@ -34,9 +34,8 @@ import ctypes
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from unimatmul.backend import Candidate, Target
-from unimatmul.cache import LRU
-from unimatmul.errors import UnsupportedProblem
+from unimatmul.backend import Candidate, Target, UnsupportedProblem
+from unimatmul.cache.lru import LRU
 from unimatmul_backends.lt.abi import (
     HIPBLASLT_ONLY_SIGNATURES,
     LT_SHARED_SIGNATURES,

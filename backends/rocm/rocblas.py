@@ -31,10 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.arrays import make_operands
-from unimatmul.backend import Backend, Candidate, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedProblem, make_operands
 from unimatmul_backends.rocm.libraries import (
     ENV_ROCBLAS,
     LibraryChoice,

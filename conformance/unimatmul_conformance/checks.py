@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from unimatmul.backend import Candidate
-from unimatmul.cache import open_store
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.platform import detect_platform
-from unimatmul.problem import Problem
-from unimatmul.record import OK, CandidateResult, TuningRecord
+from unimatmul.cache.protocol import open_store
+from unimatmul.cache.record import OK, CandidateResult, TuningRecord
+from unimatmul.core.backend import Candidate
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.platform import detect_platform
+from unimatmul.core.problem import Problem
 from unimatmul_conformance.guards import POISON, guarded_output, host64, host_bits
 from unimatmul_conformance.loading import recreate_specs
 from unimatmul_conformance.numerics import compare, make_case_data

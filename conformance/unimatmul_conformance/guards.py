@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.arrays import ArrayAdapter, Device, operand_layouts
-from unimatmul.dtypes import ITEMSIZE
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import ArrayAdapter, Device, operand_layouts
+from unimatmul.core.dtypes import ITEMSIZE
+from unimatmul.core.problem import Problem
 
 # NaN bit patterns by dtype. The poison fills the output before a run, the canary
 # fills everything around it. FP8 e4m3fn has only two NaNs (0x7F, 0xFF): one each.

@@ -12,10 +12,10 @@ import json
 import sys
 from typing import Any
 
-from unimatmul.arrays import Device, adapter_for_kind
-from unimatmul.backend import Backend, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import Device, adapter_for_kind
+from unimatmul.core.backend import Backend, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 from unimatmul_conformance.loading import BackendNotFound, load_backend
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from unimatmul.backend import Backend
-from unimatmul.plugins import PluginManager, get_plugin_manager
+from unimatmul.core.backend import Backend
+from unimatmul.core.plugins import PluginManager, get_plugin_manager
 
 
 class BackendNotFound(LookupError):

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from unimatmul.dtypes import ITEMSIZE
-from unimatmul.problem import EPILOGUES, Problem
+from unimatmul.core.dtypes import ITEMSIZE
+from unimatmul.core.problem import EPILOGUES, Problem
 
 # (dtype of A, B, C, compute), most common first. The first one the backend
 # supports gets the whole matrix; the others a smaller one.

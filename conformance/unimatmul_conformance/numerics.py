@@ -1,7 +1,7 @@
 """The float64 reference and the two ways an output is compared with it.
 
 The whole output must be within the dtype's tolerance in relative Frobenius norm
-(:func:`unimatmul.dtypes.tolerance`, the same rule the Harness uses), and every
+(:func:`unimatmul.core.dtypes.tolerance`, the same rule the Harness uses), and every
 element within that tolerance of its own error scale ``|alpha| |A| @ |B| + |beta C|
 + |bias|``: a norm alone hides one wrong element in a large matrix.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
-from unimatmul.dtypes import tolerance
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
+from unimatmul.core.dtypes import tolerance
+from unimatmul.core.problem import Problem
 from unimatmul_conformance.guards import host64
 
 # Largest slope of each activation: an input error grows by at most this much.

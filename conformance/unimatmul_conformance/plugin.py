@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from unimatmul.errors import BackendUnavailable
+from unimatmul.core.errors import BackendUnavailable
 from unimatmul_conformance.expectations import Expectations
 from unimatmul_conformance.loading import BackendNotFound, load_backend
 from unimatmul_conformance.report import FAILED, SKIPPED, XFAILED

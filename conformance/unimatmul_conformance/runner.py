@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
-from unimatmul.errors import BackendUnavailable
+from unimatmul.core.errors import BackendUnavailable
 from unimatmul_conformance.expectations import Expectations
 from unimatmul_conformance.loading import BackendNotFound, load_backend
 from unimatmul_conformance.suite import Check, Suite, parse_device

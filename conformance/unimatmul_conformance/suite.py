@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unimatmul._version import __version__
-from unimatmul.arrays import CPU, Device, adapter_for_kind
-from unimatmul.backend import Backend, Candidate, Target
-from unimatmul.errors import BackendUnavailable
-from unimatmul.platform import detect_platform
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import CPU, Device, adapter_for_kind
+from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.core.errors import BackendUnavailable
+from unimatmul.core.platform import detect_platform
+from unimatmul.core.problem import Problem
 from unimatmul_conformance import checks as C
 from unimatmul_conformance.expectations import Expectations
 from unimatmul_conformance.matrix import Case, build_matrix, make_problem

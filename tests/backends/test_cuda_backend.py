@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from unimatmul.backend import Candidate
-from unimatmul.plugins import PluginManager
-from unimatmul.timers import MAX_BATCH_S, MIN_CALLS, batch_size
+from unimatmul.core.backend import Candidate
+from unimatmul.core.plugins import PluginManager
+from unimatmul.tuning.timers import MAX_BATCH_S, MIN_CALLS, batch_size
 from unimatmul_backends.cuda import library
 from unimatmul_backends.cuda.backend import CublasLtBackend
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unimatmul.arrays import Device
-from unimatmul.backend import Candidate, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import Device
+from unimatmul.core.backend import Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.abi import CUBLASLT_13, HIPBLASLT_6, LtABI
 from unimatmul_backends.lt.backend import LtBackend
 from unimatmul_backends.lt.driver import (
@@ -438,7 +438,7 @@ class FakeLtBackend(LtBackend):
 
 
 def _target() -> Target:
-    from unimatmul.arrays import adapter_for_kind
+    from unimatmul.core.arrays import adapter_for_kind
 
     return Target(adapter_for_kind("numpy"), Device("cpu"))
 

@@ -13,9 +13,9 @@ import itertools
 import numpy as np
 import pytest
 
-from unimatmul.arrays import operand_layouts
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import operand_layouts
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.layout import LtGemm, LtMatrix, lt_gemm, misaligned_operands, padded_problem
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unimatmul.arrays import CPU, Operands, adapter_for_kind, make_operands
-from unimatmul.backend import Candidate, Target
-from unimatmul.dtypes import tolerance
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import CPU, Operands, adapter_for_kind, make_operands
+from unimatmul.core.backend import Candidate, Target
+from unimatmul.core.dtypes import tolerance
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 from unimatmul_backends.onednn import OneDNNBackend
 
 pytest.importorskip("torch")  # bf16 operands are torch tensors (NumPy has no bf16)
@@ -272,7 +272,7 @@ def test_a_missing_library_makes_it_unavailable_not_broken(tmp_path: Any) -> Non
     # An explicit library path that does not exist: oneDNN is unavailable, matmul still works.
     child = (
         "import numpy as np, unimatmul\n"
-        "from unimatmul.plugins import get_plugin_manager\n"
+        "from unimatmul.core.plugins import get_plugin_manager\n"
         "print(get_plugin_manager().backends()['onednn'].availability())\n"
         "a = np.ones((4, 3), np.float32); b = np.ones((3, 2), np.float32)\n"
         "with unimatmul.mode('tune'):\n"

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unimatmul.arrays import Device, NumpyAdapter, make_operands
-from unimatmul.backend import Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import Device, NumpyAdapter, make_operands
+from unimatmul.core.backend import Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.abi import (
     HIPBLASLT_5,
     HIPBLASLT_6,

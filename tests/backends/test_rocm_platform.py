@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from unimatmul.arrays import Device, adapter_for_kind
-from unimatmul.backend import Target
-from unimatmul.cache import open_store
-from unimatmul.interop import tunableop_io as tio
-from unimatmul.platform import detect_platform
+from unimatmul.cache.protocol import open_store
+from unimatmul.core.arrays import Device, adapter_for_kind
+from unimatmul.core.backend import Target
+from unimatmul.core.platform import detect_platform
+from unimatmul.interop import tunableop_cache as tio
 
 torch = pytest.importorskip("torch")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from unimatmul.plugins import PluginManager
+from unimatmul.core.plugins import PluginManager
 from unimatmul_backends.rocm.hipblaslt import HipblasltBackend
 from unimatmul_backends.rocm.rocblas import RocblasBackend
 

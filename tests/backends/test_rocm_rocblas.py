@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unimatmul.arrays import Device, NumpyAdapter, make_operands
-from unimatmul.backend import Candidate, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.arrays import Device, NumpyAdapter, make_operands
+from unimatmul.core.backend import Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 from unimatmul_backends.rocm.libraries import LibraryChoice
 from unimatmul_backends.rocm.rocblas import RocblasBackend, RocblasError, blas_view, solution_candidate
 from unimatmul_backends.rocm.rocblas_abi import ROCBLAS_DATATYPE, ROCBLAS_SIGNATURES

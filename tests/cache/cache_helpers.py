@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unimatmul.problem import Problem
-from unimatmul.record import FAILED, OK, PRUNED, CandidateResult, TuningRecord
+from unimatmul.cache.record import FAILED, OK, PRUNED, CandidateResult, TuningRecord
+from unimatmul.core.problem import Problem
 
 NS = "cpu/x86_64:avx2/Test CPU/2/numpy"
 PLATFORM = {"vendor": "cpu", "arch": "x86_64:avx2", "device": "Test CPU", "cores": 2, "array": "numpy"}
@@ -90,7 +90,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {helpers!r})
 from cache_helpers import NS, PLATFORM, key, record
-from unimatmul.store import MsgpackFileStore
+from unimatmul.cache.file_store import MsgpackFileStore
 
 path, worker, count, autoflush, loop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 store = MsgpackFileStore(path, autoflush=autoflush)

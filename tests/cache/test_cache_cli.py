@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cache_helpers import NS, PLATFORM, assert_same, key, record
 
+from unimatmul.cache.file_store import MsgpackFileStore, read_file
 from unimatmul.cli import main
-from unimatmul.store import MsgpackFileStore, read_file
 
 OTHER = "nvidia/sm_90/NVIDIA H200/132/torch"
 

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from cache_helpers import NS, PLATFORM, PYTHON, key, record, writer_script
 
-from unimatmul import store as store_module
-from unimatmul.codec import content_digest
-from unimatmul.store import FileLock, MsgpackFileStore, read_file
+from unimatmul.cache import lock as lock_module
+from unimatmul.cache.codec import content_digest
+from unimatmul.cache.file_store import MsgpackFileStore, read_file
+from unimatmul.cache.lock import FileLock
 
 
 def _spawn(path: Path, worker: int, count: int, *, autoflush: int, loop: bool) -> subprocess.Popen[str]:
@@ -221,7 +222,7 @@ def test_a_lock_directory_left_by_a_dead_process_is_broken(
     monkeypatch.setattr(fcntl, "lockf", _refuse(errno.EOPNOTSUPP))
     stale = Path(f"{tmp_path / 'x.lock'}.d")
     stale.mkdir()
-    old = time.time() - store_module.STALE_LOCKDIR_S - 5
+    old = time.time() - lock_module.STALE_LOCKDIR_S - 5
     os.utime(stale, (old, old))
     with FileLock(tmp_path / "x.lock", timeout_s=5.0) as lock:
         assert lock.method == "mkdir"
@@ -245,7 +246,7 @@ def test_pending_records_are_written_at_exit(tmp_path: Path) -> None:
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from cache_helpers import NS, key, record
-from unimatmul.store import MsgpackFileStore
+from unimatmul.cache.file_store import MsgpackFileStore
 s = MsgpackFileStore({str(path)!r}, autoflush=0)
 for i in range(10):
     s.put(NS, key(i), record(key(i)))

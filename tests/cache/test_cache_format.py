@@ -13,10 +13,10 @@ import msgpack
 import pytest
 from cache_helpers import NS, PLATFORM, assert_same, key, record
 
-from unimatmul import codec
+from unimatmul.cache import codec
+from unimatmul.cache.file_store import MsgpackFileStore, read_file
+from unimatmul.cache.record import CandidateResult, TuningRecord
 from unimatmul.cli import main
-from unimatmul.record import CandidateResult, TuningRecord
-from unimatmul.store import MsgpackFileStore, read_file
 
 
 def test_a_record_comes_back_from_another_store(tmp_path: Path) -> None:

@@ -13,11 +13,12 @@ from cache_helpers import NS, key, record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unimatmul import codec
-from unimatmul import store as store_module
+from unimatmul.cache import codec
+from unimatmul.cache import file_store as store_module
+from unimatmul.cache.codec import BadEntry, CacheFileError, decode_file, iter_records
+from unimatmul.cache.file_store import MsgpackFileStore, read_file
 from unimatmul.cli import main
-from unimatmul.codec import BadEntry, CacheFileError, decode_file, iter_records
-from unimatmul.store import MsgpackFileStore, read_file
+from unimatmul.core import notices
 
 
 def _valid_file(tmp_path: Path, n: int = 12) -> bytes:
@@ -169,7 +170,7 @@ def test_only_a_few_broken_copies_are_kept(tmp_path: Path, monkeypatch: pytest.M
     path = tmp_path / "c.msgpack"
     for i in range(6):
         path.write_bytes(b"garbage %d" % i)
-        store_module._warned.clear()
+        notices.forget()
         with pytest.warns(RuntimeWarning):
             MsgpackFileStore(path).count()
     assert len(list(tmp_path.glob("c.msgpack.corrupt-*"))) == store_module.KEEP_CORRUPT
@@ -291,7 +292,7 @@ def test_a_store_over_fuzzed_files_always_answers(tmp_path: Path) -> None:
         for _ in range(rng.randint(1, 3)):
             blob[rng.randrange(len(blob))] = rng.randrange(256)
         path.write_bytes(bytes(blob))
-        store_module._warned.clear()
+        notices.forget()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             store = MsgpackFileStore(path)

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from unimatmul.cache import LRU, lru_size
-from unimatmul.conditions import cpu_state, parse_smi_line, read_device_state
-from unimatmul.selector import Selector
+from unimatmul.cache.lru import LRU, lru_size
+from unimatmul.tuning.conditions import cpu_state, parse_smi_line, read_device_state
+from unimatmul.tuning.selector import Selector
 
 
 def test_the_lru_forgets_the_least_recently_used() -> None:

@@ -12,14 +12,13 @@ import pytest
 from cache_helpers import NS, key, record
 
 import unimatmul
-from unimatmul.store import MsgpackFileStore
+from unimatmul.cache.file_store import MsgpackFileStore
+from unimatmul.core import notices
 
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings() -> None:
-    from unimatmul import store as store_module
-
-    store_module._warned.clear()
+    notices.forget()
 
 
 def test_the_environment_makes_a_store_read_only_and_it_says_so_once(

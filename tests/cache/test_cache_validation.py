@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from cache_helpers import record
 
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import Target
+from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cli import main
-from unimatmul.problem import Problem
-from unimatmul.selector import Selector
-from unimatmul.store import MsgpackFileStore
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.selector import Selector
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 PROBLEMS = [Problem.from_shape(16, 8 + i, 12) for i in range(4)]  # not m: no bucket sharing
@@ -66,7 +66,7 @@ def test_validate_with_delete_drops_the_invalid(isolated: Any, fake_backend: Any
 @pytest.fixture
 def real_plugins() -> Iterator[None]:
     """The installed plugins, loaded for this test only: later tests get a fresh manager."""
-    import unimatmul.plugins as plugins_module
+    import unimatmul.core.plugins as plugins_module
 
     saved = plugins_module._manager
     plugins_module.reset_plugin_manager()

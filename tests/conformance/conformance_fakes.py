@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.backend import Backend, Candidate, Target
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
+from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
 
 _DTYPES = ("f32", "f64")
 _EPILOGUES = ("none", "bias", "relu", "bias_relu")

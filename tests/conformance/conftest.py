@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import unimatmul.plugins as plugins
+import unimatmul.core.plugins as plugins
 
 
 @pytest.fixture(autouse=True)

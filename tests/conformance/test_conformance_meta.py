@@ -15,10 +15,10 @@ from pathlib import Path
 import conformance_fakes as fakes
 import pytest
 
-from unimatmul.backend import Backend
 from unimatmul.cli import main
-from unimatmul.errors import BackendUnavailable
-from unimatmul.problem import Problem
+from unimatmul.core.backend import Backend
+from unimatmul.core.errors import BackendUnavailable
+from unimatmul.core.problem import Problem
 from unimatmul_conformance import CHECKS, Expectations, Suite, run_suite
 from unimatmul_conformance.report import FAILED, STATUSES, XFAILED, XPASSED
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from unimatmul.plugins import PluginManager
+from unimatmul.core.plugins import PluginManager
 
 _ONEDNN = PluginManager().backends().get("onednn")
 _REASON = "no onednn backend registered" if _ONEDNN is None else _ONEDNN.availability()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from unimatmul.backend import Backend
-from unimatmul.plugins import PluginManager
+from unimatmul.core.backend import Backend
+from unimatmul.core.plugins import PluginManager
 from unimatmul_conformance import run_suite
 
 PLUGIN_SRC = Path(__file__).resolve().parents[2] / "plugins" / "unimatmul-numpy-variants" / "src"

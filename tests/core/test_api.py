@@ -17,10 +17,10 @@ import torch
 
 import unimatmul
 from unimatmul.api import clear_fast_path, describe
-from unimatmul.arrays import CPU, adapter_of
-from unimatmul.backend import Target
-from unimatmul.dtypes import tolerance
-from unimatmul.record import TuningRecord
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.arrays import CPU, adapter_of
+from unimatmul.core.backend import Target
+from unimatmul.core.dtypes import tolerance
 
 # A fallback to Default warns; here that would hide a broken kernel behind a right answer.
 pytestmark = pytest.mark.filterwarnings("error:unimatmul:RuntimeWarning")

@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import DEFAULT, Backend, Candidate, Target
-from unimatmul.buckets import Buckets, bucket_range, check_points, choose, lookup_bucket, tune_bucket
-from unimatmul.harness import HarnessSettings
-from unimatmul.hookspecs import hookimpl
-from unimatmul.plugins import PluginManager
-from unimatmul.problem import Problem
-from unimatmul.selector import Selector, set_selector
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target
+from unimatmul.core.hookspecs import hookimpl
+from unimatmul.core.plugins import PluginManager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.buckets import Buckets, bucket_range, check_points, choose, lookup_bucket, tune_bucket
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.selector import Selector, set_selector
 
 FAST = HarnessSettings(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
 
@@ -254,7 +254,7 @@ class _Plugin:
 def test_a_kernel_slower_at_an_edge_is_not_the_buckets_choice(tmp_path: Path) -> None:
     plugins = PluginManager(load_entry_points=False)
     plugins.register(_Plugin(_EdgeSlowBackend(rep=64)), "edgeslow")
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
 
     selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=FAST)
     buckets = Buckets.parse("pow2")
@@ -280,7 +280,7 @@ def test_a_kernel_slower_only_inside_the_bucket_is_not_the_buckets_choice(tmp_pa
     # interior check must catch it (as seen on the CPU for one oneDNN kernel).
     plugins = PluginManager(load_entry_points=False)
     plugins.register(_Plugin(_EdgeSlowBackend(rep=64, slow_m=80)), "edgeslow")
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
 
     selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=FAST)
     buckets = Buckets.parse("pow2")

@@ -14,11 +14,11 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import unimatmul
-from unimatmul.harness import HarnessSettings
-from unimatmul.selector import Selector, get_selector, set_selector
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.selector import Selector, get_selector, set_selector
 from unimatmul.api import describe
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import Target
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import Target
 
 set_selector(Selector(settings=HarnessSettings(warmup=1, min_samples=3, budget_s=0.01, settle_s=0.0, max_sets=2)))
 batch, m, n, k = (int(x) for x in sys.argv[1:5])

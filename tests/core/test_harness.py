@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import unimatmul
-from unimatmul.arrays import CPU, NumpyAdapter, adapter_for_kind
-from unimatmul.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
-from unimatmul.harness import CpuTimer, Harness, HarnessSettings
-from unimatmul.problem import Problem
-from unimatmul.record import FAILED, OK, PRUNED, REJECTED, TuningRecord
+from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, TuningRecord
+from unimatmul.core.arrays import CPU, NumpyAdapter, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 

@@ -23,5 +23,5 @@ def test_the_torch_autoload_hook_imports_no_core_module_and_no_array_library() -
 
 def test_public_names_load_on_first_use() -> None:
     loaded = _modules_after("import unimatmul; unimatmul.Problem; from unimatmul import hookimpl")
-    assert "unimatmul.problem" in loaded and "unimatmul.hookspecs" in loaded
+    assert "unimatmul.core.problem" in loaded and "unimatmul.core.hookspecs" in loaded
     assert "unimatmul.api" not in loaded  # matmul was never asked for

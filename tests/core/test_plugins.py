@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import unimatmul
-from unimatmul import hookspecs
-from unimatmul.errors import PluginError
-from unimatmul.hookspecs import hookimpl
-from unimatmul.plugins import ENTRY_POINT_GROUP, PluginManager
+from unimatmul.core import hookspecs
+from unimatmul.core.errors import PluginError
+from unimatmul.core.hookspecs import hookimpl
+from unimatmul.core.plugins import ENTRY_POINT_GROUP, PluginManager
+from unimatmul.core.problem import Problem
 from unimatmul.presets import PRESETS
-from unimatmul.problem import Problem
-from unimatmul.selector import Selector, set_selector
+from unimatmul.tuning.selector import Selector, set_selector
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_a_blocked_backend_is_not_a_candidate(isolated: Any, monkeypatch: pytest
     with unimatmul.mode("tune"):
         out = unimatmul.matmul(a, b)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     [(_, _, record)] = list(get_selector().store.items())
     assert [r.identity for r in record.results] == ["default/default"]
@@ -247,8 +247,8 @@ def test_unimatmul_register_backends(isolated: Any, unregistered_backend: Callab
 
 
 def _numpy_target() -> Any:
-    from unimatmul.arrays import CPU, adapter_for_kind
-    from unimatmul.backend import Target
+    from unimatmul.core.arrays import CPU, adapter_for_kind
+    from unimatmul.core.backend import Target
 
     return Target(adapter_for_kind("numpy"), CPU)
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unimatmul.dtypes import ITEMSIZE
-from unimatmul.problem import EPILOGUES, Problem, matrix_layout
+from unimatmul.core.dtypes import ITEMSIZE
+from unimatmul.core.problem import EPILOGUES, Problem, matrix_layout
 
 
 @st.composite

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 import unimatmul
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import Target
-from unimatmul.harness import HarnessSettings
-from unimatmul.plugins import PluginManager
-from unimatmul.problem import Problem
-from unimatmul.recording import ProblemRecorder, RecordedProblem, default_record_path, read_problems
-from unimatmul.selector import Selector, set_selector
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import Target
+from unimatmul.core.plugins import PluginManager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.recording import ProblemRecorder, RecordedProblem, default_record_path, read_problems
+from unimatmul.tuning.selector import Selector, set_selector
 
 REPO = Path(__file__).resolve().parents[2]
 UNTUNED = REPO / "tests" / "interop" / "data" / "untuned.csv"
@@ -57,8 +57,8 @@ def test_processes_recording_at_once_write_each_problem_once(tmp_path: Path) -> 
     script = textwrap.dedent(
         f"""
         import random, sys
-        from unimatmul.problem import Problem
-        from unimatmul.recording import ProblemRecorder, RecordedProblem
+        from unimatmul.core.problem import Problem
+        from unimatmul.tuning.recording import ProblemRecorder, RecordedProblem
         recorder = ProblemRecorder({str(path)!r})
         shapes = [(m, 64, 32) for m in range(1, 41)]
         random.Random(int(sys.argv[1])).shuffle(shapes)
@@ -135,6 +135,6 @@ def test_record_mode_writes_each_problem_met_and_tunes_nothing(recording_selecto
     found = read_problems(recording_selector)
     assert [(r.problem.m, r.problem.n, r.problem.k) for r in found.problems] == [(6, 12, 10), (3, 12, 10)]
     assert all(r.array == "numpy" and r.device == "cpu" for r in found.problems)
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     assert get_selector().stats.tuned == 0

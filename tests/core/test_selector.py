@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import unimatmul
-import unimatmul.selector as selector_module
+import unimatmul.tuning.selector as selector_module
 from unimatmul.api import clear_fast_path, describe
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import DEFAULT, DefaultRunner, Target
-from unimatmul.harness import Harness
-from unimatmul.problem import Problem
-from unimatmul.record import TuningRecord
-from unimatmul.selector import Selector
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, DefaultRunner, Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import Harness
+from unimatmul.tuning.selector import Selector
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 

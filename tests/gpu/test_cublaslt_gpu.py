@@ -16,11 +16,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from unimatmul.arrays import Device, adapter_for_kind, make_operands  # noqa: E402
-from unimatmul.backend import DEFAULT, Candidate, Target  # noqa: E402
-from unimatmul.dtypes import tolerance  # noqa: E402
-from unimatmul.errors import UnsupportedProblem  # noqa: E402
-from unimatmul.problem import Problem  # noqa: E402
+from unimatmul.core.arrays import Device, adapter_for_kind, make_operands  # noqa: E402
+from unimatmul.core.backend import DEFAULT, Candidate, Target  # noqa: E402
+from unimatmul.core.dtypes import tolerance  # noqa: E402
+from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
+from unimatmul.core.problem import Problem  # noqa: E402
 
 HAVE_CUDA = bool(torch.cuda.is_available() and torch.version.cuda)
 pytestmark = [
@@ -231,8 +231,8 @@ def test_runner_runs_on_the_callers_stream(backend: Any, target: Target) -> None
 
 
 def test_graph_timer_times_lt_and_default(backend: Any, target: Target) -> None:
-    from unimatmul.backend import DefaultRunner
-    from unimatmul.timers import TorchGraphTimer
+    from unimatmul.core.backend import DefaultRunner
+    from unimatmul.tuning.timers import TorchGraphTimer
 
     problem = _problem(256, 256, 256)
     adapter = target.adapter
@@ -255,9 +255,9 @@ def test_graph_timer_times_lt_and_default(backend: Any, target: Target) -> None:
 @pytest.fixture
 def front_door(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A Selector on the installed entry points (plugins load as a user's would)."""
-    from unimatmul.cache import MemoryStore
-    from unimatmul.plugins import PluginManager
-    from unimatmul.selector import Selector, set_selector
+    from unimatmul.cache.protocol import MemoryStore
+    from unimatmul.core.plugins import PluginManager
+    from unimatmul.tuning.selector import Selector, set_selector
 
     monkeypatch.delenv("UNIMATMUL_PLUGINS", raising=False)
     selector = Selector(plugins=PluginManager(), store=MemoryStore())
@@ -294,7 +294,7 @@ def test_matmul_tunes_through_the_entry_point(front_door: Any) -> None:
 
 
 def test_stored_identity_is_rechecked_after_a_version_change(front_door: Any) -> None:
-    from unimatmul.record import TuningRecord
+    from unimatmul.cache.record import TuningRecord
 
     backend = front_door.plugins.backends()["cublaslt"]
     adapter = adapter_for_kind("torch")

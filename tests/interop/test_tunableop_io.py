@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from unimatmul.backend import DEFAULT
-from unimatmul.cache import open_store
+from unimatmul.cache.protocol import open_store
+from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import main
+from unimatmul.core.backend import DEFAULT
+from unimatmul.core.platform import Platform
+from unimatmul.core.problem import Problem
 from unimatmul.interop import tunableop as to
-from unimatmul.interop import tunableop_io as tio
-from unimatmul.platform import Platform
-from unimatmul.problem import Problem
-from unimatmul.record import TuningRecord
+from unimatmul.interop import tunableop_cache as tio
 
 DATA = Path(__file__).resolve().parent / "data"
 MI300 = "amd/gfx942:sramecc+:xnack-/AMD Instinct MI300X/304/torch"

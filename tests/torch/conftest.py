@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 from torch_helpers import FAST, Env, TinyTransformer  # noqa: E402
 
 import unimatmul.torch as ut  # noqa: E402
-from unimatmul.plugins import PluginManager  # noqa: E402
-from unimatmul.selector import Selector, set_selector  # noqa: E402
+from unimatmul.core.plugins import PluginManager  # noqa: E402
+from unimatmul.tuning.selector import Selector, set_selector  # noqa: E402
 
 
 @pytest.fixture(params=["python", "native"])

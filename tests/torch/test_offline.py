@@ -56,8 +56,8 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> str:
 def _onednn() -> bool:
     from torch_helpers import onednn_available
 
-    from unimatmul.plugins import PluginManager
-    from unimatmul.selector import Selector
+    from unimatmul.core.plugins import PluginManager
+    from unimatmul.tuning.selector import Selector
 
     return onednn_available(Selector(plugins=PluginManager()))
 

@@ -315,7 +315,7 @@ def test_warmup_tunes_every_problem_the_model_meets(
 
 
 def test_bucketing_serves_other_batch_sizes(env: Env) -> None:
-    from unimatmul.buckets import Buckets, tune_bucket
+    from unimatmul.tuning.buckets import Buckets, tune_bucket
 
     env.selector.buckets = Buckets.parse("pow2:256")
     lin = torch.nn.Linear(48, 40)
@@ -371,10 +371,10 @@ class _BrokenRunner:
 
 
 def test_a_kernel_failing_on_a_call_falls_back_to_pytorch_and_warns_once(env: Env) -> None:
-    from unimatmul.backend import Backend, Candidate, Target
-    from unimatmul.hookspecs import hookimpl
-    from unimatmul.problem import Problem
-    from unimatmul.record import TuningRecord
+    from unimatmul.cache.record import TuningRecord
+    from unimatmul.core.backend import Backend, Candidate, Target
+    from unimatmul.core.hookspecs import hookimpl
+    from unimatmul.core.problem import Problem
 
     class Broken(Backend):
         name = "broken"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from unimatmul.backend import DEFAULT, Target
-from unimatmul.harness import HarnessSettings
-from unimatmul.problem import Problem
-from unimatmul.record import OK, PRUNED, TuningRecord
-from unimatmul.selector import Selector
+from unimatmul.cache.record import OK, PRUNED, TuningRecord
+from unimatmul.core.backend import DEFAULT, Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.selector import Selector
 
 FAST = HarnessSettings(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
 
@@ -26,7 +26,7 @@ class Env:
 
 
 def onednn_available(selector: Selector) -> bool:
-    from unimatmul.arrays import CPU, adapter_for_kind
+    from unimatmul.core.arrays import CPU, adapter_for_kind
 
     target = Target(adapter_for_kind("torch"), CPU)
     return any(b.name == "onednn" for b in selector.backends_for(target))

@@ -16,11 +16,11 @@ Command = Callable[[argparse.Namespace, TextIO], int]
 
 # format name -> "module:function"
 IMPORTERS: dict[str, str] = {
-    "tunableop": "unimatmul.interop.tunableop_io:cmd_import",
+    "tunableop": "unimatmul.interop.tunableop_cache:cmd_import",
 }
 EXPORTERS: dict[str, str] = {
-    "tunableop": "unimatmul.interop.tunableop_io:cmd_export",
-    "json": "unimatmul.interop.json_io:cmd_export",
+    "tunableop": "unimatmul.interop.tunableop_cache:cmd_export",
+    "json": "unimatmul.interop.json_export:cmd_export",
 }
 
 

@@ -94,7 +94,7 @@ is recorded as ``GemmTunableOp_BFloat16_TN,tn_8192_2_3584_ld_3584_3584_8192``. T
 cannot say whether torch took the non-swapped path (an output that is itself column-major);
 :meth:`~TunableOpGemm.row_major` assumes the swap, which is the contiguous-output case.
 In the row-major view ``trans_a`` means A is stored column-major (a transposed view) and
-``lda`` is then A's stride along k, as in :mod:`unimatmul.problem`.
+``lda`` is then A's stride along k, as in :mod:`unimatmul.core.problem`.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from unimatmul import config
-from unimatmul.backend import Target
-from unimatmul.problem import Problem
-from unimatmul.record import TuningRecord
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core import modes as config
+from unimatmul.core.backend import Target
+from unimatmul.core.problem import Problem
 from unimatmul.torch import routing
 
 
@@ -60,9 +60,9 @@ def warmup(
     other batch sizes near it are served as well. Problems already tuned are kept
     unless ``force``. Routing is on during the call and as it was afterwards.
     """
-    from unimatmul.buckets import Buckets, tune_bucket
-    from unimatmul.selector import get_selector
     from unimatmul.torch import enabled
+    from unimatmul.tuning.buckets import Buckets, tune_bucket
+    from unimatmul.tuning.selector import get_selector
 
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     with enabled(), collecting() as met, config.mode("cached"):

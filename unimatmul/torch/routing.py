@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul import config as _config
 from unimatmul.api import describe
-from unimatmul.arrays import adapter_of
-from unimatmul.backend import DEFAULT, Runner, Target
-from unimatmul.problem import Problem
+from unimatmul.core import modes as _config
+from unimatmul.core.arrays import adapter_of
+from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core.problem import Problem
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
@@ -265,7 +265,7 @@ def _run(plan: Plan, runner: Runner, a: Any, b: Any, out: Any, alpha: float, bet
         plan.runner = None
         plan.source = "fallback"
         plan.label = f"unimatmul::{plan.op} [default]"
-        from unimatmul.selector import get_selector
+        from unimatmul.tuning.selector import get_selector
 
         selector = get_selector()
         selector.stats.fallbacks += 1
@@ -385,7 +385,7 @@ def _fill_plan(
         collector.append((problem, target))
     if mode == "tune" and a.is_cuda and torch.cuda.is_current_stream_capturing():
         mode = "cached"  # never measure inside a CUDA graph capture
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     native = bool(_state.native_keys)
     _busy.on = True
@@ -526,7 +526,7 @@ def _native_keys() -> tuple[str, ...]:
     cuda = "CUDA" in keys
     if native.load(cuda):
         return keys
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     get_selector().warn_once(
         "torch-native-build",

@@ -11,9 +11,8 @@ import pytest
 from unimatmul_numpy_variants import NumpyVariantsBackend
 
 from unimatmul import Candidate, Problem, UnsupportedProblem
-from unimatmul.arrays import CPU, adapter_for_kind
-from unimatmul.backend import Target
-from unimatmul.plugins import PluginManager
+from unimatmul.backend import CPU, Target, adapter_for_kind
+from unimatmul.core.plugins import PluginManager
 from unimatmul_conformance import run_suite
 
 TARGET = Target(adapter_for_kind("numpy"), CPU)

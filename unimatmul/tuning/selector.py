@@ -15,16 +15,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimatmul.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
-from unimatmul.buckets import Buckets, lookup_bucket
-from unimatmul.cache import LRU, CacheStore, open_store
-from unimatmul.errors import UnknownCandidate, UnsupportedProblem
-from unimatmul.harness import CpuTimer, Harness, HarnessSettings, Timer
-from unimatmul.platform import Platform, detect_platform
-from unimatmul.plugins import PluginManager, get_plugin_manager
-from unimatmul.problem import Problem
-from unimatmul.record import TuningRecord
-from unimatmul.recording import record_problem
+from unimatmul.cache.lru import LRU
+from unimatmul.cache.protocol import CacheStore, open_store
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.errors import UnknownCandidate, UnsupportedProblem
+from unimatmul.core.platform import Platform, detect_platform
+from unimatmul.core.plugins import PluginManager, get_plugin_manager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.buckets import Buckets, lookup_bucket
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
+from unimatmul.tuning.recording import record_problem
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Selector:
     def timer_for(self, target: Target) -> Timer:
         if target.device.kind == "cpu":
             return CpuTimer()
-        from unimatmul.timers import device_timer
+        from unimatmul.tuning.timers import device_timer
 
         return device_timer(target)
 
@@ -146,7 +147,7 @@ class Selector:
             return self.settings
         if target.device.kind == "cpu":
             return HarnessSettings()
-        from unimatmul.timers import device_settings
+        from unimatmul.tuning.timers import device_settings
 
         return device_settings(target)
 

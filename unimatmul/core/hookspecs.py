@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from unimatmul.backend import Backend
+    from unimatmul.core.backend import Backend
 
 PROJECT = "unimatmul"
 hookspec = pluggy.HookspecMarker(PROJECT)

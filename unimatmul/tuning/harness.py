@@ -4,7 +4,7 @@ For each Candidate of a Problem it prepares a Runner, checks its output against 
 float64 reference on poisoned memory, then times it on inputs rotated through more
 memory than the last-level cache, in interleaved rounds, pruning clear losers early,
 within a time budget, and keeps the median. Device timing lives behind the
-:class:`Timer` protocol (a CPU clock here; CUDA/HIP events in ``unimatmul.timers``).
+:class:`Timer` protocol (a CPU clock here; CUDA/HIP events in ``unimatmul.tuning.timers``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from unimatmul._version import __version__
-from unimatmul.arrays import Operands, make_operands
-from unimatmul.backend import DEFAULT, Candidate, Runner, Target
-from unimatmul.conditions import read_device_state
-from unimatmul.dtypes import tolerance
-from unimatmul.errors import UnsupportedProblem
-from unimatmul.problem import Problem
-from unimatmul.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
+from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
+from unimatmul.core.arrays import Operands, make_operands
+from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
+from unimatmul.core.dtypes import tolerance
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.conditions import read_device_state
 
 
 class Timer(Protocol):

@@ -11,7 +11,7 @@ A file that cannot be read is moved aside (``<name>.corrupt-<timestamp>``) with 
 warning that says what and where, and the program carries on with an empty cache;
 a file of a newer schema is never overwritten. ``UNIMATMUL_CACHE_READONLY=1`` (or a
 file that cannot be written) means never write; the first refused write says so
-once. The format is in :mod:`unimatmul.codec` and docs/cache-format.md.
+once. The format is in :mod:`unimatmul.cache.codec` and docs/cache-format.md.
 
 Durability: by default ``put`` returns once the record is on disk. With
 ``autoflush=N`` a store writes every N puts, and ``batch()`` defers writing to the
@@ -29,14 +29,14 @@ import os
 import tempfile
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from unimatmul import settings
 from unimatmul._version import __version__
-from unimatmul.codec import (
+from unimatmul.cache.codec import (
     MAX_FILE_BYTES,
     BadEntry,
     CacheFileError,
@@ -46,35 +46,21 @@ from unimatmul.codec import (
     encode_file,
     iter_records,
 )
-from unimatmul.record import TuningRecord, check_device_state, check_settings
+from unimatmul.cache.lock import FileLock, LockTimeout
+from unimatmul.cache.record import TuningRecord, check_device_state, check_settings
+from unimatmul.core import notices
 
 KEEP_CORRUPT = 3  # copies of broken files kept beside the cache; older ones are removed
 STALE_TEMP_S = 600.0  # without a real lock, a temp file this old belongs to a dead writer
-STALE_LOCKDIR_S = 120.0
-
-_warned: set[tuple[str, str]] = set()
-_warned_lock = threading.Lock()
 
 
 def warn_once(path: Path | str, what: str, message: str) -> None:
     """One warning per (file, kind of problem) per process: never per call."""
-    with _warned_lock:
-        if (str(path), what) in _warned:
-            return
-        _warned.add((str(path), what))
-    warnings.warn(f"unimatmul cache {path}: {message}", RuntimeWarning, stacklevel=3)
+    notices.warn_once(("cache", str(path), what), f"unimatmul cache {path}: {message}", stacklevel=3)
 
 
 def read_only_requested() -> bool:
-    return os.environ.get("UNIMATMUL_CACHE_READONLY", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def lock_timeout_s() -> float:
-    text = os.environ.get("UNIMATMUL_CACHE_LOCK_TIMEOUT", "")
-    try:
-        return max(0.0, float(text)) if text else 30.0
-    except ValueError:
-        return 30.0
+    return settings.CACHE_READONLY.get()
 
 
 def record_signature(record: TuningRecord | None) -> tuple[Any, ...] | None:
@@ -109,139 +95,6 @@ def check_record(record: TuningRecord) -> None:
         if r.samples < 0:
             msg = f"candidate {r.identity!r} has a negative sample count"
             raise ValueError(msg)
-
-
-# --- the lock --------------------------------------------------------------------------
-
-
-class LockTimeout(OSError):
-    """Another writer held the cache lock for longer than the timeout."""
-
-
-class _Unsupported(Exception):
-    pass
-
-
-_process_locks: dict[str, threading.Lock] = {}
-_process_locks_guard = threading.Lock()
-
-
-def _process_lock(path: Path) -> threading.Lock:
-    name = os.path.abspath(path)
-    with _process_locks_guard:
-        return _process_locks.setdefault(name, threading.Lock())
-
-
-class FileLock:
-    """An advisory exclusive lock on ``path`` that also works on shared file systems.
-
-    ``flock`` first; where the file system refuses it (some NFS, SMB, FUSE mounts),
-    POSIX ``lockf``; where that fails too, an atomic ``mkdir`` beside it (a lock
-    left by a killed process is broken after a while); where even that fails, no
-    lock and a warning. ``method`` says which one is held.
-
-    A lock of this process is taken first: ``lockf`` locks belong to the process,
-    not to the descriptor (two threads would both "hold" one, and closing any
-    descriptor of the file drops it), so threads must be kept apart here.
-    """
-
-    def __init__(self, path: Path, timeout_s: float | None = None) -> None:
-        self.path = path
-        self.timeout_s = lock_timeout_s() if timeout_s is None else timeout_s
-        self.method = ""
-        self._fd: int | None = None
-        self._inner: threading.Lock | None = None
-
-    def __enter__(self) -> FileLock:
-        deadline = time.monotonic() + self.timeout_s
-        inner = _process_lock(self.path)
-        if not inner.acquire(timeout=max(self.timeout_s, 0.001)):
-            msg = f"the cache lock {self.path} was held for more than {self.timeout_s:g} s in this process"
-            raise LockTimeout(errno.ETIMEDOUT, msg)
-        self._inner = inner
-        try:
-            return self._enter_os(deadline)
-        except BaseException:
-            self._release_inner()
-            raise
-
-    def _release_inner(self) -> None:
-        if self._inner is not None:
-            self._inner.release()
-            self._inner = None
-
-    def _enter_os(self, deadline: float) -> FileLock:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            fcntl = None  # type: ignore[assignment]
-        if fcntl is not None:
-            try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except PermissionError:
-                # A lock file another user made: flock works on a read-only descriptor.
-                self._fd = os.open(self.path, os.O_RDONLY)
-            for method, call in (("flock", fcntl.flock), ("lockf", fcntl.lockf)):
-                try:
-                    self._poll(lambda call=call: call(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB), deadline)
-                except _Unsupported:
-                    continue
-                self.method = method
-                return self
-        self.method = self._mkdir_lock(deadline)
-        return self
-
-    def _poll(self, attempt: Any, deadline: float) -> None:
-        delay = 0.001
-        while True:
-            try:
-                attempt()
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise _Unsupported from exc  # ENOLCK, EOPNOTSUPP, EBADF, ...
-            if time.monotonic() >= deadline:
-                msg = f"the cache lock {self.path} was held for more than {self.timeout_s:g} s"
-                raise LockTimeout(errno.ETIMEDOUT, msg)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-
-    def _mkdir_lock(self, deadline: float) -> str:
-        lockdir = Path(f"{self.path}.d")
-
-        def attempt() -> None:
-            try:
-                os.mkdir(lockdir)
-            except FileExistsError:
-                with contextlib.suppress(OSError):
-                    if time.time() - lockdir.stat().st_mtime > STALE_LOCKDIR_S:
-                        os.rmdir(lockdir)  # its owner died; the next attempt takes it
-                raise OSError(errno.EAGAIN, "held") from None
-
-        try:
-            self._poll(attempt, deadline)
-        except _Unsupported:
-            warn_once(self.path, "nolock", "no file locking works here; concurrent writers may lose entries")
-            return "none"
-        return "mkdir"
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self.method == "mkdir":
-                with contextlib.suppress(OSError):
-                    os.rmdir(f"{self.path}.d")
-            if self._fd is not None:
-                with contextlib.suppress(Exception):
-                    import fcntl
-
-                    if self.method == "flock":
-                        fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    elif self.method == "lockf":
-                        fcntl.lockf(self._fd, fcntl.LOCK_UN)
-                os.close(self._fd)
-                self._fd = None
-        finally:
-            self._release_inner()
 
 
 # --- reading and writing whole files ----------------------------------------------------

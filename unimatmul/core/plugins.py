@@ -20,9 +20,9 @@ from typing import Any
 
 import pluggy
 
-from unimatmul import hookspecs
-from unimatmul.backend import Backend
-from unimatmul.errors import PluginError
+from unimatmul.core import hookspecs
+from unimatmul.core.backend import Backend
+from unimatmul.core.errors import PluginError
 
 ENTRY_POINT_GROUP = "unimatmul"
 

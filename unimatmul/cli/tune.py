@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from unimatmul.backend import Target
-from unimatmul.buckets import Buckets, tune_bucket
-from unimatmul.problem import Problem
-from unimatmul.record import TuningRecord
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.backend import Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.buckets import Buckets, tune_bucket
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class TuneJob:
 
 
 def _bucket_record(selector: Any, job: TuneJob) -> TuningRecord | None:
-    from unimatmul.buckets import bucket_range
+    from unimatmul.tuning.buckets import bucket_range
 
     assert job.buckets is not None
     record: TuningRecord | None = selector.lookup(job.problem, job.target)
@@ -71,7 +71,7 @@ def build_jobs(
         default = target(args.array, args.device)
         jobs.extend(TuneJob(p, default) for p in shapes(args))
     if args.from_file:
-        from unimatmul.recording import read_problems
+        from unimatmul.tuning.recording import read_problems
 
         try:
             found = read_problems(args.from_file)

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unimatmul.cache import default_cache_path
-from unimatmul.dtypes import canonical
-from unimatmul.problem import Problem
+from unimatmul.cache.protocol import default_cache_path
+from unimatmul.core.dtypes import canonical
+from unimatmul.core.problem import Problem
 
 if TYPE_CHECKING:
-    from unimatmul.backend import Target
+    from unimatmul.core.backend import Target
     from unimatmul.interop.tunableop import RowMajorGemm
 
 ENV = "UNIMATMUL_RECORD_FILE"

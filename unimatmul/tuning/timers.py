@@ -23,9 +23,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unimatmul.backend import Target
-from unimatmul.config import env_float
-from unimatmul.harness import HarnessSettings, Timer
+from unimatmul import settings
+from unimatmul.core.backend import Target
+from unimatmul.tuning.harness import HarnessSettings, Timer
 
 #: Calls per timed batch: enough that launch latency is a few percent of a small GEMM.
 MIN_CALLS = 20
@@ -201,7 +201,7 @@ def device_settings(target: Target) -> HarnessSettings:
         warmup=1,
         min_samples=3,
         max_samples=20,
-        budget_s=env_float("UNIMATMUL_GPU_BUDGET_S", 0.004),
+        budget_s=settings.GPU_BUDGET_S.get(),
         prune_ratio=1.25,
         first_prune_ratio=2.0,
         interleave=True,

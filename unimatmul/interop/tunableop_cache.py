@@ -5,8 +5,8 @@ its rows to cache entries and back.
 
 Import
 ------
-Every GEMM row becomes one entry (a :class:`~unimatmul.record.TuningRecord` under its
-:class:`~unimatmul.problem.Problem` key):
+Every GEMM row becomes one entry (a :class:`~unimatmul.cache.record.TuningRecord` under its
+:class:`~unimatmul.core.problem.Problem` key):
 
 * Problem: the row-major view of the row (:meth:`TunableOpGemm.row_major`; TunableOp
   writes the column-major BLAS call, m and n swapped). ``GemmAndBiasTunableOp`` is the
@@ -72,7 +72,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from unimatmul.backend import DEFAULT, Candidate
+from unimatmul.cache.record import OK, CandidateResult, TuningRecord
+from unimatmul.core.backend import DEFAULT, Candidate
+from unimatmul.core.problem import Problem
 from unimatmul.interop.tunableop import (
     WILDCARD,
     RowMajorGemm,
@@ -83,12 +85,10 @@ from unimatmul.interop.tunableop import (
     parse,
     write,
 )
-from unimatmul.problem import Problem
-from unimatmul.record import OK, CandidateResult, TuningRecord
 
 if TYPE_CHECKING:
-    from unimatmul.cache import CacheStore
-    from unimatmul.platform import Platform
+    from unimatmul.cache.protocol import CacheStore
+    from unimatmul.core.platform import Platform
 
 SOURCE = "pytorch-tunableop"
 # Candidate name under which each ROCm backend offers a solution index (backends/rocm:
@@ -454,9 +454,9 @@ def current_gpu_platform() -> Platform | None:
 
         if not torch.cuda.is_available():
             return None
-        from unimatmul.arrays import Device, adapter_for_kind
-        from unimatmul.backend import Target
-        from unimatmul.selector import get_selector
+        from unimatmul.core.arrays import Device, adapter_for_kind
+        from unimatmul.core.backend import Target
+        from unimatmul.tuning.selector import get_selector
 
         kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
         target = Target(adapter_for_kind("torch"), Device(kind, torch.cuda.current_device()))
@@ -500,7 +500,7 @@ def _put_all(store: CacheStore, namespace: str, entries: dict[str, TuningRecord]
 
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     """``cache import tunableop FILE.csv [--namespace NS] [--replace]``."""
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
     from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, CliError
 
     try:
@@ -548,7 +548,7 @@ def _namespace_for_export(store: CacheStore, requested: str | None, current: Pla
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     """``cache export --format tunableop -o FILE.csv [--namespace NS]``."""
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
     from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, CliError
 
     store = open_store(args.cache)

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgpack
 
-from unimatmul.record import (
+from unimatmul.cache.record import (
     FAILED,
     OK,
     PRUNED,
@@ -63,7 +63,7 @@ _TIME_STEPS = 4096.0
 _TIME_ZERO = 16384
 _TIME_EXACT = 0xFFFF
 
-DEFAULT_IDENTITY = "default/default"  # unimatmul.backend.DEFAULT.identity
+DEFAULT_IDENTITY = "default/default"  # unimatmul.core.backend.DEFAULT.identity
 
 _STATUS_CODES = {OK: 0, REJECTED: 1, FAILED: 2, PRUNED: 3}
 _STATUS_NAMES = {code: name for name, code in _STATUS_CODES.items()}

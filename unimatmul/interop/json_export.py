@@ -52,9 +52,9 @@ def export_document(store: Any, namespace: str | None = None) -> dict[str, Any]:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    from unimatmul.cache.file_store import MsgpackFileStore
     from unimatmul.cli import EXIT_OK
-    from unimatmul.cli_cache import cache_path
-    from unimatmul.store import MsgpackFileStore
+    from unimatmul.cli.cache import cache_path
 
     path = cache_path(args)
     store = MsgpackFileStore(path, read_only=True, quarantine=False)

@@ -1,7 +1,7 @@
-"""The Cache: a bounded in-process LRU in front of a store shared by processes.
+"""The store protocol: where tuning records live between processes.
 
 The store is anything that follows :class:`CacheStore`; the default is one msgpack
-file per user (:mod:`unimatmul.store`). Callers only see this protocol, so the
+file per user (:mod:`unimatmul.cache.file_store`). Callers only see this protocol, so the
 store can be hardened or replaced without touching them.
 """
 
@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
-from unimatmul.record import TuningRecord
-
-K = TypeVar("K")
-V = TypeVar("V")
+from unimatmul import settings
+from unimatmul.cache.record import TuningRecord
 
 
 class CacheStore(Protocol):
@@ -83,77 +80,9 @@ class MemoryStore:
         return None
 
 
-DEFAULT_LRU_SIZE = 4096
-
-
-def lru_size(default: int = DEFAULT_LRU_SIZE) -> int:
-    """``$UNIMATMUL_LRU_SIZE`` (entries of each in-process map), else ``default``."""
-    text = os.environ.get("UNIMATMUL_LRU_SIZE", "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        msg = f"UNIMATMUL_LRU_SIZE={text!r} is not a positive integer"
-        raise ValueError(msg)
-    return value
-
-
-class LRU(Generic[K, V]):
-    """A bounded map that forgets the least recently used entry first; thread-safe.
-
-    The bound keeps memory flat however many distinct shapes a process meets; a
-    forgotten entry is found again in the store (or tuned again) when it returns.
-    """
-
-    def __init__(self, maxsize: int | None = None) -> None:
-        if maxsize is None:
-            maxsize = lru_size()
-        if maxsize < 1:
-            msg = f"LRU maxsize must be >= 1, got {maxsize}"
-            raise ValueError(msg)
-        self.maxsize = maxsize
-        self._data: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        # The hot path: one dict lookup plus a move, under a lock held for nanoseconds.
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def peek(self, key: K) -> V | None:
-        """A lookup that leaves recency alone and takes no lock (one dict read).
-
-        For the per-call hot path: an entry in use is refreshed only when it is put
-        again, so under more distinct keys than the bound, eviction is first-in
-        first-out there. Reads are safe against concurrent puts (the GIL makes a
-        dict read atomic).
-        """
-        return self._data.get(key)
-
-    def put(self, key: K, value: V) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
 def default_cache_path() -> Path:
     """``$UNIMATMUL_CACHE``, else ``$XDG_CACHE_HOME/unimatmul/cache.msgpack``."""
-    explicit = os.environ.get("UNIMATMUL_CACHE")
+    explicit = settings.CACHE.get()
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -162,9 +91,9 @@ def default_cache_path() -> Path:
 
 def open_store(path: str | os.PathLike[str] | None = None) -> CacheStore:
     """The store at ``path`` (default: :func:`default_cache_path`); ``:memory:`` for none."""
-    from unimatmul.store import MsgpackFileStore
+    from unimatmul.cache.file_store import MsgpackFileStore
 
-    if path is None and os.environ.get("UNIMATMUL_CACHE") == ":memory:":
+    if path is None and settings.CACHE.get() == ":memory:":
         return MemoryStore()
     if path is not None and str(path) == ":memory:":
         return MemoryStore()

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.dtypes import ITEMSIZE, canonical
-from unimatmul.problem import Problem
+from unimatmul.core.dtypes import ITEMSIZE, canonical
+from unimatmul.core.problem import Problem
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def cache_path(args: argparse.Namespace) -> Path:
     """The file the command works on: ``--cache`` or the default one."""
-    from unimatmul.cache import default_cache_path
+    from unimatmul.cache.protocol import default_cache_path
 
     text = getattr(args, "cache", None)
     if text == ":memory:" or (text is None and os.environ.get("UNIMATMUL_CACHE") == ":memory:"):
@@ -48,9 +48,9 @@ def _size(n: float) -> str:
 
 def _selector_for(path: Path, args: argparse.Namespace, *, read_only: bool) -> Any:
     """A Selector over this cache file, for validation against the libraries here."""
+    from unimatmul.cache.file_store import MsgpackFileStore
     from unimatmul.cli import _target
-    from unimatmul.selector import Selector
-    from unimatmul.store import MsgpackFileStore
+    from unimatmul.tuning.selector import Selector
 
     store = MsgpackFileStore(path, read_only=read_only, quarantine=False, autoflush=0)
     return Selector(store=store), _target(args.array, args.device)
@@ -60,7 +60,7 @@ def _selector_for(path: Path, args: argparse.Namespace, *, read_only: bool) -> A
 
 
 def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
 
     store = open_store(args.cache)
     items = list(store.items(args.namespace))
@@ -87,7 +87,7 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
 
     out.write(open_store(args.cache).location + "\n")
     return EXIT_OK
@@ -97,8 +97,8 @@ def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.codec import BadEntry, iter_records
-    from unimatmul.store import MsgpackFileStore
+    from unimatmul.cache.codec import BadEntry, iter_records
+    from unimatmul.cache.file_store import MsgpackFileStore
 
     path = cache_path(args)
     store = MsgpackFileStore(path, read_only=True, quarantine=False)
@@ -198,8 +198,8 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.codec import BadEntry, CacheFileError, content_digest, iter_records
-    from unimatmul.store import read_file
+    from unimatmul.cache.codec import BadEntry, CacheFileError, content_digest, iter_records
+    from unimatmul.cache.file_store import read_file
 
     path = cache_path(args)
     if not path.exists():
@@ -259,8 +259,8 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.codec import BadEntry, CacheFileError, Snapshot, iter_records
-    from unimatmul.store import MsgpackFileStore, faster, read_file
+    from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, iter_records
+    from unimatmul.cache.file_store import MsgpackFileStore, faster, read_file
 
     merged = Snapshot()
     conflicts = 0
@@ -307,8 +307,8 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.codec import BadEntry, Snapshot, compact, iter_records
-    from unimatmul.store import MsgpackFileStore, record_signature
+    from unimatmul.cache.codec import BadEntry, Snapshot, compact, iter_records
+    from unimatmul.cache.file_store import MsgpackFileStore, record_signature
 
     if args.older_than is None and not args.namespace and not args.invalid and not args.bad:
         raise CliError("nothing to prune: give --older-than DAYS, --namespace NS, --invalid or --bad")
@@ -349,7 +349,7 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
         return fresh
 
     if args.dry_run:
-        from unimatmul.store import read_file
+        from unimatmul.cache.file_store import read_file
 
         change(read_file(path))
         verb = "would remove"

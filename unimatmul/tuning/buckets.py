@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from unimatmul.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
-from unimatmul.harness import Harness
-from unimatmul.problem import Problem
-from unimatmul.record import OK, TuningRecord
+from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import Harness
 
 if TYPE_CHECKING:
-    from unimatmul.selector import Selector
+    from unimatmul.tuning.selector import Selector
 
 ENV = "UNIMATMUL_BUCKETS"
 DEFAULT_SPEC = "pow2"

@@ -51,7 +51,7 @@ class TuningRecord:
     """What one tuning of one Problem on one Platform found.
 
     ``device_state`` holds what could be read about the device while it was tuned
-    (clock in MHz, temperature in degrees C, ...; see :mod:`unimatmul.conditions`),
+    (clock in MHz, temperature in degrees C, ...; see :mod:`unimatmul.tuning.conditions`),
     so that a surprising record can be explained later. It may be empty.
     """
 

@@ -1,4 +1,8 @@
-"""Modes and settings: environment variables, overridable in code by context managers."""
+"""Modes: what a call with an unseen problem does (off, cached, tune, record).
+
+The mode comes from ``UNIMATMUL_MODE`` (declared in :mod:`unimatmul.settings`) and is
+overridden in code by ``with mode(...)`` blocks (this thread or task only).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-MODES = ("off", "cached", "tune", "record")
-DEFAULT_MODE = "cached"
+from unimatmul import settings
+from unimatmul.settings import MODES, SettingError
+
+DEFAULT_MODE = settings.MODE.default
 
 _mode: contextvars.ContextVar[str | None] = contextvars.ContextVar("unimatmul_mode", default=None)
 
@@ -20,6 +26,14 @@ def check_mode(name: str) -> str:
         msg = f"unknown unimatmul mode {name!r}; valid modes: {', '.join(MODES)}"
         raise ValueError(msg)
     return name
+
+
+def _env_value(text: str) -> str:
+    try:
+        return check_mode(text)
+    except ValueError:
+        msg = f"unknown unimatmul mode {text!r} in {settings.MODE.name}; valid modes: {', '.join(MODES)}"
+        raise SettingError(msg, name=settings.MODE.name) from None
 
 
 # Raw UNIMATMUL_MODE text -> mode: every cached matmul call reads the variable, and
@@ -33,10 +47,10 @@ _env_modes: dict[str, str] = {}
 try:
     _environ: Any = os.environ
     _env_data: Any = _environ._data
-    _mode_key: Any = _environ.encodekey("UNIMATMUL_MODE")
+    _mode_key: Any = _environ.encodekey(settings.MODE.name)
     _decode: Any = _environ.decodevalue
 except AttributeError:  # pragma: no cover - another Python
-    _env_data, _mode_key, _decode = os.environ, "UNIMATMUL_MODE", str
+    _env_data, _mode_key, _decode = os.environ, settings.MODE.name, str
 
 
 def env_mode() -> str:
@@ -45,7 +59,7 @@ def env_mode() -> str:
     found = _env_modes.get(raw)
     if found is None:
         text = (_decode(raw) if raw else "").strip().lower()
-        found = check_mode(text) if text else DEFAULT_MODE
+        found = _env_value(text) if text else DEFAULT_MODE
         _env_modes[raw] = found
     return found
 
@@ -100,14 +114,3 @@ def _count_override(step: int) -> None:
         _overrides += step
         for listener in _override_listeners:
             listener(_overrides)
-
-
-def env_float(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        msg = f"environment variable {name}={text!r} is not a number"
-        raise ValueError(msg) from None

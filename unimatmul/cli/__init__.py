@@ -26,8 +26,8 @@ class CliError(Exception):
 
 
 def _target(array: str | None, device: str | None) -> Any:
-    from unimatmul.arrays import Device, adapter_for_kind
-    from unimatmul.backend import Target
+    from unimatmul.core.arrays import Device, adapter_for_kind
+    from unimatmul.core.backend import Target
 
     array, device = array or "numpy", device or "cpu"
     kind, _, index = device.partition(":")
@@ -63,8 +63,8 @@ def _table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
 
 def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
     from unimatmul import __version__
-    from unimatmul.config import get_mode
-    from unimatmul.selector import get_selector
+    from unimatmul.core.modes import get_mode
+    from unimatmul.tuning.selector import get_selector
 
     selector = get_selector()
     target = _target(args.array, args.device)
@@ -128,8 +128,8 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _problems(args: argparse.Namespace) -> list[Any]:
-    from unimatmul.problem import Problem
-    from unimatmul.selector import get_selector
+    from unimatmul.core.problem import Problem
+    from unimatmul.tuning.selector import get_selector
 
     texts: list[str] = []
     presets = get_selector().plugins.presets()
@@ -156,9 +156,9 @@ def _problems(args: argparse.Namespace) -> list[Any]:
 def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm import tqdm
 
-    from unimatmul.cli_tune import build_jobs
-    from unimatmul.harness import HarnessSettings
-    from unimatmul.selector import get_selector
+    from unimatmul.cli.tune import build_jobs
+    from unimatmul.tuning.harness import HarnessSettings
+    from unimatmul.tuning.selector import get_selector
 
     try:
         jobs, notes = build_jobs(args, _problems, _target)
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-m", type=int, metavar="M", help="with --buckets: sweep the buckets up to M")
     p.set_defaults(func=cmd_tune)
 
-    from unimatmul.cli_cache import add_cache_commands
+    from unimatmul.cli.cache import add_cache_commands
 
     add_cache_commands(sub)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from unimatmul.dtypes import ITEMSIZE, canonical
+from unimatmul.core.dtypes import ITEMSIZE, canonical
 
 OPS = ("gemm",)
 EPILOGUES = ("none", "relu", "gelu", "gelu_tanh", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")

@@ -1,0 +1,382 @@
+"""Every ``UNIMATMUL_*`` environment variable, declared once: name, type, default, meaning.
+
+A variable is read through its :class:`Setting` (``settings.LT_HEURISTICS.get()``),
+never with ``os.environ`` directly, so that each one has one parser, one idea of
+"true", one error message for a bad value (:class:`SettingError`, which names the
+variable and what it takes), and one line of documentation. The README's table of
+variables is checked against :data:`REGISTRY` by a test, and the test suite clears
+every registered variable before it runs.
+
+Values are read when asked for (the environment may change while a process runs);
+the one read on the per-call hot path, ``UNIMATMUL_MODE``, has its own fast reader in
+:mod:`unimatmul.core.modes`. A plugin declares its own variables with :func:`declare`.
+
+This module imports nothing of unimatmul and nothing heavy: PyTorch's autoload hook
+reads ``UNIMATMUL_TORCH`` through it at ``import torch``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """An environment variable holds a value its Setting cannot take."""
+
+    def __init__(self, msg: str, *, name: str) -> None:
+        super().__init__(msg)
+        self.name = name
+
+
+class Setting(Generic[T]):
+    """One ``UNIMATMUL_*`` variable: how to read it and what it means."""
+
+    __slots__ = ("default", "doc", "kind", "name", "owner", "parse")
+
+    def __init__(
+        self, name: str, kind: str, default: T, parse: Callable[[str], T], doc: str, owner: str
+    ) -> None:
+        self.name = name
+        self.kind = kind  # for documentation: "bool", "int", "float", "path", "list", a choice, ...
+        self.default = default
+        self.parse = parse
+        self.doc = doc
+        self.owner = owner
+
+    def raw(self) -> str | None:
+        """The variable's text, stripped; None when unset or empty."""
+        text = os.environ.get(self.name)
+        if text is None:
+            return None
+        text = text.strip()
+        return text or None
+
+    def is_set(self) -> bool:
+        return self.raw() is not None
+
+    def get(self) -> T:
+        """The parsed value, or the default when unset; SettingError for a bad value."""
+        text = self.raw()
+        if text is None:
+            return self.default
+        try:
+            return self.parse(text)
+        except SettingError:
+            raise
+        except (ValueError, TypeError) as exc:
+            msg = f"{self.name}={text!r}: {exc}"
+            raise SettingError(msg, name=self.name) from None
+
+    def __repr__(self) -> str:
+        return f"Setting({self.name!r}, {self.kind})"
+
+
+REGISTRY: dict[str, Setting[Any]] = {}
+
+
+def declare(
+    name: str, kind: str, default: T, parse: Callable[[str], T], doc: str, *, owner: str = "core"
+) -> Setting[T]:
+    """Add a variable to the registry (once: a second declaration of a name is an error)."""
+    if not name.startswith("UNIMATMUL_"):
+        msg = f"setting {name!r} must start with UNIMATMUL_"
+        raise ValueError(msg)
+    if name in REGISTRY:
+        msg = f"setting {name} is declared twice"
+        raise ValueError(msg)
+    setting = Setting(name, kind, default, parse, doc, owner)
+    REGISTRY[name] = setting
+    return setting
+
+
+# --- parsers ----------------------------------------------------------------------------
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    msg = f"expected one of {', '.join(TRUE)} or {', '.join(FALSE)}"
+    raise ValueError(msg)
+
+
+def parse_int(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            msg = "not an integer"
+            raise ValueError(msg) from None
+        if value < minimum:
+            msg = f"must be at least {minimum}"
+            raise ValueError(msg)
+        return value
+
+    return parse
+
+
+def parse_float(minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            msg = "not a number"
+            raise ValueError(msg) from None
+        if not value >= minimum:  # NaN fails too
+            msg = f"must be at least {minimum:g}"
+            raise ValueError(msg)
+        return value
+
+    return parse
+
+
+def parse_choice(*choices: str, aliases: dict[str, str] | None = None) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        value = (aliases or {}).get(value, value)
+        if value not in choices:
+            msg = f"expected one of {', '.join(choices)}"
+            raise ValueError(msg)
+        return value
+
+    return parse
+
+
+def parse_names(text: str) -> frozenset[str]:
+    """A comma-separated list of names."""
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_text(text: str) -> str:
+    return text
+
+
+# --- the variables ----------------------------------------------------------------------
+# Grouped by what reads them. The README's table lists exactly these (a test checks it).
+
+MODES = ("off", "cached", "tune", "record")
+
+MODE = declare(
+    "UNIMATMUL_MODE",
+    "choice",
+    "cached",
+    parse_choice(*MODES),
+    "`off`, `cached` (default), `tune` or `record` (see Modes)",
+)
+CACHE = declare(
+    "UNIMATMUL_CACHE",
+    "path",
+    None,
+    parse_text,
+    "the cache file (default `$XDG_CACHE_HOME/unimatmul/cache.msgpack`, i.e. "
+    "`~/.cache/unimatmul/cache.msgpack`); `:memory:` for none",
+)
+CACHE_READONLY = declare(
+    "UNIMATMUL_CACHE_READONLY",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: read the cache file, never write it (results stay in the process)",
+)
+CACHE_LOCK_TIMEOUT = declare(
+    "UNIMATMUL_CACHE_LOCK_TIMEOUT",
+    "float",
+    30.0,
+    parse_float(0.0),
+    "seconds to wait for the cache file's lock (default 30)",
+)
+LRU_SIZE = declare(
+    "UNIMATMUL_LRU_SIZE",
+    "int",
+    None,
+    parse_int(1),
+    "bound of each in-process map of prepared kernels (default 4096; the API's own map 8192)",
+)
+RECORD_FILE = declare(
+    "UNIMATMUL_RECORD_FILE",
+    "path",
+    None,
+    parse_text,
+    "where `record` mode writes the problems it meets (default beside the cache)",
+)
+BUCKETS = declare(
+    "UNIMATMUL_BUCKETS",
+    "spec",
+    "pow2",
+    parse_text,
+    "buckets of m for dynamic shapes (`pow2`, `pow2:MAX`, `M1,M2,...`, `off`; see `docs/torch.md`)",
+)
+PLUGINS = declare(
+    "UNIMATMUL_PLUGINS",
+    "list",
+    None,
+    parse_names,
+    "comma-separated entry-point names: load only these plugins (`none`: no plugin at all)",
+)
+DISABLE_PLUGINS: Setting[frozenset[str]] = declare(
+    "UNIMATMUL_DISABLE_PLUGINS",
+    "list",
+    frozenset[str](),
+    parse_names,
+    "comma-separated entry-point names never to load (e.g. `onednn`)",
+)
+GPU_BUDGET_S = declare(
+    "UNIMATMUL_GPU_BUDGET_S",
+    "float",
+    0.004,
+    parse_float(0.0),
+    "measuring time per candidate on a GPU (default 0.004)",
+)
+
+# PyTorch routing (unimatmul.torch)
+TORCH = declare(
+    "UNIMATMUL_TORCH",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: route PyTorch's matmuls through unimatmul when torch loads",
+    owner="torch",
+)
+TORCH_NATIVE = declare(
+    "UNIMATMUL_TORCH_NATIVE",
+    "choice",
+    "auto",
+    parse_choice(
+        "auto",
+        "cuda",
+        "0",
+        aliases={"1": "auto", "on": "auto", "yes": "auto", "true": "auto", "all": "auto", "off": "0"}
+        | {"no": "0", "false": "0"},
+    ),
+    "routing kernels in C++ (built at first use): `auto` (default: at the CPU and CUDA keys), "
+    "`cuda` (the CUDA key only), `0` (Python kernels only); see `docs/torch.md`",
+    owner="torch",
+)
+
+# oneDNN (backends/onednn)
+DNNL_LIB = declare(
+    "UNIMATMUL_DNNL_LIB",
+    "path",
+    None,
+    parse_text,
+    "path of `libdnnl.so.3` to use instead of the one from the `onednn-cpu-gomp` wheel; it must exist",
+    owner="onednn",
+)
+ONEDNN_REF = declare(
+    "UNIMATMUL_ONEDNN_REF",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: also offer oneDNN's reference (`ref:`) implementations as candidates (slow; for checking)",
+    owner="onednn",
+)
+
+# cuBLASLt and hipBLASLt (backends/lt, backends/cuda, backends/rocm)
+LT_HEURISTICS = declare(
+    "UNIMATMUL_LT_HEURISTICS",
+    "int",
+    16,
+    parse_int(1),
+    "how many cuBLASLt heuristic algos to measure (default 16)",
+    owner="lt",
+)
+LT_PAD_HEURISTICS = declare(
+    "UNIMATMUL_LT_PAD_HEURISTICS",
+    "int",
+    2,
+    parse_int(0),
+    "how many heuristic algos the alignment (padding) candidates run (default 2)",
+    owner="lt",
+)
+LT_EXHAUSTIVE = declare(
+    "UNIMATMUL_LT_EXHAUSTIVE",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: also enumerate cuBLASLt algo configurations beyond the heuristic",
+    owner="lt",
+)
+LT_EXHAUSTIVE_MAX = declare(
+    "UNIMATMUL_LT_EXHAUSTIVE_MAX",
+    "int",
+    64,
+    parse_int(1),
+    "with `UNIMATMUL_LT_EXHAUSTIVE`: the most extra configurations offered (default 64)",
+    owner="lt",
+)
+LT_EXHAUSTIVE_CHECKS = declare(
+    "UNIMATMUL_LT_EXHAUSTIVE_CHECKS",
+    "int",
+    3000,
+    parse_int(1),
+    "with `UNIMATMUL_LT_EXHAUSTIVE`: the most configurations checked (default 3000)",
+    owner="lt",
+)
+LT_LIBRARY = declare(
+    "UNIMATMUL_LT_LIBRARY",
+    "choice",
+    "auto",
+    parse_choice("auto", "nvmath", "ctypes"),
+    "`auto` (default: nvmath-python if it imports, else ctypes), `nvmath` or `ctypes`: "
+    "which bindings drive cuBLASLt",
+    owner="cublaslt",
+)
+LT_WORKSPACE_MB = declare(
+    "UNIMATMUL_LT_WORKSPACE_MB",
+    "int",
+    32,
+    parse_int(0),
+    "the most workspace an Lt algo may use (default 32)",
+    owner="lt",
+)
+CUBLASLT_PATH = declare(
+    "UNIMATMUL_CUBLASLT_PATH",
+    "path",
+    None,
+    parse_text,
+    "explicit path of libcublasLt (overrides every search)",
+    owner="cublaslt",
+)
+HIPBLASLT_LIB = declare(
+    "UNIMATMUL_HIPBLASLT_LIB",
+    "path",
+    None,
+    parse_text,
+    "explicit path of libhipblaslt (overrides every search)",
+    owner="rocm",
+)
+ROCBLAS_LIB = declare(
+    "UNIMATMUL_ROCBLAS_LIB",
+    "path",
+    None,
+    parse_text,
+    "explicit path of librocblas (overrides every search)",
+    owner="rocm",
+)
+HIPBLASLT_HEURISTICS = declare(
+    "UNIMATMUL_HIPBLASLT_HEURISTICS",
+    "int",
+    256,
+    parse_int(1),
+    "how many hipBLASLt solutions to ask for (default 256)",
+    owner="rocm",
+)
+
+# The conformance suite
+CONFORMANCE_BACKEND = declare(
+    "UNIMATMUL_CONFORMANCE_BACKEND",
+    "text",
+    None,
+    parse_text,
+    "the backend the conformance pytest plugin checks when no option names one",
+    owner="conformance",
+)
