@@ -358,11 +358,11 @@ class Bench:
             loop("unimatmul.matmul(a, b, out=out) [Lt]", lambda: unimatmul.matmul(a, b, out=out))
             loop("unimatmul.matmul(a, b) [Lt]", lambda: unimatmul.matmul(a, b))
             # The lower-level path: hold the Runner the selector decided on.
-            from unimatmul.api import describe
             from unimatmul.core.backend import Target
+            from unimatmul.core.problem import Problem
 
             adapter = self.adapter
-            described, _ = describe(adapter, a, b, out=out)
+            described, _ = Problem.from_operands(adapter, a, b, out=out)
             prepared = self.selector.decide(described, Target(adapter, adapter.device(a)), "cached").runner
             loop("prepared runner (Selector.decide) [Lt]", lambda: prepared(a, b, out))
         self.store.put(

@@ -536,7 +536,7 @@ def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.d
     import unimatmul.torch as ut
     from unimatmul.core.backend import DEFAULT
     from unimatmul.torch.model_tuning import collecting
-    from unimatmul.tuning.buckets import Buckets, tune_bucket
+    from unimatmul.tuning.buckets import Buckets
     from unimatmul.tuning.harness import Harness
     from unimatmul.tuning.selector import get_selector
 
@@ -559,7 +559,7 @@ def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.d
     m_values = [m for m in args.bucket_m if buckets.representative(m) is not None]
     for model_name, problem, target in shapes:
         for rep in sorted({buckets.representative(m) for m in m_values}):  # type: ignore[type-var]
-            tune_bucket(selector, problem.with_m(rep), target, buckets)
+            selector.tune_bucket(problem.with_m(rep), target, buckets)
         for m in m_values:
             at_m = problem.with_m(m)
             decision = selector.decide(at_m, target, "cached")
@@ -569,9 +569,9 @@ def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.d
                 entries.append((choice, _preparer(selector, at_m, choice, target)))
             # Both measured in full (no pruning), so that the ratio is a measurement, not a verdict.
             settings = replace(
-                selector.settings_for(target), prune_ratio=math.inf, first_prune_ratio=math.inf
+                selector.tuner.settings_for(target), prune_ratio=math.inf, first_prune_ratio=math.inf
             )
-            harness = Harness(selector.timer_for(target), settings)
+            harness = Harness(selector.tuner.timer_for(target), settings)
             record = harness.measure(at_m, target, entries)
             times = {r.identity: r.median_s for r in record.results}
             default_s = times.get(DEFAULT.identity)

@@ -25,8 +25,9 @@ from unimatmul.core.arrays import ArrayAdapter
 from unimatmul.core.backend import Backend, Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.hookspecs import hookimpl
-from unimatmul.core.plugins import PluginManager
+from unimatmul.core.plugins import PluginManager, reset_plugin_manager
 from unimatmul.core.problem import Problem
+from unimatmul.settings import REGISTRY
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.selector import Selector, set_selector
 
@@ -35,14 +36,9 @@ from unimatmul.tuning.selector import Selector, set_selector
 
 _SESSION_DIR: str | None = None
 _SAVED_ENV: dict[str, str] = {}
-_VARIABLES = (
-    "UNIMATMUL_CACHE",
-    "UNIMATMUL_CACHE_READONLY",
-    "UNIMATMUL_MODE",
-    "UNIMATMUL_PLUGINS",
-    "UNIMATMUL_DISABLE_PLUGINS",
-    "UNIMATMUL_ONEDNN_REF",
-)
+# Every variable unimatmul declares (unimatmul.settings): the caller's environment must
+# not change what the tests see.
+_VARIABLES = tuple(REGISTRY)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,10 +84,14 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Isolat
     plugins = PluginManager()
     selector = Selector(plugins=plugins, settings=fast_settings())
     old = set_selector(selector)
+    # A Selector made inside the test without plugins loads the process-wide manager:
+    # let it see the test's environment, not whatever an earlier test left.
+    reset_plugin_manager(None)
     try:
         yield Isolated(selector, plugins, cache)
     finally:
         set_selector(old)
+        reset_plugin_manager(None)
 
 
 # --- fake backends --------------------------------------------------------------------

@@ -71,7 +71,7 @@ class Setting(Generic[T]):
         except SettingError:
             raise
         except (ValueError, TypeError) as exc:
-            msg = f"{self.name}={text!r}: {exc}"
+            msg = f"{self.name}={text!r} {exc}"
             raise SettingError(msg, name=self.name) from None
 
     def __repr__(self) -> str:
@@ -105,7 +105,7 @@ def parse_bool(text: str) -> bool:
         return True
     if value in FALSE:
         return False
-    msg = f"expected one of {', '.join(TRUE)} or {', '.join(FALSE)}"
+    msg = f"is neither true ({', '.join(TRUE)}) nor false ({', '.join(FALSE)})"
     raise ValueError(msg)
 
 
@@ -114,10 +114,10 @@ def parse_int(minimum: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            msg = "not an integer"
+            msg = "is not an integer"
             raise ValueError(msg) from None
         if value < minimum:
-            msg = f"must be at least {minimum}"
+            msg = f"is less than {minimum}"
             raise ValueError(msg)
         return value
 
@@ -129,10 +129,10 @@ def parse_float(minimum: float) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            msg = "not a number"
+            msg = "is not a number"
             raise ValueError(msg) from None
         if not value >= minimum:  # NaN fails too
-            msg = f"must be at least {minimum:g}"
+            msg = f"is less than {minimum:g}"
             raise ValueError(msg)
         return value
 
@@ -144,7 +144,7 @@ def parse_choice(*choices: str, aliases: dict[str, str] | None = None) -> Callab
         value = text.strip().lower()
         value = (aliases or {}).get(value, value)
         if value not in choices:
-            msg = f"expected one of {', '.join(choices)}"
+            msg = f"is not one of {', '.join(choices)}"
             raise ValueError(msg)
         return value
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from unimatmul import settings
 from unimatmul_backends.lt.abi import decode_cublaslt_version
-from unimatmul_backends.lt.backend import LtBackend, env_int
+from unimatmul_backends.lt.backend import LtBackend
 from unimatmul_backends.lt.driver import CublasLtConfig, LtAlgo, LtDriver, LtPlan
 
 
@@ -58,8 +59,8 @@ class CublasLtBackend(LtBackend):
         found, stats = self.codec.enumerate(
             plan,
             seeds,
-            max_checks=max(1, env_int("UNIMATMUL_LT_EXHAUSTIVE_CHECKS", 3000)),
-            max_found=max(1, env_int("UNIMATMUL_LT_EXHAUSTIVE_MAX", 64)),
+            max_checks=settings.LT_EXHAUSTIVE_CHECKS.get(),
+            max_found=settings.LT_EXHAUSTIVE_MAX.get(),
         )
         self.last_search = dict(stats, offered=len(found))
         return found

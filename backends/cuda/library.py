@@ -15,6 +15,7 @@ import importlib.util
 import os
 from typing import Any
 
+from unimatmul import settings
 from unimatmul_backends.lt.abi import LtABI, select_cublaslt_abi
 from unimatmul_backends.lt.driver import CtypesLtLibrary, LtDriver, LtLibrary, load_ctypes_library
 
@@ -23,11 +24,7 @@ SONAMES = ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so")
 
 
 def library_kind() -> str:
-    kind = os.environ.get("UNIMATMUL_LT_LIBRARY", "auto").strip().lower() or "auto"
-    if kind not in LIBRARY_KINDS:
-        msg = f"UNIMATMUL_LT_LIBRARY={kind!r} is not one of {', '.join(LIBRARY_KINDS)}"
-        raise ValueError(msg)
-    return kind
+    return settings.LT_LIBRARY.get()
 
 
 def _wheel_paths() -> list[str]:
@@ -55,7 +52,7 @@ def _pathfinder_path() -> list[str]:
 
 def cublaslt_paths() -> list[str]:
     """Where to look for libcublasLt, in order: the explicit path, loaded sonames, wheels, loader."""
-    explicit = os.environ.get("UNIMATMUL_CUBLASLT_PATH", "").strip()
+    explicit = settings.CUBLASLT_PATH.get()
     paths = [explicit] if explicit else []
     return [*paths, *SONAMES[:2], *_pathfinder_path(), *_wheel_paths(), *SONAMES]
 

@@ -16,12 +16,12 @@ A subclass says how to load its library (``load_driver``) and how an algo is nam
 
 from __future__ import annotations
 
-import os
 import threading
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from unimatmul import settings
 from unimatmul.backend import Backend, Candidate, Problem, Runner, Target, UnsupportedProblem
 from unimatmul_backends.lt.driver import LtAlgo, LtDriver, LtPlan
 from unimatmul_backends.lt.layout import lt_gemm, padded_problem
@@ -32,17 +32,6 @@ PAD = "pad"  # candidate name: an algo on copies with aligned leading dimensions
 PAD_DIMS = "pad-dims"  # ... on copies whose dimensions are rounded up to 16 bytes too
 PADS = {PAD: False, PAD_DIMS: True}  # candidate name -> padded_problem(dims=...)
 NAMES = (GEMM, *PADS)
-
-
-def env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        msg = f"environment variable {name}={text!r} is not an integer"
-        raise ValueError(msg) from None
 
 
 class LtBackend(Backend):
@@ -82,19 +71,19 @@ class LtBackend(Backend):
     # --- settings ---------------------------------------------------------------------
     @property
     def heuristic_count(self) -> int:
-        return max(1, env_int("UNIMATMUL_LT_HEURISTICS", 16))
+        return settings.LT_HEURISTICS.get()
 
     @property
     def pad_count(self) -> int:
-        return max(0, env_int("UNIMATMUL_LT_PAD_HEURISTICS", 2))
+        return settings.LT_PAD_HEURISTICS.get()
 
     @property
     def workspace_limit(self) -> int:
-        return max(0, env_int("UNIMATMUL_LT_WORKSPACE_MB", 32)) << 20
+        return settings.LT_WORKSPACE_MB.get() << 20
 
     @property
     def exhaustive(self) -> bool:
-        return os.environ.get("UNIMATMUL_LT_EXHAUSTIVE", "").strip() in ("1", "true", "yes")
+        return settings.LT_EXHAUSTIVE.get()
 
     # --- the library ------------------------------------------------------------------
     def driver(self) -> LtDriver:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from unimatmul import settings
 from unimatmul.backend import Backend, Candidate, NativeCall, Problem, Target, UnsupportedProblem
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class OneDNNBackend(Backend):
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         # oneDNN's reference implementations ("ref:...") exist to check the others and
         # run orders of magnitude slower; measuring them only burns the tuning budget.
-        with_ref = os.environ.get("UNIMATMUL_ONEDNN_REF", "") == "1"
+        with_ref = settings.ONEDNN_REF.get()
         return [
             Candidate.make(self.name, impl)
             for impl in self.impls(problem)

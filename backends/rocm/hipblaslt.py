@@ -34,6 +34,7 @@ import ctypes
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from unimatmul import settings
 from unimatmul.backend import Candidate, Target, UnsupportedProblem
 from unimatmul.cache.lru import LRU
 from unimatmul_backends.lt.abi import (
@@ -42,7 +43,7 @@ from unimatmul_backends.lt.abi import (
     LtABI,
     select_hipblaslt_abi,
 )
-from unimatmul_backends.lt.backend import GEMM, LtBackend, env_int
+from unimatmul_backends.lt.backend import GEMM, LtBackend
 from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtPlan
 from unimatmul_backends.lt.runner import ArrayHooks
 from unimatmul_backends.rocm.libraries import ENV_HIPBLASLT, LibraryChoice, hip_device_reason, load_library
@@ -170,7 +171,7 @@ class HipblasltBackend(LtBackend):
 
     @property
     def heuristic_count(self) -> int:
-        return max(1, env_int("UNIMATMUL_HIPBLASLT_HEURISTICS", 256))
+        return settings.HIPBLASLT_HEURISTICS.get()
 
     def hooks(self, target: Target) -> ArrayHooks:
         if self._hooks_factory is not None:

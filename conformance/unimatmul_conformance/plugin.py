@@ -14,19 +14,19 @@ given as ``UNIMATMUL_CONFORMANCE_BACKEND=NAME`` instead of the option.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from unimatmul import settings
 from unimatmul.core.errors import BackendUnavailable
 from unimatmul_conformance.expectations import Expectations
 from unimatmul_conformance.loading import BackendNotFound, load_backend
 from unimatmul_conformance.report import FAILED, SKIPPED, XFAILED
 from unimatmul_conformance.suite import Check, Suite, parse_device
 
-ENV_BACKEND = "UNIMATMUL_CONFORMANCE_BACKEND"
+ENV_BACKEND = settings.CONFORMANCE_BACKEND.name
 _SUITE = pytest.StashKey["Suite | None"]()
 _HOW = (
     "give the backend to check: python -m pytest -p unimatmul_conformance.plugin --pyargs "
@@ -55,7 +55,7 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    spec = _option(config, "unimatmul_backend") or os.environ.get(ENV_BACKEND)
+    spec = _option(config, "unimatmul_backend") or settings.CONFORMANCE_BACKEND.get()
     if not spec:
         config.stash[_SUITE] = None
         return

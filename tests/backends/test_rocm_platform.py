@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from unimatmul.cache.protocol import open_store
+from unimatmul.cli import interop as cli_interop
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.platform import detect_platform
@@ -68,12 +69,12 @@ def test_tunableop_file_of_the_same_machine_imports_into_its_namespace(
     hipblaslt.revision = b"0c1a3dfa"
     rocblas = FakeRocblas(listed=[], valid=set(), version=b"4.3.0.ef408db7-dirty")
     platform = detect_platform(mi300, [make_backend(hipblaslt), make_rocblas(rocblas)])
-    monkeypatch.setattr(tio, "current_gpu_platform", lambda: platform)
+    monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: platform)
     cache = tmp_path / "c.msgpack"
     args = argparse.Namespace(
         file=str(DATA / "rocm_2.7_ld.csv"), cache=str(cache), namespace=None, replace=False
     )
-    assert tio.cmd_import(args, io.StringIO()) == 0
+    assert cli_interop.import_tunableop(args, io.StringIO()) == 0
     records = [r for _, _, r in open_store(cache).items(platform.namespace)]
     assert len(records) == 5
     current = platform.versions

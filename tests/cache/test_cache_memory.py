@@ -8,7 +8,6 @@ import pytest
 
 from unimatmul.cache.lru import LRU, lru_size
 from unimatmul.tuning.conditions import cpu_state, parse_smi_line, read_device_state
-from unimatmul.tuning.selector import Selector
 
 
 def test_the_lru_forgets_the_least_recently_used() -> None:
@@ -26,7 +25,6 @@ def test_the_lru_forgets_the_least_recently_used() -> None:
 def test_the_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIMATMUL_LRU_SIZE", "7")
     assert lru_size() == 7 and LRU().maxsize == 7
-    assert Selector().runners.maxsize == 7
     assert LRU(2).maxsize == 2  # an explicit bound wins
     monkeypatch.setenv("UNIMATMUL_LRU_SIZE", "zero")
     with pytest.raises(ValueError, match="UNIMATMUL_LRU_SIZE"):

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import unimatmul
-from unimatmul.api import clear_fast_path, describe
+from unimatmul.api import clear_fast_path
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, adapter_of
 from unimatmul.core.backend import Target
 from unimatmul.core.dtypes import tolerance
+from unimatmul.core.problem import Problem
 
 # A fallback to Default warns; here that would hide a broken kernel behind a right answer.
 pytestmark = pytest.mark.filterwarnings("error:unimatmul:RuntimeWarning")
@@ -121,7 +122,7 @@ def _poisoned_like(x: Any) -> Any:
 
 def _onednn_identities(isolated: Any, a: Any, b: Any, **kwargs: Any) -> list[str]:
     adapter = adapter_of(a)
-    problem, _ = describe(adapter, a, b, **kwargs)
+    problem, _ = Problem.from_operands(adapter, a, b, **kwargs)
     backend = isolated.plugins.backends()["onednn"]
     return [c.identity for c in backend.candidates(problem, Target(adapter, CPU))]
 
@@ -129,7 +130,7 @@ def _onednn_identities(isolated: Any, a: Any, b: Any, **kwargs: Any) -> list[str
 def _force(isolated: Any, identity: str, a: Any, b: Any, **kwargs: Any) -> None:
     """Store a record naming ``identity`` as the winner for these operands."""
     adapter = adapter_of(a)
-    problem, _ = describe(adapter, a, b, **kwargs)
+    problem, _ = Problem.from_operands(adapter, a, b, **kwargs)
     platform = isolated.selector.platform(Target(adapter, CPU))
     record = TuningRecord(problem.key, identity, 1e-6, 2e-6, versions=platform.versions)
     isolated.selector.store.put(platform.namespace, problem.key, record)
@@ -148,7 +149,7 @@ def _run_modes(
     """Run ``call`` in ``mode`` and check it; ``forced`` runs it once per oneDNN candidate."""
     if mode != "forced":
         adapter = adapter_of(a)
-        problem, _ = describe(adapter, a, b, **describe_kwargs)
+        problem, _ = Problem.from_operands(adapter, a, b, **describe_kwargs)
         namespace = isolated.selector.platform(Target(adapter, CPU)).namespace
         known = isolated.selector.store.get(namespace, problem.key) is not None
         before = isolated.selector.stats.tuned
@@ -184,7 +185,7 @@ def test_numpy_f32(isolated: Any, mode: str, shape: tuple[int | None, int | None
     if mode == "forced" and ((ba is None) != (bb is None)):
         # oneDNN declines broadcast batches (stride 0): those problems stay with Default.
         adapter = adapter_of(a)
-        problem, _ = describe(adapter, a, b)
+        problem, _ = Problem.from_operands(adapter, a, b)
         with pytest.raises(unimatmul.UnsupportedProblem, match="broadcast"):
             isolated.plugins.backends()["onednn"].candidates(problem, Target(adapter, CPU))
         return
@@ -204,7 +205,7 @@ def test_transposed_views_are_used_without_copies(
     ba, bb, m, n, k = shape
     a = _operand(ba, m, k, layout[0] == "T", "f32", "numpy")
     b = _operand(bb, k, n, layout[1] == "T", "f32", "numpy")
-    problem, _ = describe(adapter_of(a), a, b)
+    problem, _ = Problem.from_operands(adapter_of(a), a, b)
     assert (problem.trans_a, problem.trans_b) == (layout[0] == "T" and m > 1, layout[1] == "T" and k > 1)
     ref = reference(a, b)
     _run_modes(

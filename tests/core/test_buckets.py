@@ -17,7 +17,7 @@ from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.buckets import Buckets, bucket_range, check_points, choose, lookup_bucket, tune_bucket
+from unimatmul.tuning.buckets import Buckets, bucket_range, check_points, choose
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.selector import Selector, set_selector
 
@@ -159,7 +159,7 @@ def test_tune_bucket_on_onednn_serves_the_range_and_nothing_else(selector: Selec
     if not any(b.name == "onednn" for b in selector.backends_for(target)):
         pytest.skip("oneDNN is not available here")
     problem = Problem.from_shape(100, 96, 64)
-    record = tune_bucket(selector, problem, target, selector.buckets or Buckets.parse("pow2"))
+    record = selector.tune_bucket(problem, target, selector.buckets or Buckets.parse("pow2"))
     assert record.problem == problem.with_m(128).key
     assert bucket_range(record) == (96, 191)
     info = record.settings["bucket"]
@@ -182,8 +182,8 @@ def test_tune_bucket_on_onednn_serves_the_range_and_nothing_else(selector: Selec
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
     # Outside the range (another bucket, never tuned) and above every bucket: no answer.
-    assert lookup_bucket(selector, problem.with_m(60), target) is None
-    assert lookup_bucket(selector, problem.with_m(300), target) is None
+    assert selector.lookup_bucket(problem.with_m(60), target) is None
+    assert selector.lookup_bucket(problem.with_m(300), target) is None
     assert selector.decide(problem.with_m(60), target, "cached").source == "default"
 
 
@@ -191,14 +191,14 @@ def test_an_exact_record_is_not_a_bucket_record(selector: Selector) -> None:
     target = _numpy_target()
     problem = Problem.from_shape(128, 32, 32)
     selector.tune(problem, target)  # exact tuning at the representative: no edges checked
-    assert lookup_bucket(selector, problem.with_m(120), target) is None
+    assert selector.lookup_bucket(problem.with_m(120), target) is None
     assert selector.decide(problem.with_m(120), target, "cached").source == "default"
 
 
 def test_bucketing_off_ignores_bucket_records(selector: Selector) -> None:
     target = _numpy_target()
     problem = Problem.from_shape(8, 32, 32)
-    tune_bucket(selector, problem, target, Buckets.parse("pow2") or Buckets((8,)))
+    selector.tune_bucket(problem, target, Buckets.parse("pow2") or Buckets((8,)))
     selector.buckets = None
     assert selector.decide(problem.with_m(9), target, "cached").source == "default"
 
@@ -259,7 +259,7 @@ def test_a_kernel_slower_at_an_edge_is_not_the_buckets_choice(tmp_path: Path) ->
     selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=FAST)
     buckets = Buckets.parse("pow2")
     assert buckets is not None
-    record = tune_bucket(selector, Problem.from_shape(64, 48, 48), _numpy_target(), buckets)
+    record = selector.tune_bucket(Problem.from_shape(64, 48, 48), _numpy_target(), buckets)
     assert record.winner == DEFAULT.identity
     ratios_text = record.settings["bucket"]["ratios"].get("edgeslow/k")
     if ratios_text is not None:  # it tied Default at the representative (else it was pruned there)
@@ -285,7 +285,7 @@ def test_a_kernel_slower_only_inside_the_bucket_is_not_the_buckets_choice(tmp_pa
     selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=FAST)
     buckets = Buckets.parse("pow2")
     assert buckets is not None
-    record = tune_bucket(selector, Problem.from_shape(64, 48, 48), _numpy_target(), buckets)
+    record = selector.tune_bucket(Problem.from_shape(64, 48, 48), _numpy_target(), buckets)
     assert record.winner == DEFAULT.identity
     # It ties Default at the representative (the same numpy product), so it is ranked and
     # measured at every check point: the slow interior point is seen.

@@ -16,9 +16,9 @@ import numpy as np
 import unimatmul
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.selector import Selector, get_selector, set_selector
-from unimatmul.api import describe
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import Target
+from unimatmul.core.problem import Problem
 
 set_selector(Selector(settings=HarnessSettings(warmup=1, min_samples=3, budget_s=0.01, settle_s=0.0, max_sets=2)))
 batch, m, n, k = (int(x) for x in sys.argv[1:5])
@@ -29,7 +29,7 @@ out = unimatmul.matmul(a, b)
 error = float(np.linalg.norm(out - a.astype(np.float64) @ b) / np.linalg.norm(a.astype(np.float64) @ b))
 selector = get_selector()
 target = Target(adapter_for_kind("numpy"), CPU)
-problem, _ = describe(target.adapter, a, b)
+problem, _ = Problem.from_operands(target.adapter, a, b)
 record = selector.store.get(selector.platform(target).namespace, problem.key)
 stats = selector.stats
 json.dump({

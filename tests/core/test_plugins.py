@@ -274,6 +274,44 @@ def test_every_hook_is_documented_and_tested() -> None:
         assert f"`{name}" in readme, f"{name} is not documented in README.md"
 
 
+class _Commands:
+    """A plugin that adds one command, and one that tries to take a built-in name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookimpl
+    def unimatmul_register_commands(self, register: Callable[..., None]) -> None:
+        def configure(p: Any) -> None:
+            p.add_argument("--times", type=int, default=1)
+
+        def run(args: Any, out: Any) -> int:
+            out.write("hello " * args.times + "\n")
+            return 0 if args.times < 3 else 3
+
+        register(self.name, "say hello", configure, run)
+
+
+def test_unimatmul_register_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from unimatmul import cli
+
+    plugins = PluginManager(load_entry_points=False)
+    plugins.register(_Commands("hello"), "hello-plugin")
+    monkeypatch.setattr(cli, "get_plugin_manager", lambda: plugins)
+    out = io.StringIO()
+    assert cli.main(["hello", "--times", "2"], out=out) == 0
+    assert out.getvalue() == "hello hello \n"
+    assert cli.main(["hello", "--times", "3"], out=io.StringIO()) == 3  # its own exit code
+    # A built-in name, or one another plugin took first, is refused and named.
+    plugins.register(_Commands("tune"), "greedy")
+    with pytest.warns(RuntimeWarning, match="greedy.*'tune', which the CLI already has"):
+        assert set(plugins.commands()) == {"hello"}
+    # The conformance suite adds its command through this hook (its entry point).
+    assert "conformance" in PluginManager().commands()
+
+
 def test_loading_again_is_quiet() -> None:
     # A second manager in one process (tests, reloads) warns about nothing when nothing is wrong.
     with warnings.catch_warnings():

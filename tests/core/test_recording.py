@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.cli.tune import read_problem_file
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.plugins import PluginManager
@@ -88,7 +89,7 @@ def test_read_skips_a_torn_line_and_keeps_the_rest(tmp_path: Path) -> None:
 
 
 def test_read_tunableop_untuned_file() -> None:
-    found = read_problems(UNTUNED)
+    found = read_problem_file(UNTUNED)
     assert found.format == "tunableop-untuned"
     by_dtype = {r.problem.dtype_a: r.problem for r in found.problems}
     # x[2, 3584] @ W.T with W[8192, 3584]: TunableOp writes it as tn_8192_2_3584.
@@ -108,7 +109,7 @@ def test_neither_format_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "junk.txt"
     path.write_text("hello world\n")
     with pytest.raises(ValueError, match="neither a unimatmul record file"):
-        read_problems(path)
+        read_problem_file(path)
 
 
 @pytest.fixture

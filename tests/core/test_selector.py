@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import unimatmul
-import unimatmul.tuning.selector as selector_module
-from unimatmul.api import clear_fast_path, describe
+from unimatmul.api import clear_fast_path
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import DEFAULT, DefaultRunner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.tuning import tuner as tuner_module
 from unimatmul.tuning.harness import Harness
 from unimatmul.tuning.selector import Selector
 
@@ -33,7 +33,7 @@ def _check(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
 
 def _problem(a: np.ndarray, b: np.ndarray) -> Problem:
-    return describe(NUMPY.adapter, a, b)[0]
+    return Problem.from_operands(NUMPY.adapter, a, b)[0]
 
 
 def _namespace(isolated: Any) -> str:
@@ -211,7 +211,7 @@ def test_one_tuning_per_key_when_threads_ask_at_once(isolated: Any, monkeypatch:
                 runs.append(problem.key)
             return super().measure(problem, *args, **kwargs)
 
-    monkeypatch.setattr(selector_module, "Harness", CountingHarness)
+    monkeypatch.setattr(tuner_module, "Harness", CountingHarness)
     a, b = _operands(m=72, n=40, k=56)
     barrier = threading.Barrier(8)
     results: list[np.ndarray] = []

@@ -19,6 +19,7 @@ import pytest
 
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import TuningRecord
+from unimatmul.cli import interop as cli_interop
 from unimatmul.cli import main
 from unimatmul.core.backend import DEFAULT
 from unimatmul.core.platform import Platform
@@ -63,7 +64,7 @@ def import_file(name: str, cache: Path, namespace: str = MI300, *extra: str) -> 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """What torch reports on this machine anyway (no GPU), without importing torch each time."""
-    monkeypatch.setattr(tio, "current_gpu_platform", lambda: None)
+    monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: None)
 
 
 def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path: Path) -> None:
@@ -179,17 +180,17 @@ def test_namespace_is_required_without_a_matching_gpu(
     assert entries(cache) == {}
     # A GPU of another arch: still refused, and the message names both.
     mi200 = Platform("amd", "gfx90a:sramecc+:xnack-", "AMD Instinct MI250X", 110, array="torch")
-    monkeypatch.setattr(tio, "current_gpu_platform", lambda: mi200)
+    monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: mi200)
     with pytest.raises(Exception, match=r"gfx942.*gfx90a.*--namespace"):
-        tio.cmd_import(_args(path, cache), io.StringIO())
+        cli_interop.import_tunableop(_args(path, cache), io.StringIO())
     # An explicit namespace for another arch is refused too.
     with pytest.raises(Exception, match="tuned on gfx942"):
-        tio.cmd_import(_args(path, cache, namespace="amd/gfx90a/MI250X/110/torch"), io.StringIO())
+        cli_interop.import_tunableop(_args(path, cache, namespace="amd/gfx90a/MI250X/110/torch"), io.StringIO())
     # The GPU torch sees has the file's arch: its namespace is used.
     mi300 = Platform("amd", "gfx942:sramecc+:xnack-", "AMD Instinct MI300X", 304, array="torch")
-    monkeypatch.setattr(tio, "current_gpu_platform", lambda: mi300)
+    monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: mi300)
     out = io.StringIO()
-    assert tio.cmd_import(_args(path, cache), out) == 0
+    assert cli_interop.import_tunableop(_args(path, cache), out) == 0
     assert set(entries(cache)) == set(entries(cache, mi300.namespace))
     assert mi300.namespace == MI300
 

@@ -315,14 +315,14 @@ def test_warmup_tunes_every_problem_the_model_meets(
 
 
 def test_bucketing_serves_other_batch_sizes(env: Env) -> None:
-    from unimatmul.tuning.buckets import Buckets, tune_bucket
+    from unimatmul.tuning.buckets import Buckets
 
     env.selector.buckets = Buckets.parse("pow2:256")
     lin = torch.nn.Linear(48, 40)
     with collecting() as met, ut.enabled(), torch.no_grad():
         lin(torch.randn(64, 48))
     ((problem, target),) = met
-    record = tune_bucket(env.selector, problem, target, env.selector.buckets)
+    record = env.selector.tune_bucket(problem, target, env.selector.buckets)
     ut.clear_plans()
     with ut.enabled(), torch.no_grad():
         for m in (48, 50, 95):  # inside the bucket of 64: [48, 95]

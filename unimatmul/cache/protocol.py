@@ -85,8 +85,13 @@ def default_cache_path() -> Path:
     explicit = settings.CACHE.get()
     if explicit:
         return Path(explicit).expanduser()
+    return default_cache_folder() / "cache.msgpack"
+
+
+def default_cache_folder() -> Path:
+    """``$XDG_CACHE_HOME/unimatmul`` (``~/.cache/unimatmul``): where unimatmul keeps its files."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "unimatmul" / "cache.msgpack"
+    return Path(base) / "unimatmul"
 
 
 def open_store(path: str | os.PathLike[str] | None = None) -> CacheStore:

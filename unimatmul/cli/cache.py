@@ -10,24 +10,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from unimatmul.cli import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, _fmt_us, _table
-
-if TYPE_CHECKING:
-    from unimatmul.interop import Command
+from unimatmul import settings
+from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, compact, content_digest, iter_records
+from unimatmul.cache.file_store import MsgpackFileStore, faster, read_file, record_signature
+from unimatmul.cache.protocol import default_cache_path, open_store
+from unimatmul.cli import interop, output
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
+from unimatmul.core.backend import Target
+from unimatmul.tuning.selector import Selector
 
 
 def cache_path(args: argparse.Namespace) -> Path:
     """The file the command works on: ``--cache`` or the default one."""
-    from unimatmul.cache.protocol import default_cache_path
-
     text = getattr(args, "cache", None)
-    if text == ":memory:" or (text is None and os.environ.get("UNIMATMUL_CACHE") == ":memory:"):
+    if text == ":memory:" or (text is None and settings.CACHE.get() == ":memory:"):
         raise CliError("this command works on a cache file, not on ':memory:'")
     return Path(text).expanduser() if text else default_cache_path()
 
@@ -46,22 +46,17 @@ def _size(n: float) -> str:
     return f"{n:.1f} GB"  # pragma: no cover
 
 
-def _selector_for(path: Path, args: argparse.Namespace, *, read_only: bool) -> Any:
-    """A Selector over this cache file, for validation against the libraries here."""
-    from unimatmul.cache.file_store import MsgpackFileStore
-    from unimatmul.cli import _target
-    from unimatmul.tuning.selector import Selector
-
+def _selector_for(path: Path, args: argparse.Namespace, *, read_only: bool) -> tuple[Selector, Target]:
+    """A Selector over this cache file and the Target ``--array``/``--device`` name, for
+    validating entries against the libraries here."""
     store = MsgpackFileStore(path, read_only=read_only, quarantine=False, autoflush=0)
-    return Selector(store=store), _target(args.array, args.device)
+    return Selector(store=store), output.target(args.array, args.device)
 
 
 # --- show / path -----------------------------------------------------------------------
 
 
 def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.protocol import open_store
-
     store = open_store(args.cache)
     items = list(store.items(args.namespace))
     if args.json:
@@ -75,20 +70,18 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
             [
                 key,
                 record.winner,
-                _fmt_us(record.winner_s),
-                _fmt_us(record.default_s),
+                fmt_us(record.winner_s),
+                fmt_us(record.default_s),
                 f"{record.speedup:.2f}x",
             ]
         )
     for ns, rows in by_ns.items():
         out.write(f"\n[{ns}]\n")
-        _table(rows, ["problem", "winner", "us", "default us", "speedup"], out)
+        output.table(rows, ["problem", "winner", "us", "default us", "speedup"], out)
     return EXIT_OK
 
 
 def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.protocol import open_store
-
     out.write(open_store(args.cache).location + "\n")
     return EXIT_OK
 
@@ -97,9 +90,6 @@ def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.codec import BadEntry, iter_records
-    from unimatmul.cache.file_store import MsgpackFileStore
-
     path = cache_path(args)
     store = MsgpackFileStore(path, read_only=True, quarantine=False)
     snapshot = store.snapshot()
@@ -147,7 +137,7 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
         "problems": store.problems,
         "temp_files": leftovers,
         "corrupt_copies": corrupt,
-        "read_only_env": os.environ.get("UNIMATMUL_CACHE_READONLY", ""),
+        "read_only_env": settings.CACHE_READONLY.raw() or "",
     }
     if args.validate:
         selector, target = _selector_for(path, args, read_only=True)
@@ -198,9 +188,6 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.codec import BadEntry, CacheFileError, content_digest, iter_records
-    from unimatmul.cache.file_store import read_file
-
     path = cache_path(args)
     if not path.exists():
         out.write(f"no cache file at {path}\n")
@@ -259,9 +246,6 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, iter_records
-    from unimatmul.cache.file_store import MsgpackFileStore, faster, read_file
-
     merged = Snapshot()
     conflicts = 0
     skipped = 0
@@ -307,9 +291,6 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.codec import BadEntry, Snapshot, compact, iter_records
-    from unimatmul.cache.file_store import MsgpackFileStore, record_signature
-
     if args.older_than is None and not args.namespace and not args.invalid and not args.bad:
         raise CliError("nothing to prune: give --older-than DAYS, --namespace NS, --invalid or --bad")
     path = cache_path(args)
@@ -349,8 +330,6 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
         return fresh
 
     if args.dry_run:
-        from unimatmul.cache.file_store import read_file
-
         change(read_file(path))
         verb = "would remove"
     else:
@@ -376,31 +355,19 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_import(args: argparse.Namespace, out: TextIO) -> int:
-    """``cache import FORMAT FILE``: delegate to the interop module of that format."""
-    from unimatmul.interop import importer
-
-    return _delegate(importer, args, out)
+    """``cache import FORMAT FILE``: the command of that format (:mod:`unimatmul.cli.interop`)."""
+    return interop.find(interop.IMPORTERS, args.format, "import")(args, out)
 
 
 def cmd_cache_export(args: argparse.Namespace, out: TextIO) -> int:
-    """``cache export --format FORMAT -o FILE``: delegate likewise."""
-    from unimatmul.interop import exporter
-
-    return _delegate(exporter, args, out)
-
-
-def _delegate(find: Callable[[str], Command], args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        run = find(args.format)
-    except LookupError as exc:
-        raise CliError(str(exc)) from exc
-    return run(args, out)
+    """``cache export --format FORMAT -o FILE``: likewise."""
+    return interop.find(interop.EXPORTERS, args.format, "export")(args, out)
 
 
 # --- parser ----------------------------------------------------------------------------
 
 
-def add_cache_commands(sub: Any) -> None:
+def add_command(sub: Any) -> None:
     p = sub.add_parser("cache", help="inspect, check, merge, prune, import and export the cache")
     cache_sub = p.add_subparsers(dest="cache_command", required=True)
 

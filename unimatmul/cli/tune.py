@@ -1,6 +1,5 @@
-"""What ``unimatmul tune`` tunes: shapes, presets, a record file, and their buckets.
+"""``unimatmul tune``: tune shapes, presets or a record file, write the cache, print a table.
 
-A :class:`TuneJob` is one problem on one target, tuned exactly or as a bucket.
 ``--from FILE`` reads a record file (``UNIMATMUL_MODE=record``) or PyTorch TunableOp's
 untuned file; each recorded problem is tuned on the array library and device it was
 met on, unless ``--array``/``--device`` say otherwise. ``--buckets [SPEC]`` tunes,
@@ -10,103 +9,170 @@ for each problem, every bucket from m=1 up to the bucket of its m (or of ``--max
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, TextIO
 
-from unimatmul.cache.record import TuningRecord
+from unimatmul.cli import output
+from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.buckets import Buckets, tune_bucket
+from unimatmul.interop.tunableop_cache import untuned_problems
+from unimatmul.tuning.buckets import Buckets
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
+from unimatmul.tuning.recording import ReadResult, RecordedProblem, parse_record_lines
+from unimatmul.tuning.selector import get_selector
 
 
-@dataclass(frozen=True)
-class TuneJob:
-    problem: Problem
-    target: Target
-    buckets: Buckets | None = None
-
-    @property
-    def label(self) -> str:
-        if self.buckets is None:
-            return self.problem.shape_text
-        rep = self.buckets.representative(self.problem.m)
-        assert rep is not None
-        lo, hi = self.buckets.bounds(rep)
-        return f"{self.problem.shape_text} [m {lo}-{hi}]"
-
-    def run(self, selector: Any, *, force: bool) -> tuple[TuningRecord, str]:
-        """(record, "tuned" or "cache")."""
-        if self.buckets is not None:
-            before = None if force else _bucket_record(selector, self)
-            if before is not None:
-                return before, "cache"
-            return tune_bucket(selector, self.problem, self.target, self.buckets, force=True), "tuned"
-        before = None if force else selector.lookup(self.problem, self.target)
-        if before is not None:
-            return before, "cache"
-        return selector.tune(self.problem, self.target, force=force), "tuned"
-
-
-def _bucket_record(selector: Any, job: TuneJob) -> TuningRecord | None:
-    from unimatmul.tuning.buckets import bucket_range
-
-    assert job.buckets is not None
-    record: TuningRecord | None = selector.lookup(job.problem, job.target)
-    rep = job.buckets.representative(job.problem.m)
-    if record is None or rep is None or bucket_range(record) != job.buckets.bounds(rep):
-        return None
-    return record
+def add_command(sub: Any) -> None:
+    p = sub.add_parser("tune", help="tune shapes and write the cache; prints a table")
+    output.add_target_args(p, defaults_from_file=True)
+    p.add_argument(
+        "--shape",
+        action="append",
+        metavar="MxNxK[:dtype]",
+        help="a problem to tune (repeatable); BxMxNxK for batched",
+    )
+    p.add_argument("--preset", action="append", metavar="NAME", help="a shape suite of a real model")
+    p.add_argument("--dtype", default="f32", help="dtype for shapes without one (default: f32)")
+    p.add_argument("--force", action="store_true", help="tune again even when the cache has an answer")
+    p.add_argument("--budget-ms", type=float, default=None, help="measuring time per candidate")
+    p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="tune the problems of a record file (UNIMATMUL_MODE=record) or a TunableOp untuned file",
+    )
+    p.add_argument(
+        "--buckets",
+        nargs="?",
+        const="pow2",
+        metavar="SPEC",
+        help="tune every bucket of m up to each problem's m: pow2 (default), pow2:MAX or M1,M2,...",
+    )
+    p.add_argument("--max-m", type=int, metavar="M", help="with --buckets: sweep the buckets up to M")
+    p.set_defaults(func=cmd_tune)
 
 
-def build_jobs(
-    args: argparse.Namespace,
-    shapes: Callable[[argparse.Namespace], list[Problem]],
-    target: Callable[[str | None, str | None], Target],
-) -> tuple[list[TuneJob], list[str]]:
+def read_problem_file(path: str | Path) -> ReadResult:
+    """The distinct problems of a record file or of a PyTorch TunableOp untuned file."""
+    text = Path(path).read_text(encoding="utf-8")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.startswith("{"):
+        return parse_record_lines(text).distinct()
+    try:
+        found = untuned_problems(text)
+    except ValueError as exc:
+        msg = f"{path}: neither a unimatmul record file (JSON lines) nor a TunableOp untuned file: {exc}"
+        raise ValueError(msg) from None
+    problems = [RecordedProblem(problem, "torch", None) for _, problem in found.problems]
+    return ReadResult(problems, found.skipped, "tunableop-untuned").distinct()
+
+
+def _shape_problems(args: argparse.Namespace) -> list[Problem]:
+    texts: list[str] = []
+    presets = get_selector().plugins.presets()
+    for name in args.preset or []:
+        if name not in presets:
+            valid = ", ".join(sorted(presets)) or "none"
+            raise CliError(f"unknown preset {name!r}; valid presets: {valid}")
+        texts.extend(f"{shape}:{args.dtype}" for shape in presets[name].shapes)
+    texts.extend(s if ":" in s else f"{s}:{args.dtype}" for s in args.shape or [])
+    if not texts:
+        raise CliError("nothing to tune: give --shape MxNxK[:dtype], --preset NAME or --from FILE")
+    problems: dict[str, Problem] = {}
+    for text in texts:
+        try:
+            problem = Problem.parse_shape(text)
+        except (ValueError, TypeError) as exc:
+            raise CliError(str(exc)) from exc
+        problems.setdefault(problem.key, problem)
+    return list(problems.values())
+
+
+def build_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str]]:
     """The distinct jobs the arguments ask for, and notes on what was skipped."""
     jobs: list[TuneJob] = []
     notes: list[str] = []
     if args.shape or args.preset or not args.from_file:
-        default = target(args.array, args.device)
-        jobs.extend(TuneJob(p, default) for p in shapes(args))
+        default = output.target(args.array, args.device)
+        jobs.extend(TuneJob(p, default) for p in _shape_problems(args))
     if args.from_file:
-        from unimatmul.tuning.recording import read_problems
-
         try:
-            found = read_problems(args.from_file)
+            found = read_problem_file(args.from_file)
         except OSError as exc:
-            raise FileNotFoundError(f"cannot read {args.from_file}: {exc}") from exc
+            raise CliError(f"cannot read {args.from_file}: {exc}", EXIT_UNAVAILABLE) from exc
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
         targets: dict[tuple[str, str], Target] = {}
         for item in found.problems:
             array = args.array or item.array
             device = args.device or item.device or "cuda"
             key = (array, device)
             if key not in targets:
-                targets[key] = target(array, device)
+                targets[key] = output.target(array, device)
             jobs.append(TuneJob(item.problem, targets[key]))
         for line_no, why in found.skipped:
             notes.append(f"{args.from_file}:{line_no}: skipped ({why})")
     if args.buckets:
-        spec = Buckets.parse(args.buckets)
+        try:
+            spec = Buckets.parse(args.buckets)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
         if spec is None:
-            raise ValueError(f"--buckets {args.buckets!r} turns bucketing off: nothing to tune")
-        jobs = _bucket_jobs(jobs, spec, args.max_m, notes)
-    unique: dict[tuple[str, Target, bool], TuneJob] = {}
-    for job in jobs:
-        unique.setdefault((job.problem.key, job.target, job.buckets is not None), job)
-    return list(unique.values()), notes
+            raise CliError(f"--buckets {args.buckets!r} turns bucketing off: nothing to tune")
+        jobs = bucket_jobs(jobs, spec, args.max_m, notes)
+    return distinct(jobs), notes
 
 
-def _bucket_jobs(jobs: list[TuneJob], spec: Buckets, max_m: int | None, notes: list[str]) -> list[TuneJob]:
-    out: list[TuneJob] = []
-    for job in jobs:
-        top = max_m or job.problem.m
-        reps = spec.up_to(top)
-        if not reps:
-            notes.append(f"{job.problem.shape_text}: no bucket at or below m={top}")
-        for rep in reps:
-            out.append(TuneJob(job.problem.with_m(rep), job.target, spec))
-        if job.problem.m > spec.reps[-1] and max_m is None:
-            out.append(TuneJob(job.problem, job.target))  # above every bucket: tune it exactly
-    return out
+def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
+    from tqdm import tqdm
+
+    jobs, notes = build_jobs(args)
+    for note in notes:
+        sys.stderr.write(f"unimatmul: {note}\n")
+    selector = get_selector()
+    for target in dict.fromkeys(job.target for job in jobs):
+        if not selector.backends_for(target):
+            reasons = {n: b.availability() for n, b in selector.plugins.backends().items()}
+            out.write(f"no backend is available for {target.array_kind} on {target.device}: {reasons}\n")
+            return EXIT_UNAVAILABLE
+    if args.budget_ms is not None and jobs:
+        settings = selector.tuner.settings_for(jobs[0].target)
+        selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
+    rows: list[list[str]] = []
+    results = []
+    bar = tqdm(jobs, desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
+    for job in bar:
+        problem = job.problem
+        bar.set_postfix_str(f"{job.label} {problem.dtype_a}")
+        record, source = job.run(selector, force=args.force)
+        rows.append(
+            [
+                job.label,
+                problem.dtype_a,
+                fmt_us(record.default_s),
+                record.winner,
+                fmt_us(record.winner_s),
+                f"{record.speedup:.2f}x",
+                f"{record.tune_s:.2f}" if source == "tuned" else "cached",
+            ]
+        )
+        results.append({"problem": problem.key, "source": source, **record.to_dict()})
+    bar.close()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
+    output.table(rows, headers, out)
+    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    out.write(f"cache: {selector.store.location} ({selector.store.count()} entries)\n")
+    return EXIT_OK

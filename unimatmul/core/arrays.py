@@ -64,6 +64,14 @@ class ArrayAdapter:
     def ptr(self, x: Any) -> int:
         raise NotImplementedError
 
+    def same_library(self, x: Any) -> bool:
+        """Whether ``x`` is an array of this adapter's library (TypeError if no array at all)."""
+        return adapter_of(x) is self
+
+    def compute_type(self, dtype: str, device: Device) -> str:
+        """The precision the library's own matmul computes ``dtype`` in on ``device``."""
+        return "f64" if dtype == "f64" else "f32"
+
     @staticmethod
     def signature(x: Any) -> tuple[Any, ...]:
         """What must not change between two calls for one prepared kernel to serve both:
@@ -282,6 +290,11 @@ class TorchAdapter(ArrayAdapter):
             text = "cpu" if device.kind == "cpu" else f"cuda:{device.index}"
             found = self._torch_devices[device] = self.torch.device(text)
         return found
+
+    def compute_type(self, dtype: str, device: Device) -> str:
+        if dtype == "f32" and device.kind != "cpu" and self.torch.backends.cuda.matmul.allow_tf32:
+            return "tf32"
+        return super().compute_type(dtype, device)
 
     def torch_dtype(self, dtype: str) -> Any:
         try:
@@ -575,12 +588,3 @@ def make_operands(
     if problem.has_bias:
         bias = adapter.random_strided((problem.n,), (1,), problem.dtype_bias or problem.dtype_c, device, rng)
     return Operands(out["a"], out["b"], out["c"], bias)
-
-
-def pointer_alignment(*ptrs: int) -> int:
-    """The largest power of two, at most 16, dividing every pointer (in bytes)."""
-    align = 16
-    for ptr in ptrs:
-        while align > 1 and ptr % align:
-            align //= 2
-    return align

@@ -44,3 +44,12 @@ class PluginError(UnimatmulError):
     def __init__(self, msg: str, *, plugin: str | None = None) -> None:
         super().__init__(msg)
         self.plugin = plugin
+
+
+class CommandError(UnimatmulError):
+    """A ``unimatmul`` command cannot do what it was asked: a message for the user and the
+    exit code to end with (2: bad usage or input; see ``unimatmul.cli.output``)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code

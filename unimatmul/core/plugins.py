@@ -8,18 +8,19 @@ loading to those names, ``UNIMATMUL_DISABLE_PLUGINS`` blocks the names it lists,
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import inspect
-import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TextIO
 
 import pluggy
 
+from unimatmul import settings
 from unimatmul.core import hookspecs
 from unimatmul.core.backend import Backend
 from unimatmul.core.errors import PluginError
@@ -35,6 +36,21 @@ class Preset:
     plugin: str
 
 
+@dataclass(frozen=True)
+class Command:
+    """A ``unimatmul`` subcommand a plugin added (see ``unimatmul_register_commands``)."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, TextIO], int]
+    plugin: str
+
+
+#: Subcommands of the CLI itself: a plugin cannot take these names.
+BUILTIN_COMMANDS = frozenset({"info", "tune", "cache"})
+
+
 @dataclass
 class LoadReport:
     """What loading found: the plugins loaded, and those skipped or rejected and why."""
@@ -42,13 +58,6 @@ class LoadReport:
     loaded: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
-
-
-def _names(variable: str) -> set[str] | None:
-    text = os.environ.get(variable)
-    if text is None:
-        return None
-    return {part.strip() for part in text.split(",") if part.strip()}
 
 
 class PluginManager:
@@ -60,14 +69,16 @@ class PluginManager:
         self.report = LoadReport()
         self._backends: dict[str, Backend] | None = None
         self._presets: dict[str, Preset] | None = None
+        self._commands: dict[str, Command] | None = None
         self._lock = threading.Lock()
         if load_entry_points:
             self._load_entry_points()
 
     # --- loading ------------------------------------------------------------------
     def _load_entry_points(self) -> None:
-        allowed = _names("UNIMATMUL_PLUGINS")
-        blocked = _names("UNIMATMUL_DISABLE_PLUGINS") or set()
+        found = settings.PLUGINS.get()
+        allowed = None if found is None else set(found)
+        blocked = settings.DISABLE_PLUGINS.get()
         if allowed is not None and allowed & {"none", "0"}:
             allowed = set()
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -116,15 +127,19 @@ class PluginManager:
             msg = f"plugin {name!r} implements an unknown hook: {exc}"
             raise PluginError(msg, plugin=name) from exc
         self.report.loaded.append(name)
-        self._backends = None
-        self._presets = None
+        self._forget()
 
     def unregister(self, name: str) -> None:
         self._pm.unregister(name=name)
         if name in self.report.loaded:
             self.report.loaded.remove(name)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Collect registrations again at the next call (a plugin came or went)."""
         self._backends = None
         self._presets = None
+        self._commands = None
 
     # --- hook calls ---------------------------------------------------------------
     def backends(self) -> dict[str, Backend]:
@@ -167,6 +182,35 @@ class PluginManager:
                 self._call_each("unimatmul_register_presets", register, current)
                 self._presets = found
             return self._presets
+
+    def commands(self) -> dict[str, Command]:
+        """Every subcommand plugins registered, by name."""
+        with self._lock:
+            if self._commands is None:
+                found: dict[str, Command] = {}
+                current: list[str] = [""]
+
+                def register(
+                    name: str,
+                    help: str,
+                    configure: Callable[[argparse.ArgumentParser], None],
+                    run: Callable[[argparse.Namespace, TextIO], int],
+                ) -> None:
+                    if not isinstance(name, str) or not name or name.startswith("-") or " " in name:
+                        msg = f"plugin {current[0]!r} registered a command with an invalid name {name!r}"
+                        raise PluginError(msg, plugin=current[0])
+                    if name in BUILTIN_COMMANDS or name in found:
+                        owner = "the CLI" if name in BUILTIN_COMMANDS else f"plugin {found[name].plugin!r}"
+                        msg = f"plugin {current[0]!r} registered command {name!r}, which {owner} already has"
+                        raise PluginError(msg, plugin=current[0])
+                    if not callable(configure) or not callable(run):
+                        msg = f"plugin {current[0]!r} registered command {name!r} without callables"
+                        raise PluginError(msg, plugin=current[0])
+                    found[name] = Command(name, help, configure, run, current[0])
+
+                self._call_each("unimatmul_register_commands", register, current)
+                self._commands = found
+            return self._commands
 
     def _call_each(self, hook_name: str, register: Callable[..., None], current: list[str]) -> None:
         # Call implementations one by one so that a failure names its plugin and

@@ -7,12 +7,9 @@ non-finite number is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 import time
-from typing import Any, TextIO
+from typing import Any
 
 FORMAT = "unimatmul-cache-json"
 SCHEMA = 2
@@ -49,23 +46,3 @@ def export_document(store: Any, namespace: str | None = None) -> dict[str, Any]:
             "namespaces": namespaces,
         }
     )
-
-
-def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cache.file_store import MsgpackFileStore
-    from unimatmul.cli import EXIT_OK
-    from unimatmul.cli.cache import cache_path
-
-    path = cache_path(args)
-    store = MsgpackFileStore(path, read_only=True, quarantine=False)
-    document = export_document(store, args.namespace)
-    count = sum(len(ns["entries"]) for ns in document["namespaces"].values())
-    if args.output == "-":
-        json.dump(document, sys.stdout, indent=1, allow_nan=False)
-        sys.stdout.write("\n")
-        return EXIT_OK
-    with open(args.output, "w", encoding="utf-8") as fh:
-        json.dump(document, fh, indent=1, allow_nan=False)
-        fh.write("\n")
-    out.write(f"exported {count} entries from {path} to {args.output}\n")
-    return EXIT_OK

@@ -63,14 +63,12 @@ Validators, first that applies:
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from unimatmul.cache.record import OK, CandidateResult, TuningRecord
 from unimatmul.core.backend import DEFAULT, Candidate
@@ -81,13 +79,10 @@ from unimatmul.interop.tunableop import (
     TunableOpFile,
     TunableOpGemm,
     TunableOpSolution,
-    TunableOpValidators,
-    parse,
-    write,
+    parse_untuned,
 )
 
 if TYPE_CHECKING:
-    from unimatmul.cache.protocol import CacheStore
     from unimatmul.core.platform import Platform
 
 SOURCE = "pytorch-tunableop"
@@ -114,16 +109,31 @@ class RowSkipped(ValueError):
 # --------------------------------------------------------------------------- rows -> entries
 
 
-def problem_of(gemm: TunableOpGemm) -> Problem:
-    """The row-major Problem of one TunableOp row (module docstring), or RowSkipped."""
+def problem_of(gemm: TunableOpGemm | RowMajorGemm) -> Problem:
+    """The row-major Problem of one TunableOp GEMM (module docstring), or RowSkipped.
+
+    The one conversion from a TunableOp row to a Problem: ``cache import tunableop``
+    and ``tune --from`` (the untuned file) both use it, so one row gives one key.
+    """
     if gemm.kind == "scaled_gemm":
-        raise RowSkipped("ScaledGemm (fp8 with scales) has no unimatmul Problem yet")
-    rm = gemm.row_major()
+        raise RowSkipped("ScaledGemm (scaled_gemm: fp8 with scales) has no unimatmul Problem yet")
+    rm = gemm.row_major() if isinstance(gemm, TunableOpGemm) else gemm
+    if rm.kind not in _KIND_EPILOGUE:
+        raise RowSkipped(f"TunableOp {rm.kind} GEMMs have no unimatmul problem kind")
     if WILDCARD in (rm.m, rm.n, rm.k, rm.batch, rm.lda, rm.ldb, rm.ldc):
         raise RowSkipped("a '*' (dynamic) dimension names no single Problem")
-    dtype = _DTYPES.get(rm.dtype_a)
-    if dtype is None:
-        raise RowSkipped(f"dtype {rm.dtype_a} is not one unimatmul runs ({', '.join(sorted(_DTYPES))})")
+    dtypes = [_DTYPES.get(d) for d in (rm.dtype_a, rm.dtype_b, rm.dtype_c)]
+    if None in dtypes:
+        bad = next(
+            d for d, ours in zip((rm.dtype_a, rm.dtype_b, rm.dtype_c), dtypes, strict=True) if ours is None
+        )
+        raise RowSkipped(f"dtype {bad} is not one unimatmul runs ({', '.join(sorted(_DTYPES))})")
+    dtype_a, dtype_b, dtype_c = (d or "" for d in dtypes)
+    bias_dtype = None
+    if rm.kind == "gemm_bias" and rm.bias_dtype:
+        bias_dtype = _DTYPES.get(rm.bias_dtype)
+        if bias_dtype is None:
+            raise RowSkipped(f"bias dtype {rm.bias_dtype} is not one unimatmul runs")
     batch = rm.batch if rm.batch is not None else 1
     lda = rm.lda or (rm.m if rm.trans_a else rm.k)
     ldb = rm.ldb or (rm.k if rm.trans_b else rm.n)
@@ -139,10 +149,10 @@ def problem_of(gemm: TunableOpGemm) -> Problem:
             m=rm.m,
             n=rm.n,
             k=rm.k,
-            dtype_a=dtype,
-            dtype_b=dtype,
-            dtype_c=dtype,
-            compute="tf32" if rm.tf32 else _COMPUTE[dtype],
+            dtype_a=dtype_a,
+            dtype_b=dtype_b,
+            dtype_c=dtype_c,
+            compute="tf32" if rm.tf32 else _COMPUTE[dtype_a],
             trans_a=rm.trans_a,
             trans_b=rm.trans_b,
             lda=lda,
@@ -153,11 +163,35 @@ def problem_of(gemm: TunableOpGemm) -> Problem:
             stride_b=strides[1],
             stride_c=strides[2],
             beta_zero=True,
-            epilogue=_KIND_EPILOGUE[gemm.kind],
+            epilogue=_KIND_EPILOGUE[rm.kind],
+            dtype_bias=bias_dtype,
             align=16,
         )
     except ValueError as exc:
         raise RowSkipped(str(exc)) from None
+
+
+@dataclass
+class UntunedProblems:
+    """The problems of a TunableOp untuned file (with their line numbers), and the lines
+    left out (why)."""
+
+    problems: list[tuple[int, Problem]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def untuned_problems(text: str) -> UntunedProblems:
+    """The problems of PyTorch TunableOp's untuned file (``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``);
+    ValueError if the text is no such file."""
+    parsed = parse_untuned(text)
+    result = UntunedProblems(skipped=[(e.line_no, e.reason) for e in parsed.errors])
+    for gemm in parsed.gemms:
+        line = gemm.line_no or 0
+        try:
+            result.problems.append((line, problem_of(gemm)))
+        except RowSkipped as exc:
+            result.skipped.append((line, str(exc)))
+    return result
 
 
 def _extents(
@@ -440,42 +474,24 @@ def choose_validators(
     return synthesized_validators(namespace, records), "synthesized from the entries' versions (best effort)"
 
 
-# --------------------------------------------------------------------------- the commands
+# --------------------------------------------------------------------------- namespaces
 
 
-def current_gpu_platform() -> Platform | None:
-    """The Platform of the GPU torch uses now, or None (no torch, no GPU, any failure)."""
-    import importlib.util
+def namespace_for_import(
+    validators: Mapping[str, str], requested: str | None, current: Platform | None
+) -> str:
+    """The namespace an imported file's entries go to; ValueError says why there is none.
 
-    if importlib.util.find_spec("torch") is None:
-        return None
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        from unimatmul.core.arrays import Device, adapter_for_kind
-        from unimatmul.core.backend import Target
-        from unimatmul.tuning.selector import get_selector
-
-        kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
-        target = Target(adapter_for_kind("torch"), Device(kind, torch.cuda.current_device()))
-        return get_selector().platform(target)
-    except Exception:
-        return None
-
-
-def _namespace_for_import(parsed: TunableOpFile, requested: str | None) -> str:
-    from unimatmul.cli import CliError
-
-    arch = parsed.validators.get("GCN_ARCH_NAME")
+    ``requested`` (``--namespace``) wins unless the file names another GPU architecture;
+    else the GPU here (``current``), when the file was tuned on its architecture.
+    """
+    arch = validators.get("GCN_ARCH_NAME")
     if requested:
         parts = requested.split("/")
         if arch and len(parts) >= 2 and parts[0] == "amd" and parts[1] != arch:
             msg = f"the file was tuned on {arch} (GCN_ARCH_NAME) but --namespace {requested!r} is for {parts[1]}"
-            raise CliError(msg)
+            raise ValueError(msg)
         return requested
-    current = current_gpu_platform()
     if arch and current is not None and current.arch == arch:
         return current.namespace
     here = (
@@ -486,88 +502,22 @@ def _namespace_for_import(parsed: TunableOpFile, requested: str | None) -> str:
         f"the file {wanted} and {here}: pass --namespace NAMESPACE "
         "(see `unimatmul cache show` or `unimatmul info` for namespaces)"
     )
-    raise CliError(msg)
+    raise ValueError(msg)
 
 
-def _put_all(store: CacheStore, namespace: str, entries: dict[str, TuningRecord]) -> None:
-    put_many = getattr(store, "put_many", None)
-    if put_many is not None:
-        put_many({(namespace, key): record for key, record in entries.items()})
-        return
-    for key, record in entries.items():
-        store.put(namespace, key, record)
-
-
-def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
-    """``cache import tunableop FILE.csv [--namespace NS] [--replace]``."""
-    from unimatmul.cache.protocol import open_store
-    from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, CliError
-
-    try:
-        parsed = parse(Path(args.file))
-    except OSError as exc:
-        raise CliError(f"cannot read {args.file}: {exc}", EXIT_UNAVAILABLE) from exc
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
-    namespace = _namespace_for_import(parsed, getattr(args, "namespace", None))
-    result = entries_of(parsed)
-    store = open_store(args.cache)
-    replace = bool(getattr(args, "replace", False))
-    kept = {key for key in result.entries if not replace and store.get(namespace, key) is not None}
-    new = {key: record for key, record in result.entries.items() if key not in kept}
-    _put_all(store, namespace, new)
-
-    shown = ", ".join(f"{k}={v}" for k, v in parsed.validators.items()) or "none"
-    out.write(f"read {args.file}: {result.rows} rows; validators: {shown}\n")
-    out.write(f"imported {len(new)} entries into {namespace} ({store.location})\n")
-    if kept:
-        out.write(f"kept {len(kept)} existing entries (--replace overwrites them)\n")
-    if result.skipped:
-        out.write(f"skipped {len(result.skipped)} rows:\n")
-        for line, reason in result.skipped:
-            out.write(f"  line {line}: {reason}\n")
-    return EXIT_OK
-
-
-def _namespace_for_export(store: CacheStore, requested: str | None, current: Platform | None) -> str:
-    from unimatmul.cli import CliError
-
-    namespaces = sorted({ns for ns, _, _ in store.items()})
+def namespace_for_export(namespaces: Iterable[str], requested: str | None, current: Platform | None) -> str:
+    """The one namespace a TunableOp file is written for; ValueError says why there is none."""
+    found = sorted(set(namespaces))
     if requested:
-        if requested not in namespaces:
-            listed = ", ".join(namespaces) or "none"
-            raise CliError(f"no entries in namespace {requested!r}; the cache holds: {listed}")
+        if requested not in found:
+            listed = ", ".join(found) or "none"
+            msg = f"no entries in namespace {requested!r}; the cache holds: {listed}"
+            raise ValueError(msg)
         return requested
-    if len(namespaces) == 1:
-        return namespaces[0]
-    if current is not None and current.namespace in namespaces:
+    if len(found) == 1:
+        return found[0]
+    if current is not None and current.namespace in found:
         return current.namespace
-    listed = "\n  ".join(namespaces) if namespaces else "(none: the cache is empty)"
-    raise CliError(f"a TunableOp file is for one platform; pass --namespace, one of:\n  {listed}")
-
-
-def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    """``cache export --format tunableop -o FILE.csv [--namespace NS]``."""
-    from unimatmul.cache.protocol import open_store
-    from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, CliError
-
-    store = open_store(args.cache)
-    current = current_gpu_platform()
-    namespace = _namespace_for_export(store, getattr(args, "namespace", None), current)
-    entries = [(key, record) for _, key, record in store.items(namespace)]
-    try:
-        validators, source = choose_validators(namespace, [r for _, r in entries], current)
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
-    result = rows_of(entries, validators)
-    try:
-        write(args.output, TunableOpValidators(validators), result.rows)
-    except OSError as exc:
-        raise CliError(f"cannot write {args.output}: {exc}", EXIT_UNAVAILABLE) from exc
-    out.write(f"wrote {len(result.rows)} rows of {namespace} to {args.output}\n")
-    out.write(f"validators ({source}): {', '.join(f'{k}={v}' for k, v in validators.items())}\n")
-    if result.skipped:
-        out.write(f"skipped {sum(result.skipped.values())} entries:\n")
-        for reason, count in result.skipped.most_common():
-            out.write(f"  {count} x {reason}\n")
-    return EXIT_OK
+    listed = "\n  ".join(found) if found else "(none: the cache is empty)"
+    msg = f"a TunableOp file is for one platform; pass --namespace, one of:\n  {listed}"
+    raise ValueError(msg)

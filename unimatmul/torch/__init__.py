@@ -48,12 +48,12 @@ def enable() -> None:
 
     Reads ``UNIMATMUL_MODE`` now; change the mode later with :func:`unimatmul.mode`.
     """
-    from unimatmul import api
     from unimatmul.torch import compiled, routing
+    from unimatmul.tuning.selector import on_forget
 
     routing.install()
     compiled.install()
-    api.on_clear_fast_path(routing.clear_plans)
+    on_forget(routing.clear_plans)
 
 
 def disable() -> None:

@@ -29,7 +29,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
 #include <ATen/Context.h>
 #include <ATen/ops/addmm_cuda_dispatch.h>
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
@@ -168,7 +168,7 @@ inline bool put_operand(Key& key, int& i, const at::Tensor& t) {
 
 inline int64_t head(int64_t op, const at::Tensor& a) {
   int64_t tf32 = 0;
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
   if (a.is_cuda()) {
     tf32 = at::globalContext().allowTF32CuBLAS() ? 1 : 0;
   }
@@ -205,7 +205,7 @@ std::shared_ptr<Entry> find(const Key& key) {
 
 template <bool GPU>
 at::Tensor default_product(int64_t op, const at::Tensor& a, const at::Tensor& b) {
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
   if constexpr (GPU) {
     return op == MM ? at::cuda::mm(a, b) : at::cuda::bmm(a, b);
   }
@@ -216,7 +216,7 @@ at::Tensor default_product(int64_t op, const at::Tensor& a, const at::Tensor& b)
 template <bool GPU>
 at::Tensor default_accumulate(int64_t op, const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
                               const c10::Scalar& beta, const c10::Scalar& alpha) {
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
   if constexpr (GPU) {
     return op == ADDMM ? at::cuda::addmm(c, a, b, beta, alpha) : at::cuda::baddbmm(c, a, b, beta, alpha);
   }
@@ -251,7 +251,7 @@ at::Tensor slow_accumulate(int64_t op, const at::Tensor& c, const at::Tensor& a,
 // Runs an LT entry; an undefined tensor when it cannot run here (another stream than
 // the one its workspace belongs to, or the library refused): the caller goes to Python.
 at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha) {
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
   void* stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   if (reinterpret_cast<intptr_t>(stream) != e.stream) {
     return at::Tensor();
@@ -436,7 +436,7 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
 // --- control, from Python -------------------------------------------------------------------
 
 bool built_with_cuda() {
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
   return true;
 #else
   return false;
@@ -472,7 +472,7 @@ void install(bool cpu, bool cuda) {
   if (cpu) {
     s.libraries.push_back(kernels_at<false>(c10::DispatchKey::CPU));
   }
-#ifdef UNIMATMUL_NATIVE_CUDA
+#ifdef UMM_WITH_CUDA
   if (cuda) {
     s.libraries.push_back(kernels_at<true>(c10::DispatchKey::CUDA));
   }

@@ -8,13 +8,13 @@ returns at once and imports nothing of unimatmul.torch's routing.
 
 from __future__ import annotations
 
-import os
+from unimatmul import settings
 
-ENV = "UNIMATMUL_TORCH"
+ENV = settings.TORCH.name
 
 
 def wanted() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.TORCH.get()
 
 
 def load() -> None:

@@ -61,7 +61,7 @@ def warmup(
     unless ``force``. Routing is on during the call and as it was afterwards.
     """
     from unimatmul.torch import enabled
-    from unimatmul.tuning.buckets import Buckets, tune_bucket
+    from unimatmul.tuning.buckets import Buckets
     from unimatmul.tuning.selector import get_selector
 
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
@@ -100,7 +100,7 @@ def warmup(
     for problem, target in bar:
         bar.set_postfix_str(f"{problem.shape_text} {problem.dtype_a}")
         if spec is not None and spec.representative(problem.m) is not None:
-            record = tune_bucket(selector, problem, target, spec, force=force)
+            record = selector.tune_bucket(problem, target, spec, force=force)
         else:
             record = selector.tune(problem, target, force=force)
         result.records.append(record)

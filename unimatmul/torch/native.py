@@ -31,7 +31,9 @@ from typing import Any
 
 import torch
 
-ENV = "UNIMATMUL_TORCH_NATIVE"
+from unimatmul import settings
+
+ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
 SOURCE = Path(__file__).with_name("_native.cpp")
 MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
@@ -45,15 +47,7 @@ _failures: dict[bool, str] = {}  # GPU build? -> why it failed
 
 
 def choice() -> str:
-    text = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if text in ("1", "on", "yes", "true", "all"):
-        return "auto"
-    if text in ("no", "off", "false"):
-        return "0"
-    if text not in CHOICES:
-        msg = f"{ENV}={text!r}: expected one of {', '.join(CHOICES)}"
-        raise ValueError(msg)
-    return text
+    return settings.TORCH_NATIVE.get()
 
 
 def wanted_keys(cuda_available: bool | None = None) -> tuple[str, ...]:
@@ -95,7 +89,7 @@ def load(cuda: bool) -> bool:
             cpp_extension.load(
                 name=_build_name(cuda),
                 sources=[str(SOURCE)],
-                extra_cflags=["-O2", *(["-DUNIMATMUL_NATIVE_CUDA"] if cuda else [])],
+                extra_cflags=["-O2", *(["-DUMM_WITH_CUDA"] if cuda else [])],
                 with_cuda=cuda,
                 is_python_module=False,
                 verbose=False,
@@ -106,7 +100,6 @@ def load(cuda: bool) -> bool:
             )
             return False
         _loaded_gpu = cuda
-        _register_slow_ops()
         return True
 
 
@@ -153,12 +146,12 @@ def kind_of(call: Any) -> int:
 _slow_library: list[Any] = []
 
 
-def _register_slow_ops() -> None:
-    from unimatmul.torch import routing
-
+def _register_slow_ops(kernels_by_key: dict[str, dict[str, Any]]) -> None:
+    """The Python kernels, as the ops a native kernel calls for a key it does not know."""
+    if _slow_library:
+        return  # registered once per process, with the first install's kernels (they never change)
     library = torch.library.Library("unimatmul_native", "IMPL")
-    for key in routing.DISPATCH_KEYS:
-        kernels = routing._KERNELS[key]
+    for key, kernels in kernels_by_key.items():
         library.impl("slow_mm", kernels["mm"], key)
         library.impl("slow_bmm", kernels["bmm"], key)
         library.impl("slow_addmm", _positional(kernels["addmm"]), key)
@@ -176,7 +169,12 @@ def _positional(kernel: Any) -> Any:
 # --- control --------------------------------------------------------------------------------
 
 
-def install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+def install(
+    keys: tuple[str, ...], mode: str, overrides: int, python_kernels: dict[str, dict[str, Any]]
+) -> None:
+    """Serve ``keys`` with the native kernels; ``python_kernels`` (per dispatch key) take
+    what the native table does not know yet."""
+    _register_slow_ops(python_kernels)
     ops = torch.ops.unimatmul_native
     ops.configure(MODES[mode], overrides)
     ops.install("CPU" in keys, "CUDA" in keys)

@@ -37,11 +37,12 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.api import describe
 from unimatmul.core import modes as _config
 from unimatmul.core.arrays import adapter_of
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.torch import native
+from unimatmul.tuning.selector import get_selector
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
@@ -262,19 +263,10 @@ def _run(plan: Plan, runner: Runner, a: Any, b: Any, out: Any, alpha: float, bet
             runner(a, b, out, alpha, beta, bias)
         return True
     except Exception as exc:
-        plan.runner = None
+        plan.runner = None  # PyTorch's own kernel from now on: routing's Default
         plan.source = "fallback"
         plan.label = f"unimatmul::{plan.op} [default]"
-        from unimatmul.tuning.selector import get_selector
-
-        selector = get_selector()
-        selector.stats.fallbacks += 1
-        problem = plan.problem
-        what = problem.shape_text if problem is not None else plan.op
-        selector.warn_once(
-            f"torch-run:{problem.key if problem is not None else plan.op}",
-            f"{runner.candidate.identity} failed on {what} ({type(exc).__name__}: {exc}); using PyTorch's kernel",
-        )
+        get_selector().fall_back(plan.problem, runner.candidate, exc, adapter_of(a))
         return False
 
 
@@ -317,8 +309,6 @@ def _native_put(
     plan: Plan, op: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, beta: Any
 ) -> None:
     """Give the native kernels this key's entry (they call Python for keys they lack)."""
-    from unimatmul.torch import native
-
     runner = plan.runner
     call = None
     if runner is not None and plan.form in (PLAIN, BIAS) and hasattr(runner, "native_call"):
@@ -371,7 +361,7 @@ def _fill_plan(
         plan.reason = "complex alpha/beta"
         return
     adapter = adapter_of(a)
-    problem, shape = describe(
+    problem, shape = Problem.from_operands(
         adapter,
         a,
         b,
@@ -385,8 +375,6 @@ def _fill_plan(
         collector.append((problem, target))
     if mode == "tune" and a.is_cuda and torch.cuda.is_current_stream_capturing():
         mode = "cached"  # never measure inside a CUDA graph capture
-    from unimatmul.tuning.selector import get_selector
-
     native = bool(_state.native_keys)
     _busy.on = True
     if native:
@@ -444,8 +432,6 @@ def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
 
 
 def _native_busy(on: bool) -> None:
-    from unimatmul.torch import native
-
     native.set_busy(on)
 
 
@@ -453,8 +439,6 @@ def _sync_native_counts(clear: bool = False) -> None:
     """Add the calls the native kernels counted to their plans (lock held)."""
     if not _state.native_keys:
         return
-    from unimatmul.torch import native
-
     counted = native.clear() if clear else native.counts(reset=True)
     if not counted:
         return
@@ -504,9 +488,7 @@ def install() -> None:
                     for name, kernel in _KERNELS[key].items():
                         library.impl(name, kernel, key)
                 if native_keys:
-                    from unimatmul.torch import native
-
-                    native.install(native_keys, _state.env_mode, _config.overrides())
+                    native.install(native_keys, _state.env_mode, _config.overrides(), _KERNELS)
         except Exception:
             library._destroy()
             raise
@@ -518,16 +500,12 @@ def install() -> None:
 
 def _native_keys() -> tuple[str, ...]:
     """The keys the native kernels take, once they are built; () with a warning if they fail."""
-    from unimatmul.torch import native
-
     keys = native.wanted_keys()
     if not keys:
         return ()
     cuda = "CUDA" in keys
     if native.load(cuda):
         return keys
-    from unimatmul.tuning.selector import get_selector
-
     get_selector().warn_once(
         "torch-native-build",
         f"unimatmul.torch: the native routing kernels did not build ({native.failure(cuda)}); "
@@ -538,16 +516,12 @@ def _native_keys() -> tuple[str, ...]:
 
 
 def _native_overrides(count: int) -> None:
-    from unimatmul.torch import native
-
     native.configure(_state.env_mode, count)
 
 
 def uninstall() -> None:
     with _state.lock:
         if _state.native_keys:
-            from unimatmul.torch import native
-
             native.uninstall()
             _config.on_overrides(_native_overrides, remove=True)
         for library in _state.libraries:

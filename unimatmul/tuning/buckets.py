@@ -7,36 +7,31 @@ choice tuned at its representative m. The representatives are configurable
 comma-separated list, or ``off``); an m belongs to the nearest representative (ties
 to the larger), and no bucket reaches above the largest representative.
 
-A bucket's choice is made by :func:`tune_bucket`: it tunes the representative, then
+This module holds the pure parts (which bucket holds an m, where a bucket's choice is
+checked, which candidate qualifies). A bucket's choice is made by
+:meth:`unimatmul.tuning.tuner.Tuner.tune_bucket`: it tunes the representative, then
 times the best candidates against Default at the bucket's two edges and at the middle
 of each half (a kernel can lose inside a bucket while winning at both ends: seen on
 the CPU at m = 80 in the bucket 48..95), and keeps the best candidate that beats
-Default by the harness's ``min_gain`` (1%) at all five points (else Default). The record is stored under the representative's key with the bucket's
-range in ``settings["bucket"]``; :func:`lookup_bucket` serves only such records, and
-only for an m inside their own range, so changing the representatives later never
-applies a choice outside the range it was checked on.
+Default by the harness's ``min_gain`` (1%) at all five points (else Default). The
+record is stored under the representative's key with the bucket's range in
+``settings["bucket"]``; :meth:`unimatmul.tuning.selector.Selector.lookup_bucket` serves
+only such records, and only for an m inside their own range, so changing the
+representatives later never applies a choice outside the range it was checked on.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from unimatmul.cache.record import OK, TuningRecord
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
-from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import Harness
+from unimatmul import settings
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.backend import DEFAULT
 
-if TYPE_CHECKING:
-    from unimatmul.tuning.selector import Selector
-
-ENV = "UNIMATMUL_BUCKETS"
-DEFAULT_SPEC = "pow2"
+ENV = settings.BUCKETS.name
+DEFAULT_SPEC = settings.BUCKETS.default
 POW2_MAX = 1 << 16
 #: How many of the representative's best candidates are timed again at the edges.
 EDGE_CANDIDATES = 3
@@ -85,7 +80,7 @@ class Buckets:
 
     @classmethod
     def from_env(cls) -> Buckets | None:
-        return cls.parse(os.environ.get(ENV, DEFAULT_SPEC))
+        return cls.parse(settings.BUCKETS.get())
 
     def representative(self, m: int) -> int | None:
         """The representative whose bucket holds ``m``; None above the largest one."""
@@ -121,88 +116,6 @@ def bucket_range(record: TuningRecord) -> tuple[int, int] | None:
     return None
 
 
-def lookup_bucket(selector: Selector, problem: Problem, target: Target) -> TuningRecord | None:
-    """The bucket record that covers ``problem`` (same problem but for m), if any."""
-    buckets = selector.buckets
-    if buckets is None:
-        return None
-    rep = buckets.representative(problem.m)
-    if rep is None or rep == problem.m:
-        return None  # m itself is a representative: its exact record was already looked up
-    record = selector.lookup(problem.with_m(rep), target)
-    if record is None:
-        return None
-    covered = bucket_range(record)
-    if covered is None or not covered[0] <= problem.m <= covered[1]:
-        return None
-    candidate = Candidate.from_identity(record.winner)
-    if candidate != DEFAULT and not selector.applies(problem, candidate, target):
-        return None  # the bucket's kernel does not take this m: Default, quietly
-    return record
-
-
-def tune_bucket(
-    selector: Selector,
-    problem: Problem,
-    target: Target,
-    buckets: Buckets,
-    *,
-    force: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> TuningRecord:
-    """Tune the bucket that holds ``problem.m``; store and return its record.
-
-    The record's winner beats Default by ``min_gain`` at the representative, at either
-    edge of the bucket, and halfway between the representative and each edge, as
-    measured here (else the winner is Default).
-    """
-    rep = buckets.representative(problem.m)
-    if rep is None:
-        msg = f"m={problem.m} is above the largest bucket ({buckets.reps[-1]}); tune it exactly"
-        raise ValueError(msg)
-    lo, hi = buckets.bounds(rep)
-    rep_problem = problem.with_m(rep)
-    if not force:
-        existing = selector.lookup(rep_problem, target)
-        if existing is not None and bucket_range(existing) == (lo, hi):
-            return existing
-    started = time.perf_counter()
-    record = selector.tune(rep_problem, target, force=True, store=False, progress=progress)
-    ranked = sorted(
-        (r for r in record.results if r.status == OK and r.median_s and r.identity != DEFAULT.identity),
-        key=lambda r: r.median_s or math.inf,
-    )[:EDGE_CANDIDATES]
-    default_s = record.default_s
-    ratios: dict[str, list[float]] = {
-        r.identity: [(r.median_s or math.inf) / default_s if default_s else math.inf] for r in ranked
-    }
-    points = check_points(rep, lo, hi)
-    for m in points:
-        times = _time_at(selector, problem.with_m(m), target, [r.identity for r in ranked], progress)
-        base = times.get(DEFAULT.identity)
-        for identity, found in ratios.items():
-            t = times.get(identity)
-            found.append(t / base if t and base else math.inf)
-    best = choose(ratios, selector.settings_for(target).min_gain)
-    if best != record.winner:
-        chosen = next((r for r in record.results if r.identity == best), None)
-        record.winner = best
-        record.winner_s = (chosen.median_s if chosen else None) or default_s or math.inf
-    record.settings["bucket"] = {
-        "rep": rep,
-        "lo": lo,
-        "hi": hi,
-        "spec": buckets.spec,
-        "points": points,
-        # identity -> time / Default time at [rep, *points]; a comma list keeps nesting shallow
-        "ratios": {k: ",".join(f"{x:.4g}" for x in v) for k, v in ratios.items()},
-    }
-    record.tune_s = time.perf_counter() - started
-    platform = selector.platform(target)
-    selector.store.put(platform.namespace, rep_problem.key, record)
-    return record
-
-
 def check_points(rep: int, lo: int, hi: int) -> list[int]:
     """Where a bucket's choice is checked besides its representative: the edges and
     the middle of each half, in increasing order, each once."""
@@ -227,25 +140,3 @@ def choose(ratios: dict[str, list[float]], min_gain: float) -> str:
         if score <= best_score:
             best, best_score = identity, score
     return best
-
-
-def _time_at(
-    selector: Selector,
-    problem: Problem,
-    target: Target,
-    identities: list[str],
-    progress: Callable[[str], None] | None,
-) -> dict[str, float]:
-    """Median seconds of Default and of the given candidates on one problem."""
-    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
-        (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
-    ]
-    for identity in identities:
-        entries.append((Candidate.from_identity(identity), _preparer(selector, problem, identity, target)))
-    harness = Harness(selector.timer_for(target), selector.settings_for(target))
-    record = harness.measure(problem, target, entries, progress=progress)
-    return {r.identity: r.median_s for r in record.results if r.status == OK and r.median_s}
-
-
-def _preparer(selector: Selector, problem: Problem, identity: str, target: Target) -> Callable[[], Any]:
-    return lambda: selector.prepare(problem, Candidate.from_identity(identity), target)

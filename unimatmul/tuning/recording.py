@@ -15,8 +15,8 @@ is written once, and a line is written by a single ``write`` (never interleaved)
 line that cannot be parsed (a crash mid-write) is skipped by readers. Problems only
 reach this module on the Selector's slow path, never on a cached call.
 
-:func:`read_problems` also reads PyTorch TunableOp's untuned file
-(``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``), whose GEMMs carry no device.
+PyTorch TunableOp's untuned file (``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``) is read by
+:mod:`unimatmul.interop.tunableop_cache`; ``unimatmul tune --from`` takes either.
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unimatmul.cache.protocol import default_cache_path
-from unimatmul.core.dtypes import canonical
+from unimatmul import settings
+from unimatmul.cache.protocol import default_cache_folder, default_cache_path
 from unimatmul.core.problem import Problem
 
 if TYPE_CHECKING:
     from unimatmul.core.backend import Target
-    from unimatmul.interop.tunableop import RowMajorGemm
 
-ENV = "UNIMATMUL_RECORD_FILE"
+ENV = settings.RECORD_FILE.name
 FILENAME = "recorded.jsonl"
 
 try:  # POSIX advisory locks; elsewhere appends are still single writes
@@ -50,12 +49,11 @@ except ImportError:  # pragma: no cover - Windows
 
 def default_record_path() -> Path:
     """``$UNIMATMUL_RECORD_FILE``, else ``recorded.jsonl`` in the cache file's folder."""
-    explicit = os.environ.get(ENV)
+    explicit = settings.RECORD_FILE.get()
     if explicit:
         return Path(explicit).expanduser()
-    if os.environ.get("UNIMATMUL_CACHE") == ":memory:":
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return Path(base) / "unimatmul" / FILENAME
+    if settings.CACHE.get() == ":memory:":
+        return default_cache_folder() / FILENAME
     return default_cache_path().parent / FILENAME
 
 
@@ -151,26 +149,27 @@ def record_problem(problem: Problem, target: Target) -> None:
 
 @dataclass
 class ReadResult:
-    """The distinct problems of a file, in file order, and the lines left out (why)."""
+    """The problems of a file, in file order, and the lines left out (why)."""
 
     problems: list[RecordedProblem]
     skipped: list[tuple[int, str]]
     format: str
 
+    def distinct(self) -> ReadResult:
+        """The same, each (problem, array, device) once."""
+        unique: dict[tuple[str, str, str | None], RecordedProblem] = {}
+        for item in self.problems:
+            unique.setdefault((item.problem.key, item.array, item.device), item)
+        return ReadResult(list(unique.values()), self.skipped, self.format)
+
 
 def read_problems(path: str | os.PathLike[str]) -> ReadResult:
-    """Read a record file, or a PyTorch TunableOp untuned file; distinct problems only."""
-    text = Path(path).read_text(encoding="utf-8")
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    result = _read_jsonl(text) if first.startswith("{") else _read_tunableop_untuned(text, str(path))
-    unique: dict[tuple[str, str, str | None], RecordedProblem] = {}
-    for item in result.problems:
-        unique.setdefault((item.problem.key, item.array, item.device), item)
-    result.problems = list(unique.values())
-    return result
+    """The distinct problems of a record file."""
+    return parse_record_lines(Path(path).read_text(encoding="utf-8")).distinct()
 
 
-def _read_jsonl(text: str) -> ReadResult:
+def parse_record_lines(text: str) -> ReadResult:
+    """Every problem of a record file's text; a line that cannot be read is skipped (why)."""
     problems: list[RecordedProblem] = []
     skipped: list[tuple[int, str]] = []
     for line_no, line in enumerate(text.splitlines(), start=1):
@@ -191,60 +190,3 @@ def _read_jsonl(text: str) -> ReadResult:
         except (ValueError, TypeError, KeyError) as exc:
             skipped.append((line_no, f"{type(exc).__name__}: {exc}"))
     return ReadResult(problems, skipped, "unimatmul-record")
-
-
-def _read_tunableop_untuned(text: str, path: str) -> ReadResult:
-    from unimatmul.interop.tunableop import parse_untuned
-
-    try:
-        parsed = parse_untuned(text)
-    except ValueError as exc:
-        msg = f"{path}: neither a unimatmul record file (JSON lines) nor a TunableOp untuned file: {exc}"
-        raise ValueError(msg) from None
-    problems: list[RecordedProblem] = []
-    skipped = [(e.line_no, e.reason) for e in parsed.errors]
-    for gemm in parsed.gemms:
-        try:
-            problems.append(RecordedProblem(_problem_from_tunableop(gemm.row_major()), "torch", None))
-        except (ValueError, TypeError) as exc:
-            skipped.append((gemm.line_no or 0, str(exc)))
-    return ReadResult(problems, skipped, "tunableop-untuned")
-
-
-_KINDS = {"gemm": "none", "gemm_bias": "bias", "gemm_strided_batched": "none"}
-
-
-def _problem_from_tunableop(gemm: RowMajorGemm) -> Problem:
-    """Our Problem for TunableOp's row-major view of one GEMM (see interop.tunableop)."""
-    from unimatmul.interop.tunableop import WILDCARD
-
-    if gemm.kind not in _KINDS:
-        msg = f"TunableOp {gemm.kind} GEMMs have no unimatmul problem kind yet"
-        raise ValueError(msg)
-    dims = (gemm.m, gemm.n, gemm.k, gemm.lda, gemm.ldb, gemm.ldc, gemm.batch)
-    if WILDCARD in dims:
-        msg = "a dynamic ('*') dimension cannot be tuned"
-        raise ValueError(msg)
-    dtypes = [canonical(d) for d in (gemm.dtype_a, gemm.dtype_b, gemm.dtype_c)]
-    compute = "tf32" if gemm.tf32 else ("f64" if dtypes[0] == "f64" else "f32")
-    batch = gemm.batch or 1
-    return Problem(
-        m=gemm.m,
-        n=gemm.n,
-        k=gemm.k,
-        dtype_a=dtypes[0],
-        dtype_b=dtypes[1],
-        dtype_c=dtypes[2],
-        compute=compute,
-        trans_a=gemm.trans_a,
-        trans_b=gemm.trans_b,
-        lda=gemm.lda or 0,
-        ldb=gemm.ldb or 0,
-        ldc=gemm.ldc or 0,
-        batch=batch,
-        stride_a=(gemm.stride_a or 0) if batch > 1 else 0,
-        stride_b=(gemm.stride_b or 0) if batch > 1 else 0,
-        stride_c=(gemm.stride_c or 0) if batch > 1 else 0,
-        epilogue=_KINDS[gemm.kind],
-        dtype_bias=canonical(gemm.bias_dtype) if gemm.bias_dtype and gemm.kind == "gemm_bias" else None,
-    )

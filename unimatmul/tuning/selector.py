@@ -1,31 +1,32 @@
-"""The Selector and Tuner: the policy that turns a Problem into a Runner.
+"""The Selector: the policy that turns a Problem into a Runner.
 
-Order of lookup: in-process LRU of prepared runners -> the cache store (entries
-validated one by one against current library versions) -> tune, when the mode
-allows -> Default. A failure anywhere warns once and falls back to Default: the
-user's program never crashes because of tuning. One tuning per key at a time.
+Order of lookup: the cache store (entries validated one by one against current
+library versions) -> a bucket's record for dynamic shapes -> tune (the Tuner), when
+the mode allows -> Default. The callers (``unimatmul.matmul``, PyTorch routing) keep
+their own maps of prepared runners in front of it. A failure anywhere warns once and
+falls back to Default (:meth:`Selector.fall_back` is the one fallback policy, also for
+a kernel that fails on a call): the user's program never crashes because of tuning.
+One tuning per key at a time.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimatmul.cache.lru import LRU
 from unimatmul.cache.protocol import CacheStore, open_store
 from unimatmul.cache.record import TuningRecord
+from unimatmul.core import notices
 from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
-from unimatmul.core.errors import UnknownCandidate, UnsupportedProblem
 from unimatmul.core.platform import Platform, detect_platform
-from unimatmul.core.plugins import PluginManager, get_plugin_manager
+from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.buckets import Buckets, lookup_bucket
-from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
+from unimatmul.tuning.buckets import Buckets, bucket_range
+from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.recording import record_problem
+from unimatmul.tuning.tuner import Progress, Tuner
 
 
 @dataclass
@@ -87,18 +88,14 @@ class Selector:
         store: CacheStore | None = None,
         settings: HarnessSettings | None = None,
         backends: Iterable[str] | None = None,
-        runner_cache_size: int | None = None,  # None: $UNIMATMUL_LRU_SIZE or 4096
     ) -> None:
-        self._plugins = plugins
         self._store = store
-        self.settings = settings
-        self.enabled = set(backends) if backends is not None else None
-        self.runners: LRU[tuple[Any, ...], Decision] = LRU(runner_cache_size)
+        self._warned: set[Hashable] = set()
+        self.tuner = Tuner(plugins=plugins, settings=settings, backends=backends, warn=self.warn_once)
         self.stats = SelectorStats()
         self._platforms: dict[tuple[str, Any], Platform] = {}
         self._tune_locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._warned: set[str] = set()
         # Record mode hands every problem it resolves here (default: the record file).
         self.on_problem: Callable[[Problem, Target], None] | None = record_problem
         # Dynamic shapes: a problem differing from a bucket-tuned one only in m uses its choice.
@@ -107,9 +104,16 @@ class Selector:
     # --- wiring -------------------------------------------------------------------
     @property
     def plugins(self) -> PluginManager:
-        if self._plugins is None:
-            self._plugins = get_plugin_manager()
-        return self._plugins
+        return self.tuner.plugins
+
+    @property
+    def settings(self) -> HarnessSettings | None:
+        """Harness settings for every target (None: each target's own)."""
+        return self.tuner.settings
+
+    @settings.setter
+    def settings(self, value: HarnessSettings | None) -> None:
+        self.tuner.settings = value
 
     @property
     def store(self) -> CacheStore:
@@ -119,13 +123,7 @@ class Selector:
 
     def backends_for(self, target: Target) -> list[Backend]:
         """Enabled, available backends that serve this target, in name order."""
-        found = []
-        for name, backend in sorted(self.plugins.backends().items()):
-            if self.enabled is not None and name not in self.enabled:
-                continue
-            if backend.serves(target) and backend.availability() is None:
-                found.append(backend)
-        return found
+        return self.tuner.backends_for(target)
 
     def platform(self, target: Target) -> Platform:
         key = (target.array_kind, target.device)
@@ -135,26 +133,22 @@ class Selector:
             self._platforms[key] = found
         return found
 
-    def timer_for(self, target: Target) -> Timer:
-        if target.device.kind == "cpu":
-            return CpuTimer()
-        from unimatmul.tuning.timers import device_timer
+    def warn_once(self, key: Hashable, message: str) -> None:
+        """Warn once per key for this Selector (a new Selector warns again)."""
+        notices.warn_once(key, f"unimatmul: {message}", seen=self._warned, stacklevel=4)
 
-        return device_timer(target)
-
-    def settings_for(self, target: Target) -> HarnessSettings:
-        if self.settings is not None:
-            return self.settings
-        if target.device.kind == "cpu":
-            return HarnessSettings()
-        from unimatmul.tuning.timers import device_settings
-
-        return device_settings(target)
-
-    def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"unimatmul: {message}", RuntimeWarning, stacklevel=4)
+    def fall_back(
+        self, problem: Problem | None, candidate: Candidate, exc: BaseException, target_adapter: Any
+    ) -> Runner:
+        """The one fallback policy for a kernel that failed on a call: count it, warn once
+        (per problem), and hand back Default, which the caller keeps using from now on."""
+        self.stats.fallbacks += 1
+        what = f"{problem.shape_text} {problem.dtype_a}" if problem is not None else "a product"
+        self.warn_once(
+            f"run:{problem.key if problem is not None else candidate.identity}",
+            f"{candidate.identity} failed on {what} ({type(exc).__name__}: {exc}); using Default",
+        )
+        return DefaultRunner(target_adapter, problem.activation if problem is not None else None)
 
     # --- choosing -----------------------------------------------------------------
     def decide(self, problem: Problem, target: Target, mode: str) -> Decision:
@@ -171,7 +165,7 @@ class Selector:
             record = self.lookup(problem, target)
             source = "cache"
             if record is None and self.buckets is not None:
-                record = lookup_bucket(self, problem, target)
+                record = self.lookup_bucket(problem, target)
                 source = "bucket" if record is not None else source
             if record is None and mode == "tune":
                 record, source = self.tune(problem, target), "tuned"
@@ -189,18 +183,7 @@ class Selector:
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""
-        if candidate == DEFAULT:
-            return DefaultRunner(target.adapter, problem.activation)
-        backend = self.plugins.backends().get(candidate.backend)
-        if backend is None or not backend.serves(target):
-            names = ", ".join(sorted(self.plugins.backends())) or "none"
-            msg = f"no backend {candidate.backend!r} serves {target.device} (registered: {names})"
-            raise UnknownCandidate(msg, identity=candidate.identity)
-        reason = backend.availability()
-        if reason is not None:
-            msg = f"backend {backend.name!r} is unavailable: {reason}"
-            raise UnknownCandidate(msg, identity=candidate.identity)
-        return backend.prepare(problem, candidate, target)
+        return self.tuner.prepare(problem, candidate, target)
 
     def lookup(self, problem: Problem, target: Target) -> TuningRecord | None:
         """The stored record for ``problem``, re-checked if a library version changed."""
@@ -255,13 +238,26 @@ class Selector:
 
     def applies(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         """Whether a stored (non-Default) Candidate still exists and checks for ``problem`` here."""
-        backend = self.plugins.backends().get(candidate.backend)
-        if backend is None or not backend.serves(target) or backend.availability() is not None:
-            return False
-        try:
-            return backend.check(problem, candidate, target)
-        except Exception:
-            return False
+        return self.tuner.applies(problem, candidate, target)
+
+    def lookup_bucket(self, problem: Problem, target: Target) -> TuningRecord | None:
+        """The bucket record that covers ``problem`` (same problem but for m), if any."""
+        buckets = self.buckets
+        if buckets is None:
+            return None
+        rep = buckets.representative(problem.m)
+        if rep is None or rep == problem.m:
+            return None  # m itself is a representative: its exact record was already looked up
+        record = self.lookup(problem.with_m(rep), target)
+        if record is None:
+            return None
+        covered = bucket_range(record)
+        if covered is None or not covered[0] <= problem.m <= covered[1]:
+            return None
+        candidate = Candidate.from_identity(record.winner)
+        if candidate != DEFAULT and not self.applies(problem, candidate, target):
+            return None  # the bucket's kernel does not take this m: Default, quietly
+        return record
 
     # --- tuning -------------------------------------------------------------------
     def _tune_lock(self, namespace: str, key: str) -> threading.Lock:
@@ -275,7 +271,7 @@ class Selector:
         *,
         force: bool = False,
         store: bool = True,
-        progress: Callable[[str], None] | None = None,
+        progress: Progress = None,
     ) -> TuningRecord:
         """Measure every candidate of ``problem`` and store the winner.
 
@@ -283,44 +279,46 @@ class Selector:
         wait for and reuse its record.
         """
         platform = self.platform(target)
-        lock = self._tune_lock(platform.namespace, problem.key)
-        with lock:
+        with self._tune_lock(platform.namespace, problem.key):
             if not force:
                 existing = self.lookup(problem, target)
                 if existing is not None:
                     return existing
-            entries: list[tuple[Candidate, Callable[[], Runner]]] = [
-                (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
-            ]
-            versions: dict[str, str] = dict(platform.versions)
-            for backend in self.backends_for(target):
-                try:
-                    offered = backend.candidates(problem, target)
-                except UnsupportedProblem:
-                    continue
-                except Exception as exc:
-                    self.warn_once(
-                        f"candidates:{backend.name}",
-                        f"backend {backend.name!r} failed to list candidates: {exc!r}",
-                    )
-                    continue
-                for candidate in offered:
-                    entries.append((candidate, _preparer(backend, problem, candidate, target)))
-            harness = Harness(self.timer_for(target), self.settings_for(target))
-            started = time.perf_counter()
-            record = harness.measure(problem, target, entries, versions=versions, progress=progress)
-            record.tune_s = time.perf_counter() - started
+            record = self.tuner.tune(problem, target, versions=dict(platform.versions), progress=progress)
             self.stats.tuned += 1
             if store:
-                self.store.note_platform(platform.namespace, platform.to_dict())
-                self.store.put(platform.namespace, problem.key, record)
+                self._store_record(platform, problem.key, record)
             return record
 
+    def tune_bucket(
+        self,
+        problem: Problem,
+        target: Target,
+        buckets: Buckets,
+        *,
+        force: bool = False,
+        progress: Progress = None,
+    ) -> TuningRecord:
+        """Tune the bucket that holds ``problem.m``; store and return its record.
 
-def _preparer(
-    backend: Backend, problem: Problem, candidate: Candidate, target: Target
-) -> Callable[[], Runner]:
-    return lambda: backend.prepare(problem, candidate, target)
+        An existing record of the same bucket (same range) is reused unless ``force``.
+        """
+        platform = self.platform(target)
+        rep = buckets.representative(problem.m)
+        if rep is not None and not force:
+            existing = self.lookup(problem.with_m(rep), target)
+            if existing is not None and bucket_range(existing) == buckets.bounds(rep):
+                return existing
+        record = self.tuner.tune_bucket(
+            problem, target, buckets, versions=dict(platform.versions), progress=progress
+        )
+        self.stats.tuned += 1
+        self._store_record(platform, record.problem, record)
+        return record
+
+    def _store_record(self, platform: Platform, key: str, record: TuningRecord) -> None:
+        self.store.note_platform(platform.namespace, platform.to_dict())
+        self.store.put(platform.namespace, key, record)
 
 
 _selector: Selector | None = None
@@ -342,7 +340,22 @@ def set_selector(selector: Selector | None) -> Selector | None:
     global _selector
     with _selector_lock:
         old, _selector = _selector, selector
-    from unimatmul import api
-
-    api.clear_fast_path()
+    forget_prepared()
     return old
+
+
+# Callers that keep prepared runners in front of the Selector (the API's fast path,
+# PyTorch routing's plans) register here to forget them when the answers may change.
+_forget_hooks: list[Callable[[], None]] = []
+
+
+def on_forget(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`forget_prepared` runs (once per distinct hook)."""
+    if hook not in _forget_hooks:
+        _forget_hooks.append(hook)
+
+
+def forget_prepared() -> None:
+    """Make every caller forget its prepared runners (the selector, cache or mode changed)."""
+    for hook in list(_forget_hooks):
+        hook()

@@ -1,6 +1,8 @@
 """``unimatmul conformance``: run the suite on one backend and print the summary.
 
-Exit codes follow the ``unimatmul`` command: 0 every check passed (or failed as
+The command is added to the ``unimatmul`` CLI through the ``unimatmul_register_commands``
+hook (this module is the ``conformance`` entry point of group ``unimatmul``), so that
+the core never imports the suite. Exit codes follow the ``unimatmul`` command: 0 every check passed (or failed as
 expected); 1 a check failed; 2 bad usage (an unknown backend); 3 nothing could be
 done here (the backend's library or device is missing).
 """
@@ -9,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
-from unimatmul.core.errors import BackendUnavailable
+from unimatmul.core.errors import BackendUnavailable, CommandError
+from unimatmul.core.hookspecs import hookimpl
 from unimatmul_conformance.expectations import Expectations
 from unimatmul_conformance.loading import BackendNotFound, load_backend
 from unimatmul_conformance.suite import Check, Suite, parse_device
@@ -20,18 +23,33 @@ from unimatmul_conformance.suite import Check, Suite, parse_device
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
-def run_from_cli(args: argparse.Namespace, out: TextIO) -> int:
-    from unimatmul.cli import CliError
+@hookimpl
+def unimatmul_register_commands(register: Callable[..., None]) -> None:
+    register("conformance", "run the conformance suite on one backend", configure, run_from_cli)
 
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", required=True, help="backend name (see `unimatmul info`)")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
+    p.add_argument("--quick", action="store_true", help="a smaller problem matrix")
+    p.add_argument(
+        "--device", help="cpu, cuda[:N] or hip[:N] (default: the GPU the backend serves, else cpu)"
+    )
+    p.add_argument(
+        "--xfail", metavar="FILE", help="more expected failures (one 'check-id-pattern reason' a line)"
+    )
+
+
+def run_from_cli(args: argparse.Namespace, out: TextIO) -> int:
     try:
         backend = load_backend(args.backend)
     except BackendNotFound as exc:
-        raise CliError(str(exc), EXIT_USAGE) from exc
+        raise CommandError(str(exc), EXIT_USAGE) from exc
     device_text = args.device
     try:
         device = parse_device(device_text) if device_text else None
     except ValueError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from exc
+        raise CommandError(str(exc), EXIT_USAGE) from exc
     expectations = None
     xfail_path = args.xfail
     if xfail_path:
@@ -39,7 +57,7 @@ def run_from_cli(args: argparse.Namespace, out: TextIO) -> int:
             expectations = Expectations.builtin(backend.name)
             expectations.extend(Expectations.from_file(xfail_path))
         except (OSError, ValueError) as exc:
-            raise CliError(f"cannot read the expected-failure file: {exc}", EXIT_USAGE) from exc
+            raise CommandError(f"cannot read the expected-failure file: {exc}", EXIT_USAGE) from exc
     try:
         suite = Suite(
             backend, spec=args.backend, device=device, quick=bool(args.quick), expectations=expectations

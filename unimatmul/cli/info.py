@@ -1,0 +1,79 @@
+"""``unimatmul info``: the platform (the cache namespace), every backend, plugins, the cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from unimatmul import __version__
+from unimatmul.cli import output
+from unimatmul.cli.output import EXIT_OK
+from unimatmul.core.modes import get_mode
+from unimatmul.tuning.selector import get_selector
+
+
+def add_command(sub: Any) -> None:
+    p = sub.add_parser("info", help="platform, backends and their versions, cache")
+    output.add_target_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+
+def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
+    selector = get_selector()
+    target = output.target(args.array, args.device)
+    platform = selector.platform(target)
+    backends: list[dict[str, Any]] = []
+    for name, backend in sorted(selector.plugins.backends().items()):
+        reason = backend.availability()
+        versions: dict[str, str] = {}
+        if reason is None:
+            try:
+                versions = backend.versions()
+            except Exception as exc:
+                reason = f"versions failed: {exc!r}"
+        backends.append(
+            {
+                "name": name,
+                "available": reason is None,
+                "reason": reason,
+                "versions": versions,
+                "devices": sorted(backend.device_kinds),
+                "serves_target": backend.serves(target),
+            }
+        )
+    report = selector.plugins.report
+    store = selector.store
+    data: dict[str, Any] = {
+        "unimatmul": __version__,
+        "mode": get_mode(),
+        "target": {"array": target.array_kind, "device": str(target.device)},
+        "platform": platform.to_dict() | {"namespace": platform.namespace},
+        "backends": backends,
+        "plugins": {"loaded": report.loaded, "skipped": report.skipped, "failed": report.failed},
+        "cache": {"path": store.location, "entries": store.count()},
+    }
+    if args.json:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"unimatmul {__version__}   mode: {data['mode']}\n")
+    out.write(f"platform:  {platform.namespace}\n")
+    libs = ", ".join(f"{k} {v}" for k, v in platform.libraries)
+    out.write(f"libraries: {libs}\n")
+    out.write("backends:\n")
+    for b in backends:
+        if b["available"]:
+            names = ", ".join(f"{k} {v}" for k, v in b["versions"].items())
+            out.write(f"  {b['name']:<10} available    {names}   devices: {', '.join(b['devices'])}\n")
+        else:
+            out.write(f"  {b['name']:<10} unavailable  {b['reason']}\n")
+    if report.failed:
+        out.write("plugins rejected:\n")
+        for name, why in report.failed.items():
+            out.write(f"  {name}: {why}\n")
+    if report.skipped:
+        out.write("plugins skipped: " + ", ".join(f"{k} ({v})" for k, v in report.skipped.items()) + "\n")
+    out.write(f"cache:     {store.location} ({data['cache']['entries']} entries)\n")
+    return EXIT_OK

@@ -1,0 +1,159 @@
+"""``unimatmul cache import FORMAT FILE`` and ``cache export --format FORMAT -o FILE``.
+
+The formats themselves live in :mod:`unimatmul.interop` and return data; these
+commands read and write the files, choose namespaces with what this machine knows
+(the GPU torch sees), and report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from unimatmul.cache.protocol import CacheStore, open_store
+from unimatmul.cache.record import TuningRecord
+from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError
+from unimatmul.interop import json_export
+from unimatmul.interop.tunableop import TunableOpValidators, parse, write
+from unimatmul.interop.tunableop_cache import (
+    choose_validators,
+    entries_of,
+    namespace_for_export,
+    namespace_for_import,
+    rows_of,
+)
+
+if TYPE_CHECKING:
+    from unimatmul.core.platform import Platform
+
+Command = Callable[[argparse.Namespace, TextIO], int]
+
+
+def current_gpu_platform() -> Platform | None:
+    """The Platform of the GPU torch uses now, or None (no torch, no GPU, any failure)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from unimatmul.core.arrays import Device, adapter_for_kind
+        from unimatmul.core.backend import Target
+        from unimatmul.tuning.selector import get_selector
+
+        kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
+        target = Target(adapter_for_kind("torch"), Device(kind, torch.cuda.current_device()))
+        return get_selector().platform(target)
+    except Exception:
+        return None
+
+
+def _put_all(store: CacheStore, namespace: str, entries: dict[str, TuningRecord]) -> None:
+    put_many = getattr(store, "put_many", None)
+    if put_many is not None:
+        put_many({(namespace, key): record for key, record in entries.items()})
+        return
+    for key, record in entries.items():
+        store.put(namespace, key, record)
+
+
+def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
+    """``cache import tunableop FILE.csv [--namespace NS] [--replace]``."""
+    try:
+        parsed = parse(Path(args.file))
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc}", EXIT_UNAVAILABLE) from exc
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
+    requested = getattr(args, "namespace", None)
+    try:
+        namespace = namespace_for_import(
+            parsed.validators, requested, None if requested else current_gpu_platform()
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    result = entries_of(parsed)
+    store = open_store(args.cache)
+    replace = bool(getattr(args, "replace", False))
+    kept = {key for key in result.entries if not replace and store.get(namespace, key) is not None}
+    new = {key: record for key, record in result.entries.items() if key not in kept}
+    _put_all(store, namespace, new)
+
+    shown = ", ".join(f"{k}={v}" for k, v in parsed.validators.items()) or "none"
+    out.write(f"read {args.file}: {result.rows} rows; validators: {shown}\n")
+    out.write(f"imported {len(new)} entries into {namespace} ({store.location})\n")
+    if kept:
+        out.write(f"kept {len(kept)} existing entries (--replace overwrites them)\n")
+    if result.skipped:
+        out.write(f"skipped {len(result.skipped)} rows:\n")
+        for line, reason in result.skipped:
+            out.write(f"  line {line}: {reason}\n")
+    return EXIT_OK
+
+
+def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
+    """``cache export --format tunableop -o FILE.csv [--namespace NS]``."""
+    store = open_store(args.cache)
+    current = current_gpu_platform()
+    try:
+        namespace = namespace_for_export(
+            (ns for ns, _, _ in store.items()), getattr(args, "namespace", None), current
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    entries = [(key, record) for _, key, record in store.items(namespace)]
+    try:
+        validators, source = choose_validators(namespace, [r for _, r in entries], current)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
+    result = rows_of(entries, validators)
+    try:
+        write(args.output, TunableOpValidators(validators), result.rows)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {exc}", EXIT_UNAVAILABLE) from exc
+    out.write(f"wrote {len(result.rows)} rows of {namespace} to {args.output}\n")
+    out.write(f"validators ({source}): {', '.join(f'{k}={v}' for k, v in validators.items())}\n")
+    if result.skipped:
+        out.write(f"skipped {sum(result.skipped.values())} entries:\n")
+        for reason, count in result.skipped.most_common():
+            out.write(f"  {count} x {reason}\n")
+    return EXIT_OK
+
+
+def export_json(args: argparse.Namespace, out: TextIO) -> int:
+    """``cache export --format json -o FILE`` (``-o -``: standard output)."""
+    from unimatmul.cache.file_store import MsgpackFileStore
+    from unimatmul.cli.cache import cache_path
+
+    path = cache_path(args)
+    store = MsgpackFileStore(path, read_only=True, quarantine=False)
+    document = json_export.export_document(store, args.namespace)
+    count = sum(len(ns["entries"]) for ns in document["namespaces"].values())
+    if args.output == "-":
+        json.dump(document, sys.stdout, indent=1, allow_nan=False)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    with open(args.output, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, indent=1, allow_nan=False)
+        fh.write("\n")
+    out.write(f"exported {count} entries from {path} to {args.output}\n")
+    return EXIT_OK
+
+
+IMPORTERS: dict[str, Command] = {"tunableop": import_tunableop}
+EXPORTERS: dict[str, Command] = {"tunableop": export_tunableop, "json": export_json}
+
+
+def find(table: dict[str, Command], name: str, what: str) -> Command:
+    try:
+        return table[name]
+    except KeyError:
+        msg = f"unknown {what} format {name!r}; valid: {', '.join(sorted(table))}"
+        raise CliError(msg) from None

@@ -1,0 +1,238 @@
+"""The Tuner: which candidates a Problem has here, and what measuring them found.
+
+It asks every enabled, available backend that serves a Target for its Candidates
+(Default always first), builds the one list of (candidate, prepare) entries that
+every kind of tuning measures, and hands it to the :class:`Harness`. It stores
+nothing and decides nothing about modes or caching: that is the Selector's policy.
+
+* :meth:`Tuner.tune` measures every candidate of one problem.
+* :meth:`Tuner.time_at` times a few named candidates (and Default) on one problem.
+* :meth:`Tuner.tune_bucket` makes a bucket's choice for dynamic shapes: tune the
+  representative, time its best candidates at the bucket's check points
+  (:func:`unimatmul.tuning.buckets.check_points`) and keep one that wins at all of
+  them (:func:`unimatmul.tuning.buckets.choose`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.errors import UnknownCandidate, UnsupportedProblem
+from unimatmul.core.plugins import PluginManager, get_plugin_manager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
+
+Entry = tuple[Candidate, Callable[[], Runner]]
+Progress = Callable[[str], None] | None
+
+
+class Tuner:
+    """Lists, prepares and measures the candidates of Problems on Targets."""
+
+    def __init__(
+        self,
+        *,
+        plugins: PluginManager | None = None,
+        settings: HarnessSettings | None = None,
+        backends: Iterable[str] | None = None,
+        warn: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._plugins = plugins
+        #: Harness settings for every target (None: each target's own, see settings_for).
+        self.settings = settings
+        #: Names of the backends that may offer candidates (None: all).
+        self.enabled = set(backends) if backends is not None else None
+        self._warn = warn
+
+    @property
+    def plugins(self) -> PluginManager:
+        if self._plugins is None:
+            self._plugins = get_plugin_manager()
+        return self._plugins
+
+    # --- backends -----------------------------------------------------------------
+    def backends_for(self, target: Target) -> list[Backend]:
+        """Enabled, available backends that serve this target, in name order."""
+        found = []
+        for name, backend in sorted(self.plugins.backends().items()):
+            if self.enabled is not None and name not in self.enabled:
+                continue
+            if backend.serves(target) and backend.availability() is None:
+                found.append(backend)
+        return found
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
+        """A Runner for a Candidate on this target: Default or a backend's kernel."""
+        if candidate == DEFAULT:
+            return DefaultRunner(target.adapter, problem.activation)
+        backend = self.plugins.backends().get(candidate.backend)
+        if backend is None or not backend.serves(target):
+            names = ", ".join(sorted(self.plugins.backends())) or "none"
+            msg = f"no backend {candidate.backend!r} serves {target.device} (registered: {names})"
+            raise UnknownCandidate(msg, identity=candidate.identity)
+        reason = backend.availability()
+        if reason is not None:
+            msg = f"backend {backend.name!r} is unavailable: {reason}"
+            raise UnknownCandidate(msg, identity=candidate.identity)
+        return backend.prepare(problem, candidate, target)
+
+    def applies(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        """Whether a stored (non-Default) Candidate still exists and checks for ``problem`` here."""
+        backend = self.plugins.backends().get(candidate.backend)
+        if backend is None or not backend.serves(target) or backend.availability() is not None:
+            return False
+        try:
+            return backend.check(problem, candidate, target)
+        except Exception:
+            return False
+
+    # --- how to measure -------------------------------------------------------------
+    def timer_for(self, target: Target) -> Timer:
+        if target.device.kind == "cpu":
+            return CpuTimer()
+        from unimatmul.tuning.timers import device_timer  # torch/CuPy only when a GPU asks
+
+        return device_timer(target)
+
+    def settings_for(self, target: Target) -> HarnessSettings:
+        if self.settings is not None:
+            return self.settings
+        if target.device.kind == "cpu":
+            return HarnessSettings()
+        from unimatmul.tuning.timers import device_settings
+
+        return device_settings(target)
+
+    # --- what to measure ------------------------------------------------------------
+    def entries(
+        self, problem: Problem, target: Target, identities: Sequence[str] | None = None
+    ) -> list[Entry]:
+        """Default, then every candidate the backends offer (or only ``identities``)."""
+        entries: list[Entry] = [(DEFAULT, _preparer(self, problem, DEFAULT, target))]
+        if identities is not None:
+            for identity in identities:
+                candidate = Candidate.from_identity(identity)
+                if candidate != DEFAULT:
+                    entries.append((candidate, _preparer(self, problem, candidate, target)))
+            return entries
+        for backend in self.backends_for(target):
+            try:
+                offered = backend.candidates(problem, target)
+            except UnsupportedProblem:
+                continue
+            except Exception as exc:
+                if self._warn is not None:
+                    self._warn(
+                        f"candidates:{backend.name}",
+                        f"backend {backend.name!r} failed to list candidates: {exc!r}",
+                    )
+                continue
+            entries.extend((candidate, _preparer(self, problem, candidate, target)) for candidate in offered)
+        return entries
+
+    def measure(
+        self,
+        problem: Problem,
+        target: Target,
+        entries: Sequence[Entry],
+        *,
+        versions: dict[str, str] | None = None,
+        progress: Progress = None,
+    ) -> TuningRecord:
+        harness = Harness(self.timer_for(target), self.settings_for(target))
+        return harness.measure(problem, target, entries, versions=versions, progress=progress)
+
+    # --- kinds of tuning ----------------------------------------------------------------
+    def tune(
+        self,
+        problem: Problem,
+        target: Target,
+        *,
+        versions: dict[str, str] | None = None,
+        progress: Progress = None,
+    ) -> TuningRecord:
+        """Measure every candidate of ``problem`` (stores nothing)."""
+        started = time.perf_counter()
+        record = self.measure(
+            problem, target, self.entries(problem, target), versions=versions, progress=progress
+        )
+        record.tune_s = time.perf_counter() - started
+        return record
+
+    def time_at(
+        self, problem: Problem, target: Target, identities: Sequence[str], *, progress: Progress = None
+    ) -> dict[str, float]:
+        """Median seconds of Default and of the given candidates on one problem.
+
+        Nothing is pruned: each named candidate is measured in full (a check point
+        needs its time even when one noisy first sample looked slow).
+        """
+        settings = replace(self.settings_for(target), prune_ratio=math.inf, first_prune_ratio=math.inf)
+        harness = Harness(self.timer_for(target), settings)
+        record = harness.measure(problem, target, self.entries(problem, target, identities), progress=progress)
+        return {r.identity: r.median_s for r in record.results if r.status == OK and r.median_s}
+
+    def tune_bucket(
+        self,
+        problem: Problem,
+        target: Target,
+        buckets: Buckets,
+        *,
+        versions: dict[str, str] | None = None,
+        progress: Progress = None,
+    ) -> TuningRecord:
+        """The record of the bucket that holds ``problem.m`` (stores nothing).
+
+        Its winner beats Default by ``min_gain`` at the representative, at either edge
+        of the bucket and halfway between the representative and each edge, as
+        measured here (else the winner is Default).
+        """
+        rep = buckets.representative(problem.m)
+        if rep is None:
+            msg = f"m={problem.m} is above the largest bucket ({buckets.reps[-1]}); tune it exactly"
+            raise ValueError(msg)
+        lo, hi = buckets.bounds(rep)
+        started = time.perf_counter()
+        record = self.tune(problem.with_m(rep), target, versions=versions, progress=progress)
+        ranked = sorted(
+            (r for r in record.results if r.status == OK and r.median_s and r.identity != DEFAULT.identity),
+            key=lambda r: r.median_s or math.inf,
+        )[:EDGE_CANDIDATES]
+        default_s = record.default_s
+        ratios: dict[str, list[float]] = {
+            r.identity: [(r.median_s or math.inf) / default_s if default_s else math.inf] for r in ranked
+        }
+        points = check_points(rep, lo, hi)
+        for m in points:
+            times = self.time_at(problem.with_m(m), target, [r.identity for r in ranked], progress=progress)
+            base = times.get(DEFAULT.identity)
+            for identity, found in ratios.items():
+                t = times.get(identity)
+                found.append(t / base if t and base else math.inf)
+        best = choose(ratios, self.settings_for(target).min_gain)
+        if best != record.winner:
+            chosen = record.result(best)
+            record.winner = best
+            record.winner_s = (chosen.median_s if chosen else None) or default_s or math.inf
+        record.settings["bucket"] = {
+            "rep": rep,
+            "lo": lo,
+            "hi": hi,
+            "spec": buckets.spec,
+            "points": points,
+            # identity -> time / Default time at [rep, *points]; a comma list keeps nesting shallow
+            "ratios": {k: ",".join(f"{x:.4g}" for x in v) for k, v in ratios.items()},
+        }
+        record.tune_s = time.perf_counter() - started
+        return record
+
+
+def _preparer(tuner: Tuner, problem: Problem, candidate: Candidate, target: Target) -> Callable[[], Any]:
+    return lambda: tuner.prepare(problem, candidate, target)
