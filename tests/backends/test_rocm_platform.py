@@ -23,7 +23,6 @@ from unimatmul.cli import interop as cli_interop
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.platform import detect_platform
-from unimatmul.interop import tunableop_cache as tio
 
 torch = pytest.importorskip("torch")
 

@@ -185,7 +185,9 @@ def test_namespace_is_required_without_a_matching_gpu(
         cli_interop.import_tunableop(_args(path, cache), io.StringIO())
     # An explicit namespace for another arch is refused too.
     with pytest.raises(Exception, match="tuned on gfx942"):
-        cli_interop.import_tunableop(_args(path, cache, namespace="amd/gfx90a/MI250X/110/torch"), io.StringIO())
+        cli_interop.import_tunableop(
+            _args(path, cache, namespace="amd/gfx90a/MI250X/110/torch"), io.StringIO()
+        )
     # The GPU torch sees has the file's arch: its namespace is used.
     mi300 = Platform("amd", "gfx942:sramecc+:xnack-", "AMD Instinct MI300X", 304, array="torch")
     monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: mi300)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from unimatmul.cache.record import OK, TuningRecord
@@ -176,7 +176,9 @@ class Tuner:
         """
         settings = replace(self.settings_for(target), prune_ratio=math.inf, first_prune_ratio=math.inf)
         harness = Harness(self.timer_for(target), settings)
-        record = harness.measure(problem, target, self.entries(problem, target, identities), progress=progress)
+        record = harness.measure(
+            problem, target, self.entries(problem, target, identities), progress=progress
+        )
         return {r.identity: r.median_s for r in record.results if r.status == OK and r.median_s}
 
     def tune_bucket(
