@@ -12,6 +12,7 @@ that the core can be reorganised without breaking plugins. What each name is:
   check's tolerance.
 * :class:`UnsupportedProblem`, :class:`BackendUnavailable`, :class:`UnknownCandidate`:
   the errors of the protocol.
+* :class:`LRU`: a bounded map (for prepared descriptors and the like).
 * :data:`hookimpl`: the marker of plugin hooks; :mod:`unimatmul.settings` for
   ``UNIMATMUL_*`` variables (a plugin declares its own there).
 
@@ -22,6 +23,7 @@ says whether a backend is right.
 
 from __future__ import annotations
 
+from unimatmul.cache.lru import LRU
 from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands, operand_layouts
 from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, NativeCall, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
@@ -32,6 +34,7 @@ from unimatmul.core.problem import Problem, matrix_layout
 __all__ = [
     "DEFAULT",
     "ITEMSIZE",
+    "LRU",
     "ArrayAdapter",
     "Backend",
     "BackendUnavailable",

@@ -35,8 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from unimatmul import settings
-from unimatmul.backend import Candidate, Target, UnsupportedProblem
-from unimatmul.cache.lru import LRU
+from unimatmul.backend import LRU, Candidate, Target, UnsupportedProblem
 from unimatmul_backends.lt.abi import (
     HIPBLASLT_ONLY_SIGNATURES,
     LT_SHARED_SIGNATURES,

@@ -43,8 +43,8 @@ from unimatmul_conformance.numerics import compare, make_case_data
 from unimatmul_conformance.report import FAILED, PASSED, SKIPPED
 
 if TYPE_CHECKING:
+    from unimatmul_conformance.context import SuiteContext
     from unimatmul_conformance.matrix import Case
-    from unimatmul_conformance.suite import Suite
 
 Outcome = tuple[str, str]
 
@@ -95,7 +95,7 @@ def close_runner(runner: Any) -> None:
 # --- the backend as a whole --------------------------------------------------------
 
 
-def check_platform(suite: Suite) -> Outcome:
+def check_platform(suite: SuiteContext) -> Outcome:
     backend = suite.backend
     problems = []
     try:
@@ -125,7 +125,7 @@ def check_platform(suite: Suite) -> Outcome:
     return PASSED, f"{platform.namespace}; libraries: {', '.join(f'{k} {v}' for k, v in platform.libraries)}"
 
 
-def check_identity_stable(suite: Suite) -> Outcome:
+def check_identity_stable(suite: SuiteContext) -> Outcome:
     """Compare candidate identities listed now, at planning, and by a fresh process."""
     specs = recreate_specs(suite.backend, suite.spec)
     if not specs:
@@ -214,7 +214,7 @@ def _record_changes(sent: TuningRecord, got: TuningRecord) -> str:
     return ""
 
 
-def check_cache_roundtrip(suite: Suite) -> Outcome:
+def check_cache_roundtrip(suite: SuiteContext) -> Outcome:
     """Records naming every offered candidate go through the store and back to a kernel."""
     backend = suite.backend
     try:
@@ -298,7 +298,7 @@ def check_cache_roundtrip(suite: Suite) -> Outcome:
 # --- one problem -------------------------------------------------------------------
 
 
-def check_candidates(suite: Suite, case: Case) -> Outcome:
+def check_candidates(suite: SuiteContext, case: Case) -> Outcome:
     offered = suite.offered(case)
     if isinstance(offered, UnsupportedProblem):
         return PASSED, f"unsupported: {offered}"
@@ -343,7 +343,7 @@ def check_candidates(suite: Suite, case: Case) -> Outcome:
     return PASSED, f"{len(offered)} candidates: {_listing([c.identity for c in offered])}"
 
 
-def check_unsupported(suite: Suite, case: Case) -> Outcome:
+def check_unsupported(suite: SuiteContext, case: Case) -> Outcome:
     """prepare() of candidates never offered for this problem says "unsupported"."""
     backend = suite.backend
     target = suite.targets[case.kind]
@@ -386,7 +386,7 @@ def check_unsupported(suite: Suite, case: Case) -> Outcome:
 # --- one candidate on one problem --------------------------------------------------
 
 
-def execute(suite: Suite, case: Case, candidate: Candidate) -> dict[str, Outcome]:
+def execute(suite: SuiteContext, case: Case, candidate: Candidate) -> dict[str, Outcome]:
     """Run one candidate once on a guarded, poisoned output; answers the RUN checks."""
     problem = case.problem
     target = suite.targets[case.kind]
@@ -473,7 +473,7 @@ def execute(suite: Suite, case: Case, candidate: Candidate) -> dict[str, Outcome
 
 
 def check_threads(
-    suite: Suite, case: Case, candidate: Candidate, threads: int = 4, calls: int = 6
+    suite: SuiteContext, case: Case, candidate: Candidate, threads: int = 4, calls: int = 6
 ) -> Outcome:
     """One runner, several threads, separate outputs: every call's result is right."""
     problem = case.problem

@@ -25,8 +25,8 @@ from unimatmul_conformance.report import FAILED, PASSED
 
 if TYPE_CHECKING:
     from unimatmul.core.backend import Candidate
+    from unimatmul_conformance.context import SuiteContext
     from unimatmul_conformance.matrix import Case
-    from unimatmul_conformance.suite import Suite
 
 _SLEEP_S = 0.05
 
@@ -55,7 +55,7 @@ def _verdict(out: Any, data: Any, adapter: Any, dtype: str, where: str) -> Outco
     return None
 
 
-def check_graph(suite: Suite, case: Case, candidate: Candidate) -> Outcome:
+def check_graph(suite: SuiteContext, case: Case, candidate: Candidate) -> Outcome:
     target = suite.targets[case.kind]
     adapter, device = target.adapter, target.device
     torch = adapter.torch  # type: ignore[attr-defined]
@@ -105,7 +105,7 @@ def check_graph(suite: Suite, case: Case, candidate: Candidate) -> Outcome:
     return PASSED, "captured in a graph; the replay computed the new product"
 
 
-def check_stream(suite: Suite, case: Case, candidate: Candidate) -> Outcome:
+def check_stream(suite: SuiteContext, case: Case, candidate: Candidate) -> Outcome:
     target = suite.targets[case.kind]
     adapter, device = target.adapter, target.device
     torch = adapter.torch  # type: ignore[attr-defined]

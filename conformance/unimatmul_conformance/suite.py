@@ -21,7 +21,9 @@ from unimatmul.core.errors import BackendUnavailable
 from unimatmul.core.platform import detect_platform
 from unimatmul.core.problem import Problem
 from unimatmul_conformance import checks as C
+from unimatmul_conformance import gpu
 from unimatmul_conformance.expectations import Expectations
+from unimatmul_conformance.loading import load_backend
 from unimatmul_conformance.matrix import Case, build_matrix, make_problem
 from unimatmul_conformance.numerics import CaseData, make_case_data
 from unimatmul_conformance.report import FAILED, PASSED, SKIPPED, XFAILED, XPASSED, CheckResult, Report
@@ -324,8 +326,6 @@ class Suite:
             return self._runs[key][name]
         if name == C.THREADS:
             return C.check_threads(self, case, candidate, threads=self.threads)
-        from unimatmul_conformance import gpu
-
         if name == C.GRAPH:
             return gpu.check_graph(self, case, candidate)
         if name == C.STREAM:
@@ -400,8 +400,6 @@ def run_suite(
     checks: Iterable[str] | None = None,
 ) -> Report:
     """Run the suite on ``backend`` (an instance, a registered name or ``module:attr``)."""
-    from unimatmul_conformance.loading import load_backend
-
     spec = backend if isinstance(backend, str) else None
     instance = load_backend(backend) if isinstance(backend, str) else backend
     suite = Suite(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from unimatmul import settings
+from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cache.record import TuningRecord
 
 
@@ -96,8 +97,6 @@ def default_cache_folder() -> Path:
 
 def open_store(path: str | os.PathLike[str] | None = None) -> CacheStore:
     """The store at ``path`` (default: :func:`default_cache_path`); ``:memory:`` for none."""
-    from unimatmul.cache.file_store import MsgpackFileStore
-
     if path is None and settings.CACHE.get() == ":memory:":
         return MemoryStore()
     if path is not None and str(path) == ":memory:":

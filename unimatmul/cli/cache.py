@@ -17,19 +17,11 @@ from typing import Any, TextIO
 from unimatmul import settings
 from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, compact, content_digest, iter_records
 from unimatmul.cache.file_store import MsgpackFileStore, faster, read_file, record_signature
-from unimatmul.cache.protocol import default_cache_path, open_store
+from unimatmul.cache.protocol import open_store
 from unimatmul.cli import interop, output
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
 from unimatmul.tuning.selector import Selector
-
-
-def cache_path(args: argparse.Namespace) -> Path:
-    """The file the command works on: ``--cache`` or the default one."""
-    text = getattr(args, "cache", None)
-    if text == ":memory:" or (text is None and settings.CACHE.get() == ":memory:"):
-        raise CliError("this command works on a cache file, not on ':memory:'")
-    return Path(text).expanduser() if text else default_cache_path()
 
 
 def _date(seconds: Any) -> str:
@@ -90,7 +82,7 @@ def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
-    path = cache_path(args)
+    path = output.cache_path(args)
     store = MsgpackFileStore(path, read_only=True, quarantine=False)
     snapshot = store.snapshot()
     size = path.stat().st_size if path.exists() else 0
@@ -188,7 +180,7 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
-    path = cache_path(args)
+    path = output.cache_path(args)
     if not path.exists():
         out.write(f"no cache file at {path}\n")
         return EXIT_UNAVAILABLE
@@ -293,7 +285,7 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
     if args.older_than is None and not args.namespace and not args.invalid and not args.bad:
         raise CliError("nothing to prune: give --older-than DAYS, --namespace NS, --invalid or --bad")
-    path = cache_path(args)
+    path = output.cache_path(args)
     if not path.exists():
         out.write(f"no cache file at {path}\n")
         return EXIT_OK

@@ -14,9 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cache.protocol import CacheStore, open_store
 from unimatmul.cache.record import TuningRecord
+from unimatmul.cli import output
 from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError
+from unimatmul.core.arrays import Device, adapter_for_kind
+from unimatmul.core.backend import Target
 from unimatmul.interop import json_export
 from unimatmul.interop.tunableop import TunableOpValidators, parse, write
 from unimatmul.interop.tunableop_cache import (
@@ -26,6 +30,7 @@ from unimatmul.interop.tunableop_cache import (
     namespace_for_import,
     rows_of,
 )
+from unimatmul.tuning.selector import get_selector
 
 if TYPE_CHECKING:
     from unimatmul.core.platform import Platform
@@ -44,10 +49,6 @@ def current_gpu_platform() -> Platform | None:
 
         if not torch.cuda.is_available():
             return None
-        from unimatmul.core.arrays import Device, adapter_for_kind
-        from unimatmul.core.backend import Target
-        from unimatmul.tuning.selector import get_selector
-
         kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
         target = Target(adapter_for_kind("torch"), Device(kind, torch.cuda.current_device()))
         return get_selector().platform(target)
@@ -129,10 +130,7 @@ def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
 
 def export_json(args: argparse.Namespace, out: TextIO) -> int:
     """``cache export --format json -o FILE`` (``-o -``: standard output)."""
-    from unimatmul.cache.file_store import MsgpackFileStore
-    from unimatmul.cli.cache import cache_path
-
-    path = cache_path(args)
+    path = output.cache_path(args)
     store = MsgpackFileStore(path, read_only=True, quarantine=False)
     document = json_export.export_document(store, args.namespace)
     count = sum(len(ns["entries"]) for ns in document["namespaces"].values())

@@ -7,8 +7,14 @@ backend available for the device asked, a file that cannot be read); 130 interru
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any, TextIO
 
+from unimatmul import settings
+from unimatmul.cache.protocol import default_cache_path
+from unimatmul.core.arrays import Device, adapter_for_kind
+from unimatmul.core.backend import Target
 from unimatmul.core.errors import CommandError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -20,9 +26,6 @@ CliError = CommandError
 
 def target(array: str | None, device: str | None) -> Any:
     """The Target that ``--array`` and ``--device`` name (numpy on the CPU by default)."""
-    from unimatmul.core.arrays import Device, adapter_for_kind
-    from unimatmul.core.backend import Target
-
     array, device = array or "numpy", device or "cpu"
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda", "hip") or (index and not index.isdigit()):
@@ -61,3 +64,11 @@ def add_target_args(p: Any, *, defaults_from_file: bool = False) -> None:
         help=f"array library whose Default is the baseline (default: numpy{when})",
     )
     p.add_argument("--device", help=f"cpu, cuda[:N] or hip[:N] (default: cpu{when})")
+
+
+def cache_path(args: argparse.Namespace) -> Path:
+    """The file the command works on: ``--cache`` or the default one."""
+    text = getattr(args, "cache", None)
+    if text == ":memory:" or (text is None and settings.CACHE.get() == ":memory:"):
+        raise CliError("this command works on a cache file, not on ':memory:'")
+    return Path(text).expanduser() if text else default_cache_path()

@@ -14,7 +14,9 @@ from unimatmul.cache.record import TuningRecord
 from unimatmul.core import modes as config
 from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
-from unimatmul.torch import routing
+from unimatmul.torch import enabled, routing
+from unimatmul.tuning.buckets import Buckets
+from unimatmul.tuning.selector import get_selector
 
 
 @dataclass
@@ -60,10 +62,6 @@ def warmup(
     other batch sizes near it are served as well. Problems already tuned are kept
     unless ``force``. Routing is on during the call and as it was afterwards.
     """
-    from unimatmul.torch import enabled
-    from unimatmul.tuning.buckets import Buckets
-    from unimatmul.tuning.selector import get_selector
-
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     with enabled(), collecting() as met, config.mode("cached"):
         if backward:

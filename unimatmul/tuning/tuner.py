@@ -28,6 +28,7 @@ from unimatmul.core.plugins import PluginManager, get_plugin_manager
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
+from unimatmul.tuning.timers import device_settings, device_timer
 
 Entry = tuple[Candidate, Callable[[], Runner]]
 Progress = Callable[[str], None] | None
@@ -97,8 +98,6 @@ class Tuner:
     def timer_for(self, target: Target) -> Timer:
         if target.device.kind == "cpu":
             return CpuTimer()
-        from unimatmul.tuning.timers import device_timer  # torch/CuPy only when a GPU asks
-
         return device_timer(target)
 
     def settings_for(self, target: Target) -> HarnessSettings:
@@ -106,8 +105,6 @@ class Tuner:
             return self.settings
         if target.device.kind == "cpu":
             return HarnessSettings()
-        from unimatmul.tuning.timers import device_settings
-
         return device_settings(target)
 
     # --- what to measure ------------------------------------------------------------
