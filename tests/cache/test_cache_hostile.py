@@ -13,7 +13,7 @@ from cache_helpers import NS, key, record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unimatmul.cache import codec
+from unimatmul.cache import codec, safe_msgpack
 from unimatmul.cache import file_store as store_module
 from unimatmul.cache.codec import BadEntry, CacheFileError, decode_file, iter_records
 from unimatmul.cache.file_store import MsgpackFileStore, read_file
@@ -46,10 +46,10 @@ def _read_all(data: bytes) -> int:
 def test_deep_nesting_is_refused_before_unpacking() -> None:
     # msgpack's C unpacker stops at 1024 levels by itself, its pure-Python fallback
     # recurses; the pre-scan refuses far earlier whichever one is installed.
-    for depth in (codec.MAX_DEPTH, 1000, 200_000):
+    for depth in (safe_msgpack.MAX_DEPTH, 1000, 200_000):
         with pytest.raises(CacheFileError, match="nesting deeper"):
-            codec.scan(b"\x91" * depth + b"\xc0")
-    codec.scan(b"\x91" * (codec.MAX_DEPTH - 1) + b"\xc0")
+            safe_msgpack.scan(b"\x91" * depth + b"\xc0")
+    safe_msgpack.scan(b"\x91" * (safe_msgpack.MAX_DEPTH - 1) + b"\xc0")
 
 
 def test_millions_of_tiny_objects_are_refused_without_building_them() -> None:

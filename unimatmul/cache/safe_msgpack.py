@@ -1,0 +1,218 @@
+"""Reading msgpack that may be hostile: a pre-scan that builds nothing, strict unpacking,
+and zlib inflation within a byte budget (docs/cache-format.md, "Reading a file that may
+be hostile").
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from unimatmul.cache.errors import CacheFileError
+
+MAX_FILE_BYTES = 256 << 20
+
+
+MAX_INFLATED_BYTES = 512 << 20  # all columns of a file together, once inflated
+
+
+_THREAD_MIN_BYTES = 256 << 10
+
+
+MAX_DEPTH = 12  # legitimate files nest 6 deep
+
+
+MAX_OBJECTS = 100_000  # msgpack objects outside the columns (header, maps: a few hundred)
+
+
+MAX_TEXT = 1 << 20  # one string or table map element
+
+
+def scan(data: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_objects: int = MAX_OBJECTS) -> None:
+    """Check that ``data`` is exactly one msgpack object within the limits, building nothing.
+
+    msgpack's own unpacker builds every object before a caller can look at it: a few
+    megabytes of empty arrays become gigabytes of lists, and its depth guard differs
+    between its C and pure-Python versions. This walk is iterative and allocates only
+    a stack as deep as ``max_depth``.
+    """
+    buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+    end = len(buf)
+    pos = 0
+    objects = 0
+    stack: list[int] = []  # objects still expected in each open container
+    remaining = 1
+    while True:
+        while remaining == 0:
+            if not stack:
+                if pos != end:
+                    msg = f"{end - pos} bytes after the end of the msgpack document"
+                    raise CacheFileError(msg)
+                return
+            remaining = stack.pop()
+        if pos >= end:
+            msg = "truncated msgpack document"
+            raise CacheFileError(msg)
+        remaining -= 1
+        objects += 1
+        if objects > max_objects:
+            msg = f"more than {max_objects} msgpack objects"
+            raise CacheFileError(msg)
+        b = buf[pos]
+        pos += 1
+        count = -1  # elements of a container that opens here
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+            continue
+        if 0x80 <= b <= 0x8F:
+            count = 2 * (b & 0x0F)
+        elif 0x90 <= b <= 0x9F:
+            count = b & 0x0F
+        elif 0xA0 <= b <= 0xBF:
+            pos += b & 0x1F
+        elif b in (0xC4, 0xD9):
+            pos += 1 + (buf[pos] if pos < end else 0)
+        elif b in (0xC5, 0xDA):
+            pos += 2 + (int.from_bytes(buf[pos : pos + 2], "big") if pos + 2 <= end else 0)
+        elif b in (0xC6, 0xDB):
+            pos += 4 + (int.from_bytes(buf[pos : pos + 4], "big") if pos + 4 <= end else 0)
+        elif b in (0xCA, 0xCE, 0xD2):
+            pos += 4
+        elif b in (0xCB, 0xCF, 0xD3):
+            pos += 8
+        elif b in (0xCC, 0xD0):
+            pos += 1
+        elif b in (0xCD, 0xD1):
+            pos += 2
+        elif b in (0xDC, 0xDE):
+            if pos + 2 > end:
+                msg = "truncated msgpack document"
+                raise CacheFileError(msg)
+            count = int.from_bytes(buf[pos : pos + 2], "big") * (2 if b == 0xDE else 1)
+            pos += 2
+        elif b in (0xDD, 0xDF):
+            if pos + 4 > end:
+                msg = "truncated msgpack document"
+                raise CacheFileError(msg)
+            count = int.from_bytes(buf[pos : pos + 4], "big") * (2 if b == 0xDF else 1)
+            pos += 4
+        else:
+            # 0xC1 is never used; 0xC7-0xC9 and 0xD4-0xD8 are extension types.
+            msg = f"msgpack type byte 0x{b:02x} (an extension type or reserved) at offset {pos - 1}"
+            raise CacheFileError(msg)
+        if pos > end:
+            msg = "truncated msgpack document"
+            raise CacheFileError(msg)
+        if count > 0:
+            if count > end - pos:
+                # Every element takes at least one byte: a count beyond the bytes left
+                # is a lie, caught before anyone trusts it.
+                msg = f"a container claims {count} elements with {end - pos} bytes left"
+                raise CacheFileError(msg)
+            if len(stack) + 1 >= max_depth:
+                msg = f"msgpack nesting deeper than {max_depth}"
+                raise CacheFileError(msg)
+            stack.append(remaining)
+            remaining = count
+
+
+def unpack(data: bytes, *, max_objects: int = MAX_OBJECTS) -> Any:
+    """Pre-scan, then unpack with strict options: str keys, no extension types."""
+    scan(data, max_objects=max_objects)
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_refuse_ext,
+            max_str_len=MAX_FILE_BYTES,
+            max_bin_len=MAX_FILE_BYTES,
+            max_array_len=MAX_OBJECTS,
+            max_map_len=MAX_OBJECTS,
+            max_ext_len=0,
+        )
+    except CacheFileError:
+        raise
+    except Exception as exc:  # UnicodeDecodeError, ValueError, ... : all mean "bad file"
+        msg = f"not a valid msgpack document: {type(exc).__name__}: {exc}"
+        raise CacheFileError(msg) from exc
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    msg = f"msgpack extension type {code} is not allowed in a cache file"
+    raise CacheFileError(msg)
+
+
+def inflate(data: Any, budget: list[int], what: str) -> bytes:
+    """zlib-inflate ``data`` within the remaining byte budget (a one-element list)."""
+    out = inflate_within(data, budget[0], what)
+    budget[0] -= len(out)
+    return out
+
+
+def inflate_within(data: Any, limit: int, what: str) -> bytes:
+    if not isinstance(data, bytes):
+        msg = f"{what} is not binary data"
+        raise CacheFileError(msg)
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        msg = f"{what} does not inflate: {exc}"
+        raise CacheFileError(msg) from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        msg = f"{what} inflates past the {MAX_INFLATED_BYTES} byte limit"
+        raise CacheFileError(msg)
+    if not inflater.eof or inflater.unused_data:
+        msg = f"{what} is a truncated or padded zlib stream"
+        raise CacheFileError(msg)
+    return out
+
+
+def inflate_beside(data: Any, budget: list[int], what: str) -> Callable[[], bytes]:
+    """Inflate a large column in another thread (zlib lets go of the GIL) while the
+    caller indexes the keys; the returned function waits for it."""
+    if not isinstance(data, bytes) or len(data) < _THREAD_MIN_BYTES:
+        out = inflate(data, budget, what)
+        return lambda: out
+    box: dict[str, Any] = {}
+    limit = budget[0]
+
+    def work() -> None:
+        try:
+            box["out"] = inflate_within(data, limit, what)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="unimatmul-cache-inflate", daemon=True)
+    thread.start()
+
+    def wait() -> bytes:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        out: bytes = box["out"]
+        budget[0] -= len(out)
+        if budget[0] < 0:
+            msg = f"{what} inflates past the {MAX_INFLATED_BYTES} byte limit"
+            raise CacheFileError(msg)
+        return out
+
+    return wait
+
+
+def canonical(value: Any) -> bytes:
+    """A byte string equal for equal plain values, whatever the order of map keys."""
+    return msgpack.packb(_sorted(value), use_bin_type=True)
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [[k, _sorted(v)] for k, v in sorted(value.items())]
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
