@@ -1,0 +1,172 @@
+"""Testing helpers for backends and plugins: fake backends, registration, fast settings.
+
+unimatmul's own tests use these; a plugin author can test a backend the same way:
+
+>>> from unimatmul.testing import FakeBackend, isolated_selector, registered
+>>> with isolated_selector(tmp_path / "cache.msgpack") as selector:
+...     with registered(selector.plugins, FakeBackend("fake", "wrong")):
+...         ...  # tune, and see the harness reject the wrong kernel
+
+The conformance suite (``unimatmul conformance --backend NAME``) is the other half:
+it says whether a real backend keeps the protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from unimatmul import settings
+from unimatmul.core.arrays import ArrayAdapter
+from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.hookspecs import hookimpl
+from unimatmul.core.plugins import PluginManager, reset_plugin_manager
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.selector import Selector, set_selector
+
+
+def fast_settings() -> HarnessSettings:
+    """Harness settings that keep a tuning run in the tens of milliseconds."""
+    return HarnessSettings(warmup=1, min_samples=3, max_samples=20, budget_s=0.01, settle_s=0.0, max_sets=2)
+
+
+@contextlib.contextmanager
+def isolated_selector(cache_path: str | os.PathLike[str]) -> Iterator[Selector]:
+    """A process-wide Selector over its own cache file and plugin manager, with fast
+    settings, for the duration of the block (the previous one comes back after)."""
+    saved = settings.CACHE.raw()
+    os.environ[settings.CACHE.name] = str(Path(cache_path))
+    plugins = PluginManager()
+    selector = Selector(plugins=plugins, settings=fast_settings())
+    old = set_selector(selector)
+    # A Selector made inside the block without plugins loads the process-wide manager:
+    # let it see the block's environment, not whatever came before.
+    reset_plugin_manager(None)
+    try:
+        yield selector
+    finally:
+        set_selector(old)
+        reset_plugin_manager(None)
+        if saved is None:
+            os.environ.pop(settings.CACHE.name, None)
+        else:
+            os.environ[settings.CACHE.name] = saved
+
+
+BEHAVIOURS = ("correct", "slow", "wrong", "almost", "raise_prepare", "raise_run", "raise_candidates")
+
+
+class FakeRunner:
+    """Runs the array library's own matmul, then misbehaves as its backend was told to."""
+
+    def __init__(
+        self, backend: FakeBackend, candidate: Candidate, adapter: ArrayAdapter, activation: str | None
+    ) -> None:
+        self.backend = backend
+        self.candidate = candidate
+        self.adapter = adapter
+        self.activation = activation
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        behaviour = self.backend.behaviour
+        with self.backend.lock:
+            self.backend.calls += 1
+        if behaviour == "raise_run":
+            msg = f"{self.candidate.identity} crashed on purpose"
+            raise RuntimeError(msg)
+        if behaviour == "wrong":
+            # Fast and finite, but not the product: the numeric check must catch it.
+            out[...] = 0.5
+            return
+        self.adapter.matmul(a, b, out, alpha, beta, bias, self.activation)
+        if behaviour == "almost":
+            # Off by 1 %: far above the f32 tolerance, yet it looks plausible.
+            self.adapter.copy_(out, out * 1.01)
+        elif behaviour == "slow":
+            time.sleep(self.backend.delay_s)
+
+
+class FakeBackend(Backend):
+    """A Backend for tests that computes with the array library and misbehaves on request."""
+
+    device_kinds = frozenset({"cpu"})
+    array_kinds = frozenset({"numpy", "torch"})
+
+    def __init__(
+        self,
+        name: str,
+        behaviour: str = "correct",
+        *,
+        delay_s: float = 2e-3,
+        version: str = "1.0",
+        kernels: tuple[str, ...] = ("k0",),
+    ) -> None:
+        if behaviour not in BEHAVIOURS:
+            msg = f"unknown fake behaviour {behaviour!r}; valid: {BEHAVIOURS}"
+            raise ValueError(msg)
+        self.name = name  # type: ignore[misc]
+        self.behaviour = behaviour
+        self.delay_s = delay_s
+        self.version = version
+        self.kernels = kernels
+        self.calls = 0
+        self.candidate_calls = 0
+        self.prepared = 0
+        self.lock = threading.Lock()
+
+    def availability(self) -> str | None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {self.name: self.version}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        with self.lock:
+            self.candidate_calls += 1
+        if self.behaviour == "raise_candidates":
+            msg = f"{self.name} cannot list candidates (on purpose)"
+            raise RuntimeError(msg)
+        return [Candidate.make(self.name, kernel) for kernel in self.kernels]
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> FakeRunner:
+        with self.lock:
+            self.prepared += 1
+        if self.behaviour == "raise_prepare":
+            msg = f"{candidate.identity} failed to prepare (on purpose)"
+            raise RuntimeError(msg)
+        if candidate.backend != self.name or candidate.name not in self.kernels:
+            raise UnsupportedProblem(f"{self.name} has no kernel {candidate.name!r}")
+        return FakeRunner(self, candidate, target.adapter, problem.activation)
+
+
+class _Registration:
+    """A plugin object whose one hook registers the given backends."""
+
+    def __init__(self, backends: tuple[Backend, ...]) -> None:
+        self.backends = backends
+
+    @hookimpl
+    def unimatmul_register_backends(self, register: Callable[[Any], None]) -> None:
+        for backend in self.backends:
+            register(backend)
+
+
+@contextlib.contextmanager
+def registered(plugins: PluginManager, *backends: Backend, name: str | None = None) -> Iterator[None]:
+    """Register ``backends`` on a PluginManager as one plugin; unregister it in ``finally``."""
+    plugin = _Registration(backends)
+    plugin_name = name or "test-" + "-".join(b.name for b in backends)
+    plugins.register(plugin, plugin_name)
+    try:
+        yield
+    finally:
+        plugins.unregister(plugin_name)
