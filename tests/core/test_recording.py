@@ -19,7 +19,7 @@ from unimatmul.core.backend import Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.harness import HarnessSettings
-from unimatmul.tuning.recording import ProblemRecorder, RecordedProblem, default_record_path, read_problems
+from unimatmul.tuning.record_mode import ProblemRecorder, RecordedProblem, default_record_path, read_problems
 from unimatmul.tuning.selector import Selector, set_selector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_processes_recording_at_once_write_each_problem_once(tmp_path: Path) -> 
         f"""
         import random, sys
         from unimatmul.core.problem import Problem
-        from unimatmul.tuning.recording import ProblemRecorder, RecordedProblem
+        from unimatmul.tuning.record_mode import ProblemRecorder, RecordedProblem
         recorder = ProblemRecorder({str(path)!r})
         shapes = [(m, 64, 32) for m in range(1, 41)]
         random.Random(int(sys.argv[1])).shuffle(shapes)

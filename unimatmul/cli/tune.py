@@ -23,7 +23,7 @@ from unimatmul.interop.tunableop_cache import untuned_problems
 from unimatmul.tuning.buckets import Buckets
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
-from unimatmul.tuning.recording import ReadResult, RecordedProblem, parse_record_lines
+from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
 from unimatmul.tuning.selector import get_selector
 
 

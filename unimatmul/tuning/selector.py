@@ -25,7 +25,7 @@ from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings
-from unimatmul.tuning.recording import record_problem
+from unimatmul.tuning.record_mode import record_problem
 from unimatmul.tuning.tuner import Progress, Tuner
 
 
