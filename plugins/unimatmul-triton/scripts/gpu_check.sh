@@ -2,10 +2,10 @@
 # One device call: install unimatmul and this plugin (their entry points must exist), then
 # run scripts/gpu_check.py (benchmark, tuning cost, host time, tests, conformance) within
 # BUDGET_S seconds. Results under $OUT. Run from anywhere:
-#   OUT=/tmp/out BUDGET_S=450 bash plugins/unimatmul-triton/scripts/gpu_check.sh
+#   OUT=/tmp/out BUDGET_S=420 bash plugins/unimatmul-triton/scripts/gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/unimatmul-triton-out}
-BUDGET_S=${BUDGET_S:-450}
+BUDGET_S=${BUDGET_S:-420}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../../.."
