@@ -2,9 +2,9 @@
 # One device call: install unimatmul and this plugin (their entry points must exist), then
 # run scripts/gpu_check.py (benchmark, tuning cost, host time, tests, conformance) within
 # BUDGET_S seconds. Results under $OUT. Run from anywhere:
-#   OUT=/tmp/out BUDGET_S=420 bash plugins/unimatmul-triton/scripts/gpu_check.sh
+#   OUT=gpu-check-out BUDGET_S=420 bash plugins/unimatmul-triton/scripts/gpu_check.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/unimatmul-triton-out}
+OUT=${OUT:-$PWD/gpu-check-out}
 BUDGET_S=${BUDGET_S:-420}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../../.."
 . scripts/gpu_install.sh
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e plugins/unimatmul-triton >>"$OUT/install.log" 2>&1; then
     # Offline without setuptools: a hand-made dist-info gives the plugin its entry point.
-    site=/tmp/unimatmul-triton-site
+    site=$(mktemp -d)
     mkdir -p "$site/unimatmul_triton-0.1.0.dist-info"
     ln -sfn "$PWD/plugins/unimatmul-triton/src/unimatmul_triton" "$site/unimatmul_triton"
     ln -sfn "$PWD/conformance/unimatmul_conformance" "$site/unimatmul_conformance"
