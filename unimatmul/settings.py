@@ -88,8 +88,11 @@ def declare(
     if not name.startswith("UNIMATMUL_"):
         msg = f"setting {name!r} must start with UNIMATMUL_"
         raise ValueError(msg)
-    if name in REGISTRY:
-        msg = f"setting {name} is declared twice"
+    found = REGISTRY.get(name)
+    if found is not None:
+        if found.owner == owner and found.kind == kind:
+            return found  # the same declaration again (a module imported twice): the one setting
+        msg = f"setting {name} is declared twice (by {found.owner} and by {owner})"
         raise ValueError(msg)
     setting = Setting(name, kind, default, parse, doc, owner)
     REGISTRY[name] = setting
@@ -380,3 +383,6 @@ CONFORMANCE_BACKEND = declare(
     "the backend the conformance pytest plugin checks when no option names one",
     owner="conformance",
 )
+
+#: The variables of unimatmul itself (the README's table); plugins add theirs to REGISTRY.
+BUILTIN: dict[str, Setting[Any]] = dict(REGISTRY)

@@ -139,8 +139,7 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
     from unimatmul_triton import TritonBackend
 
     from unimatmul import Problem
-    from unimatmul.arrays import Device, adapter_for_kind
-    from unimatmul.backend import Target
+    from unimatmul.backend import Device, Target, adapter_for_kind
 
     backend = TritonBackend()
     reason = backend.availability()
@@ -244,7 +243,7 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
     import torch
 
     import unimatmul
-    from unimatmul.cache import open_store
+    from unimatmul.cache.protocol import open_store
 
     torch.manual_seed(0)
     # Start-up (plugins, cuBLASLt, timers) on a shape Triton does not serve: not charged to a shape.
@@ -349,8 +348,7 @@ def part_host(budget: Budget, results: Results) -> None:
 
     import unimatmul
     from unimatmul import Problem
-    from unimatmul.arrays import Device, adapter_for_kind
-    from unimatmul.backend import Target
+    from unimatmul.backend import Device, Target, adapter_for_kind
 
     backend = TritonBackend()
     target = Target(adapter_for_kind("torch"), Device("cuda", 0))

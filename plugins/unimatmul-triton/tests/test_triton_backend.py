@@ -39,10 +39,10 @@ from unimatmul_triton.configs import (  # noqa: E402
 from unimatmul_triton.launch import plan_for  # noqa: E402
 
 from unimatmul import Candidate, Problem, UnsupportedProblem  # noqa: E402
-from unimatmul.arrays import CPU, Device, adapter_for_kind, make_operands  # noqa: E402
-from unimatmul.backend import Target  # noqa: E402
-from unimatmul.dtypes import tolerance  # noqa: E402
-from unimatmul.plugins import PluginManager  # noqa: E402
+from unimatmul.backend import Device, Target, adapter_for_kind, make_operands, tolerance  # noqa: E402  # noqa: E402
+from unimatmul.core.plugins import PluginManager  # noqa: E402
+
+CPU = Device("cpu")
 
 INTERPRET = os.environ.get("UNIMATMUL_TRITON_INTERPRET") == "1"
 GPU = not INTERPRET

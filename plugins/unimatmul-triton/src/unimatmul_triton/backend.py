@@ -31,6 +31,7 @@ from typing import Any
 
 from unimatmul import Backend, Candidate, Problem, Target, UnsupportedProblem
 from unimatmul_triton import configs
+from unimatmul_triton import settings as plugin_settings
 from unimatmul_triton.configs import H200, PERSISTENT, Device, config_of, ranked_configs
 from unimatmul_triton.launch import LaunchPlan, plan_for
 from unimatmul_triton.runner import CompiledRunner, InterpretedRunner
@@ -41,27 +42,9 @@ INPUT_DTYPES = ("bf16", "f16")
 BIAS_DTYPES = ("bf16", "f16", "f32")
 
 
-def env_flag(name: str, default: bool = False) -> bool:
-    text = os.environ.get(name, "").strip().lower()
-    if not text:
-        return default
-    return text in ("1", "true", "yes", "on")
-
-
-def env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        msg = f"environment variable {name}={text!r} is not an integer"
-        raise ValueError(msg) from None
-
-
 def interpret_requested() -> bool:
     """Whether the plugin runs in test mode: the interpreter, on CPU torch tensors."""
-    return env_flag("UNIMATMUL_TRITON_INTERPRET")
+    return plugin_settings.INTERPRET.get()
 
 
 def check_supported(problem: Problem) -> None:
@@ -140,7 +123,8 @@ class TritonBackend(Backend):
     # --- candidates -------------------------------------------------------------------
     @property
     def candidate_count(self) -> int:
-        return max(1, env_int("UNIMATMUL_TRITON_CANDIDATES", 8))
+        found = plugin_settings.CANDIDATES.get()
+        return 8 if found is None else found
 
     def device_model(self, target: Target) -> Device:
         return self._device(target)[0]
@@ -154,7 +138,7 @@ class TritonBackend(Backend):
         self._require(target)
         ranked = self.ranked(problem, target, self.candidate_count)
         found = [est.config.candidate for est in ranked]
-        if env_flag("UNIMATMUL_TRITON_PRECOMPILE", True):
+        if plugin_settings.PRECOMPILE.get():
             for est in ranked:
                 try:
                     self.compiler.submit(
@@ -240,7 +224,7 @@ class TritonBackend(Backend):
             with self._lock:
                 if self._compiler is None:
                     self._compiler = Compiler(
-                        env_int("UNIMATMUL_TRITON_COMPILE_THREADS", min(8, os.cpu_count() or 1))
+                        plugin_settings.COMPILE_THREADS.get() or min(8, os.cpu_count() or 1)
                     )
         return self._compiler
 
@@ -334,7 +318,8 @@ class TritonInterpreterBackend(TritonBackend):
     @property
     def candidate_count(self) -> int:
         # The interpreter is slow: fewer candidates, still one of each family leading.
-        return max(1, env_int("UNIMATMUL_TRITON_CANDIDATES", 3))
+        found = plugin_settings.CANDIDATES.get()
+        return 3 if found is None else found
 
     def device_model(self, target: Target) -> Device:
         return H200
