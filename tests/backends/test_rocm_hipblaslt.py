@@ -325,6 +325,7 @@ def make_backend(fake: FakeHipblaslt) -> HipblasltBackend:
     return HipblasltBackend(
         loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
         device_check=lambda: None,
+        runtime_check=lambda: None,
         hooks=host_hooks,
     )
 
@@ -484,3 +485,23 @@ def test_without_rocm_the_backend_says_why() -> None:
     """The real loader and device check on this machine (no ROCm, no HIP device)."""
     reason = HipblasltBackend().availability()
     assert reason is not None and "libhipblaslt" in reason
+
+
+def test_no_device_means_no_handle_is_made() -> None:
+    """The real hipblasLtCreate ends the process when no device is visible (7.1.1, see
+    tests/amd_real): the HIP device count runs first, and its answer is the reason."""
+    fake = FakeHipblaslt(1000, [1])
+    backend = HipblasltBackend(
+        loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
+        device_check=lambda: None,
+        runtime_check=lambda: "no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)",
+        hooks=host_hooks,
+    )
+    reason = backend.availability()
+    assert (
+        reason
+        == "libhipblaslt: OSError: no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)"
+    )
+    with pytest.raises(UnsupportedProblem, match="no HIP device"):
+        backend.versions()
+    assert fake.calls == []  # not even hipblasLtCreate
