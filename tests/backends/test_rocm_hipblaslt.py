@@ -27,6 +27,7 @@ from unimatmul.backend import Target
 from unimatmul.errors import UnsupportedProblem
 from unimatmul.problem import Problem
 from unimatmul_backends.lt.abi import (
+    HIPBLASLT_1_1,
     HIPBLASLT_5,
     HIPBLASLT_6,
     HIPBLASLT_6_0,
@@ -38,7 +39,7 @@ from unimatmul_backends.lt.runner import ArrayHooks
 from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate
 from unimatmul_backends.rocm.libraries import LibraryChoice
 
-VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6}
+VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6, 100100: HIPBLASLT_1_1}
 STREAM = 0x5EED
 
 
@@ -490,7 +491,7 @@ def test_without_rocm_the_backend_says_why() -> None:
 def test_no_device_means_no_handle_is_made() -> None:
     """The real hipblasLtCreate ends the process when no device is visible (7.1.1, see
     tests/amd_real): the HIP device count runs first, and its answer is the reason."""
-    fake = FakeHipblaslt(1000, [1])
+    fake = FakeHipblaslt(100100, [1])
     backend = HipblasltBackend(
         loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
         device_check=lambda: None,
