@@ -17,7 +17,10 @@ Row-major ``C[m, n] = A[m, k] @ B[k, n]`` is the column-major ``C^T = B^T A^T``:
 rocBLAS's "A" is our B, its "B" our A, m and n swap, and so do lda/ldb and the batch
 strides. Nothing is copied.
 
-This module has run only against a fake library in CI: no AMD GPU was available.
+No AMD GPU was available: the calls above have run only against a fake library in CI.
+Against Debian's real librocblas (``tests/amd_real``, no GPU) every bound symbol, the
+version string and the signatures in the headers are checked, and no handle is made
+without a device (``hip_runtime_device_reason``).
 """
 
 from __future__ import annotations
