@@ -81,7 +81,7 @@ class DescriptorOnlyDriver(LtDriver):
         self.abi = abi
         self.lib = lib
         self.handle = 0
-        self._finalizer = weakref.finalize(self, int)
+        self._finalizer = weakref.finalize(self, lambda: None)  # no handle to destroy
 
 
 def _get(lib: CtypesLtLibrary, generic: str, obj: int, attr: int) -> dict[str, Any]:
