@@ -73,8 +73,9 @@ def read_version(cdll: Any) -> tuple[int, str]:
     """(``hipblasLtGetVersion``, ``hipblasLtGetGitRevision``) through a handle of its own.
 
     Call it only once a HIP device is known to be there (``hip_runtime_device_reason``):
-    without one, ``hipblasLtCreate`` ends the process. Both take a handle, and which ABI table applies depends on the version, so this
-    binds only the three functions whose C shape is the same in every release.
+    without one, ``hipblasLtCreate`` ends the process. Both take a handle, and which ABI
+    table applies depends on the version, so this binds only the three functions whose
+    C shape is the same in every release.
     """
     signatures = {
         "hipblasLtCreate": LT_SHARED_SIGNATURES["Create"],
