@@ -27,6 +27,7 @@ from unimatmul.core.backend import Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.abi import (
+    HIPBLASLT_1_1,
     HIPBLASLT_5,
     HIPBLASLT_6,
     HIPBLASLT_6_0,
@@ -38,7 +39,7 @@ from unimatmul_backends.lt.runner import ArrayHooks
 from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate
 from unimatmul_backends.rocm.libraries import LibraryChoice
 
-VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6}
+VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6, 100100: HIPBLASLT_1_1}
 STREAM = 0x5EED
 
 
@@ -325,6 +326,7 @@ def make_backend(fake: FakeHipblaslt) -> HipblasltBackend:
     return HipblasltBackend(
         loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
         device_check=lambda: None,
+        runtime_check=lambda: None,
         hooks=host_hooks,
     )
 
@@ -484,3 +486,23 @@ def test_without_rocm_the_backend_says_why() -> None:
     """The real loader and device check on this machine (no ROCm, no HIP device)."""
     reason = HipblasltBackend().availability()
     assert reason is not None and "libhipblaslt" in reason
+
+
+def test_no_device_means_no_handle_is_made() -> None:
+    """The real hipblasLtCreate ends the process when no device is visible (7.1.1, see
+    tests/amd_real): the HIP device count runs first, and its answer is the reason."""
+    fake = FakeHipblaslt(100100, [1])
+    backend = HipblasltBackend(
+        loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
+        device_check=lambda: None,
+        runtime_check=lambda: "no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)",
+        hooks=host_hooks,
+    )
+    reason = backend.availability()
+    assert (
+        reason
+        == "libhipblaslt: OSError: no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)"
+    )
+    with pytest.raises(UnsupportedProblem, match="no HIP device"):
+        backend.versions()
+    assert fake.calls == []  # not even hipblasLtCreate
