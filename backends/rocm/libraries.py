@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENV_ROCBLAS = "UNIMATMUL_ROCBLAS_LIB"
-ENV_HIPBLASLT = "UNIMATMUL_HIPBLASLT_LIB"
+from unimatmul import settings
+
+ENV_ROCBLAS = settings.ROCBLAS_LIB.name
+ENV_HIPBLASLT = settings.HIPBLASLT_LIB.name
 DEFAULT_ROCM = "/opt/rocm"
 
 
