@@ -246,6 +246,13 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         )
         results.append({"problem": problem.key, "source": source, **record.to_dict()})
     bar.close()
+    headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
+    output.table(rows, headers, out)
+    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    # After the table: a file that cannot be written after all loses nothing shown.
     if args.json:
         try:
             with open(args.json, "w", encoding="utf-8") as fh:
@@ -254,12 +261,6 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(
                 f"cannot write --json {args.json}: {exc.strerror or exc}", EXIT_UNAVAILABLE
             ) from exc
-    headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
-    output.table(rows, headers, out)
-    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
     if any(r["source"] == "tuned" for r in results):
         check_cache_written(selector)
     out.write(f"cache: {selector.store.location} ({selector.store.count()} entries)\n")
