@@ -95,8 +95,8 @@ def _check_gpu(array: str, device: Device) -> None:
 def check_writable(path: str | os.PathLike[str], what: str, *, make_parent: bool = False) -> Path:
     """Fail now, with the reason, if ``path`` cannot be written (exit 3), rather than after
     the work that would fill it. ``make_parent``: create a missing folder (as the cache
-    store would); otherwise a missing folder is an error. Writes nothing but a probe file
-    that it removes again (``os.access`` says yes to root on a read-only mount)."""
+    store would); otherwise a missing folder is an error. Leaves nothing else behind: the
+    probe file it writes (``os.access`` says yes to root on a read-only mount) is removed."""
     file = Path(path).expanduser()
     folder = file.parent
     if file.is_dir():
