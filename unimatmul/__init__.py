@@ -92,4 +92,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    # The public names only: not this module's own imports (importlib, Any, ...) nor
+    # the submodules imported so far.
+    return sorted(__all__)

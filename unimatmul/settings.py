@@ -240,6 +240,16 @@ GPU_BUDGET_S = declare(
     "measuring time per candidate on a GPU (default 0.004)",
 )
 
+# The unimatmul command (unimatmul.cli)
+DEBUG = declare(
+    "UNIMATMUL_DEBUG",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: the `unimatmul` command also prints the traceback of an unexpected error (exit code 1)",
+    owner="cli",
+)
+
 # PyTorch routing (unimatmul.torch)
 TORCH = declare(
     "UNIMATMUL_TORCH",

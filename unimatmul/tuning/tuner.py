@@ -69,6 +69,23 @@ class Tuner:
                 found.append(backend)
         return found
 
+    def why_no_backend(self, target: Target) -> str:
+        """Why no backend serves ``target``: each registered backend's reason, or why none
+        is registered at all."""
+        registered = self.plugins.backends()
+        if not registered:
+            return self.plugins.why_no_backends()
+        reasons = []
+        for name, backend in sorted(registered.items()):
+            if self.enabled is not None and name not in self.enabled:
+                reasons.append(f"{name}: not enabled for this selector")
+            elif not backend.serves(target):
+                arrays, devices = sorted(backend.array_kinds), sorted(backend.device_kinds)
+                reasons.append(f"{name}: serves {', '.join(arrays)} on {', '.join(devices)} only")
+            else:
+                reasons.append(f"{name}: {backend.availability()}")
+        return "; ".join(reasons + self.plugins.load_notes())
+
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""
         if candidate == DEFAULT:
@@ -119,7 +136,15 @@ class Tuner:
                 if candidate != DEFAULT:
                     entries.append((candidate, _preparer(self, problem, candidate, target)))
             return entries
-        for backend in self.backends_for(target):
+        backends = self.backends_for(target)
+        if not backends and self._warn is not None:
+            # Otherwise a broken install looks like a machine where Default always wins.
+            self._warn(
+                f"no-backend:{target.array_kind}:{target.device}",
+                f"no backend serves {target.array_kind} on {target.device}, so tuning measures "
+                f"only Default ({self.why_no_backend(target)})",
+            )
+        for backend in backends:
             try:
                 offered = backend.candidates(problem, target)
             except UnsupportedProblem:
