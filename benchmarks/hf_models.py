@@ -588,7 +588,9 @@ class Report:
         }
 
     def add(self, row: Row, result: dict[str, Any], seconds: float) -> None:
-        self.data["rows"].append(self._base(row) | result | {"seconds": round(seconds, 1)})
+        # The load average says how busy a shared machine was: other work skews the spread.
+        load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+        self.data["rows"].append(self._base(row) | result | {"seconds": round(seconds, 1), "load_1min": load})
 
     def failed(self, row: Row, exc: BaseException) -> None:
         reason = f"failed: {type(exc).__name__}: {exc}".replace("\n", " ")[:600]
@@ -662,6 +664,12 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     nat = data.get("native", {})
     lines.append(f"Native routing kernels: {nat.get('choice')}, loaded {nat.get('loaded')}.")
+    loads = [r["load_1min"] for r in data["rows"] if r.get("load_1min") is not None]
+    if loads:
+        lines.append(
+            f"Load average (1 min) at the end of each row: {min(loads):.1f} to {max(loads):.1f} "
+            f"on {m['cpu_count']} CPUs, torch threads {m['torch_threads']}."
+        )
     if s.get("note"):
         lines += ["", f"Note: {s['note']}"]
     lines += ["", "Models (random weights from config):", ""]
@@ -705,22 +713,32 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def profile_table(profile: dict[str, dict[str, dict[str, float]]]) -> list[str]:
-    """Per product key: host us per call and device us per profiled call, off and routed."""
+    """Per product key: host us per call and device us in all, off and routed.
+
+    The totals first, then the aten ops by how much their time differs (host plus
+    device), then the ``unimatmul::`` ranges of routed calls (inside the aten ops,
+    one per candidate: what ran).
+    """
     off, on = profile["off"], profile["routed"]
-    keys = sorted(
-        set(off) | set(on),
-        key=lambda k: (
-            -abs(on.get(k, {}).get("cpu_us", 0) - off.get(k, {}).get("cpu_us", 0))
-            - abs(on.get(k, {}).get("device_us", 0) - off.get(k, {}).get("device_us", 0))
-        ),
-    )
+
+    def moved(key: str) -> float:
+        o, r = off.get(key, {}), on.get(key, {})
+        return abs(r.get("cpu_us", 0) - o.get("cpu_us", 0)) + abs(
+            r.get("device_us", 0) - o.get("device_us", 0)
+        )
+
+    keys = set(off) | set(on)
+    totals = sorted(k for k in keys if k.startswith("("))
+    ranges = sorted(k for k in keys if k.startswith("unimatmul::"))
+    ops = sorted(keys - set(totals) - set(ranges), key=moved, reverse=True)
     lines = [
-        "Sorted by the difference of host plus device time; device time is 0 on a CPU (host time is the op's).",
+        "Host time per call includes the profiler's own cost; device time is 0 on a CPU (there the "
+        "host time is the op's).",
         "",
-        "| op and input shapes | calls off/routed | host us/call off | routed | device us total off | routed |",
+        "| op and input shapes | calls off/routed | host us/call off | routed | device us in all off | routed |",
         "|---|---|---|---|---|---|",
     ]
-    for k in keys[:25]:
+    for k in [*totals, *ops[:25], *ranges]:
         o, r = off.get(k, {}), on.get(k, {})
         lines.append(
             f"| `{k}` | {int(o.get('calls', 0))}/{int(r.get('calls', 0))} | {o.get('cpu_us_per_call', 0):.1f} | "
