@@ -35,8 +35,10 @@ starts after the limit, and the rows left are listed with the reason.
     # GPU (bf16, full widths; about 6 minutes on an H200; writes $OUT/hf-h200). The
     # one-command form, which installs unimatmul for its entry points: scripts/gpu_hf.sh
     python benchmarks/hf_models.py --gpu --name h200 --time-limit 330
-    # where a row loses: torch.profiler per product (aten::mm/addmm/bmm), off vs on
+    # where a row loses: torch.profiler per product (aten::mm/addmm/bmm), off vs on, for
+    # chosen rows (--profile), or for every row that comes out below a ratio
     python benchmarks/hf_models.py --gpu --rows 'gpt2/generate/b16/eager' --profile
+    python benchmarks/hf_models.py --gpu --profile-below 0.99
 
 Writes results.json (every number, the machine, the tuned problems), results.md (the
 table) and results.png (``plot_hf_models.py``, where matplotlib imports) under
@@ -442,7 +444,8 @@ def run_row(
         variants = {"off": timed(off, "off", count, device), "routed": timed(on, "routed", count, device)}
         result["calls_per_sample"] = count
         measured = rounds(variants, args.rounds, deadline)
-        if args.profile:
+        ratio = measured["off"]["median_s"] / measured["routed"]["median_s"]
+        if args.profile or (args.profile_below and ratio < args.profile_below):
             result["profile"] = {
                 "off": profile_products(off.run, lambda: mode("off"), args.profile_steps, device, warm=1),
                 "routed": profile_products(
@@ -483,22 +486,26 @@ def tuned_problems(met: list[Any]) -> list[dict[str, Any]]:
 
 
 class Estimates:
-    """Seconds a row is expected to take, from the rows done so far."""
+    """Seconds a row is expected to take: the longest row done of its model and variant.
+
+    (The longest, not the last: a row at batch 16 can take several times one at
+    batch 1.) A model with none done yet takes the longest of its variant so far.
+    """
 
     def __init__(self, gpu: bool) -> None:
         # First guesses: an eager row (build, tune, rounds) and a compiled one (two compiles).
         self.first = {"eager": 30.0, "compiled": 90.0 if gpu else 240.0}
-        self.done: dict[tuple[str, str], float] = {}
+        self.done: dict[tuple[str, str], list[float]] = {}
 
     def of(self, row: Row) -> float:
         same = self.done.get((row.spec.name, row.variant))
-        if same is not None:
-            return same
-        others = [s for (_, v), s in self.done.items() if v == row.variant]
+        if same:
+            return max(same)
+        others = [t for (_, v), times in self.done.items() if v == row.variant for t in times]
         return max(others) if others else self.first[row.variant]
 
     def add(self, row: Row, seconds: float) -> None:
-        self.done[(row.spec.name, row.variant)] = seconds
+        self.done.setdefault((row.spec.name, row.variant), []).append(seconds)
 
 
 def run(args: argparse.Namespace, report: Report, device: torch.device, dtype: torch.dtype) -> None:
@@ -787,6 +794,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (default: none)")
     p.add_argument(
         "--profile", action="store_true", help="torch.profiler per product, off vs routed, per row"
+    )
+    p.add_argument(
+        "--profile-below",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="profile the rows whose routed/off comes out below RATIO (e.g. 0.99): the losses, in the same run",
     )
     p.add_argument("--profile-steps", type=int, default=3, help="calls profiled per state")
     p.add_argument("--cache", type=Path, default=None, help="tuning cache (default: a fresh one in --out)")
