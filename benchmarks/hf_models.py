@@ -75,7 +75,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_decode import profile_products
-from torch_models import _check_device, _portable, machine, mode, rounds, sync
+from torch_models import _check_device, _portable, machine, mode, native_facts, rounds, sync
 
 # --- the models -------------------------------------------------------------------------------
 
@@ -457,7 +457,7 @@ def run_row(
         result[state] = stats_ | {"tokens_per_s": tokens / stats_["median_s"]}
     pairs = list(zip(measured["off"]["samples"], measured["routed"]["samples"], strict=True))
     result["round_ratios"] = [o / r for o, r in pairs]
-    result["ratio"] = measured["off"]["median_s"] / measured["routed"]["median_s"]
+    result["ratio"] = ratio
     result["tokens_per_call"] = tokens
     return result
 
@@ -508,8 +508,9 @@ class Estimates:
         self.done.setdefault((row.spec.name, row.variant), []).append(seconds)
 
 
-def run(args: argparse.Namespace, report: Report, device: torch.device, dtype: torch.dtype) -> None:
-    start = time.perf_counter()
+def run(
+    args: argparse.Namespace, report: Report, device: torch.device, dtype: torch.dtype, start: float
+) -> None:
     # No round starts after the deadline; a few seconds are kept for the plot and the table.
     deadline = start + args.time_limit - 10 if args.time_limit else math.inf
     specs = CPU_SMALL_MODELS if args.cpu_small else GPU_MODELS
@@ -533,8 +534,14 @@ def run(args: argparse.Namespace, report: Report, device: torch.device, dtype: t
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             report.failed(row, exc)
-            report.write()
-            _recover(device)
+            try:
+                _recover(device)
+            except SystemExit:
+                for later in rows[i:]:
+                    report.skipped(later, f"not run: the CUDA context was broken after {row.id} failed")
+                raise
+            finally:
+                report.write()
             continue
         seconds = time.perf_counter() - t0
         estimates.add(row, seconds)
@@ -607,14 +614,8 @@ class Report:
         self.data["not_run"].append(self._base(row) | {"reason": reason})
 
     def write(self) -> None:
-        from unimatmul.torch import native
-
         self.out.mkdir(parents=True, exist_ok=True)
-        self.data["native"] = {
-            "choice": os.environ.get(native.ENV, "auto"),
-            "loaded": native.loaded(),
-            "lt_calls_from_cpp": native.has_lt(),
-        }
+        self.data["native"] = native_facts()
         self.data["written"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         (self.out / "results.json").write_text(json.dumps(self.data, indent=2) + "\n")
         (self.out / "results.md").write_text(markdown(self.data))
@@ -670,7 +671,12 @@ def markdown(data: dict[str, Any]) -> str:
         + ").",
     ]
     nat = data.get("native", {})
-    lines.append(f"Native routing kernels: {nat.get('choice')}, loaded {nat.get('loaded')}.")
+    lines.append(
+        f"Native routing kernels: {nat.get('choice')}, loaded {nat.get('loaded')}, "
+        f"Lt calls made from C++ {nat.get('lt_calls_from_cpp')}"
+        + (f", build failure: {nat['build_failure']}" if nat.get("build_failure") else "")
+        + "."
+    )
     loads = [r["load_1min"] for r in data["rows"] if r.get("load_1min") is not None]
     if loads:
         lines.append(
@@ -845,6 +851,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()  # --time-limit counts from here
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -879,8 +886,12 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     report = Report(args.out, args, device, dtype)
     report.write()
-    with _quiet_transformers():
-        run(args, report, device, dtype)
+    code = 0
+    try:
+        with _quiet_transformers():
+            run(args, report, device, dtype, start)
+    except SystemExit as exc:  # a broken CUDA context: keep what was measured, and say so
+        code = exc.code if isinstance(exc.code, int) else 3
     report.write()
     _log(f"results: {args.out}")
     plot = Path(__file__).with_name("plot_hf_models.py")
@@ -893,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
 
         subprocess.run([sys.executable, str(plot), str(args.out / "results.json")], check=False)
     print("\n".join(summary_table(report.data)))
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -697,18 +697,23 @@ class Report:
         )
 
     def write(self) -> None:
-        from unimatmul.torch import native
-
         self.out.mkdir(parents=True, exist_ok=True)
-        self.data["native"] = {
-            "choice": os.environ.get(native.ENV, "auto"),
-            "loaded": native.loaded(),
-            "lt_calls_from_cpp": native.has_lt(),
-            "build_failure": native.failure(True) or native.failure(False),
-        }
+        self.data["native"] = native_facts()
         self.data["written"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         (self.out / "results.json").write_text(json.dumps(self.data, indent=2) + "\n")
         (self.out / "results.md").write_text(markdown(self.data))
+
+
+def native_facts() -> dict[str, Any]:
+    """Which routing kernels this process runs: the native ones (built, Lt calls from C++) or not."""
+    from unimatmul.torch import native
+
+    return {
+        "choice": os.environ.get(native.ENV, "auto"),
+        "loaded": native.loaded(),
+        "lt_calls_from_cpp": native.has_lt(),
+        "build_failure": native.failure(True) or native.failure(False),
+    }
 
 
 def _portable(path: Path) -> str:
