@@ -7,10 +7,10 @@
 # Extra arguments go to hf_models.py (e.g. --rows 'gpt2/generate' --profile).
 # HF_TIME_LIMIT (seconds, default 330) bounds the benchmark itself.
 set -uo pipefail
-OUT=${OUT:-/tmp/unimatmul-out}
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/.gpu-out}  # the GPU machine sets $OUT; .gpu-out/ is git-ignored
 mkdir -p "$OUT/hf-h200"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-cd "$(dirname "$0")/.."
 . scripts/gpu_install.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$OUT/env.log"
 python3 -c "import transformers; print('transformers', transformers.__version__)" | tee -a "$OUT/env.log"
