@@ -464,7 +464,7 @@ def run_row(
 
 def tuned_problems(met: list[Any]) -> list[dict[str, Any]]:
     """Each distinct problem the tune call met, and what the cache now holds for it."""
-    from unimatmul.selector import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     selector = get_selector()
     seen: dict[str, dict[str, Any]] = {}
