@@ -70,7 +70,7 @@ def test_hip_runtime_counts_no_device(amd: AmdRoot) -> None:
 def test_backends_say_why_and_the_process_lives_on(amd: AmdRoot) -> None:
     code = (
         "import json\n"
-        "from unimatmul.errors import UnsupportedProblem\n"
+        "from unimatmul.core.errors import UnsupportedProblem\n"
         "from unimatmul_backends.rocm import HipblasltBackend, RocblasBackend\n"
         "out = {}\n"
         "for backend in (HipblasltBackend(), RocblasBackend()):\n"
