@@ -240,6 +240,15 @@ GPU_BUDGET_S = declare(
     "measuring time per candidate on a GPU (default 0.004)",
 )
 
+DISTRIBUTED = declare(
+    "UNIMATMUL_DISTRIBUTED",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: in a job with an initialised `torch.distributed` group, the ranks make each tuning "
+    "decision together (`warmup()` and `unimatmul.torch.agree()` become collective; see `docs/distributed.md`)",
+)
+
 # PyTorch routing (unimatmul.torch)
 TORCH = declare(
     "UNIMATMUL_TORCH",
