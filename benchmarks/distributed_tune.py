@@ -134,6 +134,10 @@ def main() -> int:
             flush=True,
         )
         runs.append(result)
+        # What is measured so far, in case a later run is cut short.
+        (args.out / "distributed-tune.partial.json").write_text(
+            json.dumps([{k: v for k, v in r.items() if k != "winners"} for r in runs], indent=2)
+        )
     base = next((r for r in runs if r["ranks"] == 1), None)
     failures = []
     for r in runs:

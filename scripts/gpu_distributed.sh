@@ -21,14 +21,14 @@ gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 status=0
 
 echo "== distributed tests ($gpus GPUs)" | tee "$OUT/summary.txt"
-timeout 100 python3 -m pytest tests/tuning -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -15
+timeout 120 python3 -m pytest tests/tuning -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -15
 test_rc=${PIPESTATUS[0]}
 tail -3 "$OUT/tests.log" >>"$OUT/summary.txt"
 [ "$test_rc" = 0 ] || status=1
 
 echo "== 200 problems, 1 GPU vs 2 GPUs" | tee -a "$OUT/summary.txt"
 if [ "$gpus" -ge 2 ]; then
-    timeout 170 python3 benchmarks/distributed_tune.py --device cuda --suite gpu200 --ranks 1,2 \
+    timeout 160 python3 benchmarks/distributed_tune.py --device cuda --suite gpu200 --ranks 1,2 \
         --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -12
     bench_rc=${PIPESTATUS[0]}
     cat "$OUT/bench/distributed-tune.md" >>"$OUT/summary.txt" 2>/dev/null

@@ -394,7 +394,9 @@ def tune_sharded(
         entry["busy_s"] = time.perf_counter() - t0
         mine.append(entry)
         if progress is not None and group.rank == 0:
-            progress(_done(group, done_key, len(mine)), total)
+            # A display that fails must not make this rank miss the gather (the others would wait).
+            with contextlib.suppress(Exception):
+                progress(_done(group, done_key, len(mine)), total)
         elif group.store is not None:
             with contextlib.suppress(Exception):
                 group.store.add(done_key, 1)
@@ -428,7 +430,7 @@ def tune_sharded(
             busy[e["rank"]] += e["busy_s"]
             tuned[e["rank"]] += e["source"] == "tuned"
     missing = [i for i in range(len(jobs)) if i not in outcomes]
-    for index in missing:  # claimed by a rank that then lost contact with the store
+    for index in missing:  # never claimed: the store went away before its turn
         outcomes[index] = Outcome(index, "failed", -1, None, error="not tuned: no rank claimed it")
     hosts: dict[str, int] = {}
     for info in hello:
