@@ -324,7 +324,8 @@ def _plan(jobs: Sequence[TuneJob], selector: Selector, force: bool) -> dict[str,
                 if record is not None:
                     cached[i] = record.to_dict()
         todo = [i for i in range(len(jobs)) if i not in cached]
-        costs = [estimated_cost(jobs[i], selector.tuner.settings_for(jobs[i].target)) for i in todo]
+        harness = {target: selector.tuner.settings_for(target) for target in {jobs[i].target for i in todo}}
+        costs = [estimated_cost(jobs[i], harness[jobs[i].target]) for i in todo]
         order = [todo[i] for i in lpt_order(costs)]
         return {
             "run": uuid.uuid4().hex,
