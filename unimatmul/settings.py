@@ -250,6 +250,16 @@ DEBUG = declare(
     owner="cli",
 )
 
+# Distributed jobs (unimatmul.tuning.agreement)
+DISTRIBUTED = declare(
+    "UNIMATMUL_DISTRIBUTED",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: in a job with an initialised `torch.distributed` group, the ranks make each tuning "
+    "decision together (`warmup()` and `unimatmul.torch.agree()` become collective; see `docs/distributed.md`)",
+)
+
 # PyTorch routing (unimatmul.torch)
 TORCH = declare(
     "UNIMATMUL_TORCH",

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from unimatmul import settings
-from unimatmul.cli import cache, info, tune
+from unimatmul.cli import cache, info, tune, tune_distributed
 from unimatmul.cli.output import (
     EXIT_CLOSED_OUTPUT,
     EXIT_ERROR,
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     info.add_command(sub)
     tune.add_command(sub)
+    tune_distributed.add_options(sub.choices["tune"])  # --distributed, under torchrun
     cache.add_command(sub)
     for command in get_plugin_manager().commands().values():
         p = sub.add_parser(command.name, help=command.help)

@@ -27,10 +27,12 @@ from unimatmul.torch.autoload import ENV, wanted
 if TYPE_CHECKING:
     from unimatmul.torch.model_tuning import WarmupResult
     from unimatmul.torch.routing import Plan
+    from unimatmul.tuning.agreement import Agreement
 
 __all__ = [
     "ENV",
     "WarmupResult",
+    "agree",
     "clear_plans",
     "disable",
     "enable",
@@ -49,11 +51,13 @@ def enable() -> None:
     Reads ``UNIMATMUL_MODE`` now; change the mode later with :func:`unimatmul.mode`.
     """
     from unimatmul.torch import compiled, routing
+    from unimatmul.tuning import agreement
     from unimatmul.tuning.selector import on_forget
 
     routing.install()
     compiled.install()
     on_forget(routing.clear_plans)
+    agreement.install()  # inert unless UNIMATMUL_DISTRIBUTED=1 in a process group
 
 
 def disable() -> None:
@@ -116,6 +120,15 @@ def warmup(model: Any, example_inputs: Any, **options: Any) -> WarmupResult:
     from unimatmul.torch.model_tuning import warmup as run
 
     return run(model, example_inputs, **options)
+
+
+def agree(**options: Any) -> Agreement:
+    """With ``UNIMATMUL_DISTRIBUTED=1`` in a process group: settle, together with every
+    rank, the choice of each problem met since the last call (collective: every rank calls
+    it at the same point, e.g. a step boundary). See :mod:`unimatmul.tuning.agreement`."""
+    from unimatmul.tuning.agreement import agree as run
+
+    return run(**options)
 
 
 def __getattr__(name: str) -> Any:

@@ -34,7 +34,7 @@ class Decision:
     """What the selector chose for one problem, and why (for ``info``/profiling)."""
 
     runner: Runner
-    source: str  # "tuned", "cache", "bucket", "default", "fallback"
+    source: str  # "tuned", "cache", "bucket", "default", "fallback", "deferred"
     record: TuningRecord | None = None
 
 
@@ -168,6 +168,10 @@ class Selector:
                 record = self.lookup_bucket(problem, target)
                 source = "bucket" if record is not None else source
             if record is None and mode == "tune":
+                gate = _tuning_gate
+                if gate is not None and gate(problem, target):
+                    # Deferred (a distributed job decides at its next collective point).
+                    return Decision(DefaultRunner(target.adapter, problem.activation), "deferred")
                 record, source = self.tune(problem, target), "tuned"
             if record is None:
                 return Decision(DefaultRunner(target.adapter, problem.activation), "default")
@@ -297,9 +301,11 @@ class Selector:
         buckets: Buckets,
         *,
         force: bool = False,
+        store: bool = True,
         progress: Progress = None,
     ) -> TuningRecord:
-        """Tune the bucket that holds ``problem.m``; store and return its record.
+        """Tune the bucket that holds ``problem.m``; store (unless ``store=False``) and
+        return its record.
 
         An existing record of the same bucket (same range) is reused unless ``force``.
         """
@@ -313,7 +319,8 @@ class Selector:
             problem, target, buckets, versions=dict(platform.versions), progress=progress
         )
         self.stats.tuned += 1
-        self._store_record(platform, record.problem, record)
+        if store:
+            self._store_record(platform, record.problem, record)
         return record
 
     def _store_record(self, platform: Platform, key: str, record: TuningRecord) -> None:
@@ -342,6 +349,19 @@ def set_selector(selector: Selector | None) -> Selector | None:
         old, _selector = _selector, selector
     forget_prepared()
     return old
+
+
+# A gate consulted before a call tunes a problem it meets (mode "tune"): when it says
+# True, Default serves the call and the gate's owner tunes the problem later. Distributed
+# jobs use it so that no rank decides alone and no collective runs inside a call
+# (unimatmul.tuning.distributed). Process-wide, so that it outlives set_selector().
+_tuning_gate: Callable[[Problem, Target], bool] | None = None
+
+
+def set_tuning_gate(gate: Callable[[Problem, Target], bool] | None) -> None:
+    """Install (or with None remove) the gate that may defer tuning on a call."""
+    global _tuning_gate
+    _tuning_gate = gate
 
 
 # Callers that keep prepared runners in front of the Selector (the API's fast path,
