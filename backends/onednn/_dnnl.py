@@ -41,6 +41,7 @@ import os
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -456,8 +457,11 @@ class Dnnl:
             )
         #: How the library runs CPU work: 'omp' (the 3.2 wheel), 'sycl' (the 3.13 wheel), ...
         self.cpu_runtime = CPU_RUNTIMES.get(info.cpu_runtime, f"0x{info.cpu_runtime:x}")
+        #: True in a child forked after this (SYCL) library ran: see _refuse_after_fork.
+        self.forked = False
         if info.cpu_runtime == DNNL_RUNTIME_SYCL:
             _point_opencl_at_cpu_runtime(self.path)
+            _SYCL_LIBRARIES.add(self)
         self._lock = threading.Lock()
         self._engine: ctypes.c_void_p | None = None
         self._stream: ctypes.c_void_p | None = None
@@ -487,6 +491,8 @@ class Dnnl:
     # -- engine / stream ----------------------------------------------------
 
     def _ensure(self) -> None:
+        if self.forked:
+            raise RuntimeError(_fork_message(self))
         if self._stream is not None:
             return
         with self._lock:
@@ -568,6 +574,37 @@ class Dnnl:
         """Build a :class:`MatmulPrimitive` for ``spec`` (``impl=None``: oneDNN's first)."""
         return MatmulPrimitive(self, spec, impl)
 
+
+# A SYCL build's runtime threads do not exist in a forked child, and its first
+# dnnl_primitive_execute there waits for them forever (measured with the 3.13 wheel; the
+# OpenMP build of 3.2 runs on). So the child refuses, with an error that says why, instead
+# of hanging: the selector then warns once and runs Default. The native caller (torch
+# routing's C++) holds raw function addresses and is not covered.
+_SYCL_LIBRARIES: weakref.WeakSet[Dnnl] = weakref.WeakSet()
+_SYCL_PRIMITIVES: weakref.WeakSet[MatmulPrimitive] = weakref.WeakSet()
+
+
+def _fork_message(dnnl: Dnnl) -> str:
+    return (
+        f"oneDNN {dnnl.version()} runs CPU work through SYCL, whose runtime does not survive "
+        "fork(): this process was forked from one that used it. Start workers with the "
+        "'spawn' or 'forkserver' method, or use oneDNN 3.2 (the `cpu` extra)"
+    )
+
+
+def _refuse_after_fork() -> None:
+    for dnnl in list(_SYCL_LIBRARIES):
+        dnnl.forked = True
+    for prim in list(_SYCL_PRIMITIVES):
+        message = _fork_message(prim._dnnl)
+
+        def refuse(*_args: Any, message: str = message) -> None:
+            raise RuntimeError(message)
+
+        prim._execute = refuse  # the hot path stays as it was in the parent
+
+
+os.register_at_fork(after_in_child=_refuse_after_fork)
 
 _INSTANCE: Dnnl | None = None
 _INSTANCE_LOCK = threading.Lock()
@@ -905,7 +942,9 @@ class MatmulPrimitive:
 
         # Bind hot-path callables and handles to locals-friendly attributes.
         self._set_handle = dnnl.fn("dnnl_memory_set_data_handle")
-        self._execute = dnnl.fn("dnnl_primitive_execute")
+        self._execute: Callable[..., Any] = dnnl.fn("dnnl_primitive_execute")
+        if dnnl.cpu_runtime == "sycl":
+            _SYCL_PRIMITIVES.add(self)
         self._wait = dnnl.fn("dnnl_stream_wait")
         self._stream = dnnl.stream
 
@@ -959,6 +998,8 @@ class MatmulPrimitive:
         """
         if self._closed:
             raise RuntimeError("MatmulPrimitive is closed")
+        if self._dnnl.forked:
+            raise RuntimeError(_fork_message(self._dnnl))
 
         def address(obj: Any) -> int:
             return int(ctypes.cast(obj, ctypes.c_void_p).value or 0)

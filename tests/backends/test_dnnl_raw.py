@@ -343,6 +343,37 @@ def test_the_cpu_runtime_is_known(dnnl: _dnnl.Dnnl) -> None:
         assert dnnl.engine and os.environ.get(_dnnl.OPENCL_ICD_VAR)
 
 
+def test_a_forked_child_runs_or_refuses_but_never_hangs(dnnl: _dnnl.Dnnl) -> None:
+    # OpenMP (3.2) carries on in a forked child; SYCL (3.13) would hang in the child's
+    # first execute, so the child must refuse with an error that names fork.
+    code = (
+        "import os, faulthandler, numpy as np\n"
+        "from unimatmul_backends.onednn import _dnnl\n"
+        "d = _dnnl.get_dnnl()\n"
+        "a = np.arange(64, dtype=np.float32).reshape(8, 8) / 64; c = np.full((8, 8), np.nan, np.float32)\n"
+        "p = d.matmul(_dnnl.MatmulSpec(1, 8, 8, 8)); p.execute(a.ctypes.data, a.ctypes.data, c.ctypes.data)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    faulthandler.dump_traceback_later(30, exit=True)\n"
+        "    c[...] = np.nan\n"
+        "    try:\n"
+        "        p.execute(a.ctypes.data, a.ctypes.data, c.ctypes.data)\n"
+        "        ok = np.allclose(c, a.astype(np.float64) @ a, rtol=1e-5)\n"
+        "        print('ran', ok, flush=True)\n"
+        "    except RuntimeError as exc:\n"
+        "        print('refused', exc, flush=True)\n"
+        "    os._exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    if dnnl.cpu_runtime == "sycl":
+        assert done.stdout.startswith("refused") and "fork()" in done.stdout, done.stdout
+    else:
+        assert done.stdout.strip() == "ran True", done.stdout + done.stderr
+
+
 def test_import_loads_nothing() -> None:
     code = (
         "import unimatmul_backends.onednn._dnnl as d\n"
