@@ -4,7 +4,7 @@ The two wheels write the same ``<prefix>/lib/libdnnl.so.3``, so they live in two
 environments; each library runs in a worker process of its own (``UNIMATMUL_DNNL_LIB``),
 driven from here so that the measurements interleave::
 
-    python benchmarks/onednn_eval.py --lib 3.2=installed --lib 3.13=/venv313/lib/libdnnl.so.3 \\
+    python benchmarks/onednn_eval.py --lib 3.2=installed --lib 3.13=../venv-onednn313/lib/libdnnl.so.3 \\
         [--presets bert-base gpt2 ...] [--cpus all 1] [--rounds 7] [--out benchmarks/results/onednn-eval]
 
 ``installed`` means the library this environment finds by itself. What it measures:

@@ -354,7 +354,8 @@ def _point_opencl_at_cpu_runtime(lib_path: str) -> None:
     it here (only when it is unset, and only to the runtime that came with this
     library) is enough. A value the user set is left as it is.
     """
-    runtime = os.path.join(os.path.dirname(lib_path), "libintelocl.so")
+    # Absolute: the ICD loader opens it later, from whatever the working directory is then.
+    runtime = os.path.join(os.path.dirname(os.path.abspath(lib_path)), "libintelocl.so")
     if not os.environ.get(OPENCL_ICD_VAR) and os.path.isfile(runtime):
         os.environ[OPENCL_ICD_VAR] = runtime
 
