@@ -30,7 +30,7 @@ def missing(dtype: str) -> str | None:
     if not impls:
         return (
             f"oneDNN offers no {dtype} matmul kernel on this CPU "
-            "(bf16 needs AVX-512-BF16 or AMX, and ONEDNN_MAX_CPU_ISA must allow it)"
+            "(bf16 needs AVX-512-BF16, AMX or AVX2-VNNI-2, and ONEDNN_MAX_CPU_ISA must allow it)"
         )
     return None
 

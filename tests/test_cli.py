@@ -37,7 +37,8 @@ from unimatmul.testing import fast_settings
 from unimatmul.tuning.selector import Selector, set_selector
 from unimatmul_backends.onednn import OneDNNBackend
 
-ONEDNN_VERSION = OneDNNBackend().versions()["onednn"]
+ONEDNN_VERSIONS = OneDNNBackend().versions()
+ONEDNN_VERSION = ONEDNN_VERSIONS["onednn"]
 
 
 def run(argv: list[str]) -> tuple[int, str]:
@@ -68,7 +69,7 @@ def test_info_json(isolated: Any) -> None:
     assert code == EXIT_OK
     data = json.loads(text)
     onednn = next(b for b in data["backends"] if b["name"] == "onednn")
-    assert onednn["available"] and onednn["versions"] == {"onednn": ONEDNN_VERSION}
+    assert onednn["available"] and onednn["versions"] == ONEDNN_VERSIONS
     assert data["platform"]["namespace"].endswith("/numpy")
     assert data["cache"] == {"path": str(isolated.cache_path), "entries": 0}
     assert {"onednn", "presets"} <= set(data["plugins"]["loaded"])
@@ -78,7 +79,8 @@ def test_the_console_script(tmp_path: Path) -> None:
     script = shutil.which("unimatmul", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("the unimatmul console script is not installed next to this Python")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
+    # The library under test stays (UNIMATMUL_DNNL_LIB): the version must be its own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_") or k == "UNIMATMUL_DNNL_LIB"}
     env["UNIMATMUL_CACHE"] = str(tmp_path / "cache.msgpack")
     done = subprocess.run([script, "info"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == EXIT_OK, done.stderr

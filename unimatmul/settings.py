@@ -291,7 +291,7 @@ DNNL_LIB = declare(
     "path",
     None,
     parse_text,
-    "path of `libdnnl.so.3` to use instead of the one from the `onednn-cpu-gomp` wheel; it must exist",
+    "path of `libdnnl.so.3` to use instead of the one from the `onednn-cpu-gomp` (or `onednn`) wheel; it must exist",
     owner="onednn",
 )
 ONEDNN_REF = declare(
