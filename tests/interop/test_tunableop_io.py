@@ -99,9 +99,22 @@ def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path
         ldc=64, stride_a=32 * 128, stride_b=32 * 64, stride_c=128 * 64,
     )  # fmt: skip
     assert got[batched.key].winner == "hipblaslt/gemm?index=8537"
-    assert len(got) == 5
-    assert "line 11: ScaledGemm" in text and "line 12: ScaledGemm" in text
-    assert f"imported 5 entries into {MI300}" in text
+    # ScaledGemm tn_64_12288_2048_ld_2048_2048_64_rw_1_bias_None: x[12288, 2048] @ w.t(), w[64, 2048],
+    # fp8 (fnuz) with row-wise scales; the op name's dtypes are mat1, mat2, out (not swapped).
+    rowwise = Problem(
+        m=12288, n=64, k=2048, dtype_a="f8e4m3fnuz", dtype_b="f8e4m3fnuz", dtype_c="bf16", trans_b=True,
+        lda=2048, ldb=2048, ldc=64, op="scaled_gemm", scale_a="rowwise", scale_b="rowwise",
+    )  # fmt: skip
+    assert got[rowwise.key].winner == "hipblaslt/gemm?index=30410"
+    tensorwise = Problem(
+        m=128, n=4096, k=8192, dtype_a="f8e4m3fnuz", dtype_b="f8e5m2fnuz", dtype_c="f16", trans_b=True,
+        lda=8192, ldb=8192, ldc=4096, epilogue="bias", dtype_bias="f16", op="scaled_gemm",
+        scale_a="tensor", scale_b="tensor",
+    )  # fmt: skip
+    assert got[tensorwise.key].winner == DEFAULT.identity
+    assert len(got) == 7
+    assert "ScaledGemm" not in text
+    assert f"imported 7 entries into {MI300}" in text
 
 
 def test_identities_are_the_backends_own() -> None:
@@ -209,10 +222,10 @@ def test_existing_entries_are_kept_unless_replace(tmp_path: Path) -> None:
     mine = TuningRecord(problem=linear.key, winner="onednn/x", winner_s=1.0, default_s=2.0)
     open_store(cache).put(MI300, linear.key, mine)
     text = import_file("rocm_2.7_ld.csv", cache)
-    assert "imported 4 entries" in text and "kept 1 existing entries" in text
+    assert "imported 6 entries" in text and "kept 1 existing entries" in text
     assert entries(cache)[linear.key].winner == "onednn/x"
     text = import_file("rocm_2.7_ld.csv", cache, MI300, "--replace")
-    assert "imported 5 entries" in text
+    assert "imported 7 entries" in text
     assert entries(cache)[linear.key].winner == "hipblaslt/gemm?index=61169"
 
 
