@@ -104,8 +104,19 @@ def test_read_tunableop_untuned_file() -> None:
     # The ScaledGemm row (tn_64_12288_2048_ld_2048_2048_64_rw_1_bias_None) is x[12288, 2048] @ w.t(),
     # fp8 with row-wise scales: a scaled problem, nothing skipped.
     scaled = by_dtype["f8e4m3"]
-    assert (scaled.op, scaled.m, scaled.n, scaled.k, scaled.dtype_c) == ("scaled_gemm", 12288, 64, 2048, "bf16")
-    assert (scaled.trans_a, scaled.trans_b, scaled.scale_a, scaled.scale_b) == (False, True, "rowwise", "rowwise")
+    assert (scaled.op, scaled.m, scaled.n, scaled.k, scaled.dtype_c) == (
+        "scaled_gemm",
+        12288,
+        64,
+        2048,
+        "bf16",
+    )
+    assert (scaled.trans_a, scaled.trans_b, scaled.scale_a, scaled.scale_b) == (
+        False,
+        True,
+        "rowwise",
+        "rowwise",
+    )
     assert not found.skipped
 
 
