@@ -44,7 +44,10 @@ class ScaledFakeRunner:
         if behaviour == "first_scale":
             scale_a, scale_b = scale_a.reshape(-1)[:1], scale_b.reshape(-1)[:1]
         f64 = torch.float64
-        result = (a.to(f64) * scale_a.to(f64)) @ (b.to(f64) * scale_b.to(f64))
+        # The out= form: PyTorch's own kernel even while routing is on (a kernel must not
+        # call routed ops, or tuning would recurse into them).
+        result = torch.empty(out.shape, dtype=f64)
+        torch.mm(a.to(f64) * scale_a.to(f64), b.to(f64) * scale_b.to(f64), out=result)
         if bias is not None:
             result = result + bias.to(f64)
         out.copy_(alpha * result)
