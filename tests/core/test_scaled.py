@@ -195,6 +195,16 @@ def test_scaled_matmul_matches_the_dequantised_product(
     )
 
 
+def test_one_row_with_row_wise_scales_is_row_wise_as_in_torch(isolated: Any) -> None:
+    """At m = 1 a [1, 1] scale_a is one value, yet row-wise next to a [1, n] scale_b (decode)."""
+    a, b, sa, sb = _operands(1, 48, 64, "rowwise")
+    assert tuple(sa.shape) == (1, 1)
+    problem = scaled_problem_of(adapter_for_kind("torch"), a, b, sa, sb, out_dtype="bf16")
+    assert (problem.scale_a, problem.scale_b) == ("rowwise", "rowwise")
+    out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert torch.equal(out, torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
+
+
 def test_out_is_written_in_place_and_e5m2_mixes_with_e4m3(isolated: Any) -> None:
     a = _fp8((16, 32), torch.float8_e5m2, 3)
     _, b, sa, sb = _operands(16, 64, 32, "rowwise", seed=4)
@@ -211,7 +221,7 @@ def test_out_is_written_in_place_and_e5m2_mixes_with_e4m3(isolated: Any) -> None
         (
             lambda a, b, sa, sb: ((a, b, sa, torch.rand(1, 48)), {}),
             ValueError,
-            "scale_a is tensor but scale_b is rowwise",
+            "scale_a has shape \\(\\) and scale_b \\(1, 48\\)",
         ),
         (lambda a, b, sa, sb: ((a, b, torch.rand(33, 2), sb), {}), ValueError, "block-wise and MX scales"),
         (lambda a, b, sa, sb: ((a, b, sa.double(), sb), {}), TypeError, "scales are float32"),

@@ -85,27 +85,43 @@ def scaled_problem(
 # --- a Problem from the caller's tensors ---------------------------------------------------
 
 
-def scale_mode(scale: Any, adapter: ArrayAdapter, rows: int, cols: int, what: str) -> str:
-    """``tensor`` or ``rowwise`` for a scale tensor meant to be ``[rows, cols]`` when a
-    vector; a clear error naming the scale otherwise."""
+def _check_scale(scale: Any, adapter: ArrayAdapter, what: str) -> tuple[int, ...]:
     if not adapter.same_library(scale):
         msg = f"scaled_matmul: {what} is a {type(scale).__name__}; scales are float32 torch tensors"
         raise TypeError(msg)
     if adapter.dtype(scale) != "f32":
         msg = f"scaled_matmul: {what} is {adapter.dtype(scale)}; scales are float32"
         raise TypeError(msg)
-    shape = adapter.shape(scale)
-    if int(np.prod(shape, dtype=np.int64)) == 1:
-        return "tensor"
-    if shape == (rows, cols):
-        strides = adapter.strides(scale)
-        if strides[0 if cols == 1 else 1] == 1 or max(rows, cols) == 1:
-            return "rowwise"
-        msg = f"scaled_matmul: {what} of shape {shape} must be contiguous, got strides {strides}"
-        raise ValueError(msg)
+    return adapter.shape(scale)
+
+
+def _is_vector(scale: Any, adapter: ArrayAdapter, shape: tuple[int, int]) -> bool:
+    """Whether ``scale`` is a row-wise scale of exactly ``shape``, its values adjacent."""
+    if adapter.shape(scale) != shape:
+        return False
+    strides = adapter.strides(scale)
+    return max(shape) == 1 or strides[0 if shape[1] == 1 else 1] == 1
+
+
+def scale_modes(scale_a: Any, scale_b: Any, adapter: ArrayAdapter, m: int, n: int) -> tuple[str, str]:
+    """The (scale_a, scale_b) modes of a call, decided as ``torch._scaled_mm`` decides them.
+
+    Both one value: per-tensor. Else ``scale_a`` of shape ``[m, 1]`` and ``scale_b`` of
+    shape ``[1, n]``: row-wise (so a ``[1, 1]`` scale_a at m = 1 is row-wise next to a
+    ``[1, n]`` scale_b, as in torch's ``get_joint_scaling``). Anything else is an error
+    naming what was given.
+    """
+    shape_a = _check_scale(scale_a, adapter, "scale_a")
+    shape_b = _check_scale(scale_b, adapter, "scale_b")
+    ones = [int(np.prod(s, dtype=np.int64)) == 1 for s in (shape_a, shape_b)]
+    if all(ones):
+        return "tensor", "tensor"
+    if _is_vector(scale_a, adapter, (m, 1)) and _is_vector(scale_b, adapter, (1, n)):
+        return "rowwise", "rowwise"
     msg = (
-        f"scaled_matmul: {what} has shape {shape}: a scale is one value (per-tensor) or a float32 "
-        f"vector of shape {(rows, cols)} (row-wise); block-wise and MX scales are not supported"
+        f"scaled_matmul: scale_a has shape {shape_a} and scale_b {shape_b}: both scales must be one value "
+        f"(per-tensor), or contiguous float32 vectors of shapes {(m, 1)} and {(1, n)} (row-wise); "
+        "mixed, block-wise and MX scales are not supported"
     )
     raise ValueError(msg)
 
@@ -168,16 +184,7 @@ def scaled_problem_of(
     if out_dtype not in SCALED_OUTPUTS:
         msg = f"scaled_matmul: out_dtype {out_dtype} is not one of {', '.join(SCALED_OUTPUTS)}"
         raise TypeError(msg)
-    modes = (
-        scale_mode(scale_a, adapter, m, 1, "scale_a"),
-        scale_mode(scale_b, adapter, 1, n, "scale_b"),
-    )
-    if modes not in SCALE_PAIRS:
-        msg = (
-            f"scaled_matmul: scale_a is {modes[0]} but scale_b is {modes[1]}: both scales must be "
-            "per-tensor, or both row-wise (scale_a [m, 1], scale_b [1, n])"
-        )
-        raise ValueError(msg)
+    modes = scale_modes(scale_a, scale_b, adapter, m, n)
     if bias is not None:
         if adapter.shape(bias) != (n,):
             msg = f"scaled_matmul: bias must have shape ({n},), got {adapter.shape(bias)}"
@@ -375,7 +382,7 @@ __all__ = [
     "ScaledOperands",
     "default_runner",
     "make_scaled_operands",
-    "scale_mode",
+    "scale_modes",
     "scaled_problem",
     "scaled_problem_of",
     "scaled_reference",
