@@ -17,6 +17,9 @@ Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points fir
    tunes the problem, the winner's runner is timed). Timing as ``benchmarks/gpu_bench.py``
    (GPU-NOTES): CUDA-graph replays of >= 20 back-to-back calls (fewer for long calls),
    inputs rotated through > 3x L2, both columns' replays interleaved, median of 15.
+   The candidates are cuBLASLt's heuristic list plus ``--exhaustive N`` (default 16)
+   configurations of the exhaustive search (``UNIMATMUL_LT_EXHAUSTIVE``); 0 for the
+   heuristic list alone.
 4. **fp8 linear stack**: 4 Llama-3-8B-sized blocks of fp8 linears (weights quantised
    once; per call the activation is quantised and ``torch._scaled_mm`` runs), tokens per
    second with routing off and on (``unimatmul.torch.enable()``, problems tuned in one
@@ -398,6 +401,12 @@ class Run:
         ]
         env = self.data.get("environment", {})
         lines.append(f"torch {env.get('torch')}, CUDA {env.get('cuda')}, libraries {env.get('versions')}")
+        exhaustive = self.data.get("exhaustive", 0)
+        lines.append(
+            "candidates: cuBLASLt heuristics"
+            + (f" + up to {exhaustive} exhaustive-search configurations" if exhaustive else "")
+            + "; times: CUDA-graph replays, inputs rotated through > 3x L2, median of 15"
+        )
         tests = self.data.get("tests", {})
         lines.append(f"GPU tests (tests/gpu/test_fp8_gpu.py): {tests.get('counts')} exit {tests.get('exit')}")
         for failure in tests.get("failures", [])[:5]:
@@ -508,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="m = 1, 16, 128 only")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument(
+        "--exhaustive",
+        type=int,
+        default=16,
+        help="extra cuBLASLt configurations per problem (0: heuristics only)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -518,6 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     run.environment()
     if not args.skip_tests:
         run.tests(args.tests_timeout_s)
+    # After the tests (which set their own): the benchmark's candidates.
+    if args.exhaustive > 0:
+        os.environ["UNIMATMUL_LT_EXHAUSTIVE"] = "1"
+        os.environ["UNIMATMUL_LT_EXHAUSTIVE_MAX"] = str(args.exhaustive)
+        os.environ["UNIMATMUL_LT_EXHAUSTIVE_CHECKS"] = "600"
+    run.data["exhaustive"] = args.exhaustive
     run.started = time.perf_counter()  # the budget is the benchmark's
     for part in (run.torch_kernels, run.bench, run.stack):
         try:
