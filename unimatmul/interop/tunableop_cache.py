@@ -353,8 +353,7 @@ def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float
         raise RowSkipped(f"epilogue {problem.epilogue!r} has no TunableOp op")
     if not problem.beta_zero:
         raise RowSkipped("beta != 0: TunableOp's key has no beta; only beta = 0 entries are written")
-    if problem.align != 16:
-        raise RowSkipped(f"{problem.align}-byte aligned operands: TunableOp's key assumes aligned tensors")
+    _check_written_layout(problem, legacy)
     if not problem.dtype_a == problem.dtype_b == problem.dtype_c or problem.dtype_a not in _TORCH_DTYPES:
         raise RowSkipped(
             f"dtypes {problem.dtype_a}/{problem.dtype_b}/{problem.dtype_c} have no TunableOp GEMM"
@@ -378,15 +377,7 @@ def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float
         )
         if strides != extents:
             raise RowSkipped(f"batch strides {strides} are not the matrices' extents {extents}")
-    tight = (
-        problem.m if problem.trans_a else problem.k,
-        problem.k if problem.trans_b else problem.n,
-        problem.n,
-    )
-    if legacy and (problem.lda, problem.ldb, problem.ldc) != tight:
-        raise RowSkipped("padded leading dimensions cannot be written in the torch < 2.7 format (no _ld_)")
     kind = "gemm_bias" if problem.has_bias else ("gemm_strided_batched" if problem.batch > 1 else "gemm")
-    layout = ("T" if problem.trans_b else "N") + ("T" if problem.trans_a else "N")  # BLAS view: B first
     view = RowMajorGemm(
         kind=kind,
         m=problem.m,
@@ -401,6 +392,26 @@ def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float
         dtype_a=_TORCH_DTYPES[problem.dtype_a],
         tf32=tf32,
     )
+    return _row_of(view, problem, winner, legacy=legacy, time_ms=time_ms)
+
+
+def _check_written_layout(problem: Problem, legacy: bool) -> None:
+    """RowSkipped where TunableOp's params cannot say the layout (alignment, padded lds before 2.7)."""
+    if problem.align != 16:
+        raise RowSkipped(f"{problem.align}-byte aligned operands: TunableOp's key assumes aligned tensors")
+    tight = (
+        problem.m if problem.trans_a else problem.k,
+        problem.k if problem.trans_b else problem.n,
+        problem.n,
+    )
+    if legacy and (problem.lda, problem.ldb, problem.ldc) != tight:
+        raise RowSkipped("padded leading dimensions cannot be written in the torch < 2.7 format (no _ld_)")
+
+
+def _row_of(
+    view: RowMajorGemm, problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float | None
+) -> TunableOpGemm:
+    layout = ("T" if problem.trans_b else "N") + ("T" if problem.trans_a else "N")  # BLAS view: B first
     return TunableOpGemm.from_row_major(
         view, solution=solution_of(winner, layout, legacy=legacy), time_ms=time_ms, with_ld=not legacy
     )
@@ -415,8 +426,7 @@ def _scaled_gemm_of(
             "fast_accum = 1: TunableOp's ScaledGemm key has no use_fast_accum; only fast_accum = 0 entries "
             "are written"
         )
-    if problem.align != 16:
-        raise RowSkipped(f"{problem.align}-byte aligned operands: TunableOp's key assumes aligned tensors")
+    _check_written_layout(problem, legacy)
     if problem.scale_a != problem.scale_b:
         raise RowSkipped(f"scales {problem.scale_a}/{problem.scale_b}: TunableOp's rw flag names one mode")
     rowwise = problem.scale_a == "rowwise"
@@ -424,14 +434,6 @@ def _scaled_gemm_of(
         raise RowSkipped(
             "row-wise scales or a bias cannot be written in the torch < 2.7 format (no _rw_/_bias_)"
         )
-    tight = (
-        problem.m if problem.trans_a else problem.k,
-        problem.k if problem.trans_b else problem.n,
-        problem.n,
-    )
-    if legacy and (problem.lda, problem.ldb, problem.ldc) != tight:
-        raise RowSkipped("padded leading dimensions cannot be written in the torch < 2.7 format (no _ld_)")
-    layout = ("T" if problem.trans_b else "N") + ("T" if problem.trans_a else "N")  # BLAS view: B first
     view = RowMajorGemm(
         kind="scaled_gemm",
         m=problem.m,
@@ -448,9 +450,7 @@ def _scaled_gemm_of(
         rowwise=None if legacy else rowwise,
         bias_dtype=_TORCH_DTYPES[problem.dtype_bias] if problem.dtype_bias else None,
     )
-    return TunableOpGemm.from_row_major(
-        view, solution=solution_of(winner, layout, legacy=legacy), time_ms=time_ms, with_ld=not legacy
-    )
+    return _row_of(view, problem, winner, legacy=legacy, time_ms=time_ms)
 
 
 def solution_of(winner: Candidate, layout: str, *, legacy: bool) -> TunableOpSolution:
