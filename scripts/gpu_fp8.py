@@ -435,6 +435,13 @@ class Run:
                     f"min {worst['speedup']:.3f}x ({worst['model']} {worst['layer']} m={worst['m']}); "
                     f"shapes below 0.99x: {sum(s < 0.99 for s in chosen)}"
                 )
+        if rows:
+            all_speedups = [r["speedup"] for r in rows]
+            met = geomean(all_speedups) >= 1.03 and min(all_speedups) >= 0.99
+            lines.append(
+                f"target (geomean >= 1.03x, no shape below 0.99x): {'met' if met else 'not met'}"
+                + ("" if len(rows) == 2 * len(LAYERS) * len(M_VALUES) else f" (on {len(rows)} of the shapes)")
+            )
         if self.data["stack"]:
             lines += [
                 "",
@@ -446,6 +453,13 @@ class Run:
                     f"| {s['scales']} | {s['m']} | {'graph' if s['graph'] else 'eager'} | {s['tokens_per_s_off']:.0f} | "
                     f"{s['tokens_per_s_on']:.0f} | {s['speedup']:.3f}x | {s['kernel_calls']} |"
                 )
+            graphed = [x["speedup"] for x in self.data["stack"] if x["graph"]]
+            eager = [x["speedup"] for x in self.data["stack"] if not x["graph"]]
+            lines.append(
+                f"stack target (routed >= 1.0x tokens/s): graphs {'met' if graphed and min(graphed) >= 1.0 else 'not met'}"
+                f" (min {min(graphed, default=math.nan):.3f}x), eager "
+                f"{'met' if eager and min(eager) >= 1.0 else 'not met'} (min {min(eager, default=math.nan):.3f}x)"
+            )
         if self.data["skipped"]:
             lines.append(f"\nskipped (budget): {len(self.data['skipped'])}")
         for error in self.data["errors"][:10]:
