@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -153,6 +153,11 @@ class LtABI:
     # 0.1/0.2 stored a std::shared_ptr there, so the algo was not serialisable).
     solution_index_offset: int | None
     notes: tuple[str, ...] = ()
+    # How the A/B scale pointers of a scaled (fp8) GEMM are read, set through the
+    # A/B_SCALE_MODE descriptor attributes (cublasLtMatmulMatrixScale_t,
+    # hipblasLtMatmulMatrixScale_t). Empty where the table has no such attribute: then
+    # only the default, one scalar per matrix, is available.
+    matrix_scale: Mapping[str, int | None] = field(default_factory=lambda: _ro({}))
 
     # ---- helpers -------------------------------------------------------------------
     def symbol(self, generic: str) -> str:
@@ -500,7 +505,15 @@ _CUBLASLT_RESULT_FIELDS: _CFields = (
 _CUBLASLT_RESULT_OFFSETS = {"algo": 0, "workspaceSize": 64, "state": 72, "wavesCount": 76, "reserved": 80}
 
 
-def _cublaslt(label: str, vmin: int, vmax: int, source: str, desc_extra: dict, notes: tuple) -> LtABI:
+def _cublaslt(
+    label: str,
+    vmin: int,
+    vmax: int,
+    source: str,
+    desc_extra: dict,
+    notes: tuple,
+    matrix_scale: Mapping[str, int | None] | None = None,
+) -> LtABI:
     desc = dict(_CUBLASLT_DESC)
     desc.update(desc_extra)
     return LtABI(
@@ -537,8 +550,22 @@ def _cublaslt(label: str, vmin: int, vmax: int, source: str, desc_extra: dict, n
         algo_cap_attr_ctype=_ro(_CUBLASLT_ALGO_CAP_CTYPES),
         solution_index_offset=None,
         notes=notes,
+        matrix_scale=_ro(matrix_scale or {}),
     )
 
+
+# cublasLt.h (cuda13.1) cublasLtMatmulMatrixScale_t (the same numbers in nvmath's
+# MatmulMatrixScale). OUTER_VEC_32F is the row-wise mode (scale_A has M values, scale_B
+# N); the cuBLAS guide ("Narrow Precision Data Types Usage") lists it, and the 128 /
+# 128x128 block modes, for compute capability 9.0; tensor-wise for 8.9+.
+_CUBLASLT_MATRIX_SCALE = {
+    "SCALAR_32F": 0,
+    "VEC16_UE4M3": 1,
+    "VEC32_UE8M0": 2,
+    "OUTER_VEC_32F": 3,
+    "VEC128_32F": 4,
+    "BLK128x128_32F": 5,
+}
 
 #: cuBLASLt 13.x (CUDA 13).  Read from cuda13.1 (cuBLAS 13.1.0.3).
 CUBLASLT_13 = _cublaslt(
@@ -552,6 +579,7 @@ CUBLASLT_13 = _cublaslt(
         "ATOMIC_SYNC_* descriptor attributes (27-30) and ALGO_CAP_ATOMIC_SYNC (20) are absent "
         "from the 13.1 header (present since 12.2 per hipify); they are not in this table.",
     ),
+    _CUBLASLT_MATRIX_SCALE,
 )
 
 #: cuBLASLt 12.x (CUDA 12).  Same numbers as 13.x for every entry in the table: all were
@@ -670,6 +698,19 @@ _HIPBLASLT11_DESC = _HIPBLASLT6_DESC | {
     "B_SCALE_MODE": 32,
 }
 
+# hipblasLtMatmulMatrixScale_t of hipBLASLt 1.1.0 (``debian-1.1``, read by the compiler in
+# CI): the cuBLASLt numbers. The header marks VEC16_UE4M3, VEC128_32F and BLK128x128_32F
+# "Not supported yet"; OUTER_VEC_32F replaces the A/B_SCALE_POINTER_VEC_EXT attributes of
+# 0.7-1.0, which the 1.1 header turns into a static_assert.
+_HIPBLASLT11_MATRIX_SCALE = {
+    "SCALAR_32F": 0,
+    "VEC16_UE4M3": 1,
+    "VEC32_UE8M0": 2,
+    "OUTER_VEC_32F": 3,
+    "VEC128_32F": 4,
+    "BLK128x128_32F": 5,
+}
+
 # hipblasLtMatrixLayoutAttribute_t, hipblaslt@rocm-6.0.0 .. develop.
 _HIPBLASLT6_LAYOUT = {
     "BATCH_COUNT": 0,
@@ -734,6 +775,7 @@ def _hip6(
     *,
     desc: dict | None = None,
     source: str = _HIP_SOURCES_6,
+    matrix_scale: Mapping[str, int | None] | None = None,
 ) -> LtABI:
     return LtABI(
         name="hipblaslt",
@@ -772,6 +814,7 @@ def _hip6(
         algo_cap_attr_ctype=_ro({}),
         solution_index_offset=0,
         notes=notes,
+        matrix_scale=_ro(matrix_scale or {}),
     )
 
 
@@ -800,6 +843,7 @@ HIPBLASLT_1_1 = _hip6(
         "attributes (the setters take them).",
     ),
     desc=_HIPBLASLT11_DESC,
+    matrix_scale=_HIPBLASLT11_MATRIX_SCALE,
     source="hipblaslt.h of hipBLASLt 1.1.0 (Debian libhipblaslt-dev 7.1.1+dfsg-4), hip/library_types.h "
     "(HIP 6.4.3), hipblas-common.h (7.1.0), read by the C++ compiler (tests/amd_real)",
 )

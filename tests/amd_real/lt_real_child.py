@@ -29,7 +29,7 @@ from typing import Any
 from unimatmul import Problem
 from unimatmul_backends.lt.abi import HIPBLASLT_5, LtABI, select_hipblaslt_abi
 from unimatmul_backends.lt.driver import CtypesLtLibrary, LtDriver, LtError, LtPlan
-from unimatmul_backends.lt.layout import lt_gemm
+from unimatmul_backends.lt.layout import lt_problem
 from unimatmul_backends.rocm.hipblaslt import LIBRARY_NAMES
 from unimatmul_backends.rocm.libraries import ENV_HIPBLASLT, load_library
 
@@ -68,9 +68,38 @@ PROBLEMS: dict[str, Problem] = {
     "f32-batch5-relu": Problem(
         m=8, n=8, k=8, batch=5, stride_a=64, stride_b=64, stride_c=64, trans_b=True, epilogue="relu"
     ),
+    # Scaled (fp8) GEMMs as torch._scaled_mm makes them: MI300's fnuz with row-wise
+    # scales and a bias, and OCP e4m3 x e5m2 with per-tensor scales.
+    "fp8fnuz-rowwise-bias": Problem(
+        m=32,
+        n=64,
+        k=48,
+        dtype_a="f8e4m3fnuz",
+        dtype_b="f8e4m3fnuz",
+        dtype_c="bf16",
+        trans_b=True,
+        epilogue="bias",
+        dtype_bias="bf16",
+        op="scaled_gemm",
+        scale_a="rowwise",
+        scale_b="rowwise",
+    ),
+    "fp8ocp-tensor": Problem(
+        m=16,
+        n=32,
+        k=64,
+        dtype_a="f8e4m3",
+        dtype_b="f8e5m2",
+        dtype_c="f16",
+        trans_b=True,
+        op="scaled_gemm",
+        scale_a="tensor",
+        scale_b="tensor",
+    ),
 }
 WORKSPACE = 3 << 20
 BIAS_ADDRESS = 0x7F00_1234_5000  # set, never read: no kernel runs
+SCALE_ADDRESSES = (0x7F00_1234_6000, 0x7F00_1234_7000)  # likewise: the library's A and B scales
 _BUF = 32
 
 
@@ -115,13 +144,14 @@ def main(version: int) -> dict[str, Any]:
 
     plans = {}
     for name, problem in PROBLEMS.items():
-        plan = LtPlan(driver, lt_gemm(problem), WORKSPACE)
+        plan = LtPlan(driver, lt_problem(problem), WORKSPACE)
         if problem.has_bias:
             plan.set_bias(BIAS_ADDRESS)
-        desc = {
-            key: _get(lib, "MatmulDescGetAttribute", plan.desc, abi.desc_attr(key)[0])
-            for key in ("TRANSA", "TRANSB", "EPILOGUE", "BIAS_DATA_TYPE", "BIAS_POINTER", "POINTER_MODE")
-        }
+        keys = ["TRANSA", "TRANSB", "EPILOGUE", "BIAS_DATA_TYPE", "BIAS_POINTER", "POINTER_MODE"]
+        if problem.is_scaled:
+            plan.set_scales(*SCALE_ADDRESSES)
+            keys += ["A_SCALE_MODE", "B_SCALE_MODE", "A_SCALE_POINTER", "B_SCALE_POINTER"]
+        desc = {key: _get(lib, "MatmulDescGetAttribute", plan.desc, abi.desc_attr(key)[0]) for key in keys}
         layouts = [
             {
                 key: _get(lib, "MatrixLayoutGetAttribute", layout, abi.layout_attr_of(key)[0])

@@ -37,6 +37,12 @@ ENUMS = {
     "epilogue": ("hipblasLtEpilogue_t", "HIPBLASLT_EPILOGUE_", "hipblaslt/hipblaslt.h"),
     "pointer_mode": ("hipblasLtPointerMode_t", "HIPBLASLT_POINTER_MODE_", "hipblaslt/hipblaslt.h"),
     "order": ("hipblasLtOrder_t", "HIPBLASLT_ORDER_", "hipblaslt/hipblaslt.h"),
+    # How a scaled (fp8) GEMM's A/B scales are read (A/B_SCALE_MODE).
+    "matrix_scale": (
+        "hipblasLtMatmulMatrixScale_t",
+        "HIPBLASLT_MATMUL_MATRIX_SCALE_",
+        "hipblaslt/hipblaslt.h",
+    ),
 }
 STRUCTS = {
     "hipblasLtMatmulAlgo_t": ("data", "max_workspace_bytes"),

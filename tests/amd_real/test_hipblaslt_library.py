@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from amd_archive import AmdRoot
-from lt_real_child import BIAS_ADDRESS, PROBLEMS, WORKSPACE
+from lt_real_child import BIAS_ADDRESS, PROBLEMS, SCALE_ADDRESSES, WORKSPACE
 
 from unimatmul_backends.lt.abi import LtABI, select_hipblaslt_abi
 from unimatmul_backends.lt.driver import DATATYPES
-from unimatmul_backends.lt.layout import lt_gemm
+from unimatmul_backends.lt.layout import lt_problem
 from unimatmul_backends.rocm.libraries import ENV_HIPBLASLT
 
 CHILD = Path(__file__).with_name("lt_real_child.py")
@@ -70,7 +70,7 @@ def test_the_real_library_binds_every_symbol(report: dict[str, Any], amd: AmdRoo
 
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_the_plan_is_what_the_library_holds(report: dict[str, Any], abi: LtABI, name: str) -> None:
-    gemm = lt_gemm(PROBLEMS[name])
+    gemm = lt_problem(PROBLEMS[name])
     got = report["plans"][name]
 
     def desc(key: str) -> Any:
@@ -86,6 +86,11 @@ def test_the_plan_is_what_the_library_holds(report: dict[str, Any], abi: LtABI, 
     else:
         assert desc("BIAS_DATA_TYPE") == abi.datatype[DATATYPES[gemm.bias_dtype]]
         assert desc("BIAS_POINTER") == BIAS_ADDRESS
+    if gemm.scaled:
+        # The scale modes the plan set (OUTER_VEC_32F for row-wise), and the scale addresses.
+        assert desc("A_SCALE_MODE") == abi.matrix_scale[gemm.scale_a or ""]
+        assert desc("B_SCALE_MODE") == abi.matrix_scale[gemm.scale_b or ""]
+        assert (desc("A_SCALE_POINTER"), desc("B_SCALE_POINTER")) == SCALE_ADDRESSES
     for matrix, layout in zip((gemm.a, gemm.b, gemm.c), got["layouts"], strict=True):
         assert value(layout["BATCH_COUNT"], abi.layout_attr_of("BATCH_COUNT")[1]) == matrix.batch
         assert value(layout["STRIDED_BATCH_OFFSET"], abi.layout_attr_of("STRIDED_BATCH_OFFSET")[1]) == (

@@ -117,6 +117,9 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str]]:
         for item in found.problems:
             array = args.array or item.array
             device = args.device or item.device or "cuda"
+            if item.problem.is_scaled and array != "torch":
+                notes.append(f"{item.problem.shape_text}: scaled (fp8) problems tune on torch tensors only")
+                continue
             key = (array, device)
             if key not in targets:
                 targets[key] = output.target(array, device)

@@ -3,6 +3,7 @@
 >>> import unimatmul.torch
 >>> unimatmul.torch.enable()          # or: with unimatmul.torch.enabled(): ...
 >>> model(x)                          # mm, addmm, bmm, baddbmm, matmul, @, Linear: routed
+>>>                                   # (and torch._scaled_mm, fp8: scaled_routing.py)
 
 Which kernel a routed call runs follows the mode (``UNIMATMUL_MODE`` or
 :func:`unimatmul.mode`): ``cached`` (the default) runs tuned choices and PyTorch's
@@ -40,6 +41,7 @@ __all__ = [
     "is_enabled",
     "plans",
     "reset_stats",
+    "scaled_stats",
     "stats",
     "warmup",
 ]
@@ -50,21 +52,24 @@ def enable() -> None:
 
     Reads ``UNIMATMUL_MODE`` now; change the mode later with :func:`unimatmul.mode`.
     """
-    from unimatmul.torch import compiled, routing
+    from unimatmul.torch import compiled, routing, scaled_routing
     from unimatmul.tuning import agreement
     from unimatmul.tuning.selector import on_forget
 
     routing.install()
+    scaled_routing.install()
     compiled.install()
     on_forget(routing.clear_plans)
+    on_forget(scaled_routing.clear_plans)
     agreement.install()  # inert unless UNIMATMUL_DISTRIBUTED=1 in a process group
 
 
 def disable() -> None:
     """Give every product back to PyTorch: its own kernels and Inductor pass return."""
-    from unimatmul.torch import compiled, routing
+    from unimatmul.torch import compiled, routing, scaled_routing
 
     routing.uninstall()
+    scaled_routing.uninstall()
     compiled.uninstall()
 
 
@@ -93,10 +98,18 @@ def stats() -> dict[str, Any]:
     return routing.stats()
 
 
+def scaled_stats() -> dict[str, Any]:
+    """Counts of routed ``torch._scaled_mm`` calls; see :func:`unimatmul.torch.scaled_routing.stats`."""
+    from unimatmul.torch import scaled_routing
+
+    return scaled_routing.stats()
+
+
 def reset_stats() -> None:
-    from unimatmul.torch import routing
+    from unimatmul.torch import routing, scaled_routing
 
     routing.reset_stats()
+    scaled_routing.reset_stats()
 
 
 def clear_plans() -> None:
@@ -104,9 +117,10 @@ def clear_plans() -> None:
 
     Needed after another process tuned problems this one already resolved.
     """
-    from unimatmul.torch import routing
+    from unimatmul.torch import routing, scaled_routing
 
     routing.clear_plans()
+    scaled_routing.clear_plans()
 
 
 def plans() -> list[Plan]:

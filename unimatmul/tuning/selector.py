@@ -23,6 +23,7 @@ from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, R
 from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import default_runner
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.record_mode import record_problem
@@ -148,14 +149,16 @@ class Selector:
             f"run:{problem.key if problem is not None else candidate.identity}",
             f"{candidate.identity} failed on {what} ({type(exc).__name__}: {exc}); using Default",
         )
-        return DefaultRunner(target_adapter, problem.activation if problem is not None else None)
+        if problem is None:
+            return DefaultRunner(target_adapter, None)
+        return default_runner(problem, target_adapter)
 
     # --- choosing -----------------------------------------------------------------
     def decide(self, problem: Problem, target: Target, mode: str) -> Decision:
         """The Runner to use for ``problem`` in ``mode``; never raises for tuning failures."""
         self.stats.lookups += 1
         if mode == "off":
-            return Decision(DefaultRunner(target.adapter, problem.activation), "default")
+            return Decision(default_runner(problem, target.adapter), "default")
         if mode == "record" and self.on_problem is not None:
             try:
                 self.on_problem(problem, target)
@@ -174,7 +177,7 @@ class Selector:
                     return Decision(DefaultRunner(target.adapter, problem.activation), "deferred")
                 record, source = self.tune(problem, target), "tuned"
             if record is None:
-                return Decision(DefaultRunner(target.adapter, problem.activation), "default")
+                return Decision(default_runner(problem, target.adapter), "default")
             runner = self.prepare(problem, Candidate.from_identity(record.winner), target)
             return Decision(runner, source, record)
         except Exception as exc:
@@ -183,7 +186,7 @@ class Selector:
                 problem.key,
                 f"using Default for {problem.shape_text} {problem.dtype_a}: {type(exc).__name__}: {exc}",
             )
-            return Decision(DefaultRunner(target.adapter, problem.activation), "fallback")
+            return Decision(default_runner(problem, target.adapter), "fallback")
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""

@@ -22,10 +22,11 @@ from dataclasses import replace
 from typing import Any
 
 from unimatmul.cache.record import OK, TuningRecord
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.core.errors import UnknownCandidate, UnsupportedProblem
 from unimatmul.core.plugins import PluginManager, get_plugin_manager
 from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import default_runner
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
 from unimatmul.tuning.timers import device_settings, device_timer
@@ -89,7 +90,7 @@ class Tuner:
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""
         if candidate == DEFAULT:
-            return DefaultRunner(target.adapter, problem.activation)
+            return default_runner(problem, target.adapter)
         backend = self.plugins.backends().get(candidate.backend)
         if backend is None or not backend.serves(target):
             names = ", ".join(sorted(self.plugins.backends())) or "none"
