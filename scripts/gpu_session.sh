@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One device call for several parts, installed once, each part under its own time limit:
+#   bash scripts/gpu_session.sh tests triton fp8        (then: hf confirm ...)
+# Parts:
+#   tests    every GPU test of the main package (cuBLASLt, torch routing, conformance, fp8)
+#   triton   the Triton plugin: decode benchmark, tuning cost, host time, tests, conformance
+#   fp8      fp8 tests, the benchmark against torch._scaled_mm, the fp8 stack
+#   hf       the Hugging Face model benchmark (routing off vs on)
+#   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py)
+# Every part writes under $SESSION/<part>; at the end everything is packed into
+# $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
+# Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S.
+# Carry .whl (nvmath-python) with the call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/.gpu-out}
+SESSION=/tmp/unimatmul-session
+rm -rf "$SESSION"; mkdir -p "$SESSION" "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+started=$SECONDS
+OUT=$SESSION . scripts/gpu_install.sh
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e plugins/unimatmul-triton >>"$SESSION/install.log" 2>&1 \
+    || echo "triton plugin: editable install failed (see install.log)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$SESSION/env.log"
+
+part() {  # part NAME SECONDS COMMAND...
+    local name=$1 limit=$2; shift 2
+    mkdir -p "$SESSION/$name"
+    echo "== $name (limit ${limit}s, at $((SECONDS - started))s)"
+    local t0=$SECONDS
+    OUT=$SESSION/$name timeout --kill-after=10 "$limit" "$@" >"$SESSION/$name/console.log" 2>&1
+    echo "== $name: exit $? after $((SECONDS - t0))s" | tee -a "$SESSION/parts.log"
+}
+
+for name in "$@"; do
+    case $name in
+    tests)
+        part tests "${TESTS_S:-200}" python3 -m pytest tests/gpu tests/torch tests/conformance/test_conformance_gpu.py \
+            tests/core/test_layout.py -q -rs -p no:cacheprovider --timeout=120 ;;
+    triton)
+        part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
+    fp8)
+        part fp8 "${FP8_S:-200}" env BENCH_BUDGET_S=$(( ${FP8_S:-200} - 110 )) bash scripts/gpu_fp8.sh --quick ;;
+    hf)
+        part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ;;
+    confirm)
+        part confirm "${CONFIRM_S:-150}" python3 scripts/gpu_confirm.py --out "$SESSION/confirm" ;;
+    *) echo "unknown part $name" ;;
+    esac
+done
+tar -czf "$OUT/session.tar.gz" -C "$SESSION" . 2>/dev/null
+ls -la "$OUT"
+for name in "$@"; do
+    echo "==================== $name"
+    tail -n 25 "$SESSION/$name/console.log" 2>/dev/null
+done
+cat "$SESSION/parts.log"
