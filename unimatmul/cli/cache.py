@@ -45,6 +45,13 @@ def _selector_for(path: Path, args: argparse.Namespace, *, read_only: bool) -> t
     return Selector(store=store), output.target(args.array, args.device)
 
 
+def _validation_counts(v: dict[str, Any]) -> str:
+    return (
+        f"{v['matched']} matched, {v['revalidated']} revalidated, {v['invalidated']} invalidated, "
+        f"{v['unavailable']} not available here"
+    )
+
+
 # --- show / path -----------------------------------------------------------------------
 
 
@@ -169,9 +176,9 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
     if "validation" in data:
         v = data["validation"]
         out.write(
-            f"\nvalidation of [{v['namespace']}] against the libraries here: {v['matched']} matched, "
-            f"{v['revalidated']} revalidated, {v['invalidated']} invalidated (retuned on demand; "
-            f"`cache prune --invalid` removes them)\n"
+            f"\nvalidation of [{v['namespace']}] against the libraries here: {_validation_counts(v)} "
+            "(invalidated: retuned on demand, `cache prune --invalid` removes them; not available "
+            "here: kept, `cache prune --unavailable` removes them)\n"
         )
     return EXIT_OK
 
@@ -227,10 +234,7 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
         )
     if "validation" in result:
         v = result["validation"]
-        out.write(
-            f"validation of [{v['namespace']}]: {v['matched']} matched, {v['revalidated']} revalidated, "
-            f"{v['invalidated']} invalidated\n"
-        )
+        out.write(f"validation of [{v['namespace']}]: {_validation_counts(v)}\n")
     return code
 
 
@@ -283,19 +287,25 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
-    if args.older_than is None and not args.namespace and not args.invalid and not args.bad:
-        raise CliError("nothing to prune: give --older-than DAYS, --namespace NS, --invalid or --bad")
+    if args.older_than is None and not (args.namespace or args.invalid or args.unavailable or args.bad):
+        raise CliError(
+            "nothing to prune: give --older-than DAYS, --namespace NS, --invalid, --unavailable or --bad"
+        )
     path = output.cache_path(args)
     if not path.exists():
         out.write(f"no cache file at {path}\n")
         return EXIT_OK
-    invalid: dict[tuple[str, str], Any] = {}
-    if args.invalid:
+    invalid: dict[tuple[str, str], tuple[Any, str]] = {}
+    if args.invalid or args.unavailable:
         selector, target = _selector_for(path, args, read_only=True)
         summary = selector.validate(target)
-        for key in summary.invalidated:
+        chosen = (summary.invalidated if args.invalid else []) + (
+            summary.unavailable if args.unavailable else []
+        )
+        for key in chosen:
             record = selector.store.get(summary.namespace, key)
-            invalid[(summary.namespace, key)] = record_signature(record)
+            why = "invalid here" if key in summary.invalidated else "unavailable here"
+            invalid[(summary.namespace, key)] = (record_signature(record), why)
     cutoff = time.time() - args.older_than * 86400 if args.older_than is not None else None
     drop_ns = set(args.namespace or [])
     removed: list[tuple[str, str, str]] = []
@@ -310,8 +320,8 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
                 why = "unreadable" if args.bad else ""
             elif cutoff is not None and record.tuned_at < cutoff:
                 why = f"tuned {_date(record.tuned_at)}"
-            elif invalid.get((ns_name, key), "none") == record_signature(record):
-                why = "invalid here"
+            elif (found := invalid.get((ns_name, key))) and found[0] == record_signature(record):
+                why = found[1]
             if why:
                 removed.append((ns_name, key, why))
                 disk.namespaces[ns_name].delete(key)
@@ -408,6 +418,11 @@ def add_command(sub: Any) -> None:
     c.add_argument("--older-than", type=float, metavar="DAYS", default=None, help="tuned more than DAYS ago")
     c.add_argument("--namespace", action="append", metavar="NS", help="a whole namespace (repeatable)")
     c.add_argument("--invalid", action="store_true", help="winners that no longer exist or check here")
+    c.add_argument(
+        "--unavailable",
+        action="store_true",
+        help="winners whose backend is not available here (kept otherwise)",
+    )
     c.add_argument("--bad", action="store_true", help="entries that cannot be read")
     c.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
     c.add_argument("-v", "--verbose", action="store_true", help="list every removed entry")
