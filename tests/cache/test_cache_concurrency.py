@@ -228,16 +228,32 @@ def test_a_lock_directory_left_by_a_dead_process_is_broken(
         assert lock.method == "mkdir"
 
 
-def test_a_held_lock_delays_a_write_but_never_hangs_it(tmp_path: Path) -> None:
+def test_a_held_lock_never_makes_a_put_wait_and_a_flush_waits_at_most_the_timeout(tmp_path: Path) -> None:
     path = tmp_path / "c.msgpack"
-    store = MsgpackFileStore(path, lock_timeout_s=0.2)
-    with FileLock(store.lock_path), pytest.warns(RuntimeWarning, match="held for more than"):
-        store.put(NS, key(0), record(key(0)))  # returns after the timeout, record pending
-    assert store.pending == 1 and not path.exists()
-    assert store.get(NS, key(0)) is not None
-    store.flush()
+    store = MsgpackFileStore(path, lock_timeout_s=1.0)
+    with FileLock(store.lock_path), warnings.catch_warnings():
+        warnings.simplefilter("error")  # another process writing is no news
+        started = time.monotonic()
+        store.put(NS, key(0), record(key(0)))  # returns at once, the record pending
+        assert time.monotonic() - started < 0.9
+        assert store.pending == 1 and not path.exists()
+        assert store.get(NS, key(0)) is not None  # this process uses it already
+        with pytest.warns(RuntimeWarning, match="held for more than"):
+            assert store.flush() is False  # an explicit flush waits, then says so
+    # The next put writes both.
+    store.put(NS, key(1), record(key(1)))
     assert store.pending == 0
-    assert MsgpackFileStore(path).get(NS, key(0)) is not None
+    assert MsgpackFileStore(path).count() == 2
+
+
+def test_a_record_left_pending_is_written_by_the_next_miss(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    store = MsgpackFileStore(path, refresh_s=0.0)
+    with FileLock(store.lock_path):
+        store.put(NS, key(0), record(key(0)))
+    assert store.pending == 1
+    assert store.get(NS, key(5)) is None  # a miss looks at the file, and writes what waits
+    assert store.pending == 0 and MsgpackFileStore(path).count() == 1
 
 
 def test_pending_records_are_written_at_exit(tmp_path: Path) -> None:
