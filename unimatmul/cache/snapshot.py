@@ -90,7 +90,7 @@ class Snapshot:
     @property
     def damaged(self) -> bool:
         """Whether rewriting this file would drop something that is in it now."""
-        return bool(self.damage or self.unreadable)
+        return bool(self.damage or self.unreadable or self.bad)
 
     def count(self) -> int:
         return sum(len(ns) for ns in self.namespaces.values())
