@@ -173,6 +173,8 @@ def _concurrent_puts(path: Path, threads: int = 4, each: int = 15) -> None:
         store = MsgpackFileStore(path)  # one store per thread: each its own view
         for i in range(each):
             store.put(NS, key(t * 100 + i), record(key(t * 100 + i)))
+        # What a process's exit does: a put that met another writer left its record pending.
+        assert store.flush()
 
     pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
     for t in pool:
@@ -272,3 +274,33 @@ for i in range(10):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert MsgpackFileStore(path).count() == 10
+
+
+def test_a_record_left_pending_by_a_dropped_store_is_written_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    holder = f"""
+import sys, time
+from pathlib import Path
+from unimatmul.cache.lock import FileLock
+with FileLock(Path({str(path)!r} + ".lock")):
+    print("held", flush=True)
+    time.sleep(1.5)
+"""
+    writer = f"""
+import gc, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from cache_helpers import NS, key, record
+from unimatmul.cache.file_store import MsgpackFileStore
+store = MsgpackFileStore({str(path)!r})
+store.put(NS, key(0), record(key(0)))  # another process is writing: left pending
+assert store.pending == 1, "the lock should have been busy"
+del store
+gc.collect()
+"""
+    held = subprocess.Popen([PYTHON, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "held"
+        subprocess.run([PYTHON, "-c", writer], check=True, timeout=60)
+    finally:
+        held.wait(timeout=60)
+    assert MsgpackFileStore(path).get(NS, key(0)) is not None

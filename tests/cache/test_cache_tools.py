@@ -336,3 +336,19 @@ def test_recover_salvages_the_readable_entries_of_a_damaged_copy(
     assert read_file(cache).count() == salvageable + 1
     assert damaged.exists()  # the damaged copy is left as it is
     assert main(["cache", "recover", str(tmp_path / "missing"), "--cache", str(cache)]) == EXIT_UNAVAILABLE
+
+
+def test_recover_unverified_reads_a_schema_2_file_whose_checksum_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    legacy = Path(__file__).parent / "data" / "schema2.msgpack"
+    doc = msgpack.unpackb(legacy.read_bytes())
+    damaged = tmp_path / "old.msgpack"
+    damaged.write_bytes(msgpack.packb({**doc, "crc32": doc["crc32"] ^ 1}, use_bin_type=True))
+    cache = tmp_path / "c.msgpack"
+    assert main(["cache", "recover", str(damaged), "--cache", str(cache)]) == EXIT_UNAVAILABLE
+    assert "CRC-32" in capsys.readouterr().err and not cache.exists()
+    assert main(["cache", "recover", str(damaged), "--cache", str(cache), "--unverified"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "recovered 41 entries" in out and "could not be verified" in out
+    assert read_file(cache).count() == 41

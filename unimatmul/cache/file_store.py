@@ -47,7 +47,6 @@ import stat
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +74,7 @@ KEEP_CORRUPT = 3  # copies of damaged files kept beside the cache; older ones ar
 STALE_TEMP_S = 600.0  # without a real lock, a temp file this old belongs to a dead writer
 # How long a put waits for another process's write before it leaves its record pending
 # (flush and exit wait up to UNIMATMUL_CACHE_LOCK_TIMEOUT).
-PUT_LOCK_WAIT_S = 0.25
+PUT_LOCK_WAIT_S = 0.05
 
 FileStat = tuple[int, int, int, int]
 
@@ -273,7 +272,9 @@ def keep_copy(path: Path) -> Path:
 
 # --- the store ---------------------------------------------------------------------------
 
-_dirty: weakref.WeakSet[MsgpackFileStore] = weakref.WeakSet()
+# Stores with changes not written yet, held (not weakly) until they are: a store dropped
+# while another process was writing still writes its records, at the latest at exit.
+_dirty: set[MsgpackFileStore] = set()
 _atexit_registered = False
 
 
