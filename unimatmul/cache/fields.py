@@ -31,7 +31,7 @@ PLATFORM_TEXT = ("vendor", "arch", "device", "array")
 def clean_header(raw: Any) -> tuple[dict[str, Any], list[str]]:
     """The header fields this reader knows, each of the right type; and what was dropped."""
     if not isinstance(raw, dict):
-        return {}, [f"the header is a {type(raw).__name__}, not a map; ignored"]
+        return {}, [f"the header is not a map ({type(raw).__name__}); ignored"]
     header: dict[str, Any] = {}
     problems: list[str] = []
     for name in HEADER_TEXT:

@@ -142,13 +142,7 @@ def read_bytes(path: Path) -> tuple[bytes | None, FileStat | None]:
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = (
-                "a folder"
-                if stat.S_ISDIR(st.st_mode)
-                else "a FIFO"
-                if stat.S_ISFIFO(st.st_mode)
-                else "a device"
-            )
+            kind = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}.get(stat.S_IFMT(st.st_mode), "a device")
             msg = f"{kind} is at the cache path, not a regular file; it is never read nor replaced"
             raise NotRegularFile(msg)
         if st.st_size > MAX_FILE_BYTES:
@@ -354,7 +348,9 @@ class MsgpackFileStore:
             return Snapshot()
         except CacheFileError as exc:
             self.problems.append(f"unreadable: {exc}")
-            warn_once(self.path, "corrupt", f"unreadable ({exc}); {self._what_happens_to_it()}")
+            warn_once(
+                self.path, "corrupt", f"unreadable ({exc}); continuing without its entries; {self._fate()}"
+            )
             return Snapshot(unreadable=str(exc))
         except OSError as exc:
             # A file that exists but cannot be read (permissions, I/O) must not be replaced.
@@ -363,16 +359,16 @@ class MsgpackFileStore:
         except MemoryError:
             why = "reading it ran out of memory"
             self.problems.append(f"unreadable: {why}")
-            warn_once(self.path, "corrupt", f"unreadable ({why}); {self._what_happens_to_it()}")
+            warn_once(
+                self.path, "corrupt", f"unreadable ({why}); continuing without its entries; {self._fate()}"
+            )
             return Snapshot(unreadable=why)
 
-    def _what_happens_to_it(self) -> str:
+    def _fate(self) -> str:
+        """What becomes of a damaged file: a sentence for the one warning."""
         if self.read_only:
-            return "continuing without its entries; it is left in place"
-        return (
-            "continuing without its entries; the next write keeps it aside as "
-            f"{self.target.name}.corrupt-<time> before it replaces it"
-        )
+            return "it is left in place"
+        return f"the next write keeps it aside as {self.target.name}.corrupt-<time> before it replaces it"
 
     def _decode_disk(self) -> Snapshot:
         data, stat_now = read_bytes(self.path)
@@ -398,8 +394,7 @@ class MsgpackFileStore:
             warn_once(
                 self.path,
                 "damaged",
-                f"damaged: {snap.damage[0]}{more}; {lost}, the {snap.count()} others are used; "
-                + self._what_happens_to_it().partition("; ")[2],
+                f"damaged: {snap.damage[0]}{more}; {lost}, the {snap.count()} others are used; {self._fate()}",
             )
         if snap.problems:
             self.problems.extend(snap.problems)
@@ -662,7 +657,11 @@ class MsgpackFileStore:
                 return None
             new = change(disk)
             if disk.damaged and target.exists():
-                kept = keep_copy(target)
+                try:
+                    kept = keep_copy(target)
+                except OSError as exc:
+                    msg = f"a copy of the damaged file could not be kept ({exc}), so it is not replaced"
+                    raise OSError(exc.errno, msg) from exc
                 self.kept.append(kept)
                 self.problems.append(f"the damaged file was kept as {kept}")
                 warn_once(self.path, "kept", f"the damaged file was kept as {kept} before it was replaced")

@@ -59,27 +59,26 @@ def _read_or_exit(path: Path, *, verify: bool = True) -> Snapshot:
     except NotRegularFile as exc:
         raise CliError(f"{path}: {exc}", EXIT_UNAVAILABLE) from exc
     except (CacheFileError, OSError) as exc:
-        raise CliError(
-            f"{path} cannot be read ({exc}); it is left in place "
-            f"(`unimatmul cache recover {path}` salvages what can be read of a damaged file)",
-            EXIT_UNAVAILABLE,
-        ) from exc
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: Path, exc: Exception) -> CliError:
+    return CliError(
+        f"{path} cannot be read ({exc}); it is left in place "
+        f"(`unimatmul cache recover {path}` salvages what can be read of a damaged file)",
+        EXIT_UNAVAILABLE,
+    )
 
 
 def _write(store: MsgpackFileStore, change: Any) -> Snapshot:
-    """``store.rewrite(change)``, a refused or failed write becoming exit 1 with its reason."""
+    """``store.rewrite(change)``, a refused or failed write becoming exit 1 with its reason
+    (and a file found unreadable under the lock, exit 3)."""
     try:
         new: Snapshot = store.rewrite(change)
     except CacheWriteError as exc:
         raise CliError(str(exc), EXIT_ERROR) from exc
-    except NotRegularFile as exc:
-        raise CliError(f"{store.path}: {exc}", EXIT_UNAVAILABLE) from exc
     except CacheFileError as exc:
-        raise CliError(
-            f"{store.path} cannot be read ({exc}); it is left in place "
-            f"(`unimatmul cache recover {store.path}` salvages what can be read of a damaged file)",
-            EXIT_UNAVAILABLE,
-        ) from exc
+        raise _unreadable(store.path, exc) from exc
     return new
 
 
