@@ -134,6 +134,15 @@ def test_flush_says_whether_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.warns(RuntimeWarning, match="read-only"):
         assert ro.flush() is False
     assert read_file(path).count() == 1
+    # A put of the default store (autoflush=1) is refused at once; a strict flush later
+    # still says that something was not written: what `unimatmul tune` needs to know.
+    notices.forget()
+    tuned = MsgpackFileStore(path)
+    with pytest.warns(RuntimeWarning, match="read-only"):
+        tuned.put(NS, key(3), record(key(3)))
+    assert tuned.pending == 0 and tuned.unwritten == 1
+    with pytest.raises(CacheWriteError, match="1 changes kept in this process only"):
+        tuned.flush(strict=True)
 
 
 # --- reading commands never change a file ----------------------------------------------

@@ -314,6 +314,8 @@ class MsgpackFileStore:
         self._deletes: dict[tuple[str, str], Any] = {}
         self._platforms: dict[str, dict[str, Any]] = {}
         self.problems: list[str] = []  # what went wrong with the file, for tools
+        # Changes this store could not write and keeps in this process only (read-only).
+        self.unwritten = 0
         self.kept: list[Path] = []  # copies of damaged files this store kept before replacing them
 
     @property
@@ -570,8 +572,9 @@ class MsgpackFileStore:
     def flush(self, *, strict: bool = False) -> bool:
         """Write pending changes now, waiting up to the lock timeout for other writers.
 
-        True when nothing is left unwritten. False when the changes stay in this process
-        only (a read-only cache: one warning) or are still pending (the lock was held too
+        True when every change made through this store is on disk. False when changes
+        stay in this process only (a read-only cache: one warning; ``unwritten`` counts
+        them, also those of earlier puts) or are still pending (the lock was held too
         long: one warning; the next write or the exit tries again). ``strict=True``
         raises :class:`CacheWriteError` with the reason instead of returning False.
         """
@@ -579,13 +582,10 @@ class MsgpackFileStore:
 
     def _flush(self, *, wait_s: float | None, strict: bool) -> bool:
         with self._lock:
-            if not self.pending:
-                return True
-            if not self.read_only:
+            if self.pending and not self.read_only:
                 try:
                     if self._replace_file(self._merge_pending, wait_s=wait_s) is not None:
                         self._clear_pending()
-                        return True
                 except LockTimeout as exc:
                     if strict:
                         why = f"{exc}; {self.pending} changes are still pending"
@@ -596,15 +596,17 @@ class MsgpackFileStore:
                     return False
                 except OSError as exc:
                     self._refuse_writes(f"it cannot be written ({exc})")
-            # Read-only, or found to be so under the lock (a newer schema, a file that
-            # cannot be written): the changes live in this process only.
-            changes = self.pending
-            self._clear_pending()
-            if strict:
-                why = f"{self.read_only_reason}; {changes} changes kept in this process only"
+            if self.pending:
+                # Read-only, or found to be so under the lock (a newer schema, a file that
+                # cannot be written): the changes live in this process only.
+                self.unwritten += self.pending
+                self._clear_pending()
+                if not strict:  # a strict caller hears it from the error
+                    self._say_read_only()
+            if self.unwritten and strict:
+                why = f"{self.read_only_reason}; {self.unwritten} changes kept in this process only"
                 raise CacheWriteError(str(self.path), why)
-            self._say_read_only()
-            return changes == 0
+            return not self.unwritten
 
     def _clear_pending(self) -> None:
         self._puts.clear()
