@@ -322,7 +322,7 @@ def write_markdown(path: Path, data: dict[str, Any]) -> None:
     ]
     for r in data["results"]:
         flips = r.get("after_one_flipped_bit") or {}
-        flipped = f"{flips['min']:,} / {flips['median']:,.0f} of {flips['trials']}" if flips else "-"
+        flipped = f"{flips['min']:,} / {flips['median']:,.0f} ({flips['trials']} trials)" if flips else "-"
         lines.append(
             f"| {r['entries']:,} | {r.get('schema', '?')} | {r['candidate_lists']} | {r['candidates_per_entry']} "
             f"| {r['file_bytes'] / 1e6:.2f} MB | {r['bytes_per_entry']} | {r['write_s'] * 1e3:.0f} ms "
