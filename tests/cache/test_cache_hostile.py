@@ -154,7 +154,7 @@ def test_a_bomb_of_short_keys_is_refused_before_they_are_made() -> None:
 
 
 def test_a_bomb_in_one_block_costs_that_block_and_the_budget() -> None:
-    from cache_helpers import entry_block, join_file, split_file
+    from cache_helpers import join_file, split_file
 
     from unimatmul.cache import frames
 
@@ -166,7 +166,6 @@ def test_a_bomb_in_one_block_costs_that_block_and_the_budget() -> None:
     snapshot = decode_file(join_file(doc, parts))
     assert snapshot.count() == 2 * codec.ENTRY_BLOCK and snapshot.lost == codec.ENTRY_BLOCK
     assert any("limit" in line for line in snapshot.damage)
-    del entry_block
 
 
 _OUT_OF_MEMORY = r"""
