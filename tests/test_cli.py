@@ -264,7 +264,7 @@ def test_an_unwritable_json_file_is_refused_before_tuning(
 ) -> None:
     path = tmp_path / "no-such-dir" / "x.json" if where == "missing folder" else tmp_path
     code, _ = run(["tune", "--shape", "8x8x8", "--quiet", "--json", str(path)])
-    assert code == EXIT_UNAVAILABLE
+    assert code == EXIT_ERROR
     assert f"unimatmul: error: cannot write --json {path}" in capsys.readouterr().err
     assert isolated.selector.stats.tuned == 0 and not isolated.cache_path.exists()
 
@@ -284,7 +284,7 @@ def test_an_unwritable_cache_is_refused_before_tuning(
     monkeypatch.setenv("UNIMATMUL_CACHE", str(blocker / "cache.msgpack"))
     selector = _fresh_selector()
     code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
-    assert code == EXIT_UNAVAILABLE and "cache:" not in text
+    assert code == EXIT_ERROR and "cache:" not in text
     err = capsys.readouterr().err
     assert f"cannot write the cache {blocker / 'cache.msgpack'}: {blocker} is a file, not a directory" in err
     assert selector.stats.tuned == 0
@@ -303,7 +303,7 @@ def test_a_cache_in_a_read_only_folder_is_refused_before_tuning(
         code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
     finally:
         folder.chmod(0o755)
-    assert code == EXIT_UNAVAILABLE and "cache:" not in text
+    assert code == EXIT_ERROR and "cache:" not in text
     assert "Permission denied" in capsys.readouterr().err
     assert selector.stats.tuned == 0
 
@@ -318,7 +318,7 @@ def test_a_read_only_cache_by_request_is_refused_unless_everything_is_cached(
     code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
     assert code == EXIT_OK and _rows(text)[0][6] == "cached"
     code, text = run(["tune", "--shape", "8x8x8", "--shape", "8x8x16", "--quiet"])
-    assert code == EXIT_UNAVAILABLE and text == ""
+    assert code == EXIT_ERROR and text == ""
     assert "UNIMATMUL_CACHE_READONLY is set; nothing would be saved" in capsys.readouterr().err
     assert selector.stats.tuned == 0
 
@@ -333,7 +333,7 @@ def test_a_cache_write_that_fails_during_tuning_fails_the_command(isolated: Any)
         CliError, match=r"the results were not written to the cache .*cannot be written"
     ) as info:
         tune_cli.check_cache_written(isolated.selector)
-    assert info.value.code == EXIT_UNAVAILABLE
+    assert info.value.code == EXIT_ERROR
     assert not isolated.cache_path.exists()
 
 
@@ -342,7 +342,7 @@ def test_a_cache_lock_that_cannot_be_opened_is_refused_before_tuning(
 ) -> None:
     isolated.selector.store.lock_path.mkdir()
     code, _ = run(["tune", "--shape", "8x8x8", "--quiet"])
-    assert code == EXIT_UNAVAILABLE
+    assert code == EXIT_ERROR
     assert "its lock file" in capsys.readouterr().err
     assert isolated.selector.stats.tuned == 0
 

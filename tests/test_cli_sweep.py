@@ -75,10 +75,10 @@ def _cases() -> list[Case]:
         c(
             "tune json no dir",
             (*tune, "--shape", "8x8x8", "--json", "{missing}/x.json"),
-            EXIT_UNAVAILABLE,
+            EXIT_ERROR,
             "--json",
         ),
-        c("tune json a dir", (*tune, "--shape", "8x8x8", "--json", "{dir}"), EXIT_UNAVAILABLE, "a directory"),
+        c("tune json a dir", (*tune, "--shape", "8x8x8", "--json", "{dir}"), EXIT_ERROR, "a directory"),
         c("tune from missing", (*tune, "--from", "{missing}/rec.jsonl"), EXIT_UNAVAILABLE, "cannot read"),
         c("tune from a dir", (*tune, "--from", "{dir}"), EXIT_UNAVAILABLE, "cannot read"),
         c("tune from binary", (*tune, "--from", "{binary}"), EXIT_USAGE, "not a text file"),
@@ -86,14 +86,14 @@ def _cases() -> list[Case]:
         c(
             "tune cache under a file",
             (*tune, "--shape", "8x8x8"),
-            EXIT_UNAVAILABLE,
+            EXIT_ERROR,
             "is a file, not a directory",
             env={"UNIMATMUL_CACHE": "{file}/cache.msgpack"},
         ),
         c(
             "tune cache read-only",
             (*tune, "--shape", "8x8x16"),
-            EXIT_UNAVAILABLE,
+            EXIT_ERROR,
             "UNIMATMUL_CACHE_READONLY",
             env={"UNIMATMUL_CACHE_READONLY": "1"},
         ),
@@ -145,6 +145,9 @@ def _cases() -> list[Case]:
         c("cache merge to a file's child", ("cache", "merge", "{good}", "-o", "{file}/m.msgpack"), ANY),
         c("cache merge corrupt", ("cache", "merge", "{corrupt}", "-o", "{tmp}/m2.msgpack"), ANY),
         c("cache prune nothing", ("cache", "prune"), EXIT_USAGE, "nothing to prune"),
+        c("cache recover missing", ("cache", "recover", "{missing}/x.msgpack"), ANY),
+        c("cache recover garbage", ("cache", "recover", "{garbage}"), ANY),
+        c("cache recover corrupt", ("cache", "recover", "{corrupt}"), ANY),
         c("cache prune bad days", ("cache", "prune", "--older-than", "x"), EXIT_USAGE),
         c(
             "cache prune unwritable",
@@ -162,9 +165,9 @@ def _cases() -> list[Case]:
         c(
             "cache export no dir",
             ("cache", "export", "--format", "json", "-o", "{missing}/x.json"),
-            EXIT_UNAVAILABLE,
+            EXIT_ERROR,
         ),
-        c("cache export a dir", ("cache", "export", "--format", "json", "-o", "{dir}"), EXIT_UNAVAILABLE),
+        c("cache export a dir", ("cache", "export", "--format", "json", "-o", "{dir}"), EXIT_ERROR),
         c(
             "cache export tunableop",
             ("cache", "export", "--format", "tunableop", "-o", "{missing}/x.csv"),

@@ -113,3 +113,50 @@ def writer_script() -> str:
 
 
 PYTHON = sys.executable
+
+
+# --- taking a schema 3 file apart, and putting it back with valid checksums --------------
+# (what a crafted file does: every test of what lies past the checksums starts here)
+
+
+def split_file(data: bytes) -> tuple[dict[str, Any], list[tuple[int, int, int, bytes]]]:
+    """The top-level map and the body's frames as (kind, namespace, index, payload)."""
+    import msgpack
+
+    from unimatmul.cache import frames
+
+    doc = msgpack.unpackb(data)
+    found = [(f.kind, f.namespace, f.index, bytes(f.payload)) for f in frames.walk(doc["body"], [])]
+    return doc, found
+
+
+def join_file(doc: dict[str, Any], parts: list[tuple[int, int, int, bytes]]) -> bytes:
+    import msgpack
+
+    from unimatmul.cache import frames
+
+    body = b"".join(frames.pack(kind, ns, index, payload) for kind, ns, index, payload in parts)
+    packed: bytes = msgpack.packb({**doc, "body": body}, use_bin_type=True)
+    return packed
+
+
+def entry_block(payload: bytes, count: int) -> tuple[list[str], list[bytes]]:
+    """The keys and rows of an entry block's payload."""
+    import zlib
+
+    from unimatmul.cache.columns import Column
+
+    blob = zlib.decompress(payload)
+    key_bytes = int.from_bytes(blob[:4], "little")
+    keys = blob[4 : 4 + key_bytes].decode().split("\0")
+    column = Column.parse(blob[4 + key_bytes :], count, "test")
+    return keys, [column[i] for i in range(count)]
+
+
+def entry_payload(keys: list[str], rows: list[bytes]) -> bytes:
+    import zlib
+
+    from unimatmul.cache.columns import Column
+
+    key_bytes = "\0".join(keys).encode()
+    return zlib.compress(len(key_bytes).to_bytes(4, "little") + key_bytes + Column.pack(rows))

@@ -173,6 +173,8 @@ def _concurrent_puts(path: Path, threads: int = 4, each: int = 15) -> None:
         store = MsgpackFileStore(path)  # one store per thread: each its own view
         for i in range(each):
             store.put(NS, key(t * 100 + i), record(key(t * 100 + i)))
+        # What a process's exit does: a put that met another writer left its record pending.
+        assert store.flush()
 
     pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
     for t in pool:
@@ -228,16 +230,32 @@ def test_a_lock_directory_left_by_a_dead_process_is_broken(
         assert lock.method == "mkdir"
 
 
-def test_a_held_lock_delays_a_write_but_never_hangs_it(tmp_path: Path) -> None:
+def test_a_held_lock_never_makes_a_put_wait_and_a_flush_waits_at_most_the_timeout(tmp_path: Path) -> None:
     path = tmp_path / "c.msgpack"
-    store = MsgpackFileStore(path, lock_timeout_s=0.2)
-    with FileLock(store.lock_path), pytest.warns(RuntimeWarning, match="held for more than"):
-        store.put(NS, key(0), record(key(0)))  # returns after the timeout, record pending
-    assert store.pending == 1 and not path.exists()
-    assert store.get(NS, key(0)) is not None
-    store.flush()
+    store = MsgpackFileStore(path, lock_timeout_s=1.0)
+    with FileLock(store.lock_path), warnings.catch_warnings():
+        warnings.simplefilter("error")  # another process writing is no news
+        started = time.monotonic()
+        store.put(NS, key(0), record(key(0)))  # returns at once, the record pending
+        assert time.monotonic() - started < 0.9
+        assert store.pending == 1 and not path.exists()
+        assert store.get(NS, key(0)) is not None  # this process uses it already
+        with pytest.warns(RuntimeWarning, match="held for more than"):
+            assert store.flush() is False  # an explicit flush waits, then says so
+    # The next put writes both.
+    store.put(NS, key(1), record(key(1)))
     assert store.pending == 0
-    assert MsgpackFileStore(path).get(NS, key(0)) is not None
+    assert MsgpackFileStore(path).count() == 2
+
+
+def test_a_record_left_pending_is_written_by_the_next_miss(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    store = MsgpackFileStore(path, refresh_s=0.0)
+    with FileLock(store.lock_path):
+        store.put(NS, key(0), record(key(0)))
+    assert store.pending == 1
+    assert store.get(NS, key(5)) is None  # a miss looks at the file, and writes what waits
+    assert store.pending == 0 and MsgpackFileStore(path).count() == 1
 
 
 def test_pending_records_are_written_at_exit(tmp_path: Path) -> None:
@@ -256,3 +274,33 @@ for i in range(10):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert MsgpackFileStore(path).count() == 10
+
+
+def test_a_record_left_pending_by_a_dropped_store_is_written_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    holder = f"""
+import sys, time
+from pathlib import Path
+from unimatmul.cache.lock import FileLock
+with FileLock(Path({str(path)!r} + ".lock")):
+    print("held", flush=True)
+    time.sleep(1.5)
+"""
+    writer = f"""
+import gc, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from cache_helpers import NS, key, record
+from unimatmul.cache.file_store import MsgpackFileStore
+store = MsgpackFileStore({str(path)!r})
+store.put(NS, key(0), record(key(0)))  # another process is writing: left pending
+assert store.pending == 1, "the lock should have been busy"
+del store
+gc.collect()
+"""
+    held = subprocess.Popen([PYTHON, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "held"
+        subprocess.run([PYTHON, "-c", writer], check=True, timeout=60)
+    finally:
+        held.wait(timeout=60)
+    assert MsgpackFileStore(path).get(NS, key(0)) is not None

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from cache_helpers import NS, PLATFORM, assert_same, key, record
+from cache_helpers import NS, PLATFORM, assert_same, key, record, split_file
 
-from unimatmul.cache import codec
+from unimatmul.cache import codec, frames
 from unimatmul.cache.file_store import MsgpackFileStore, read_file
 from unimatmul.cache.record import CandidateResult, TuningRecord
 from unimatmul.cli import main
@@ -31,10 +31,12 @@ def test_a_record_comes_back_from_another_store(tmp_path: Path) -> None:
     for k, r in want.items():
         assert_same(other.get(NS, k), r)
     assert other.namespaces() == {NS: PLATFORM}
-    # The platform facts are written once for the namespace, not once per entry.
-    body = msgpack.unpackb(msgpack.unpackb(path.read_bytes())["body"])
-    assert body[NS]["platform"] == PLATFORM
-    assert body[NS]["count"] == 20
+    # The platform facts are written once for the namespace (and its copy), not per entry.
+    _, parts = split_file(path.read_bytes())
+    metas = [msgpack.unpackb(payload) for kind, _, _, payload in parts if kind == frames.META]
+    assert len(metas) == 2 and metas[0] == metas[1]
+    assert metas[0]["platform"] == PLATFORM and metas[0]["entries"] == 20
+    assert path.read_bytes().count(b"x86_64:avx2") == 4  # the name and the arch, in each copy
 
 
 def test_unusual_records_round_trip(tmp_path: Path) -> None:
@@ -143,7 +145,7 @@ def test_a_newer_schema_that_declares_compatibility_is_read_but_not_written(tmp_
     path = tmp_path / "c.msgpack"
     MsgpackFileStore(path).put(NS, key(0), record(key(0)))
     doc = msgpack.unpackb(path.read_bytes())
-    doc.update(schema=3, compat=2, future_field=[1, 2])
+    doc.update(schema=4, compat=3, future_field=[1, 2])
     data = msgpack.packb(doc)
     path.write_bytes(data)
     store = MsgpackFileStore(path)

@@ -6,6 +6,7 @@ import tracemalloc
 import warnings
 import zlib
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -16,9 +17,16 @@ from hypothesis import strategies as st
 from unimatmul.cache import codec, safe_msgpack
 from unimatmul.cache import file_store as store_module
 from unimatmul.cache.codec import BadEntry, CacheFileError, decode_file, iter_records
-from unimatmul.cache.file_store import MsgpackFileStore, read_file
+from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cli import main
 from unimatmul.core import notices
+
+
+def _valid_file_of(n: int) -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        return _valid_file(Path(folder), n)
 
 
 def _valid_file(tmp_path: Path, n: int = 12) -> bytes:
@@ -99,21 +107,107 @@ def _file_with_namespace(ns: dict[str, object]) -> bytes:
     )
 
 
-def test_a_compression_bomb_is_stopped_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "MAX_INFLATED_BYTES", 1 << 20)
-    bomb = zlib.compress(b"\0" * (64 << 20), 9)  # 64 MiB of zeros in ~64 kB
-    data = _file_with_namespace(
-        {"platform": {}, "string_count": 0, "strings": zlib.compress(b""), "maps": [], "list_count": 0,
-         "count": 1, "keys": zlib.compress(b"k"), "lists": zlib.compress(b""), "rows": bomb}
-    )  # fmt: skip
+def _peak(call: Any) -> int:
+    """The most memory Python held while ``call`` ran (it must refuse the file)."""
     tracemalloc.start()
     try:
-        with pytest.raises(CacheFileError, match="limit"):
-            decode_file(data)
+        with pytest.raises(CacheFileError, match=r"limit|more than"):
+            call()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 16 << 20
+    return peak
+
+
+def _bomb_namespace(**columns: bytes | int) -> dict[str, Any]:
+    empty = zlib.compress(b"")
+    return {"platform": {}, "string_count": 0, "strings": empty, "maps": [], "list_count": 0, "count": 1,
+            "keys": zlib.compress(b"k"), "lists": empty, "rows": zlib.compress(b"\1\0\0\0x"), **columns}  # fmt: skip
+
+
+def test_a_compression_bomb_costs_at_most_the_budget_of_its_size() -> None:
+    # 200 MiB of zeros in 200 kB: the budget is 64 x the file, at least 16 MiB.
+    bomb = zlib.compress(b"\0" * (200 << 20), 9)
+    data = _file_with_namespace(_bomb_namespace(rows=bomb))
+    limit = safe_msgpack.inflate_budget(len(data)).limit
+    assert limit == max(safe_msgpack.MIN_INFLATE_BUDGET, 64 * len(data)) < 20 << 20
+    # zlib joins its output blocks at the end: twice the budget at the peak, for a moment.
+    assert _peak(lambda: decode_file(data)) < 2 * limit + (4 << 20)
+
+
+def test_two_columns_share_one_budget() -> None:
+    # Each column alone fits the budget; together they do not, and never both inflate.
+    limit = safe_msgpack.MIN_INFLATE_BUDGET
+    half_bomb = zlib.compress(b"\0" * int(0.9 * limit), 9)
+    data = _file_with_namespace(_bomb_namespace(rows=half_bomb, strings=half_bomb))
+    assert safe_msgpack.inflate_budget(len(data)).limit == limit
+    assert _peak(lambda: decode_file(data)) < 2.1 * limit  # one column's 0.9, twice at its peak
+
+
+def test_a_bomb_of_short_keys_is_refused_before_they_are_made() -> None:
+    # 4 million one-letter keys inflate from 8 MB to 8 kB; as Python strings in a dict
+    # they would take hundreds of MB. A count beyond what the file's size allows is refused.
+    count = 4_000_000
+    keys = zlib.compress(b"\0".join(b"%d" % (i % 10) for i in range(count)), 9)
+    data = _file_with_namespace(_bomb_namespace(count=count, keys=keys))
+    assert _peak(lambda: decode_file(data)) < 24 << 20
+
+
+def test_a_bomb_in_one_block_costs_that_block_and_the_budget() -> None:
+    from cache_helpers import join_file, split_file
+
+    from unimatmul.cache import frames
+
+    store_bytes = _valid_file_of(3 * codec.ENTRY_BLOCK)
+    doc, parts = split_file(store_bytes)
+    bomb = zlib.compress(b"\0" * (64 << 20), 9)
+    k = next(i for i, p in enumerate(parts) if p[0] == frames.ENTRIES and p[2] == 2)
+    parts[k] = (*parts[k][:3], bomb)  # the last entry block: what came before is read
+    snapshot = decode_file(join_file(doc, parts))
+    assert snapshot.count() == 2 * codec.ENTRY_BLOCK and snapshot.lost == codec.ENTRY_BLOCK
+    assert any("limit" in line for line in snapshot.damage)
+
+
+_OUT_OF_MEMORY = r"""
+import resource, sys, warnings, zlib
+sys.path.insert(0, sys.argv[2])
+from cache_helpers import NS, key
+from unimatmul.cache import file_store
+reads = []
+real = file_store.decode_file
+file_store.decode_file = lambda *a, **k: reads.append(1) or real(*a, **k)
+store = file_store.MsgpackFileStore(sys.argv[1], refresh_s=0.0)
+def vm() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (vm() + (10 << 20), resource.RLIM_INFINITY))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    first = store.get(NS, key(0))
+    again = [store.get(NS, key(i)) for i in range(1, 20)]  # every new shape is a miss
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(first, set(again), len(reads), [str(w.message) for w in caught])
+"""
+
+
+def test_running_out_of_memory_while_reading_is_a_broken_file_read_once(tmp_path: Path) -> None:
+    import subprocess
+
+    from cache_helpers import PYTHON
+
+    path = tmp_path / "c.msgpack"
+    # Under a tight address limit even the bounded inflation runs out of memory.
+    path.write_bytes(_file_with_namespace(_bomb_namespace(rows=zlib.compress(b"\0" * (200 << 20), 9))))
+    proc = subprocess.run(
+        [PYTHON, "-c", _OUT_OF_MEMORY, str(path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, again, reads, messages = proc.stdout.rsplit("\n", 2)[0].split(" ", 3)
+    assert (first, again, reads) == ("None", "{None}", "1"), proc.stdout
+    assert "out of memory" in messages or "limit" in messages
 
 
 def test_columns_that_lie_about_their_contents_are_refused() -> None:
@@ -139,74 +233,117 @@ def test_columns_that_lie_about_their_contents_are_refused() -> None:
             decode_file(_file_with_namespace({**good, **change}))
 
 
-# --- quarantine ------------------------------------------------------------------------
+# --- damage: contained to a block, and kept aside before a write replaces it ---------------
 
 
-def test_a_damaged_file_is_moved_aside_and_the_program_carries_on(tmp_path: Path) -> None:
+def _entry_block_span(data: bytes, index: int) -> tuple[int, int]:
+    """Where entry block ``index`` of the first namespace lies in a file's bytes."""
+    from unimatmul.cache import frames
+
+    body = msgpack.unpackb(data)["body"]
+    body_at = data.index(body)
+    pos = 0
+    while True:
+        _, kind, _, k, length = frames.HEAD.unpack_from(body, pos)
+        end = pos + frames.HEAD_BYTES + length
+        if kind == frames.ENTRIES and k == index:
+            return body_at + pos, body_at + end
+        pos = end
+
+
+def test_a_flipped_bit_costs_one_block_and_the_damaged_file_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "c.msgpack"
-    data = bytearray(_valid_file(tmp_path))
-    data[len(data) // 2] ^= 0x40  # one flipped bit in the body: the CRC catches it
+    n = 3 * codec.ENTRY_BLOCK
+    data = bytearray(_valid_file(tmp_path, n))
+    start, end = _entry_block_span(bytes(data), 1)
+    data[(start + end) // 2] ^= 0x40  # one flipped bit in the middle block
     path.write_bytes(bytes(data))
     store = MsgpackFileStore(path)
     with pytest.warns(RuntimeWarning) as caught:
-        assert store.get(NS, key(0)) is None
+        assert store.get(NS, key(0)) is not None  # first block: intact
+        assert store.get(NS, key(n - 1)) is not None  # last block: intact
     message = str(caught[0].message)
-    assert str(path) in message and "CRC" in message and ".corrupt-" in message
+    assert str(path) in message and "damaged" in message and f"{codec.ENTRY_BLOCK} entries lost" in message
+    assert store.count() == n - codec.ENTRY_BLOCK
+    assert path.read_bytes() == bytes(data) and not list(tmp_path.glob("c.msgpack.corrupt-*"))  # read only
+    with pytest.warns(RuntimeWarning, match="kept as"):
+        store.put(NS, key(10_000), record(key(10_000)))
     aside = list(tmp_path.glob("c.msgpack.corrupt-*"))
     assert len(aside) == 1 and aside[0].read_bytes() == bytes(data)
-    store.put(NS, key(1), record(key(1)))
-    assert MsgpackFileStore(path).count() == 1
+    assert MsgpackFileStore(path).count() == n - codec.ENTRY_BLOCK + 1
 
 
-def test_a_truncated_file_is_moved_aside(tmp_path: Path) -> None:
+def test_a_truncated_file_keeps_its_intact_blocks(tmp_path: Path) -> None:
     path = tmp_path / "c.msgpack"
-    path.write_bytes(_valid_file(tmp_path)[:-100])
-    with pytest.warns(RuntimeWarning, match="truncated"):
-        assert MsgpackFileStore(path).count() == 0
-    assert not path.exists()
+    n = 3 * codec.ENTRY_BLOCK
+    full = _valid_file(tmp_path, n)
+    start, _ = _entry_block_span(full, 2)
+    path.write_bytes(full[: start + 50])  # cut inside the last block: the copies at the end are gone
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        assert MsgpackFileStore(path).count() == 2 * codec.ENTRY_BLOCK
+    assert path.exists()
 
 
-def test_only_a_few_broken_copies_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_file_is_kept_aside_by_the_next_write_and_copies_are_bounded(tmp_path: Path) -> None:
     path = tmp_path / "c.msgpack"
     for i in range(6):
         path.write_bytes(b"garbage %d" % i)
         notices.forget()
         with pytest.warns(RuntimeWarning):
-            MsgpackFileStore(path).count()
-    assert len(list(tmp_path.glob("c.msgpack.corrupt-*"))) == store_module.KEEP_CORRUPT
+            store = MsgpackFileStore(path)
+            assert store.count() == 0
+        assert path.read_bytes() == b"garbage %d" % i  # reading never moves it
+        with pytest.warns(RuntimeWarning, match="kept as"):
+            store.put(NS, key(i), record(key(i)))
+        assert MsgpackFileStore(path).count() == 1
+    kept = sorted(p.read_bytes() for p in tmp_path.glob("c.msgpack.corrupt-*"))
+    assert kept == [b"garbage 3", b"garbage 4", b"garbage 5"]  # the newest, KEEP_CORRUPT of them
+    assert store_module.KEEP_CORRUPT == 3
 
 
 def test_tools_and_read_only_stores_leave_a_broken_file_in_place(tmp_path: Path) -> None:
     path = tmp_path / "c.msgpack"
     path.write_bytes(b"\x93garbage")
     with pytest.warns(RuntimeWarning, match="left in place"):
-        assert MsgpackFileStore(path, read_only=True).count() == 0
+        store = MsgpackFileStore(path, read_only=True)
+        assert store.count() == 0
+        store.put(NS, key(0), record(key(0)))
     assert main(["cache", "verify", "--cache", str(path)]) == 1
-    assert path.exists() and not list(tmp_path.glob("*.corrupt-*"))
+    assert path.read_bytes() == b"\x93garbage" and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def _rewrite_rows(data: bytes, edit: Any) -> bytes:
+    """``data`` with the rows of each entry block passed through ``edit(keys, rows)``, the
+    checksums made right again: a crafted file."""
+    from cache_helpers import entry_block, entry_payload, join_file, split_file
+
+    from unimatmul.cache import frames
+
+    doc, parts = split_file(data)
+    meta = msgpack.unpackb(next(p for k, _, _, p in parts if k == frames.META))
+    out = []
+    for kind, ns, index, payload in parts:
+        if kind == frames.ENTRIES:
+            n = min(meta["entry_block"], meta["entries"] - index * meta["entry_block"])
+            keys, rows = entry_block(payload, n)
+            payload = entry_payload(keys, edit(keys, rows))
+        out.append((kind, ns, index, payload))
+    return join_file(doc, out)
 
 
 def test_one_malformed_entry_costs_only_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "c.msgpack"
-    MsgpackFileStore(path).put(NS, key(0), record(key(0)))
-    snapshot = read_file(path)
-    ns = snapshot.namespaces[NS]
-    good_row = ns.row(key(0))
-    assert good_row is not None
-    # A crafted row: its candidate list index points far outside the table.
-    ns.put(key(1), record(key(1)))
-    data = codec.encode_file(snapshot, {})
-    raw = msgpack.unpackb(data)
-    body = msgpack.unpackb(raw["body"])
-    rows = zlib.decompress(body[NS]["rows"])
-    keys = zlib.decompress(body[NS]["keys"]).split(b"\0")
-    bad_index = keys.index(key(1).encode())
-    lengths = [int.from_bytes(rows[4 * i : 4 * i + 4], "little") for i in range(2)]
-    start = 8 + sum(lengths[:bad_index])
-    rows = rows[: start + 21] + b"\xff\x7f" + rows[start + 23 :]
-    body[NS]["rows"] = zlib.compress(rows[:8] + rows[8:])
-    raw["body"] = msgpack.packb(body, use_bin_type=True)
-    raw["crc32"] = zlib.crc32(raw["body"])
-    path.write_bytes(msgpack.packb(raw, use_bin_type=True))
+    store = MsgpackFileStore(path)
+    store.put(NS, key(0), record(key(0)))
+    store.put(NS, key(1), record(key(1)))
+
+    def crafted(keys: list[str], rows: list[bytes]) -> list[bytes]:
+        # key(1)'s candidate list index points far outside the table.
+        i = keys.index(key(1))
+        rows[i] = rows[i][:21] + b"\xff\x7f" + rows[i][23:]
+        return rows
+
+    path.write_bytes(_rewrite_rows(path.read_bytes(), crafted))
     store = MsgpackFileStore(path)
     assert store.get(NS, key(0)) is not None
     with pytest.warns(RuntimeWarning, match="malformed|outside"):
@@ -267,18 +404,16 @@ def test_mutated_files_never_escape_as_anything_but_a_refusal(
 @FUZZ
 @given(st.data())
 def test_mutated_rows_are_bad_entries_never_crashes(valid_bytes: bytes, data: st.DataObject) -> None:
-    # Past the CRC: rows changed and the checksum recomputed, as a crafted file would.
-    raw = msgpack.unpackb(valid_bytes)
-    body = msgpack.unpackb(raw["body"])
-    rows = bytearray(zlib.decompress(body[NS]["rows"]))
-    head = 4 * body[NS]["count"]
-    for _ in range(data.draw(st.integers(1, 6))):
-        at = data.draw(st.integers(head, len(rows) - 1))
-        rows[at] = data.draw(st.integers(0, 255))
-    body[NS]["rows"] = zlib.compress(bytes(rows))
-    raw["body"] = msgpack.packb(body, use_bin_type=True)
-    raw["crc32"] = zlib.crc32(raw["body"])
-    assert _read_all(msgpack.packb(raw, use_bin_type=True)) == body[NS]["count"]
+    # Past the checksums: rows changed and the CRC recomputed, as a crafted file would.
+    def mutate(keys: list[str], rows: list[bytes]) -> list[bytes]:
+        for _ in range(data.draw(st.integers(1, 6))):
+            i = data.draw(st.integers(0, len(rows) - 1))
+            row = bytearray(rows[i])
+            row[data.draw(st.integers(0, len(row) - 1))] = data.draw(st.integers(0, 255))
+            rows[i] = bytes(row)
+        return rows
+
+    assert _read_all(_rewrite_rows(valid_bytes, mutate)) == 12
 
 
 def test_a_store_over_fuzzed_files_always_answers(tmp_path: Path) -> None:

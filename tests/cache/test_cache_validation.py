@@ -80,27 +80,28 @@ def real_plugins() -> Iterator[None]:
 def test_the_cli_reports_validation_and_prunes_invalid_entries(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The real plugins of this installation: a winner of a backend that does not
-    # exist is invalid, Default is always valid.
+    # The real plugins of this installation: oneDNN says a kernel it does not have is
+    # gone (invalid); a winner of a backend not installed here is only unavailable
+    # here (kept unless asked); Default is always valid.
     path = tmp_path / "c.msgpack"
     platform = Selector().platform(NUMPY)
-    old = {**platform.versions, "numpy": "0.0.1"}
+    old = {**platform.versions, "numpy": "0.0.1", "onednn": "0.0.1"}
+    winners = [("default/default", old), ("onednn/no-such-implementation", old),
+               ("default/default", platform.versions), ("nosuch/kernel", old)]  # fmt: skip
     store = MsgpackFileStore(path)
-    store.put(
-        platform.namespace, PROBLEMS[0].key, record(PROBLEMS[0].key, winner="default/default", versions=old)
-    )
-    store.put(
-        platform.namespace, PROBLEMS[1].key, record(PROBLEMS[1].key, winner="nosuch/kernel", versions=old)
-    )
-    store.put(platform.namespace, PROBLEMS[2].key, record(PROBLEMS[2].key, winner="default/default",
-                                                         versions=platform.versions))  # fmt: skip
+    for problem, (winner, versions) in zip(PROBLEMS, winners, strict=True):
+        store.put(platform.namespace, problem.key, record(problem.key, winner=winner, versions=versions))
     capsys.readouterr()
     assert main(["cache", "stats", "--cache", str(path), "--validate"]) == 0
     text = capsys.readouterr().out
-    assert "1 matched, 1 revalidated, 1 invalidated" in text
+    assert "1 matched, 1 revalidated, 1 invalidated, 1 not available here" in text
     assert main(["cache", "verify", "--cache", str(path), "--validate"]) == 0
-    assert "1 matched, 1 revalidated, 1 invalidated" in capsys.readouterr().out
+    assert "1 matched, 1 revalidated, 1 invalidated, 1 not available here" in capsys.readouterr().out
     assert main(["cache", "prune", "--cache", str(path), "--invalid", "-v"]) == 0
     text = capsys.readouterr().out
     assert "removed 1 entries" in text and PROBLEMS[1].key in text
+    assert MsgpackFileStore(path).count() == 3
+    assert main(["cache", "prune", "--cache", str(path), "--unavailable", "-v"]) == 0
+    text = capsys.readouterr().out
+    assert "removed 1 entries" in text and PROBLEMS[3].key in text
     assert MsgpackFileStore(path).count() == 2

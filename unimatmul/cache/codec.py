@@ -1,297 +1,357 @@
-"""The cache file's encoding (schema 2): compact, strict, and safe to read when hostile.
+"""The cache file's encoding (schema 3): compact, strict, safe to read when hostile, and
+damage-contained.
 
-A file is one msgpack map (see docs/cache-format.md): a header, and a CRC-protected
-body that keeps, per namespace, the platform facts once, a table of settings and
-version maps, and zlib-compressed columns: interned strings, interned candidate
-lists, the problem keys, and one binary row per entry. Rows refer to the tables by
-index, so a candidate identity, a settings map or a library version map is written
-once per namespace instead of once per entry.
+A file is one msgpack map (docs/cache-format.md): a header, and a body of checksummed
+*frames* (:mod:`unimatmul.cache.frames`). Per namespace: a description (platform facts,
+interned maps, counts), the interned strings and lists in blocks, and the entries in
+blocks of :data:`ENTRY_BLOCK`, each block its own zlib stream with its own CRC-32. The
+description and the tables are written twice (at the start and again at the end of the
+body), so one damaged byte costs at most the entries of the one block it falls in; the
+quarantined copy keeps the rest of the evidence. Rows refer to the tables by index, so a
+candidate identity, a settings map or a version map is written once per namespace.
 
 Reading never trusts the file: the msgpack structure is pre-scanned without building
-objects (bounded depth and object count, no extension types), lengths are checked
-before anything is allocated, inflation is bounded, and a row is decoded only when
-its entry is asked for, with every index checked.
+objects, every field is type-checked (the header too: it is outside every checksum),
+lengths and counts are bounded by the file's own size before anything is allocated,
+inflation has one budget per read, and a row is decoded only when its entry is asked
+for, with every index checked. Schema 1 and 2 files are read (:mod:`unimatmul.cache.legacy`).
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import struct
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from unimatmul.cache.columns import Column, Strings, Tables
+from unimatmul.cache import frames
+from unimatmul.cache.columns import Blocks, Column, Strings, Tables
 from unimatmul.cache.errors import BadEntry, CacheFileError, NewerSchemaError
-from unimatmul.cache.record import (
-    TuningRecord,
-    check_settings,
-)
-from unimatmul.cache.rows import decode_row, encode_row
-from unimatmul.cache.safe_msgpack import (
-    MAX_FILE_BYTES,
-    MAX_INFLATED_BYTES,
-    canonical,
-    inflate,
-    inflate_beside,
-    unpack,
-)
+from unimatmul.cache.fields import clean_header, clean_platform, is_name
+from unimatmul.cache.legacy import MAX_ENTRIES, decode_v1, decode_v2, is_count, max_entries, split_keys
+from unimatmul.cache.record import check_settings
+from unimatmul.cache.rows import encode_row
+from unimatmul.cache.safe_msgpack import MAX_FILE_BYTES, Budget, canonical, inflate, inflate_budget, unpack
+from unimatmul.cache.snapshot import SCHEMA, Namespace, Snapshot, compact, compact_namespace, iter_records
+
+__all__ = [
+    "COMPAT",
+    "ENTRY_BLOCK",
+    "FORMAT",
+    "MAX_ENTRIES",
+    "MAX_FILE_BYTES",
+    "SCHEMA",
+    "TABLE_BLOCK",
+    "BadEntry",
+    "CacheFileError",
+    "Namespace",
+    "NewerSchemaError",
+    "Snapshot",
+    "compact",
+    "content_digest",
+    "decode_file",
+    "encode_file",
+    "iter_records",
+]
 
 FORMAT = "unimatmul-cache"
 
 
-SCHEMA = 2
+# A writer of a later schema sets "compat" to the oldest schema whose readers can still
+# read its files (ignoring what they do not know); such readers never write. Schema 2
+# readers cannot read frames: 3 makes them refuse the file, never move or overwrite it.
+COMPAT = 3
 
 
-# A writer of a later schema sets "compat" to the oldest schema whose readers can
-# still read its files (ignoring what they do not know); such readers never write.
-COMPAT = 2
+ENTRY_BLOCK = 128  # entries per block: what one damaged byte can cost at most
 
 
-MAX_ENTRIES = 4_000_000  # all namespaces together
+TABLE_BLOCK = 1024  # strings or lists per table block (written twice)
 
 
-@dataclass
-class Namespace:
-    """The entries of one Platform: rows read from a file, plus records added since.
+MAX_BLOCK = 1 << 16  # items in one block, as a reader accepts it
 
-    Rows stay encoded until an entry is asked for; ``fresh`` holds records that no
-    row on disk backs yet (put in this process, or merged from another file).
+
+DIGEST_VERSION = 2  # of content_digest's canonical form (not the file's schema: pins survive)
+
+
+_U32 = struct.Struct("<I")
+
+
+def decode_file(data: bytes, *, version: str = "", verify: bool = True) -> Snapshot:
+    """Parse a cache file's bytes; CacheFileError (or NewerSchemaError) when nothing in it
+    can be used. Damage that costs some entries is described in ``Snapshot.damage``.
+
+    ``verify=False`` also reads a schema 2 body whose checksum fails (``cache recover
+    --unverified``). Running out of memory while reading is a broken file too.
     """
-
-    platform: dict[str, Any] = field(default_factory=dict)
-    tables: Tables = field(default_factory=Tables)
-    index: dict[str, int] = field(default_factory=dict)
-    rows: Column = field(default_factory=Column)
-    fresh: dict[str, TuningRecord] = field(default_factory=dict)
-    memo: dict[str, TuningRecord] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.index) + len(self.fresh)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.fresh or key in self.index
-
-    def sorted_keys(self) -> list[str]:
-        return sorted([*self.index, *self.fresh])
-
-    def row(self, key: str) -> bytes | None:
-        i = self.index.get(key)
-        return None if i is None else self.rows[i]
-
-    def get(self, key: str, *, memo: bool = True) -> TuningRecord | None:
-        """The record for ``key``; BadEntry if its row is malformed."""
-        found = self.fresh.get(key) or self.memo.get(key)
-        if found is not None:
-            return found
-        row = self.row(key)
-        if row is None:
-            return None
-        record = decode_row(key, row, self.tables)
-        if memo:
-            self.memo[key] = record
-        return record
-
-    def put(self, key: str, record: TuningRecord) -> None:
-        self.index.pop(key, None)
-        self.memo.pop(key, None)
-        self.fresh[key] = record
-
-    def delete(self, key: str) -> bool:
-        self.memo.pop(key, None)
-        gone = self.fresh.pop(key, None) is not None
-        return self.index.pop(key, None) is not None or gone
-
-
-@dataclass
-class Snapshot:
-    """What one cache file holds: its header and its namespaces."""
-
-    header: dict[str, Any] = field(default_factory=dict)
-    namespaces: dict[str, Namespace] = field(default_factory=dict)
-    schema: int = SCHEMA
-    # Entries that could not be read while loading (schema 1 files), as (ns, key, why).
-    bad: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def count(self) -> int:
-        return sum(len(ns) for ns in self.namespaces.values())
-
-    def namespace(self, name: str) -> Namespace:
-        found = self.namespaces.get(name)
-        if found is None:
-            found = self.namespaces[name] = Namespace()
-        return found
-
-    def get(self, namespace: str, key: str) -> TuningRecord | None:
-        found = self.namespaces.get(namespace)
-        return found.get(key) if found is not None else None
-
-
-def decode_file(data: bytes, *, version: str = "") -> Snapshot:
-    """Parse a cache file's bytes; CacheFileError (or NewerSchemaError) when unusable."""
     # Loading makes one string per key and one dict, none of them in a cycle: a
     # collection pass over the host program's objects in the middle of it (a
     # process with torch holds millions) would only cost time.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _decode_file(data, version)
+        return _decode_file(data, version, verify)
+    except MemoryError:
+        msg = f"reading it ran out of memory ({len(data)} bytes: a compression bomb?)"
+        raise CacheFileError(msg) from None
     finally:
         if enabled:
             gc.enable()
 
 
-def _decode_file(data: bytes, version: str) -> Snapshot:
+def _decode_file(data: bytes, version: str, verify: bool) -> Snapshot:
     if len(data) > MAX_FILE_BYTES:
         msg = f"{len(data)} bytes exceed the {MAX_FILE_BYTES} byte limit"
         raise CacheFileError(msg)
     if not data:
         msg = "the file is empty"
         raise CacheFileError(msg)
-    # The top level is small in a file of any schema this reader knows, except a
-    # schema 1 file, which held every entry as msgpack maps.
-    doc = unpack(data)
+    budget = inflate_budget(len(data))
+    try:
+        # The top level is small in a file of any schema this reader knows, except a
+        # schema 1 file, which held every entry as msgpack maps.
+        doc = unpack(data)
+    except CacheFileError as exc:
+        return _salvage(data, budget, exc)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        msg = f"not a unimatmul cache file (no 'format': {FORMAT!r} marker)"
-        raise CacheFileError(msg)
+        return _salvage(
+            data, budget, CacheFileError(f"not a unimatmul cache file (no 'format': {FORMAT!r} marker)")
+        )
     schema = doc.get("schema")
     if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
-        msg = f"bad schema version {schema!r}"
-        raise CacheFileError(msg)
-    header = doc.get("header", {})
-    if not isinstance(header, dict):
-        msg = "the header is not a map"
-        raise CacheFileError(msg)
-    if schema == 1:
-        return _decode_v1(doc, header)
+        return _salvage(data, budget, CacheFileError(f"bad schema version {schema!r}"))
     compat = doc.get("compat", schema)
     if schema > SCHEMA and (not isinstance(compat, int) or compat > SCHEMA):
         raise NewerSchemaError(schema, version, SCHEMA)
-    body = doc.get("body")
-    crc = doc.get("crc32")
-    if not isinstance(body, bytes) or not isinstance(crc, int):
-        msg = "no 'body' and 'crc32' fields"
-        raise CacheFileError(msg)
-    if zlib.crc32(body) != crc:
-        msg = "the body's CRC-32 does not match (the file was damaged)"
-        raise CacheFileError(msg)
-    namespaces = unpack(body)
-    if not isinstance(namespaces, dict):
-        msg = "the body is not a map of namespaces"
-        raise CacheFileError(msg)
-    snapshot = Snapshot(header=header, schema=schema)
-    budget = [MAX_INFLATED_BYTES]
-    total = 0
-    for name, raw in namespaces.items():
-        ns = _decode_namespace(name, raw, budget)
-        total += len(ns)
-        if total > MAX_ENTRIES:
-            msg = f"more than {MAX_ENTRIES} entries"
-            raise CacheFileError(msg)
-        snapshot.namespaces[name] = ns
+    try:
+        if schema == 1:
+            snapshot = decode_v1(doc)
+        elif schema == 2:
+            snapshot = decode_v2(doc, budget, len(data), verify=verify)
+        else:
+            body = doc.get("body")
+            if not isinstance(body, bytes):
+                msg = "no 'body' field"
+                raise CacheFileError(msg)
+            snapshot = Snapshot(schema=schema)
+            _decode_frames(body, budget, snapshot, len(data))
+    except CacheFileError as exc:
+        # A schema 3 file whose top level was damaged into something that parses (a
+        # schema number changed by one bit) still has its frames.
+        return _salvage(data, budget, exc)
+    header, problems = clean_header(doc.get("header", {}))
+    snapshot.header = header
+    snapshot.problems[:0] = problems
     return snapshot
 
 
-def _decode_namespace(name: str, raw: Any, budget: list[int]) -> Namespace:
-    where = f"namespace {name!r}"
-    if not isinstance(raw, dict):
-        msg = f"{where} is not a map"
+def _salvage(data: bytes, budget: Budget, error: CacheFileError) -> Snapshot:
+    """What the frames of a file say when its top level cannot be trusted; ``error``
+    if it holds none (then it is no schema 3 file, or nothing of one is left)."""
+    snapshot = Snapshot()
+    if not _decode_frames(data, budget, snapshot, len(data)):
+        raise error
+    snapshot.damage.insert(0, f"the file's outer structure is damaged ({error}); its intact blocks were read")
+    return snapshot
+
+
+# --- schema 3: frames ---------------------------------------------------------------------
+
+
+def _decode_frames(body: bytes, budget: Budget, snapshot: Snapshot, file_bytes: int) -> int:
+    """Fill ``snapshot`` from the frames of ``body``; the number of intact frames."""
+    damage = snapshot.damage
+    metas: dict[int, dict[str, Any]] = {}
+    blocks: dict[tuple[int, int, int], memoryview] = {}
+    seen = 0
+    for frame in frames.walk(body, damage):
+        seen += 1
+        where = (frame.kind, frame.namespace, frame.index)
+        if frame.kind == frames.META:
+            if frame.namespace not in metas:
+                try:
+                    metas[frame.namespace] = _meta(frame.payload, file_bytes)
+                except CacheFileError as exc:
+                    damage.append(f"a namespace description is malformed ({exc})")
+        elif frame.kind in (frames.STRINGS, frames.LISTS, frames.ENTRIES):
+            # Tables come twice: the first intact copy serves. Entries come once.
+            if where in blocks and frame.kind == frames.ENTRIES:
+                damage.append(f"entry block {frame.index} of namespace {frame.namespace} appears twice")
+            blocks.setdefault(where, frame.payload)
+    if any(number not in metas for _, number, _ in blocks):
+        damage.append("blocks of a namespace whose description was lost (both copies) were skipped")
+    room = max_entries(file_bytes)
+    for number, meta in sorted(metas.items(), key=lambda item: item[1]["name"]):
+        name = meta["name"]
+        if name in snapshot.namespaces:
+            damage.append(f"namespace {name!r} is described twice; the second was skipped")
+            continue
+        if meta["entries"] > room:
+            damage.append(f"namespace {name!r} claims {meta['entries']} entries, more than the file can hold")
+            continue
+        room -= meta["entries"]
+        snapshot.namespaces[name] = _namespace(number, meta, blocks, budget, snapshot)
+    return seen
+
+
+_META_COUNTS = ("strings", "lists", "entries", "table_block", "entry_block")
+
+
+def _meta(payload: memoryview, file_bytes: int) -> dict[str, Any]:
+    meta = unpack(bytes(payload))
+    if not isinstance(meta, dict):
+        msg = "not a map"
         raise CacheFileError(msg)
-    platform, strings, maps, lists, count = (
-        raw.get(k) for k in ("platform", "string_count", "maps", "list_count", "count")
-    )
-    if isinstance(strings, bool) or not isinstance(strings, int) or not 0 <= strings <= MAX_ENTRIES:
-        msg = f"{where}: bad string count {strings!r}"
+    if not is_name(meta.get("name")):
+        msg = f"bad namespace name {meta.get('name')!r}"
         raise CacheFileError(msg)
+    for field in _META_COUNTS:
+        if not is_count(meta.get(field)):
+            msg = f"bad {field} count {meta.get(field)!r}"
+            raise CacheFileError(msg)
+    if not meta["table_block"] or not meta["entry_block"]:
+        msg = "a block size of 0"
+        raise CacheFileError(msg)
+    # No more blocks than the file has room for frames, no more entries than it has room
+    # for rows: what a crafted count could make a reader allocate is bounded by the size.
+    room = file_bytes // frames.HEAD_BYTES + 1
+    for count, size in (("strings", "table_block"), ("lists", "table_block"), ("entries", "entry_block")):
+        if -(-meta[count] // meta[size]) > room:
+            msg = f"{meta[count]} {count} in blocks of {meta[size]} do not fit in {file_bytes} bytes"
+            raise CacheFileError(msg)
+    if meta["entry_block"] > MAX_BLOCK or meta["table_block"] > MAX_BLOCK:
+        msg = f"blocks of more than {MAX_BLOCK} items"
+        raise CacheFileError(msg)
+    maps = meta.get("maps")
     if not isinstance(maps, list):
-        msg = f"{where}: 'maps' is not a list"
-        raise CacheFileError(msg)
-    if isinstance(lists, bool) or not isinstance(lists, int) or not 0 <= lists <= MAX_ENTRIES:
-        msg = f"{where}: bad list count {lists!r}"
+        msg = "'maps' is not a list"
         raise CacheFileError(msg)
     try:
-        checked_maps = [check_settings(m) for m in maps]
-        platform = check_settings(platform if platform is not None else {})
+        meta["maps"] = [check_settings(m) for m in maps]
     except TypeError as exc:
-        msg = f"{where}: {exc}"
-        raise CacheFileError(msg) from exc
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_ENTRIES:
-        msg = f"{where}: bad entry count {count!r}"
-        raise CacheFileError(msg)
-    rows_blob = inflate_beside(raw.get("rows"), budget, f"{where} rows")
-    keys_blob = inflate(raw.get("keys"), budget, f"{where} keys")
-    try:
-        keys = keys_blob.decode("utf-8").split("\0") if count else []
-    except UnicodeDecodeError as exc:
-        msg = f"{where}: keys are not UTF-8"
-        raise CacheFileError(msg) from exc
-    if len(keys) != count or (count and not keys_blob):
-        msg = f"{where}: {len(keys)} keys for {count} entries"
-        raise CacheFileError(msg)
-    index = dict(zip(keys, range(count), strict=True))
-    if len(index) != count:
-        msg = f"{where}: a key appears twice"
-        raise CacheFileError(msg)
-    # Items of the lists column are checked when a row uses them (see _at): checking
-    # them all here would cost every load what only a crafted file needs.
-    lists_column = Column.parse(inflate(raw.get("lists"), budget, f"{where} lists"), lists, f"{where} lists")
-    strings_column = Column.parse(
-        inflate(raw.get("strings"), budget, f"{where} strings"), strings, f"{where} strings"
+        raise CacheFileError(str(exc)) from exc
+    return meta
+
+
+def _namespace(
+    number: int,
+    meta: dict[str, Any],
+    blocks: dict[tuple[int, int, int], memoryview],
+    budget: Budget,
+    snapshot: Snapshot,
+) -> Namespace:
+    name = meta["name"]
+    where = f"namespace {name!r}"
+    platform, dropped = clean_platform(meta.get("platform", {}), where)
+    snapshot.problems.extend(dropped)
+    strings = _table(
+        number, frames.STRINGS, meta["strings"], meta["table_block"], blocks, budget, snapshot, where
     )
-    rows = Column.parse(rows_blob(), count, f"{where} rows")
+    lists = _table(number, frames.LISTS, meta["lists"], meta["table_block"], blocks, budget, snapshot, where)
+    count, size = meta["entries"], meta["entry_block"]
+    index: dict[str, int] = {}
+    parts: list[Column | None] = []
+    read = 0
+    for k in range(-(-count // size)):
+        n = min(size, count - k * size)
+        what = f"{where} entry block {k} ({n} entries)"
+        part = None
+        payload = blocks.get((frames.ENTRIES, number, k))
+        if payload is None:
+            snapshot.damage.append(f"{what} is lost")
+        else:
+            try:
+                blob = inflate(payload, budget, what)
+                if len(blob) < 4:
+                    raise CacheFileError(f"{what} is too short")
+                (key_bytes,) = _U32.unpack_from(blob, 0)
+                keys = split_keys(blob[4 : 4 + key_bytes], n, what)
+                part = Column.parse(blob[4 + key_bytes :], n, what)
+            except CacheFileError as exc:
+                snapshot.damage.append(str(exc))
+        if part is None:
+            snapshot.lost += n
+        else:
+            index.update(zip(keys, range(k * size, k * size + n), strict=True))
+            read += n
+        parts.append(part)
+    if len(index) != read:
+        snapshot.damage.append(f"{where}: {read - len(index)} keys appear twice")
     return Namespace(
         platform=platform,
-        tables=Tables(Strings(strings_column), checked_maps, lists_column),
+        tables=Tables(Strings(strings), meta["maps"], lists),
         index=index,
-        rows=rows,
+        rows=Blocks(size, parts, count),
     )
 
 
-def _decode_v1(doc: dict[str, Any], header: dict[str, Any]) -> Snapshot:
-    """Schema 1 (the first development format): every record a msgpack map."""
-    namespaces = doc.get("namespaces", {})
-    if not isinstance(namespaces, dict):
-        msg = "'namespaces' is not a map"
-        raise CacheFileError(msg)
-    snapshot = Snapshot(header=header, schema=1)
-    for name, items in namespaces.items():
-        if not isinstance(items, dict):
-            snapshot.bad.append((name, "", "the namespace is not a map"))
-            continue
-        ns = snapshot.namespace(name)
-        for key, raw in items.items():
+def _table(
+    number: int,
+    kind: int,
+    count: int,
+    size: int,
+    blocks: dict[tuple[int, int, int], memoryview],
+    budget: Budget,
+    snapshot: Snapshot,
+    where: str,
+) -> Blocks:
+    label = "strings" if kind == frames.STRINGS else "lists"
+    parts: list[Column | None] = []
+    for k in range(-(-count // size)):
+        n = min(size, count - k * size)
+        what = f"{where} {label} block {k}"
+        payload = blocks.get((kind, number, k))
+        part = None
+        if payload is None:
+            snapshot.damage.append(f"{what} is lost (both copies): entries that use it cannot be read")
+        else:
             try:
-                ns.fresh[key] = TuningRecord.from_dict(raw)
-            except (TypeError, KeyError, ValueError) as exc:
-                snapshot.bad.append((name, key, f"{type(exc).__name__}: {exc}"))
-    return snapshot
+                part = Column.parse(inflate(payload, budget, what), n, what)
+            except CacheFileError as exc:
+                snapshot.damage.append(str(exc))
+        parts.append(part)
+    return Blocks(size, parts, count)
+
+
+# --- writing ------------------------------------------------------------------------------
 
 
 def encode_file(snapshot: Snapshot, header: dict[str, Any], *, level: int = 6) -> bytes:
-    """The bytes of a cache file holding ``snapshot`` (fresh records are encoded here)."""
-    body: dict[str, Any] = {}
-    for name in sorted(snapshot.namespaces):
+    """The bytes of a cache file holding ``snapshot`` (fresh records are encoded here).
+
+    A namespace whose tables lost a block is re-encoded from its records (a row copied
+    as it is could point into the hole); entries that cannot be decoded are dropped, so
+    the caller keeps a copy of a damaged file before it replaces it.
+    """
+    first: list[bytes] = []
+    again: list[bytes] = []
+    names = [name for name in sorted(snapshot.namespaces) if len(snapshot.namespaces[name])]
+    for number, name in enumerate(names):
         ns = snapshot.namespaces[name]
-        if not len(ns):
-            continue
-        body[name] = encode_namespace(name, ns, level=level)
-    body_bytes = msgpack.packb(body, use_bin_type=True)
+        if ns.tables.damaged:
+            ns = Namespace(platform=ns.platform, fresh=compact_namespace(name, ns, []))
+        described, tables, entries = encode_namespace(name, number, ns, level=level)
+        first += [described, *tables, *entries]
+        again += [described, *tables]
     doc = {
         "format": FORMAT,
         "schema": SCHEMA,
         "compat": COMPAT,
         "header": header,
-        "crc32": zlib.crc32(body_bytes),
-        "body": body_bytes,
+        "body": b"".join(first + again),
     }
     data: bytes = msgpack.packb(doc, use_bin_type=True)
     return data
 
 
-def encode_namespace(name: str, ns: Namespace, *, level: int = 6) -> dict[str, Any]:
+def encode_namespace(
+    name: str, number: int, ns: Namespace, *, level: int = 6
+) -> tuple[bytes, list[bytes], list[bytes]]:
+    """The frames of one namespace: its description, its table blocks, its entry blocks."""
     keys = ns.sorted_keys()
     rows: list[bytes] = []
     for key in keys:
@@ -306,64 +366,40 @@ def encode_namespace(name: str, ns: Namespace, *, level: int = 6) -> dict[str, A
             row = ns.row(key)
             assert row is not None
             rows.append(row)
-    lists = ns.tables.lists
-    return {
+    strings = ns.tables.strings.raw()
+    lists = [ns.tables.lists[i] for i in range(len(ns.tables.lists))]
+    meta = {
+        "name": name,
         "platform": ns.platform,
-        "string_count": len(ns.tables.strings),
-        "strings": zlib.compress(Column.pack(ns.tables.strings.raw()), level),
         "maps": ns.tables.maps,
-        "list_count": len(lists),
-        "count": len(keys),
-        "keys": zlib.compress("\0".join(keys).encode("utf-8"), level),
-        "lists": zlib.compress(Column.pack([lists[i] for i in range(len(lists))]), level),
-        "rows": zlib.compress(Column.pack(rows), level),
+        "strings": len(strings),
+        "lists": len(lists),
+        "entries": len(keys),
+        "table_block": TABLE_BLOCK,
+        "entry_block": ENTRY_BLOCK,
     }
-
-
-def compact(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[str, str, str]]]:
-    """A copy whose tables hold only what its entries use; entries that fail to decode are dropped."""
-    out = Snapshot(header=dict(snapshot.header), schema=SCHEMA)
-    dropped: list[tuple[str, str, str]] = []
-    for name, ns in snapshot.namespaces.items():
-        target = out.namespace(name)
-        target.platform = dict(ns.platform)
-        for key in ns.sorted_keys():
-            try:
-                record = ns.get(key, memo=False)
-            except BadEntry as exc:
-                dropped.append((name, key, str(exc)))
-                continue
-            if record is not None:
-                target.fresh[key] = record
-    return out, dropped
-
-
-def iter_records(
-    snapshot: Snapshot, namespace: str | None = None
-) -> Iterator[tuple[str, str, TuningRecord | BadEntry]]:
-    """Every (namespace, key, record or the BadEntry error), sorted, without memoising."""
-    for name in sorted(snapshot.namespaces):
-        if namespace is not None and name != namespace:
-            continue
-        ns = snapshot.namespaces[name]
-        for key in ns.sorted_keys():
-            try:
-                record = ns.get(key, memo=False)
-            except BadEntry as exc:
-                yield name, key, exc
-                continue
-            if record is not None:
-                yield name, key, record
+    described = frames.pack(frames.META, number, 0, msgpack.packb(meta, use_bin_type=True))
+    tables = [
+        frames.pack(kind, number, k, zlib.compress(Column.pack(items[start : start + TABLE_BLOCK]), level))
+        for kind, items in ((frames.STRINGS, strings), (frames.LISTS, lists))
+        for k, start in enumerate(range(0, len(items), TABLE_BLOCK))
+    ]
+    entries = []
+    for k, start in enumerate(range(0, len(keys), ENTRY_BLOCK)):
+        key_bytes = "\0".join(keys[start : start + ENTRY_BLOCK]).encode("utf-8")
+        blob = _U32.pack(len(key_bytes)) + key_bytes + Column.pack(rows[start : start + ENTRY_BLOCK])
+        entries.append(frames.pack(frames.ENTRIES, number, k, zlib.compress(blob, level)))
+    return described, tables, entries
 
 
 def content_digest(snapshot: Snapshot) -> str:
     """SHA-256 of the entries in a canonical form: equal entries, equal digest.
 
-    Independent of table order, compression and header times, so that a deployed
-    cache can be pinned by what it says rather than by its bytes.
+    Independent of the schema, table order, compression and header times, so that a
+    deployed cache can be pinned by what it says rather than by its bytes.
     """
     digest = hashlib.sha256()
-    digest.update(f"{FORMAT}/{SCHEMA}\n".encode())
+    digest.update(f"{FORMAT}/{DIGEST_VERSION}\n".encode())
     for name in sorted(snapshot.namespaces):
         ns = snapshot.namespaces[name]
         if not len(ns):
@@ -371,7 +407,11 @@ def content_digest(snapshot: Snapshot) -> str:
         digest.update(canonical(["namespace", name, ns.platform]))
         for _, key, record in iter_records(snapshot, name):
             if isinstance(record, BadEntry):
-                digest.update(canonical(["bad", key, ns.row(key) or b""]))
+                try:
+                    row = ns.row(key) or b""
+                except BadEntry:
+                    row = b""
+                digest.update(canonical(["bad", key, row]))
             else:
                 digest.update(canonical(["entry", key, record.to_dict()]))
     return digest.hexdigest()

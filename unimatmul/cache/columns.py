@@ -45,6 +45,8 @@ class Column:
             raise CacheFileError(msg)
         return cls(data, offsets)
 
+    damaged = False  # one Column is read whole or not at all
+
     def __len__(self) -> int:
         return len(self.offsets) - 1 + len(self.extra)
 
@@ -69,11 +71,46 @@ class Column:
         return lengths.tobytes() + b"".join(items)
 
 
+class Blocks:
+    """A column stored in blocks of ``size`` items (schema 3), each block checked and parsed
+    on its own: a damaged block is ``None`` and reading one of its items raises BadEntry, so
+    damage costs only the entries that use it. Items appended after loading follow."""
+
+    def __init__(self, size: int, parts: list[Column | None], stored: int) -> None:
+        self.size = size
+        self.parts = parts
+        self.stored = stored
+        self.extra: list[bytes] = []
+
+    @property
+    def damaged(self) -> bool:
+        return any(part is None for part in self.parts)
+
+    def __len__(self) -> int:
+        return self.stored + len(self.extra)
+
+    def __getitem__(self, i: int) -> bytes:
+        if 0 <= i < self.stored:
+            part = self.parts[i // self.size]
+            if part is None:
+                msg = f"item {i} is in a damaged block"
+                raise BadEntry(msg)
+            return part[i % self.size]
+        if self.stored <= i < len(self):
+            return self.extra[i - self.stored]
+        msg = f"column index {i} outside 0..{len(self) - 1}"
+        raise BadEntry(msg)
+
+    def append(self, item: bytes) -> int:
+        self.extra.append(item)
+        return len(self) - 1
+
+
 class Strings:
     """The strings table: a Column of UTF-8 items, each decoded when first used."""
 
-    def __init__(self, column: Column | None = None) -> None:
-        self.column = column if column is not None else Column()
+    def __init__(self, column: Column | Blocks | None = None) -> None:
+        self.column: Column | Blocks = column if column is not None else Column()
         self._memo: dict[int, str] = {}
 
     @classmethod
@@ -112,11 +149,17 @@ class Tables:
 
     strings: Strings = field(default_factory=Strings)
     maps: list[dict[str, Any]] = field(default_factory=list)
-    lists: Column = field(default_factory=Column)  # each item: varint string indices
+    lists: Column | Blocks = field(default_factory=Column)  # each item: varint string indices
     _string_index: dict[str, int] | None = None
     _map_index: dict[bytes, int] | None = None
     _list_index: dict[bytes, int] | None = None
     _list_memo: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def damaged(self) -> bool:
+        """Whether a block of a table was lost: rows read from disk cannot be copied as
+        they are (an index could point into the hole), only re-encoded."""
+        return self.strings.column.damaged or self.lists.damaged
 
     def string(self, text: str) -> int:
         if self._string_index is None:
@@ -142,7 +185,10 @@ class Tables:
     def list_of(self, texts: list[str]) -> int:
         """The index of a list of strings (a record's candidate identities, in order)."""
         if self._list_index is None:
-            self._list_index = {self.lists[i]: i for i in range(len(self.lists))}
+            self._list_index = {}
+            for i in range(len(self.lists)):
+                with contextlib.suppress(BadEntry):  # an item of a damaged block is never reused
+                    self._list_index.setdefault(self.lists[i], i)
         out = bytearray()
         for text in texts:
             put_varint(out, self.string(text))

@@ -5,18 +5,34 @@ file, merge, and replace it atomically (temp file, fsync, rename, fsync of the
 folder): concurrent writers never lose each other's entries, and a process killed
 at any moment leaves either the old or the new file. When two processes tuned the
 same key, the faster record wins, decided the same way everywhere. Temp files of
-killed writers are removed by the next writer.
+killed writers are removed by the next writer. A cache path that is a symlink (to a
+team's shared cache, say) is written through: the file it points to is replaced, with
+the lock, the temp file and kept copies beside that file, and the link stays a link.
 
-A file that cannot be read is moved aside (``<name>.corrupt-<timestamp>``) with a
-warning that says what and where, and the program carries on with an empty cache;
-a file of a newer schema is never overwritten. ``UNIMATMUL_CACHE_READONLY=1`` (or a
-file that cannot be written) means never write; the first refused write says so
-once. The format is in :mod:`unimatmul.cache.codec` and docs/cache-format.md.
+Reading never changes a file. A file that is damaged serves every entry that can still
+be read (schema 3 checksums blocks of entries: one damaged byte costs at most one
+block), with one warning that says what and where; a file that cannot be read at all
+serves none. Either is kept aside, as ``<name>.corrupt-<time>``, by the first write
+that replaces it (the newest few copies are kept; ``unimatmul cache recover`` reads them
+back). Something that is not a regular file at the path (a FIFO, a folder) is never read
+(a FIFO would block) nor replaced; a file of a newer schema is never overwritten.
+``UNIMATMUL_CACHE_READONLY=1`` (or a file that cannot be written) means never write;
+the first refused write says so once. The format: :mod:`unimatmul.cache.codec` and
+docs/cache-format.md.
 
-Durability: by default ``put`` returns once the record is on disk. With
-``autoflush=N`` a store writes every N puts, and ``batch()`` defers writing to the
-end of a block; :meth:`flush` writes now, and pending records are also written at
-interpreter exit. A process killed before then loses only its own pending records.
+Durability: by default ``put`` returns once the record is on disk, unless another
+process is writing the file at that moment: then the record stays pending (this process
+uses it) and the next ``put``, a miss, :meth:`~MsgpackFileStore.flush` or the exit of
+the interpreter writes it, so that no writer waits long for the others. With
+``autoflush=N`` a store writes every N puts, and ``batch()`` defers writing to the end of
+a block. A process killed before its pending records are written loses only those.
+
+Whether a write happened: :meth:`~MsgpackFileStore.flush` returns True when nothing is
+left unwritten, and False when changes stay in this process only (a read-only cache:
+one warning) or are still pending (another process held the lock for longer than
+``UNIMATMUL_CACHE_LOCK_TIMEOUT``). A caller whose job is to write (``unimatmul tune``,
+``cache import``) calls ``flush(strict=True)``, which raises
+:class:`~unimatmul.cache.errors.CacheWriteError` with the reason instead.
 """
 
 from __future__ import annotations
@@ -26,10 +42,11 @@ import contextlib
 import errno
 import math
 import os
+import shutil
+import stat
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +55,7 @@ from unimatmul import settings
 from unimatmul._version import __version__
 from unimatmul.cache.codec import (
     MAX_FILE_BYTES,
+    SCHEMA,
     BadEntry,
     CacheFileError,
     NewerSchemaError,
@@ -46,12 +64,19 @@ from unimatmul.cache.codec import (
     encode_file,
     iter_records,
 )
+from unimatmul.cache.errors import CacheWriteError, NotRegularFile
+from unimatmul.cache.fields import is_date
 from unimatmul.cache.lock import FileLock, LockTimeout
 from unimatmul.cache.record import TuningRecord, check_device_state, check_settings
 from unimatmul.core import notices
 
-KEEP_CORRUPT = 3  # copies of broken files kept beside the cache; older ones are removed
+KEEP_CORRUPT = 3  # copies of damaged files kept beside the cache; older ones are removed
 STALE_TEMP_S = 600.0  # without a real lock, a temp file this old belongs to a dead writer
+# How long a put waits for another process's write before it leaves its record pending
+# (flush and exit wait up to UNIMATMUL_CACHE_LOCK_TIMEOUT).
+PUT_LOCK_WAIT_S = 0.05
+
+FileStat = tuple[int, int, int, int]
 
 
 def warn_once(path: Path | str, what: str, message: str) -> None:
@@ -91,6 +116,9 @@ def check_record(record: TuningRecord) -> None:
         raise TypeError(msg)
     check_settings(record.settings)
     check_device_state(record.device_state)
+    if not is_date(record.tuned_at):
+        msg = f"tuned_at {record.tuned_at!r} is not a Unix time in seconds"
+        raise ValueError(msg)
     for r in record.results:
         if r.samples < 0:
             msg = f"candidate {r.identity!r} has a negative sample count"
@@ -100,18 +128,51 @@ def check_record(record: TuningRecord) -> None:
 # --- reading and writing whole files ----------------------------------------------------
 
 
-def read_file(path: Path) -> Snapshot:
-    """The snapshot in ``path`` (empty when missing); CacheFileError when unusable."""
+def read_bytes(path: Path) -> tuple[bytes | None, FileStat | None]:
+    """The bytes of the regular file at ``path`` and its identity (None, None when there
+    is none). NotRegularFile for anything else: opened without blocking, so that a FIFO
+    is refused instead of waiting for a writer that never comes."""
+    flags = (
+        os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+        fd = os.open(path, flags)
     except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}.get(stat.S_IFMT(st.st_mode), "a device")
+            msg = f"{kind} is at the cache path, not a regular file; it is never read nor replaced"
+            raise NotRegularFile(msg)
+        if st.st_size > MAX_FILE_BYTES:
+            msg = f"{st.st_size} bytes exceed the {MAX_FILE_BYTES} byte limit"
+            raise CacheFileError(msg)
+        # What the size says (asking for the limit would allocate it on every read).
+        data = fh.read(st.st_size + 1)
+        if len(data) > MAX_FILE_BYTES:
+            msg = f"more than {MAX_FILE_BYTES} bytes"
+            raise CacheFileError(msg)
+    return data, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_file(path: Path, *, verify: bool = True) -> Snapshot:
+    """The snapshot in ``path`` (empty when missing); CacheFileError when nothing in it
+    can be used (NotRegularFile: not a regular file). Damage that cost some entries is in
+    ``Snapshot.damage``."""
+    try:
+        data, _ = read_bytes(path)
+    except MemoryError:
+        msg = "reading it ran out of memory"
+        raise CacheFileError(msg) from None
+    if data is None:
         return Snapshot()
-    return decode_file(data, version=__version__)
+    return decode_file(data, version=__version__, verify=verify)
 
 
 def write_file(path: Path, snapshot: Snapshot, *, level: int = 6, created: float | None = None) -> None:
-    """Write ``snapshot`` to ``path`` atomically (the caller holds the lock)."""
+    """Write ``snapshot`` to ``path`` atomically (the caller holds the lock; ``path`` is the
+    file itself, never a symlink: the temp file is renamed over it in its own folder)."""
     now = time.time()
     header = {
         "writer": f"unimatmul {__version__}",
@@ -167,29 +228,47 @@ def remove_stale_temps(path: Path, *, min_age_s: float) -> int:
     return removed
 
 
-def quarantine(path: Path, why: str) -> str:
-    """Move a broken cache file aside; returns a sentence saying where it went."""
-    stamp = time.strftime("%Y%m%dT%H%M%S")
+def kept_copies(path: Path) -> list[Path]:
+    """The copies of damaged files kept beside ``path``, oldest first (by the time in
+    their name, when they were kept: the file's own mtime says when it was last written)."""
+
+    def when(copy: Path) -> tuple[str, int]:
+        stamp, _, n = copy.name.rpartition(".corrupt-")[2].partition("-")
+        return (stamp, int(n) if n.isdigit() else 0)
+
+    try:
+        return sorted(path.parent.glob(f"{path.name}.corrupt-*"), key=when)
+    except OSError:
+        return []
+
+
+def keep_copy(path: Path) -> Path:
+    """Keep the file at ``path`` as ``<name>.corrupt-<time>`` before it is replaced (a hard
+    link, else a copy); remove the oldest copies beyond KEEP_CORRUPT, never this one.
+    OSError if no copy could be kept: then the file must not be replaced."""
+    now = time.time()
+    # To the microsecond, so that a later copy's name sorts after every earlier one's.
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
     aside = path.with_name(f"{path.name}.corrupt-{stamp}")
     n = 1
     while aside.exists():
         aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
         n += 1
     try:
-        os.replace(path, aside)
-    except OSError as exc:
-        return f"could not be moved aside ({exc}); it is left in place"
-    # Keep the newest few: a file broken again and again must not fill the disk.
-    copies = sorted(path.parent.glob(f"{path.name}.corrupt-*"), key=lambda p: p.stat().st_mtime)
-    for old in copies[:-KEEP_CORRUPT]:
+        os.link(path, aside)
+    except OSError:
+        shutil.copy2(path, aside)
+    for old in [p for p in kept_copies(path) if p != aside][: -(KEEP_CORRUPT - 1) or None]:
         with contextlib.suppress(OSError):
             old.unlink()
-    return f"moved aside to {aside}"
+    return aside
 
 
 # --- the store ---------------------------------------------------------------------------
 
-_dirty: weakref.WeakSet[MsgpackFileStore] = weakref.WeakSet()
+# Stores with changes not written yet, held (not weakly) until they are: a store dropped
+# while another process was writing still writes its records, at the latest at exit.
+_dirty: set[MsgpackFileStore] = set()
 _atexit_registered = False
 
 
@@ -202,11 +281,10 @@ def _flush_all() -> None:
 class MsgpackFileStore:
     """A CacheStore backed by one msgpack file; see the module docstring.
 
-    ``autoflush``: write once this many puts/deletes are pending (1: every put is on
-    disk when it returns; 0: only on :meth:`flush`, at the end of :meth:`batch` or
-    at exit). ``quarantine``: move a broken file aside (tools reading a file they
-    were given say so and leave it). ``refresh_s``: on a miss, look whether another
-    process wrote the file at most this often.
+    ``autoflush``: write once this many puts/deletes are pending (1: every put is
+    written when it returns, unless another process is writing; 0: only on
+    :meth:`flush`, at the end of :meth:`batch` or at exit). ``refresh_s``: on a miss,
+    look whether another process wrote the file at most this often.
     """
 
     def __init__(
@@ -215,7 +293,6 @@ class MsgpackFileStore:
         *,
         read_only: bool | None = None,
         autoflush: int = 1,
-        quarantine: bool = True,
         refresh_s: float | None = 1.0,
         compression: int = 6,
         lock_timeout_s: float | None = None,
@@ -224,13 +301,12 @@ class MsgpackFileStore:
         self.read_only = read_only_requested() if read_only is None else read_only
         self.read_only_reason = "UNIMATMUL_CACHE_READONLY is set" if self.read_only else ""
         self.autoflush = autoflush
-        self.quarantine = quarantine
         self.refresh_s = refresh_s
         self.compression = compression
         self.lock_timeout_s = lock_timeout_s
         self._lock = threading.RLock()
         self._snap: Snapshot | None = None
-        self._stat: tuple[int, int, int] | None = None
+        self._stat: FileStat | None = None
         self._checked_at = 0.0
         self._batch_depth = 0
         # (namespace, key) -> (record, signature of the record it replaces as we saw it)
@@ -238,85 +314,109 @@ class MsgpackFileStore:
         self._deletes: dict[tuple[str, str], Any] = {}
         self._platforms: dict[str, dict[str, Any]] = {}
         self.problems: list[str] = []  # what went wrong with the file, for tools
+        # Changes this store could not write and keeps in this process only (read-only).
+        self.unwritten = 0
+        self.kept: list[Path] = []  # copies of damaged files this store kept before replacing them
 
     @property
     def location(self) -> str:
         return str(self.path)
 
     @property
+    def target(self) -> Path:
+        """The file itself: ``path``, or what the symlink at ``path`` points to."""
+        return Path(os.path.realpath(self.path))
+
+    @property
     def lock_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".lock")
+        target = self.target
+        return target.with_name(target.name + ".lock")
 
     # --- reading ------------------------------------------------------------------
-    def _file_stat(self) -> tuple[int, int, int] | None:
+    def _file_stat(self) -> FileStat | None:
         try:
             st = self.path.stat()
         except OSError:
             return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
-    def _read(self, *, locked: bool) -> Snapshot:
-        """The file as it is now; a broken one is reported, moved aside, and reads as empty."""
+    def _read(self) -> Snapshot:
+        """The file as it is now. Never changes it: damage is reported (once), and what can
+        be read is used; a file that cannot be read at all reads as empty."""
         try:
             return self._decode_disk()
-        except NewerSchemaError as exc:
+        except (NewerSchemaError, NotRegularFile) as exc:
             self._refuse_writes(str(exc))
             return Snapshot()
         except CacheFileError as exc:
-            return self._broken(str(exc), locked=locked)
-        except OSError as exc:
             self.problems.append(f"unreadable: {exc}")
-            warn_once(self.path, "unreadable", f"cannot be read ({exc}); using no cached entries")
+            warn_once(
+                self.path, "corrupt", f"unreadable ({exc}); continuing without its entries; {self._fate()}"
+            )
+            return Snapshot(unreadable=str(exc))
+        except OSError as exc:
+            # A file that exists but cannot be read (permissions, I/O) must not be replaced.
+            self._refuse_writes(f"it cannot be read ({exc}): no cached entries, and it is never replaced")
             return Snapshot()
+        except MemoryError:
+            why = "reading it ran out of memory"
+            self.problems.append(f"unreadable: {why}")
+            warn_once(
+                self.path, "corrupt", f"unreadable ({why}); continuing without its entries; {self._fate()}"
+            )
+            return Snapshot(unreadable=why)
+
+    def _fate(self) -> str:
+        """What becomes of a damaged file: a sentence for the one warning."""
+        if self.read_only:
+            return "it is left in place"
+        return f"the next write keeps it aside as {self.target.name}.corrupt-<time> before it replaces it"
 
     def _decode_disk(self) -> Snapshot:
-        stat = self._file_stat()
-        snap = read_file(self.path)
-        self._stat = stat
-        if snap.schema > 2:
+        data, stat_now = read_bytes(self.path)
+        # Remembered even if the file turns out to be broken: it is not read again
+        # (a compression bomb costs once) until it changes.
+        self._stat = stat_now
+        if data is None:
+            return Snapshot()
+        snap = decode_file(data, version=__version__)
+        if snap.schema > SCHEMA:
             self._refuse_writes(
-                f"written by a newer unimatmul (schema {snap.schema}); read, never overwritten"
+                f"it was written by a newer unimatmul (schema {snap.schema}): never overwritten"
             )
         if snap.bad:
             self.problems.append(f"{len(snap.bad)} unreadable entries skipped")
             warn_once(
                 self.path, "bad-entries", f"skipped {len(snap.bad)} unreadable entries; the others are kept"
             )
-        return snap
-
-    def _broken(self, why: str, *, locked: bool) -> Snapshot:
-        self.problems.append(why)
-        if not self.quarantine or self.read_only:
+        if snap.damage:
+            lost = f"{snap.lost} entries lost" if snap.lost else "some entries may be lost"
+            more = f" (and {len(snap.damage) - 1} more)" if len(snap.damage) > 1 else ""
+            self.problems.extend(snap.damage)
             warn_once(
-                self.path, "corrupt", f"unreadable ({why}); left in place; continuing with an empty cache"
+                self.path,
+                "damaged",
+                f"damaged: {snap.damage[0]}{more}; {lost}, the {snap.count()} others are used; {self._fate()}",
             )
-            return Snapshot()
-        if locked:
-            where = quarantine(self.path, why)
-        else:
-            # Move it aside under the lock, and only if it is still the broken file:
-            # another process may have replaced it with a good one meanwhile.
-            try:
-                with FileLock(self.lock_path, self.lock_timeout_s):
-                    try:
-                        return self._decode_disk()
-                    except NewerSchemaError as exc:
-                        self._refuse_writes(str(exc))
-                        return Snapshot()
-                    except CacheFileError as exc:
-                        why = str(exc)
-                        where = quarantine(self.path, why)
-            except OSError as exc:
-                where = f"not moved aside ({exc})"
-        warn_once(self.path, "corrupt", f"unreadable ({why}); {where}; continuing with an empty cache")
-        return Snapshot()
+        if snap.problems:
+            self.problems.extend(snap.problems)
+            warn_once(self.path, "fields", f"malformed fields ignored: {'; '.join(snap.problems[:3])}")
+        return snap
 
     def _refuse_writes(self, why: str) -> None:
         if not self.read_only:
             self.read_only = True
             self.read_only_reason = why
         self.problems.append(why)
-        warn_once(self.path, "read-only", f"{why}")
+        self._say_read_only()
+
+    def _say_read_only(self) -> None:
+        # One message per file, whichever comes first: the refusal or the first kept write.
+        warn_once(
+            self.path,
+            "read-only",
+            f"read-only ({self.read_only_reason}): new results are kept in this process only",
+        )
 
     def snapshot(self) -> Snapshot:
         """Everything the store holds now (loaded on first use)."""
@@ -324,7 +424,7 @@ class MsgpackFileStore:
         if snap is None:
             with self._lock:
                 if self._snap is None:
-                    self._snap = self._read(locked=False)
+                    self._snap = self._read()
                     self._checked_at = time.monotonic()
                 snap = self._snap
         return snap
@@ -337,7 +437,8 @@ class MsgpackFileStore:
                 self._apply_pending(self.snapshot())
 
     def _refresh_if_changed(self) -> bool:
-        """After a miss: whether another process wrote the file since we read it."""
+        """After a miss: whether another process wrote the file since we read it (and a
+        chance to write records left pending while another process was writing)."""
         if self.refresh_s is None:
             return False
         now = time.monotonic()
@@ -345,6 +446,8 @@ class MsgpackFileStore:
             return False
         with self._lock:
             self._checked_at = now
+            if self.pending and not self._batch_depth:
+                self._flush(wait_s=0.0, strict=False)
             if self._file_stat() == self._stat:
                 return False
             self.reload()
@@ -440,9 +543,9 @@ class MsgpackFileStore:
         global _atexit_registered
         pending = len(self._puts) + len(self._deletes)
         if self.autoflush > 0 and self._batch_depth == 0 and pending >= self.autoflush:
-            self.flush()
-            return
-        if pending:
+            # A short wait: while another process writes, the records stay pending.
+            self._flush(wait_s=PUT_LOCK_WAIT_S, strict=False)
+        if self.pending:
             _dirty.add(self)
             if not _atexit_registered:
                 atexit.register(_flush_all)
@@ -466,40 +569,50 @@ class MsgpackFileStore:
     def pending(self) -> int:
         return len(self._puts) + len(self._deletes)
 
-    def flush(self) -> None:
-        """Write pending records now (no-op in read-only mode, which says so once)."""
+    def flush(self, *, strict: bool = False) -> bool:
+        """Write pending changes now, waiting up to the lock timeout for other writers.
+
+        True when every change made through this store is on disk. False when changes
+        stay in this process only (a read-only cache: one warning; ``unwritten`` counts
+        them, also those of earlier puts) or are still pending (the lock was held too
+        long: one warning; the next write or the exit tries again). ``strict=True``
+        raises :class:`CacheWriteError` with the reason instead of returning False.
+        """
+        return self._flush(wait_s=None, strict=strict)
+
+    def _flush(self, *, wait_s: float | None, strict: bool) -> bool:
         with self._lock:
-            if not (self._puts or self._deletes):
-                return
-            if self.read_only:
-                # Same kind as _refuse_writes: whichever comes first is the one message.
-                warn_once(
-                    self.path,
-                    "read-only",
-                    f"read-only ({self.read_only_reason}): new results are kept in this process only",
-                )
+            if self.pending and not self.read_only:
+                try:
+                    if self._replace_file(self._merge_pending, wait_s=wait_s) is not None:
+                        self._clear_pending()
+                except LockTimeout as exc:
+                    if strict:
+                        why = f"{exc}; {self.pending} changes are still pending"
+                        raise CacheWriteError(str(self.path), why, errno.ETIMEDOUT) from exc
+                    if wait_s is None:
+                        # Kept: the next write (or the exit) tries again.
+                        warn_once(self.path, "lock-timeout", f"{exc}; results not written yet")
+                    return False
+                except OSError as exc:
+                    self._refuse_writes(f"it cannot be written ({exc})")
+            if self.pending:
+                # Read-only, or found to be so under the lock (a newer schema, a file that
+                # cannot be written): the changes live in this process only.
+                self.unwritten += self.pending
                 self._clear_pending()
-                return
-            try:
-                self._write_merged()
-            except LockTimeout as exc:
-                # Keep them: the next flush (or exit) tries again.
-                warn_once(self.path, "lock-timeout", f"{exc}; results not written yet")
-            except OSError as exc:
-                self._refuse_writes(f"cannot be written ({exc}); new results are kept in this process only")
-                self._clear_pending()
+                if not strict:  # a strict caller hears it from the error
+                    self._say_read_only()
+            if self.unwritten and strict:
+                why = f"{self.read_only_reason}; {self.unwritten} changes kept in this process only"
+                raise CacheWriteError(str(self.path), why)
+            return not self.unwritten
 
     def _clear_pending(self) -> None:
         self._puts.clear()
         self._deletes.clear()
         self._platforms.clear()
         _dirty.discard(self)
-
-    def _write_merged(self) -> None:
-        if self._replace_file(self._merge_pending) is None:
-            self.flush()  # the file turned out to be of a newer schema: say so, keep in memory
-        else:
-            self._clear_pending()
 
     def _merge_pending(self, disk: Snapshot) -> Snapshot:
         """Our pending changes applied to the file as another process may have left it."""
@@ -525,26 +638,38 @@ class MsgpackFileStore:
             disk.namespace(namespace).platform = dict(facts)
         return disk
 
-    def _replace_file(self, change: Callable[[Snapshot], Snapshot]) -> Snapshot | None:
-        """Under the lock, write ``change(the file as it is now)``; None if it must not be written."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and not os.access(self.path, os.W_OK):
-            raise PermissionError(errno.EACCES, "the file is not writable", str(self.path))
-        with FileLock(self.lock_path, self.lock_timeout_s) as lock:
+    def _replace_file(
+        self, change: Callable[[Snapshot], Snapshot], *, wait_s: float | None = None
+    ) -> Snapshot | None:
+        """Under the lock, write ``change(the file as it is now)``; None if it must not be
+        written. A damaged file is kept aside first (keep_copy): what it still holds that
+        the new file will not (damaged blocks, unreadable entries) stays on disk."""
+        target = self.target  # a symlink is written through, never replaced by a file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() and not os.access(target, os.W_OK):
+            raise PermissionError(errno.EACCES, "the file is not writable", str(target))
+        timeout = self.lock_timeout_s if wait_s is None else wait_s
+        with FileLock(self.lock_path, timeout) as lock:
             # Under a real lock no live writer has a temp file open: any there is a
             # dead writer's. Without one, only old ones are.
             real = lock.method in ("flock", "lockf")
-            remove_stale_temps(self.path, min_age_s=0.0 if real else STALE_TEMP_S)
-            disk = self._read(locked=True)
+            remove_stale_temps(target, min_age_s=0.0 if real else STALE_TEMP_S)
+            disk = self._read()
             if self.read_only:
                 return None
             new = change(disk)
+            if disk.damaged and target.exists():
+                try:
+                    kept = keep_copy(target)
+                except OSError as exc:
+                    msg = f"a copy of the damaged file could not be kept ({exc}), so it is not replaced"
+                    raise OSError(exc.errno, msg) from exc
+                self.kept.append(kept)
+                self.problems.append(f"the damaged file was kept as {kept}")
+                warn_once(self.path, "kept", f"the damaged file was kept as {kept} before it was replaced")
             created = disk.header.get("created")
             write_file(
-                self.path,
-                new,
-                level=self.compression,
-                created=created if isinstance(created, (int, float)) else None,
+                target, new, level=self.compression, created=created if isinstance(created, float) else None
             )
             self._snap = new
             self._stat = self._file_stat()
@@ -552,15 +677,18 @@ class MsgpackFileStore:
             return new
 
     def rewrite(self, change: Callable[[Snapshot], Snapshot]) -> Snapshot:
-        """Replace the file by ``change(file as it is now)``, under the lock (prune, merge).
-
-        Pending records are written first; ``change`` sees every other process's
-        entries and returns the snapshot to write (usually compacted).
-        """
+        """Replace the file by ``change(file as it is now)``, under the lock (prune, merge,
+        recover). Pending records are written first; ``change`` sees every other process's
+        entries and returns the snapshot to write (usually compacted). CacheWriteError
+        when the file must not or cannot be written."""
         with self._lock:
-            self.flush()
-            new = None if self.read_only else self._replace_file(change)
+            self.flush(strict=True)
+            try:
+                new = None if self.read_only else self._replace_file(change)
+            except LockTimeout as exc:
+                raise CacheWriteError(str(self.path), str(exc), errno.ETIMEDOUT) from exc
+            except OSError as exc:
+                raise CacheWriteError(str(self.path), str(exc), exc.errno or errno.EIO) from exc
             if new is None:
-                msg = f"the cache {self.path} is read-only ({self.read_only_reason})"
-                raise PermissionError(errno.EROFS, msg)
+                raise CacheWriteError(str(self.path), self.read_only_reason)
             return new

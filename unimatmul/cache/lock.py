@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from unimatmul import settings
 from unimatmul.core import notices
 
 STALE_LOCKDIR_S = 120.0  # a mkdir lock this old belongs to a dead writer
+MAX_POLL_S = 0.005  # between two attempts to take a held lock
 
 
 def lock_timeout_s() -> float:
@@ -115,8 +117,10 @@ class FileLock:
             if time.monotonic() >= deadline:
                 msg = f"the cache lock {self.path} was held for more than {self.timeout_s:g} s"
                 raise LockTimeout(errno.ETIMEDOUT, msg)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            # A short bound: a waiter that sleeps long misses the moment the holder lets
+            # go, and a busier process takes the lock again and again (one waited 30 s).
+            delay = min(delay * 2, MAX_POLL_S)
 
     def _mkdir_lock(self, deadline: float) -> str:
         lockdir = Path(f"{self.path}.d")

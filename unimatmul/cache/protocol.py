@@ -37,8 +37,9 @@ class CacheStore(Protocol):
     def note_platform(self, namespace: str, facts: dict[str, Any]) -> None:
         """Keep a namespace's platform facts (vendor, arch, library versions) once."""
 
-    def flush(self) -> None:
-        """Make pending writes durable (stores that write at once do nothing)."""
+    def flush(self, *, strict: bool = False) -> bool:
+        """Make pending writes durable; whether nothing is left unwritten. ``strict``:
+        raise :class:`~unimatmul.cache.errors.CacheWriteError` instead of returning False."""
 
 
 class MemoryStore:
@@ -77,8 +78,8 @@ class MemoryStore:
         with self._lock:
             self.platforms[namespace] = dict(facts)
 
-    def flush(self) -> None:
-        return None
+    def flush(self, *, strict: bool = False) -> bool:
+        return True  # nothing outlives the process, and nothing was promised to
 
 
 def default_cache_path() -> Path:

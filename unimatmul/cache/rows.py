@@ -8,6 +8,7 @@ from typing import Any
 
 from unimatmul.cache.columns import Tables, put_varint, read_varint, table_item
 from unimatmul.cache.errors import BadEntry
+from unimatmul.cache.fields import is_date
 from unimatmul.cache.record import (
     FAILED,
     OK,
@@ -229,6 +230,9 @@ def _decode_row(key: str, row: bytes, tables: Tables) -> TuningRecord:
     flags, winner_s, tuned_at, tune_s = _HEAD.unpack_from(row, 0)
     if flags & ~_ROW_FLAGS or (flags & 0x03) == 0x03 or (flags & 0x0C) == 0x0C:
         msg = f"entry {key!r} has bad flags 0x{flags:02x}"
+        raise BadEntry(msg)
+    if not is_date(tuned_at):
+        msg = f"entry {key!r} was tuned at {tuned_at!r}, which is not a date"
         raise BadEntry(msg)
     pos = _HEAD.size
     index, pos = read_varint(row, pos)

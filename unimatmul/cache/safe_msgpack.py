@@ -5,9 +5,7 @@ be hostile").
 
 from __future__ import annotations
 
-import threading
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -17,10 +15,7 @@ from unimatmul.cache.errors import CacheFileError
 MAX_FILE_BYTES = 256 << 20
 
 
-MAX_INFLATED_BYTES = 512 << 20  # all columns of a file together, once inflated
-
-
-_THREAD_MIN_BYTES = 256 << 10
+MAX_INFLATED_BYTES = 512 << 20  # all columns of a file together, once inflated: the ceiling
 
 
 MAX_DEPTH = 12  # legitimate files nest 6 deep
@@ -147,62 +142,61 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise CacheFileError(msg)
 
 
-def inflate(data: Any, budget: list[int], what: str) -> bytes:
-    """zlib-inflate ``data`` within the remaining byte budget (a one-element list)."""
-    out = inflate_within(data, budget[0], what)
-    budget[0] -= len(out)
-    return out
+class Budget:
+    """The bytes that inflating the columns of one file read may still produce.
+
+    One budget per read of a file, shared by every column and block of it, so that a
+    file of many small bombs costs no more than one big one. The bound grows with the
+    file (a legitimate file inflates to a few times its size) and has a floor for small
+    files and a ceiling for all: :func:`inflate_budget`.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, n: int, what: str) -> None:
+        if n > self.left:
+            msg = f"{what} inflates past the {self.limit} byte limit of this file"
+            raise CacheFileError(msg)
+        self.left -= n
 
 
-def inflate_within(data: Any, limit: int, what: str) -> bytes:
-    if not isinstance(data, bytes):
+MIN_INFLATE_BUDGET = 16 << 20
+
+
+INFLATE_RATIO = 64  # legitimate files inflate to 2-5 times their size
+
+
+def inflate_budget(file_bytes: int) -> Budget:
+    """The budget of one read of a file of ``file_bytes`` bytes (docs/cache-format.md)."""
+    return Budget(min(MAX_INFLATED_BYTES, max(MIN_INFLATE_BUDGET, INFLATE_RATIO * file_bytes)))
+
+
+def inflate(data: Any, budget: Budget, what: str) -> bytes:
+    """zlib-inflate ``data`` (bytes or a memoryview) within what is left of ``budget``.
+
+    The output grows as it inflates (zlib does not allocate the limit up front), so a
+    bomb costs at most the budget before it is refused.
+    """
+    if not isinstance(data, (bytes, memoryview)):
         msg = f"{what} is not binary data"
         raise CacheFileError(msg)
     inflater = zlib.decompressobj()
     try:
-        out = inflater.decompress(data, limit + 1)
+        out = inflater.decompress(data, budget.left + 1)
     except zlib.error as exc:
         msg = f"{what} does not inflate: {exc}"
         raise CacheFileError(msg) from exc
-    if len(out) > limit or inflater.unconsumed_tail:
-        msg = f"{what} inflates past the {MAX_INFLATED_BYTES} byte limit"
+    if inflater.unconsumed_tail or len(out) > budget.left:
+        budget.left = 0  # the work is spent: a file of many bombs costs no more than one
+        msg = f"{what} inflates past the {budget.limit} byte limit of this file"
         raise CacheFileError(msg)
     if not inflater.eof or inflater.unused_data:
         msg = f"{what} is a truncated or padded zlib stream"
         raise CacheFileError(msg)
+    budget.take(len(out), what)
     return out
-
-
-def inflate_beside(data: Any, budget: list[int], what: str) -> Callable[[], bytes]:
-    """Inflate a large column in another thread (zlib lets go of the GIL) while the
-    caller indexes the keys; the returned function waits for it."""
-    if not isinstance(data, bytes) or len(data) < _THREAD_MIN_BYTES:
-        out = inflate(data, budget, what)
-        return lambda: out
-    box: dict[str, Any] = {}
-    limit = budget[0]
-
-    def work() -> None:
-        try:
-            box["out"] = inflate_within(data, limit, what)
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=work, name="unimatmul-cache-inflate", daemon=True)
-    thread.start()
-
-    def wait() -> bytes:
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        out: bytes = box["out"]
-        budget[0] -= len(out)
-        if budget[0] < 0:
-            msg = f"{what} inflates past the {MAX_INFLATED_BYTES} byte limit"
-            raise CacheFileError(msg)
-        return out
-
-    return wait
 
 
 def canonical(value: Any) -> bytes:

@@ -1,8 +1,17 @@
-"""``unimatmul cache ...``: inspect, check, merge, prune, import and export the cache.
+"""``unimatmul cache ...``: inspect, check, merge, prune, recover, import and export the cache.
 
-``verify`` prints a checksum of the entries (SHA-256 of a canonical form, independent
-of compression and header times) to pin a deployed cache; it exits 1 when the file
-or any entry cannot be read, or when ``--expect`` does not match.
+Reading commands (``show``, ``stats``, ``verify``, ``export``, ``path``, ``prune
+--dry-run``) never change a file, whatever state it is in. Writing commands (``merge``,
+``prune``, ``recover``, ``import``) honour ``UNIMATMUL_CACHE_READONLY`` and keep a copy
+of a damaged file before they replace it (``<name>.corrupt-<time>``).
+
+Exit codes (:mod:`unimatmul.cli.output`): 0 done; 1 a write that failed (a read-only
+cache, a folder that cannot be written, a lock held too long) or an unexpected error, and
+for ``verify`` a file that is damaged or does not match ``--expect``; 2 bad usage; 3
+nothing could be done here (no such file, a file that cannot be read at all, something
+that is not a regular file). ``verify`` prints a checksum of the entries (SHA-256 of a
+canonical form, independent of schema, compression and header times) to pin a deployed
+cache.
 """
 
 from __future__ import annotations
@@ -16,16 +25,18 @@ from typing import Any, TextIO
 
 from unimatmul import settings
 from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, compact, content_digest, iter_records
-from unimatmul.cache.file_store import MsgpackFileStore, faster, read_file, record_signature
-from unimatmul.cache.protocol import open_store
+from unimatmul.cache.errors import CacheWriteError, NotRegularFile
+from unimatmul.cache.fields import is_date
+from unimatmul.cache.file_store import MsgpackFileStore, faster, kept_copies, read_file, record_signature
 from unimatmul.cli import interop, output
+from unimatmul.cli.interop import reader
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
 from unimatmul.tuning.selector import Selector
 
 
 def _date(seconds: Any) -> str:
-    if not isinstance(seconds, (int, float)) or not seconds:
+    if not is_date(seconds) or not seconds:
         return "-"
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -38,18 +49,74 @@ def _size(n: float) -> str:
     return f"{n:.1f} GB"  # pragma: no cover
 
 
-def _selector_for(path: Path, args: argparse.Namespace, *, read_only: bool) -> tuple[Selector, Target]:
-    """A Selector over this cache file and the Target ``--array``/``--device`` name, for
-    validating entries against the libraries here."""
-    store = MsgpackFileStore(path, read_only=read_only, quarantine=False, autoflush=0)
+def _read_or_exit(path: Path, *, verify: bool = True) -> Snapshot:
+    """The snapshot of a file a command was given; CliError (exit 3) when there is none or
+    nothing in it can be read."""
+    if not path.exists() and not path.is_symlink():
+        raise CliError(f"no cache file at {path}", EXIT_UNAVAILABLE)
+    try:
+        return read_file(path, verify=verify)
+    except NotRegularFile as exc:
+        raise CliError(f"{path}: {exc}", EXIT_UNAVAILABLE) from exc
+    except (CacheFileError, OSError) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: Path, exc: Exception) -> CliError:
+    return CliError(
+        f"{path} cannot be read ({exc}); it is left in place "
+        f"(`unimatmul cache recover {path}` salvages what can be read of a damaged file)",
+        EXIT_UNAVAILABLE,
+    )
+
+
+def _write(store: MsgpackFileStore, change: Any) -> Snapshot:
+    """``store.rewrite(change)``, a refused or failed write becoming exit 1 with its reason
+    (and a file found unreadable under the lock, exit 3)."""
+    try:
+        new: Snapshot = store.rewrite(change)
+    except CacheWriteError as exc:
+        raise CliError(str(exc), EXIT_ERROR) from exc
+    except CacheFileError as exc:
+        raise _unreadable(store.path, exc) from exc
+    return new
+
+
+def _refuse_unreadable(disk: Snapshot) -> None:
+    """Inside a rewrite: a command that edits entries never replaces a file it could not read."""
+    if disk.unreadable:
+        raise CacheFileError(disk.unreadable)
+
+
+def _damage_lines(snapshot: Snapshot, limit: int = 5) -> list[str]:
+    lines = [f"damage:   {line}" for line in snapshot.damage[:limit]]
+    if len(snapshot.damage) > limit:
+        lines.append(f"damage:   ... and {len(snapshot.damage) - limit} more")
+    if snapshot.damage:
+        lost = f"{snapshot.lost} entries" if snapshot.lost else "an unknown number of entries"
+        lines.append(f"damage:   {lost} could not be read; the rest can")
+    return lines
+
+
+def _selector_for(path: Path, args: argparse.Namespace) -> tuple[Selector, Target]:
+    """A read-only Selector over this cache file and the Target ``--array``/``--device``
+    name, for validating entries against the libraries here."""
+    store = MsgpackFileStore(path, read_only=True, autoflush=0)
     return Selector(store=store), output.target(args.array, args.device)
+
+
+def _validation_counts(v: dict[str, Any]) -> str:
+    return (
+        f"{v['matched']} matched, {v['revalidated']} revalidated, {v['invalidated']} invalidated, "
+        f"{v['unavailable']} not available here"
+    )
 
 
 # --- show / path -----------------------------------------------------------------------
 
 
 def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
-    store = open_store(args.cache)
+    store = reader(args)
     items = list(store.items(args.namespace))
     if args.json:
         json.dump([{"namespace": ns, "key": k, **r.to_dict()} for ns, k, r in items], out, indent=2)
@@ -74,7 +141,7 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
-    out.write(open_store(args.cache).location + "\n")
+    out.write(reader(args).location + "\n")
     return EXIT_OK
 
 
@@ -83,9 +150,10 @@ def cmd_cache_path(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
     path = output.cache_path(args)
-    store = MsgpackFileStore(path, read_only=True, quarantine=False)
+    store = MsgpackFileStore(path, read_only=True)
     snapshot = store.snapshot()
-    size = path.stat().st_size if path.exists() else 0
+    target = store.target
+    size = target.stat().st_size if target.is_file() else 0
     namespaces: list[dict[str, Any]] = []
     bad = 0
     for name in sorted(snapshot.namespaces):
@@ -112,19 +180,22 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
                 "tables": {"strings": len(ns.tables.strings), "maps": len(ns.tables.maps)},
             }
         )
-    parent = path.parent
-    leftovers = sorted(p.name for p in parent.glob(f".{path.name}.*.tmp")) if parent.is_dir() else []
-    corrupt = sorted(p.name for p in parent.glob(f"{path.name}.corrupt-*")) if parent.is_dir() else []
+    parent = target.parent
+    leftovers = sorted(p.name for p in parent.glob(f".{target.name}.*.tmp")) if parent.is_dir() else []
+    corrupt = [p.name for p in kept_copies(target)] if parent.is_dir() else []
     count = snapshot.count()
     data: dict[str, Any] = {
         "path": str(path),
-        "exists": path.exists(),
+        "file": str(target),
+        "exists": target.exists(),
         "file_bytes": size,
         "bytes_per_entry": round(size / count, 1) if count else None,
         "schema": snapshot.schema,
         "header": snapshot.header,
         "entries": count,
         "bad_entries": bad,
+        "damage": snapshot.damage,
+        "lost_entries": snapshot.lost,
         "namespaces": namespaces,
         "problems": store.problems,
         "temp_files": leftovers,
@@ -132,14 +203,14 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
         "read_only_env": settings.CACHE_READONLY.raw() or "",
     }
     if args.validate:
-        selector, target = _selector_for(path, args, read_only=True)
-        data["validation"] = selector.validate(target).to_dict()
+        selector, validation_target = _selector_for(path, args)
+        data["validation"] = selector.validate(validation_target).to_dict()
     if args.json:
         json.dump(data, out, indent=2, default=str)
         out.write("\n")
         return EXIT_OK
-    out.write(f"cache:    {path}\n")
-    if not path.exists():
+    out.write(f"cache:    {path}" + (f" -> {target}" if target != path.absolute() else "") + "\n")
+    if not target.exists():
         out.write("file:     none yet (it is created by the first tuning)\n")
     else:
         header = snapshot.header
@@ -162,16 +233,20 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  libraries: {libs}\n")
     for line in store.problems:
         out.write(f"problem:  {line}\n")
+    if snapshot.damage:
+        out.write(
+            f"damage:   {snapshot.lost} entries could not be read (`cache prune --bad` rewrites without them)\n"
+        )
     if leftovers:
         out.write(f"temp files of interrupted writers: {len(leftovers)} (removed by the next write)\n")
     if corrupt:
-        out.write(f"broken files moved aside: {', '.join(corrupt)}\n")
+        out.write(f"copies of damaged files kept: {', '.join(corrupt)} (`cache recover FILE` reads them)\n")
     if "validation" in data:
         v = data["validation"]
         out.write(
-            f"\nvalidation of [{v['namespace']}] against the libraries here: {v['matched']} matched, "
-            f"{v['revalidated']} revalidated, {v['invalidated']} invalidated (retuned on demand; "
-            f"`cache prune --invalid` removes them)\n"
+            f"\nvalidation of [{v['namespace']}] against the libraries here: {_validation_counts(v)} "
+            "(invalidated: retuned on demand, `cache prune --invalid` removes them; not available "
+            "here: kept, `cache prune --unavailable` removes them)\n"
         )
     return EXIT_OK
 
@@ -181,11 +256,14 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     path = output.cache_path(args)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         out.write(f"no cache file at {path}\n")
         return EXIT_UNAVAILABLE
     try:
         snapshot = read_file(path)
+    except NotRegularFile as exc:
+        out.write(f"INVALID {path}: {exc}\n")
+        return EXIT_UNAVAILABLE
     except (CacheFileError, OSError) as exc:
         out.write(f"INVALID {path}: {exc}\n")
         return EXIT_ERROR
@@ -194,61 +272,63 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     digest = content_digest(snapshot)
     result: dict[str, Any] = {
         "path": str(path),
-        "valid": not bad,
+        "valid": not bad and not snapshot.damage,
         "schema": snapshot.schema,
         "entries": snapshot.count(),
         "namespaces": len([n for n in snapshot.namespaces.values() if len(n)]),
         "bad_entries": [{"namespace": ns, "key": key, "why": why} for ns, key, why in bad],
+        "damage": snapshot.damage,
+        "lost_entries": snapshot.lost,
         "sha256": digest,
     }
-    code = EXIT_OK if not bad else EXIT_ERROR
+    code = EXIT_OK if result["valid"] else EXIT_ERROR
     if args.expect is not None:
         result["expected"] = args.expect
         result["matches"] = args.expect.lower() == digest
         if not result["matches"]:
             code = EXIT_ERROR
     if args.validate:
-        selector, target = _selector_for(path, args, read_only=True)
+        selector, target = _selector_for(path, args)
         result["validation"] = selector.validate(target).to_dict()
     if args.json:
         json.dump(result, out, indent=2)
         out.write("\n")
         return code
-    state = "ok" if not bad else f"{len(bad)} unreadable entries"
+    if result["valid"]:
+        state = "ok"
+    else:
+        parts = [f"{len(bad)} unreadable entries"] if bad else []
+        parts += [f"damaged ({snapshot.lost} entries lost)"] if snapshot.damage else []
+        state = ", ".join(parts)
     out.write(
         f"{state}: {result['entries']} entries in {result['namespaces']} namespace(s), schema {snapshot.schema}\n"
     )
     for ns, key, why in bad[:20]:
         out.write(f"  bad entry [{ns}] {key}: {why}\n")
+    for line in _damage_lines(snapshot):
+        out.write(f"  {line}\n")
     out.write(f"sha256 {digest}\n")
     if "matches" in result:
         out.write(
             "matches the expected checksum\n" if result["matches"] else f"MISMATCH: expected {args.expect}\n"
         )
     if "validation" in result:
-        v = result["validation"]
         out.write(
-            f"validation of [{v['namespace']}]: {v['matched']} matched, {v['revalidated']} revalidated, "
-            f"{v['invalidated']} invalidated\n"
+            f"validation of [{result['validation']['namespace']}]: {_validation_counts(result['validation'])}\n"
         )
     return code
 
 
-# --- merge -----------------------------------------------------------------------------
+# --- merge and recover -----------------------------------------------------------------
 
 
-def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
+def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, int, int, int]:
+    """The entries of several files in one snapshot (the faster record on a key in several):
+    (snapshot, entries read, conflicts, entries that could not be read)."""
     merged = Snapshot()
-    conflicts = 0
-    skipped = 0
-    total = 0
-    for name in args.inputs:
-        if not Path(name).exists():
-            raise CliError(f"no cache file at {name}", EXIT_UNAVAILABLE)
-        try:
-            snapshot = read_file(Path(name))
-        except (CacheFileError, OSError) as exc:
-            raise CliError(f"cannot read {name}: {exc}", EXIT_UNAVAILABLE) from exc
+    conflicts = skipped = total = 0
+    for name in names:
+        snapshot = _read_or_exit(Path(name), verify=verify)
         for ns_name, ns in snapshot.namespaces.items():
             if ns.platform:
                 merged.namespace(ns_name).platform.update(ns.platform)
@@ -263,19 +343,69 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
                 conflicts += 1
                 record = faster(mine, record)
             target.fresh[key] = record
-        skipped += len(snapshot.bad)
-    output = Path(args.output)
-    store = MsgpackFileStore(output, read_only=False, quarantine=False)
-    try:
-        store.rewrite(lambda _disk: merged)
-    except OSError as exc:
-        raise CliError(f"cannot write {output}: {exc}", EXIT_ERROR) from exc
+        skipped += len(snapshot.bad) + snapshot.lost
+        if snapshot.damage:
+            out.write(
+                f"{name}: damaged, {snapshot.lost} entries could not be read; {snapshot.count()} could\n"
+            )
+            for line in _damage_lines(snapshot, limit=3)[:-1]:
+                out.write(f"  {line}\n")
+    return merged, total, conflicts, skipped
+
+
+def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
+    for copy in store.kept:
+        out.write(f"the damaged file it replaced was kept as {copy}\n")
+
+
+def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
+    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out)
+    destination = Path(args.output)
+    store = MsgpackFileStore(destination)  # honours UNIMATMUL_CACHE_READONLY
+    _write(store, lambda _disk: merged)
     out.write(
-        f"merged {total} entries from {len(args.inputs)} files into {output}: {merged.count()} entries, "
+        f"merged {total} entries from {len(args.inputs)} files into {destination}: {merged.count()} entries, "
         f"{conflicts} keys in several files (the faster record kept)"
         + (f", {skipped} unreadable entries skipped" if skipped else "")
         + "\n"
     )
+    _kept_lines(store, out)
+    return EXIT_OK
+
+
+def cmd_cache_recover(args: argparse.Namespace, out: TextIO) -> int:
+    """Read back what can be read of damaged files (kept copies) into the cache."""
+    found, total, _, skipped = _gather(args.files, verify=not args.unverified, out=out)
+    path = output.cache_path(args)
+    store = MsgpackFileStore(path)  # honours UNIMATMUL_CACHE_READONLY
+    added: list[int] = [0, 0]
+
+    def change(disk: Snapshot) -> Snapshot:
+        added[:] = [0, 0]
+        for ns_name, key, record in iter_records(found):
+            assert not isinstance(record, BadEntry)
+            try:
+                mine = disk.get(ns_name, key)
+            except BadEntry:
+                mine = None
+            keep = record if mine is None else faster(mine, record)
+            if keep is record:
+                disk.namespace(ns_name).put(key, record)
+                added[0] += 1
+            else:
+                added[1] += 1
+            if found.namespaces[ns_name].platform and not disk.namespace(ns_name).platform:
+                disk.namespace(ns_name).platform = dict(found.namespaces[ns_name].platform)
+        return disk
+
+    _write(store, change)
+    out.write(
+        f"recovered {added[0]} entries into {path} from {len(args.files)} file(s) "
+        f"({total} read, {added[1]} already there with a faster record"
+        + (f", {skipped} could not be read" if skipped else "")
+        + ")\n"
+    )
+    _kept_lines(store, out)
     return EXIT_OK
 
 
@@ -283,25 +413,34 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
-    if args.older_than is None and not args.namespace and not args.invalid and not args.bad:
-        raise CliError("nothing to prune: give --older-than DAYS, --namespace NS, --invalid or --bad")
+    if args.older_than is None and not (args.namespace or args.invalid or args.unavailable or args.bad):
+        raise CliError(
+            "nothing to prune: give --older-than DAYS, --namespace NS, --invalid, --unavailable or --bad"
+        )
     path = output.cache_path(args)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         out.write(f"no cache file at {path}\n")
         return EXIT_OK
-    invalid: dict[tuple[str, str], Any] = {}
-    if args.invalid:
-        selector, target = _selector_for(path, args, read_only=True)
+    invalid: dict[tuple[str, str], tuple[Any, str]] = {}
+    if args.invalid or args.unavailable:
+        selector, target = _selector_for(path, args)
         summary = selector.validate(target)
-        for key in summary.invalidated:
+        chosen = (summary.invalidated if args.invalid else []) + (
+            summary.unavailable if args.unavailable else []
+        )
+        for key in chosen:
             record = selector.store.get(summary.namespace, key)
-            invalid[(summary.namespace, key)] = record_signature(record)
+            why = "invalid here" if key in summary.invalidated else "unavailable here"
+            invalid[(summary.namespace, key)] = (record_signature(record), why)
     cutoff = time.time() - args.older_than * 86400 if args.older_than is not None else None
     drop_ns = set(args.namespace or [])
     removed: list[tuple[str, str, str]] = []
+    lost = [0]
 
     def change(disk: Snapshot) -> Snapshot:
+        _refuse_unreadable(disk)
         removed.clear()
+        lost[0] = disk.lost + len(disk.bad)
         for ns_name, key, record in list(iter_records(disk)):
             why = ""
             if ns_name in drop_ns:
@@ -310,8 +449,8 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
                 why = "unreadable" if args.bad else ""
             elif cutoff is not None and record.tuned_at < cutoff:
                 why = f"tuned {_date(record.tuned_at)}"
-            elif invalid.get((ns_name, key), "none") == record_signature(record):
-                why = "invalid here"
+            elif (found := invalid.get((ns_name, key))) and found[0] == record_signature(record):
+                why = found[1]
             if why:
                 removed.append((ns_name, key, why))
                 disk.namespaces[ns_name].delete(key)
@@ -321,15 +460,13 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
             removed.extend((ns, key, "unreadable") for ns, key, _ in dropped)
         return fresh
 
+    store = MsgpackFileStore(path)  # honours UNIMATMUL_CACHE_READONLY
+    current = _read_or_exit(path)  # a file that cannot be read is left before anything is locked
     if args.dry_run:
-        change(read_file(path))
+        change(current)
         verb = "would remove"
     else:
-        store = MsgpackFileStore(path, read_only=False, quarantine=False)
-        try:
-            store.rewrite(change)
-        except OSError as exc:
-            raise CliError(f"cannot write {path}: {exc}", EXIT_ERROR) from exc
+        _write(store, change)
         verb = "removed"
     reasons: dict[str, int] = {}
     for _, _, why in removed:
@@ -337,6 +474,16 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
         reasons[kind] = reasons.get(kind, 0) + 1
     detail = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items()))
     out.write(f"{verb} {len(removed)} entries from {path}" + (f" ({detail})" if detail else "") + "\n")
+    if lost[0]:
+        out.write(
+            f"{lost[0]} entries of the file could not be read (damaged); "
+            + (
+                "a rewrite keeps a copy of the damaged file\n"
+                if args.dry_run
+                else "they are not in the new file\n"
+            )
+        )
+    _kept_lines(store, out)
     if args.verbose:
         for ns_name, key, why in removed:
             out.write(f"  [{ns_name}] {key}: {why}\n")
@@ -360,7 +507,7 @@ def cmd_cache_export(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def add_command(sub: Any) -> None:
-    p = sub.add_parser("cache", help="inspect, check, merge, prune, import and export the cache")
+    p = sub.add_parser("cache", help="inspect, check, merge, prune, recover, import and export the cache")
     cache_sub = p.add_subparsers(dest="cache_command", required=True)
 
     def common(c: argparse.ArgumentParser) -> None:
@@ -402,13 +549,36 @@ def add_command(sub: Any) -> None:
     c.add_argument("-o", "--output", required=True, help="file to write (replaced atomically)")
     c.set_defaults(func=cmd_cache_merge)
 
+    c = cache_sub.add_parser(
+        "recover", help="read back the readable entries of damaged files (kept copies) into the cache"
+    )
+    common(c)
+    c.add_argument(
+        "files", nargs="+", metavar="FILE", help="damaged cache files, e.g. <cache>.corrupt-<time>"
+    )
+    c.add_argument(
+        "--unverified",
+        action="store_true",
+        help="also read a schema 2 file whose checksum fails (what it yields cannot be verified)",
+    )
+    c.set_defaults(func=cmd_cache_recover)
+
     c = cache_sub.add_parser("prune", help="remove entries by age, namespace, or validity; compacts")
     common(c)
     target(c)
     c.add_argument("--older-than", type=float, metavar="DAYS", default=None, help="tuned more than DAYS ago")
     c.add_argument("--namespace", action="append", metavar="NS", help="a whole namespace (repeatable)")
     c.add_argument("--invalid", action="store_true", help="winners that no longer exist or check here")
-    c.add_argument("--bad", action="store_true", help="entries that cannot be read")
+    c.add_argument(
+        "--unavailable",
+        action="store_true",
+        help="winners whose backend is not available here (kept otherwise)",
+    )
+    c.add_argument(
+        "--bad",
+        action="store_true",
+        help="entries that cannot be read (a damaged file is kept as a copy first)",
+    )
     c.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
     c.add_argument("-v", "--verbose", action="store_true", help="list every removed entry")
     c.set_defaults(func=cmd_cache_prune)

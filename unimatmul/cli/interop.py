@@ -14,11 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from unimatmul import settings
+from unimatmul.cache.errors import CacheWriteError
 from unimatmul.cache.file_store import MsgpackFileStore
-from unimatmul.cache.protocol import CacheStore, open_store
+from unimatmul.cache.protocol import CacheStore, MemoryStore
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output
-from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.interop import json_export
@@ -56,6 +58,26 @@ def current_gpu_platform() -> Platform | None:
         return None
 
 
+def reader(args: argparse.Namespace) -> CacheStore:
+    """The cache a reading command looks at: a store that never writes (``--cache
+    :memory:`` is an empty one). Shared with :mod:`unimatmul.cli.cache`."""
+    if _in_memory(args):
+        return MemoryStore()
+    return MsgpackFileStore(output.cache_path(args), read_only=True)
+
+
+def _in_memory(args: argparse.Namespace) -> bool:
+    text = getattr(args, "cache", None)
+    return text == ":memory:" or (text is None and settings.CACHE.get() == ":memory:")
+
+
+def _writer(args: argparse.Namespace) -> CacheStore:
+    """The cache an importing command writes, holding its records until one strict flush."""
+    if _in_memory(args):
+        return MemoryStore()
+    return MsgpackFileStore(output.cache_path(args), autoflush=0)
+
+
 def _put_all(store: CacheStore, namespace: str, entries: dict[str, TuningRecord]) -> None:
     put_many = getattr(store, "put_many", None)
     if put_many is not None:
@@ -81,11 +103,15 @@ def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     result = entries_of(parsed)
-    store = open_store(args.cache)
+    store = _writer(args)
     replace = bool(getattr(args, "replace", False))
     kept = {key for key in result.entries if not replace and store.get(namespace, key) is not None}
     new = {key: record for key, record in result.entries.items() if key not in kept}
     _put_all(store, namespace, new)
+    try:
+        store.flush(strict=True)  # a command whose job is to write says when it could not
+    except CacheWriteError as exc:
+        raise CliError(str(exc), EXIT_ERROR) from exc
 
     shown = ", ".join(f"{k}={v}" for k, v in parsed.validators.items()) or "none"
     out.write(f"read {args.file}: {result.rows} rows; validators: {shown}\n")
@@ -101,7 +127,7 @@ def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
 
 def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
     """``cache export --format tunableop -o FILE.csv [--namespace NS]``."""
-    store = open_store(args.cache)
+    store = reader(args)
     current = current_gpu_platform()
     try:
         namespace = namespace_for_export(
@@ -118,7 +144,7 @@ def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
     try:
         write(args.output, TunableOpValidators(validators), result.rows)
     except OSError as exc:
-        raise CliError(f"cannot write {args.output}: {exc}", EXIT_UNAVAILABLE) from exc
+        raise CliError(f"cannot write {args.output}: {exc}", EXIT_ERROR) from exc
     out.write(f"wrote {len(result.rows)} rows of {namespace} to {args.output}\n")
     out.write(f"validators ({source}): {', '.join(f'{k}={v}' for k, v in validators.items())}\n")
     if result.skipped:
@@ -131,16 +157,19 @@ def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
 def export_json(args: argparse.Namespace, out: TextIO) -> int:
     """``cache export --format json -o FILE`` (``-o -``: standard output)."""
     path = output.cache_path(args)
-    store = MsgpackFileStore(path, read_only=True, quarantine=False)
+    store = MsgpackFileStore(path, read_only=True)
     document = json_export.export_document(store, args.namespace)
     count = sum(len(ns["entries"]) for ns in document["namespaces"].values())
     if args.output == "-":
         json.dump(document, sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
         return EXIT_OK
-    with open(args.output, "w", encoding="utf-8") as fh:
-        json.dump(document, fh, indent=1, allow_nan=False)
-        fh.write("\n")
+    try:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=1, allow_nan=False)
+            fh.write("\n")
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {exc}", EXIT_ERROR) from exc
     out.write(f"exported {count} entries from {path} to {args.output}\n")
     return EXIT_OK
 

@@ -93,29 +93,29 @@ def _check_gpu(array: str, device: Device) -> None:
 
 
 def check_writable(path: str | os.PathLike[str], what: str, *, make_parent: bool = False) -> Path:
-    """Fail now, with the reason, if ``path`` cannot be written (exit 3), rather than after
+    """Fail now, with the reason, if ``path`` cannot be written (exit 1, as for every write that fails), rather than after
     the work that would fill it. ``make_parent``: create a missing folder (as the cache
     store would); otherwise a missing folder is an error. Leaves nothing else behind: the
     probe file it writes (``os.access`` says yes to root on a read-only mount) is removed."""
     file = Path(path).expanduser()
     folder = file.parent
     if file.is_dir():
-        raise CliError(f"cannot write {what} {file}: it is a directory", EXIT_UNAVAILABLE)
+        raise CliError(f"cannot write {what} {file}: it is a directory", EXIT_ERROR)
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise CliError(f"cannot write {what} {file}: {existing} is a file, not a directory", EXIT_UNAVAILABLE)
+        raise CliError(f"cannot write {what} {file}: {existing} is a file, not a directory", EXIT_ERROR)
     try:
         if make_parent:
             folder.mkdir(parents=True, exist_ok=True)
         elif not folder.is_dir():
-            raise CliError(f"cannot write {what} {file}: no directory {folder}", EXIT_UNAVAILABLE)
+            raise CliError(f"cannot write {what} {file}: no directory {folder}", EXIT_ERROR)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{file.name}.probe-"):
             pass
     except OSError as exc:
         why = exc.strerror or str(exc)
-        raise CliError(f"cannot write {what} {file}: {why} (in {folder})", EXIT_UNAVAILABLE) from exc
+        raise CliError(f"cannot write {what} {file}: {why} (in {folder})", EXIT_ERROR) from exc
     if file.exists() and not os.access(file, os.W_OK):
-        raise CliError(f"cannot write {what} {file}: the file is not writable", EXIT_UNAVAILABLE)
+        raise CliError(f"cannot write {what} {file}: the file is not writable", EXIT_ERROR)
     return file
 
 

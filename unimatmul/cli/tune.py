@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from unimatmul.cache.errors import CacheWriteError
 from unimatmul.cli import output
-from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.interop.tunableop_cache import untuned_problems
@@ -165,7 +166,7 @@ def check_jobs(jobs: list[TuneJob]) -> None:
 
 
 def check_cache_writable(selector: Selector, jobs: list[TuneJob], force: bool) -> None:
-    """Refuse now (exit 3) when the cache cannot take what tuning these jobs will find,
+    """Refuse now (exit 1: a write that fails) when the cache cannot take what tuning these jobs will find,
     instead of measuring for nothing. Jobs the cache answers already write nothing."""
     store = selector.store
     path = getattr(store, "path", None)
@@ -175,28 +176,23 @@ def check_cache_writable(selector: Selector, jobs: list[TuneJob], force: bool) -
         return
     if getattr(store, "read_only", False):
         reason = getattr(store, "read_only_reason", "") or "read-only"
-        raise CliError(f"cannot write the cache {path}: {reason}; nothing would be saved", EXIT_UNAVAILABLE)
+        raise CliError(f"cannot write the cache {path}: {reason}; nothing would be saved", EXIT_ERROR)
     output.check_writable(path, "the cache", make_parent=True)
     lock = getattr(store, "lock_path", None)
     if lock is not None and lock.exists() and (not lock.is_file() or not os.access(lock, os.W_OK)):
-        raise CliError(
-            f"cannot write the cache {path}: its lock file {lock} cannot be opened", EXIT_UNAVAILABLE
-        )
+        raise CliError(f"cannot write the cache {path}: its lock file {lock} cannot be opened", EXIT_ERROR)
 
 
 def check_cache_written(selector: Selector) -> None:
-    """After tuning something: fail (exit 3) if the results did not reach the cache file."""
+    """After tuning something: fail (exit 1: a write that fails) if the results did not reach the cache file."""
     store = selector.store
     path = getattr(store, "path", None)
     if path is None:
         return
-    store.flush()
-    if getattr(store, "read_only", False):
-        reason = getattr(store, "read_only_reason", "") or "read-only"
-        raise CliError(f"the results were not written to the cache {path}: {reason}", EXIT_UNAVAILABLE)
-    if getattr(store, "pending", 0):
-        msg = f"the results were not written to the cache {path}: its lock was not free in time"
-        raise CliError(msg, EXIT_UNAVAILABLE)
+    try:
+        store.flush(strict=True)
+    except CacheWriteError as exc:
+        raise CliError(f"the results were not written to the cache {path}: {exc}", EXIT_ERROR) from exc
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -261,9 +257,7 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(results, fh, indent=2)
         except OSError as exc:
-            raise CliError(
-                f"cannot write --json {args.json}: {exc.strerror or exc}", EXIT_UNAVAILABLE
-            ) from exc
+            raise CliError(f"cannot write --json {args.json}: {exc.strerror or exc}", EXIT_ERROR) from exc
     if any(r["source"] == "tuned" for r in results):
         check_cache_written(selector)
     out.write(f"cache: {selector.store.location} ({selector.store.count()} entries)\n")

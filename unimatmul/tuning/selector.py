@@ -47,6 +47,7 @@ class SelectorStats:
     matched: int = 0  # stored under the library versions in use now
     revalidated: int = 0  # versions changed, and the backend says the winner still applies
     invalidated: int = 0  # versions changed and the winner is gone: dropped, retuned on demand
+    unavailable: int = 0  # the winner's backend is not loaded or not available here: skipped, kept
     fallbacks: int = 0
     recorded: set[str] = field(default_factory=set)
 
@@ -55,6 +56,7 @@ class SelectorStats:
         return (
             f"cache: {self.matched} matched, {self.revalidated} revalidated, "
             f"{self.invalidated} invalidated, {self.tuned} tuned"
+            + (f", {self.unavailable} skipped (backend not here)" if self.unavailable else "")
         )
 
 
@@ -66,6 +68,9 @@ class ValidationSummary:
     matched: int = 0
     revalidated: int = 0
     invalidated: list[str] = field(default_factory=list)
+    # The winner's backend is not loaded or not available here: not invalid, only
+    # unusable in this process; kept (another process, or a later one, has it).
+    unavailable: list[str] = field(default_factory=list)
     deleted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,6 +80,8 @@ class ValidationSummary:
             "revalidated": self.revalidated,
             "invalidated": len(self.invalidated),
             "invalidated_keys": list(self.invalidated),
+            "unavailable": len(self.unavailable),
+            "unavailable_keys": list(self.unavailable),
             "deleted": self.deleted,
         }
 
@@ -193,16 +200,29 @@ class Selector:
         return self.tuner.prepare(problem, candidate, target)
 
     def lookup(self, problem: Problem, target: Target) -> TuningRecord | None:
-        """The stored record for ``problem``, re-checked if a library version changed."""
+        """The stored record for ``problem``, re-checked if a library version changed.
+
+        A record whose winner's backend is not loaded or not available in this process
+        is skipped (Default serves here) and kept: it is not invalid, only unusable here.
+        Only a present backend that says its winner is gone deletes a record.
+        """
         platform = self.platform(target)
         record = self.store.get(platform.namespace, problem.key)
         if record is None:
+            return None
+        candidate = Candidate.from_identity(record.winner)
+        if candidate != DEFAULT and not self._backend_here(candidate, target):
+            self.stats.unavailable += 1
+            self.warn_once(
+                ("unavailable", candidate.backend),
+                f"no backend {candidate.backend!r} serves {target.device} in this process: Default is "
+                "used where the cache chose one of its kernels (those entries are kept)",
+            )
             return None
         if self._versions_match(record, platform):
             self.stats.cache_hits += 1
             self.stats.matched += 1
             return record
-        candidate = Candidate.from_identity(record.winner)
         if candidate == DEFAULT or self.applies(problem, candidate, target):
             self.stats.cache_hits += 1
             self.stats.revalidated += 1
@@ -212,13 +232,22 @@ class Selector:
         self.store.delete(platform.namespace, problem.key)
         return None
 
+    def _backend_here(self, candidate: Candidate, target: Target) -> bool:
+        return any(b.name == candidate.backend for b in self.backends_for(target))
+
     def validate(self, target: Target, *, delete: bool = False) -> ValidationSummary:
         """Check every stored entry of ``target``'s namespace against the libraries
         installed now, one by one (``unimatmul cache verify --validate``); with
-        ``delete``, drop the entries whose winner no longer exists or checks."""
+        ``delete``, drop the entries whose winner no longer exists or checks. Entries
+        whose backend is not available here are counted apart and never deleted."""
         platform = self.platform(target)
         summary = ValidationSummary(platform.namespace)
+        here = {b.name for b in self.backends_for(target)}
         for _, key, record in list(self.store.items(platform.namespace)):
+            backend = record.winner.partition("/")[0]
+            if record.winner != DEFAULT.identity and backend not in here:
+                summary.unavailable.append(key)
+                continue
             if self._versions_match(record, platform):
                 summary.matched += 1
                 continue
@@ -294,7 +323,7 @@ class Selector:
             record = self.tuner.tune(problem, target, versions=dict(platform.versions), progress=progress)
             self.stats.tuned += 1
             if store:
-                self._store_record(platform, problem.key, record)
+                self._store_record(platform, problem.key, record, target)
             return record
 
     def tune_bucket(
@@ -323,10 +352,26 @@ class Selector:
         )
         self.stats.tuned += 1
         if store:
-            self._store_record(platform, record.problem, record)
+            self._store_record(platform, record.problem, record, target)
         return record
 
-    def _store_record(self, platform: Platform, key: str, record: TuningRecord) -> None:
+    def _store_record(self, platform: Platform, key: str, record: TuningRecord, target: Target) -> None:
+        """Store a record, unless the entry it would replace names a kernel of a backend this
+        process does not have: this tuning never saw that kernel, so it cannot judge it (the
+        entry was tuned where that backend is, and stays for the processes that have it)."""
+        stored = self.store.get(platform.namespace, key)
+        if stored is not None:
+            try:
+                winner = Candidate.from_identity(stored.winner)
+            except ValueError:
+                winner = DEFAULT
+            if winner != DEFAULT and not self._backend_here(winner, target):
+                self.warn_once(
+                    ("kept", winner.backend),
+                    f"kept the cached choices of backend {winner.backend!r}, which this process does not "
+                    "have: its own tuning results stay in this process only",
+                )
+                return
         self.store.note_platform(platform.namespace, platform.to_dict())
         self.store.put(platform.namespace, key, record)
 
