@@ -12,8 +12,9 @@ One tuning per key at a time.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unimatmul.cache.protocol import CacheStore, open_store
@@ -23,6 +24,7 @@ from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, R
 from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.record_mode import record_problem
@@ -34,8 +36,12 @@ class Decision:
     """What the selector chose for one problem, and why (for ``info``/profiling)."""
 
     runner: Runner
-    source: str  # "tuned", "cache", "bucket", "default", "fallback"
+    # "tuned", "cache", "bucket", "default", "fallback"; "confirmed" / "reverted": a
+    # record whose choice a confirmation window judged (see tuning/confirm.py).
+    source: str
     record: TuningRecord | None = None
+    # Set when ``runner`` is a ConfirmingRunner: the choice's first real calls judge it.
+    confirmation: confirm.Confirmation | None = None
 
 
 @dataclass
@@ -47,6 +53,9 @@ class SelectorStats:
     revalidated: int = 0  # versions changed, and the backend says the winner still applies
     invalidated: int = 0  # versions changed and the winner is gone: dropped, retuned on demand
     fallbacks: int = 0
+    tune_s: float = 0.0  # seconds spent tuning in this process
+    confirmed: int = 0  # windows that kept their choice
+    reverted: int = 0  # windows that sent their key back to Default
     recorded: set[str] = field(default_factory=set)
 
     def summary(self) -> str:
@@ -100,6 +109,8 @@ class Selector:
         self.on_problem: Callable[[Problem, Target], None] | None = record_problem
         # Dynamic shapes: a problem differing from a bucket-tuned one only in m uses its choice.
         self.buckets: Buckets | None = Buckets.from_env()
+        # Timed calls per candidate in a confirmation window; None: UNIMATMUL_CONFIRM[_CALLS].
+        self.confirm_calls: int | None = None
 
     # --- wiring -------------------------------------------------------------------
     @property
@@ -171,8 +182,7 @@ class Selector:
                 record, source = self.tune(problem, target), "tuned"
             if record is None:
                 return Decision(DefaultRunner(target.adapter, problem.activation), "default")
-            runner = self.prepare(problem, Candidate.from_identity(record.winner), target)
-            return Decision(runner, source, record)
+            return self._decided(problem, target, record, source)
         except Exception as exc:
             self.stats.fallbacks += 1
             self.warn_once(
@@ -180,6 +190,70 @@ class Selector:
                 f"using Default for {problem.shape_text} {problem.dtype_a}: {type(exc).__name__}: {exc}",
             )
             return Decision(DefaultRunner(target.adapter, problem.activation), "fallback")
+
+    def _decided(self, problem: Problem, target: Target, record: TuningRecord, source: str) -> Decision:
+        """The Decision for a record's winner: as a window's verdict says, else in a window."""
+        candidate = Candidate.from_identity(record.winner)
+        verdict = confirm.verdict_of(record) if source != "bucket" else None
+        if verdict == confirm.REVERTED:
+            return Decision(DefaultRunner(target.adapter, problem.activation), verdict, record)
+        runner = self.prepare(problem, candidate, target)
+        if candidate == DEFAULT or verdict == confirm.CONFIRMED:
+            return Decision(runner, verdict or source, record)
+        calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
+        if calls <= 0:
+            return Decision(runner, source, record)
+        min_gain = self.tuner.settings_for(target).min_gain
+
+        def report(outcome: confirm.Outcome) -> None:
+            self.confirmed(problem, target, record, source, outcome)
+
+        confirmation = confirm.Confirmation(record.winner, calls, min_gain, report)
+        default = DefaultRunner(target.adapter, problem.activation)
+        window = confirm.ConfirmingRunner(runner, default, confirmation, confirm.clock_for(target, 2 * calls))
+        return Decision(window, source, record, confirmation)
+
+    def confirmed(
+        self, problem: Problem, target: Target, record: TuningRecord, source: str, outcome: confirm.Outcome
+    ) -> None:
+        """Keep a window's verdict in the cache, so that other processes use it at once.
+
+        An exact record (found or tuned) gets ``settings["confirm"]``; a bucket's choice
+        that lost at this m gets an exact record of Default for this m (the bucket's
+        other m keep their choice); a bucket's choice that won is not stored (every
+        process confirms it again, a bounded cost). Never raises: the verdict already
+        holds in this process.
+        """
+        if outcome.keep:
+            self.stats.confirmed += 1
+        else:
+            self.stats.reverted += 1
+        try:
+            platform = self.platform(target)
+            if source == "bucket":
+                if outcome.keep:
+                    return
+                entry = TuningRecord(
+                    problem=problem.key,
+                    winner=DEFAULT.identity,
+                    winner_s=outcome.default_s,
+                    default_s=outcome.default_s,
+                    versions=dict(record.versions),
+                    tuned_at=time.time(),
+                    settings={confirm.KEY: {**outcome.as_settings(), "bucket": record.problem}},
+                    writer=record.writer,
+                )
+                self._store_record(platform, problem.key, entry)
+                return
+            current = self.store.get(platform.namespace, problem.key)
+            if current is None or current.winner != record.winner:
+                return  # tuned again meanwhile: that record has no verdict yet
+            settings = {**current.settings, confirm.KEY: outcome.as_settings()}
+            self.store.put(platform.namespace, problem.key, replace(current, settings=settings))
+        except Exception as exc:
+            self.warn_once(
+                ("confirm", problem.key), f"could not store the verdict on {problem.shape_text}: {exc!r}"
+            )
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""
@@ -286,6 +360,7 @@ class Selector:
                     return existing
             record = self.tuner.tune(problem, target, versions=dict(platform.versions), progress=progress)
             self.stats.tuned += 1
+            self.stats.tune_s += record.tune_s
             if store:
                 self._store_record(platform, problem.key, record)
             return record
@@ -313,6 +388,7 @@ class Selector:
             problem, target, buckets, versions=dict(platform.versions), progress=progress
         )
         self.stats.tuned += 1
+        self.stats.tune_s += record.tune_s
         self._store_record(platform, record.problem, record)
         return record
 
