@@ -672,10 +672,18 @@ bool window_ready(Window& w, bool gpu) {
 // which was measured in graphs.
 template <typename Kernel, typename Default>
 at::Tensor windowed(Entry& e, [[maybe_unused]] const at::Tensor& a, Kernel&& kernel, Default&& dflt) {
+  // Counts its calls itself, each before a verdict can follow it: the calls made until the
+  // verdict count under the entry's old source (Python moves them there in the verdict).
+  auto counted = [&e](at::Tensor out) {
+    if (out.defined()) {
+      e.calls.fetch_add(1, std::memory_order_relaxed);
+    }
+    return out;
+  };
   Window& w = *e.window;
   std::unique_lock<std::mutex> guard(w.lock, std::try_to_lock);
   if (!guard.owns_lock() || w.concluded) {
-    return kernel();
+    return counted(kernel());
   }
   bool gpu = false;
 #ifdef UMM_WITH_CUDA
@@ -684,20 +692,20 @@ at::Tensor windowed(Entry& e, [[maybe_unused]] const at::Tensor& a, Kernel&& ker
     gpu = true;
     stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
     if (capturing(stream)) {
-      return kernel();
+      return counted(kernel());
     }
   }
 #endif
   const int i = w.next;
   if (i >= WARMUP + w.timed) {  // full, waiting for its last events
-    at::Tensor out = kernel();
-    if (window_ready(w, gpu)) {
+    at::Tensor out = counted(kernel());
+    if (out.defined() && window_ready(w, gpu)) {
       conclude(e, w, gpu);
     }
     return out;
   }
   if (i < WARMUP) {
-    at::Tensor out = i == 0 ? kernel() : dflt();
+    at::Tensor out = counted(i == 0 ? kernel() : dflt());
     if (out.defined()) {
       w.next = i + 1;
     }
@@ -721,8 +729,9 @@ at::Tensor windowed(Entry& e, [[maybe_unused]] const at::Tensor& a, Kernel&& ker
             }
           }
           w.events.clear();
+          at::Tensor out = counted(kernel());
           conclude(e, w, gpu);  // no events, no samples: the choice stays
-          return kernel();
+          return out;
         }
       }
     }
@@ -738,6 +747,7 @@ at::Tensor windowed(Entry& e, [[maybe_unused]] const at::Tensor& a, Kernel&& ker
   if (!out.defined()) {
     return out;  // the kernel could not run here: this place in the window is taken again
   }
+  counted(out);
   w.next = i + 1;
   if (j + 1 == w.timed && window_ready(w, gpu)) {
     conclude(e, w, gpu);
@@ -757,14 +767,10 @@ at::Tensor serve(Entry& e, const at::Tensor& a, Kernel&& kernel, Default&& dflt)
     return at::Tensor();
   }
   RECORD_USER_SCOPE(e.label.c_str());
-  at::Tensor out;
-  if (kind == DEFAULT) {
-    out = dflt();
-  } else if (kind == CONFIRM) {
-    out = windowed(e, a, [&] { return kernel(e.window->kernel_kind); }, dflt);
-  } else {
-    out = kernel(kind);
+  if (kind == CONFIRM) {
+    return windowed(e, a, [&] { return kernel(e.window->kernel_kind); }, dflt);  // counts its calls
   }
+  at::Tensor out = kind == DEFAULT ? dflt() : kernel(kind);
   if (out.defined()) {
     e.calls.fetch_add(1, std::memory_order_relaxed);
   }

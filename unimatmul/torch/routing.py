@@ -114,9 +114,11 @@ class _State:
         self.plans: dict[tuple[Any, ...], Plan] = {}
         self.retired: Counter[tuple[str, str, str]] = Counter()
         self.retired_saved_s = 0.0  # in-situ time saved by calls of forgotten plans
+        self.verdicts: Counter[str] = Counter()  # windows judged: confirmed, reverted, unjudged
         # What reset_stats() took out of the counts: the metrics' totals never go down.
         self.before_reset: Counter[tuple[str, str, str]] = Counter()
         self.saved_before_reset = 0.0
+        self.verdicts_before_reset: Counter[str] = Counter()
         self.collector: list[tuple[Problem, Target]] | None = None
         self.lock = threading.RLock()
         # Dispatch keys served by the native kernels (native.py), and the runners their
@@ -489,6 +491,7 @@ def _judged(plan: Plan, outcome: Outcome) -> None:
     runner = plan.runner
     kernel = runner.kernel if isinstance(runner, ConfirmingRunner) else runner
     with _state.lock:
+        _state.verdicts[outcome.verdict] += 1
         if outcome.verdict == UNJUDGED:
             plan.runner = kernel  # nothing measured: the choice stays, under its old source
             return
@@ -646,18 +649,17 @@ def uninstall() -> None:
 
 def _counts() -> tuple[Counter[tuple[str, str, str]], float, dict[str, int]]:
     """(op, source, label) -> calls since the last reset; in-situ seconds saved; windows
-    by state (lock held)."""
+    open now and judged since the last reset (lock held)."""
     _sync_native_counts()
     counts: Counter[tuple[str, str, str]] = Counter(_state.retired)
     saved = _state.retired_saved_s
-    windows = {"open": 0, "confirmed": 0, "reverted": 0, "unjudged": 0}
+    windows = {"open": 0, "confirmed": 0, "reverted": 0, "unjudged": 0, **_state.verdicts}
     for plan in _state.plans.values():
         if plan.calls:
             counts[(plan.op, plan.source, plan.label)] += plan.calls
             saved += plan.calls * plan.saved_s
-        if plan.confirmation is not None:
-            outcome = plan.confirmation.outcome
-            windows["open" if outcome is None else outcome.verdict] += 1
+        if plan.confirming:
+            windows["open"] += 1
     return counts, saved, windows
 
 
@@ -688,6 +690,8 @@ def totals() -> dict[str, Any]:
         counts, saved, windows = _counts()
         counts.update(_state.before_reset)
         saved += _state.saved_before_reset
+        for verdict, judged in _state.verdicts_before_reset.items():
+            windows[verdict] += judged
     out = _summarise(counts)
     out["confirm"] = {**windows, "saved_s": saved}
     out["tuning_s"] = get_selector().stats.tune_s
@@ -724,6 +728,8 @@ def reset_stats() -> None:
         counts, saved, _ = _counts()
         _state.before_reset.update(counts)
         _state.saved_before_reset += saved
+        _state.verdicts_before_reset.update(_state.verdicts)
+        _state.verdicts.clear()
         _state.retired.clear()
         _state.retired_saved_s = 0.0
         for plan in _state.plans.values():
