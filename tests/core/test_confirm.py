@@ -8,6 +8,7 @@ checked against a float64 reference.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import replace
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 
 import unimatmul
 from unimatmul.cache.record import TuningRecord
+from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_of
 from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
@@ -100,6 +102,13 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "reverted" and decision.runner.candidate == DEFAULT
     assert decision.confirmation is None
+    # `unimatmul cache show` says so, with Default's in-situ time over the choice's.
+    isolated.selector.store.flush()
+    text = io.StringIO()
+    assert main(["cache", "show", "--cache", str(isolated.cache_path)], out=text) == 0
+    (row,) = [line for line in text.getvalue().splitlines() if "sleepy/k0" in line]
+    ratio = found["default_s"] / found["kernel_s"]
+    assert row.split()[-2:] == ["reverted", f"{ratio:.2f}x"]
 
 
 def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any) -> None:

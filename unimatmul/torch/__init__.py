@@ -39,6 +39,7 @@ __all__ = [
     "plans",
     "reset_stats",
     "stats",
+    "totals",
     "warmup",
 ]
 
@@ -87,6 +88,13 @@ def stats() -> dict[str, Any]:
     from unimatmul.torch import routing
 
     return routing.stats()
+
+
+def totals() -> dict[str, Any]:
+    """Like :func:`stats`, but never reset (what unimatmul.torch.metrics exports)."""
+    from unimatmul.torch import routing
+
+    return routing.totals()
 
 
 def reset_stats() -> None:

@@ -685,7 +685,8 @@ def stats() -> dict[str, Any]:
 
 
 def totals() -> dict[str, Any]:
-    """Like :func:`stats`, but never reset (what a metrics exporter's counters need)."""
+    """Like :func:`stats`, but never reset (what a metrics exporter's counters need), with
+    ``calls``: ``(op, source, kind, calls)`` rows (kind: kernel, default, passthrough)."""
     with _state.lock:
         counts, saved, windows = _counts()
         counts.update(_state.before_reset)
@@ -695,7 +696,17 @@ def totals() -> dict[str, Any]:
     out = _summarise(counts)
     out["confirm"] = {**windows, "saved_s": saved}
     out["tuning_s"] = get_selector().stats.tune_s
+    rows: Counter[tuple[str, str, str]] = Counter()
+    for (op, source, label), calls in counts.items():
+        rows[(op, source, _kind(source, label))] += calls
+    out["calls"] = [(op, source, kind, calls) for (op, source, kind), calls in sorted(rows.items())]
     return out
+
+
+def _kind(source: str, label: str) -> str:
+    if source == "passthrough":
+        return "passthrough"
+    return "default" if label.endswith("[default]") else "kernel"
 
 
 def _summarise(counts: Counter[tuple[str, str, str]]) -> dict[str, Any]:
@@ -710,7 +721,7 @@ def _summarise(counts: Counter[tuple[str, str, str]]) -> dict[str, Any]:
     }
     for (op, source, label), calls in counts.items():
         routed = source != "passthrough"
-        kind = "passthrough" if not routed else ("default" if label.endswith("[default]") else "kernel")
+        kind = _kind(source, label)
         out[kind] += calls
         if routed:
             out["routed"] += calls

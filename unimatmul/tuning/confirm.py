@@ -101,6 +101,20 @@ def verdict_of(record: TuningRecord | None) -> str | None:
     return None
 
 
+def describe(record: TuningRecord) -> str:
+    """A record's verdict in a few words (``cache show``): ``confirmed 1.08x``, ``reverted
+    0.97x`` (Default's in-situ time over the choice's), or empty when never judged."""
+    found = record.settings.get(KEY)
+    verdict = verdict_of(record)
+    if verdict is None or not isinstance(found, dict):
+        return ""
+    try:
+        ratio = float(found["default_s"]) / float(found["kernel_s"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return verdict
+    return f"{verdict} {ratio:.2f}x" if math.isfinite(ratio) else verdict
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one window found: the verdict and both in-situ medians (seconds per call)."""
