@@ -88,6 +88,7 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
             assert fake.calls == 1  # the window starts with the choice
     # Warm-up once, then K D D K twice: the choice ran 1 + CALLS times, never more.
     assert fake.calls == 1 + CALLS
+    assert isolated.selector.settle(timeout=10)  # verdicts are written by a thread of their own
     record = isolated.selector.store.get(namespace, problem.key)
     found = record.settings["confirm"]
     assert found["verdict"] == "reverted" and found["kernel"] == "sleepy/k0"
@@ -121,6 +122,7 @@ def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any
     for _ in range(WINDOW + 5):
         _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 1 + CALLS + 5  # the choice alone after the window
+    assert isolated.selector.settle(timeout=10)
     found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
     assert found["verdict"] == "confirmed" and found["kernel_s"] > 0 and found["default_s"] > 0
     other = Selector(plugins=isolated.plugins, settings=fast_settings())
@@ -170,6 +172,7 @@ def test_a_bucket_choice_that_loses_stores_default_for_its_m_only(
     assert isolated.selector.decide(problem, _target(), "cached").source == "bucket"
     for _ in range(WINDOW):
         _check(unimatmul.matmul(a, b), a, b)
+    assert isolated.selector.settle(timeout=10)
     exact = isolated.selector.store.get(namespace, problem.key)
     assert exact is not None and exact.winner == DEFAULT.identity
     assert exact.settings["confirm"]["verdict"] == "reverted"

@@ -11,8 +11,11 @@ One tuning per key at a time.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -111,6 +114,12 @@ class Selector:
         self.buckets: Buckets | None = Buckets.from_env()
         # Timed calls per candidate in a confirmation window; None: UNIMATMUL_CONFIRM[_CALLS].
         self.confirm_calls: int | None = None
+        # Verdicts are written to the store by a thread of their own: a window ends inside
+        # a user's call, and a cache file write (a locked read-merge-write) must not.
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._jobs_done = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._busy_writing = False
 
     # --- wiring -------------------------------------------------------------------
     @property
@@ -221,13 +230,50 @@ class Selector:
         An exact record (found or tuned) gets ``settings["confirm"]``; a bucket's choice
         that lost at this m gets an exact record of Default for this m (the bucket's
         other m keep their choice); a bucket's choice that won is not stored (every
-        process confirms it again, a bounded cost). Never raises: the verdict already
-        holds in this process.
+        process confirms it again, a bounded cost). Written by a thread of its own
+        (:meth:`settle` waits for it); never raises: the verdict already holds in this
+        process.
         """
         if outcome.keep:
             self.stats.confirmed += 1
         else:
             self.stats.reverted += 1
+        self._in_background(lambda: self._store_verdict(problem, target, record, source, outcome))
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every verdict handed over is in the store; False if ``timeout`` passed first."""
+        with self._jobs_done:
+            return self._jobs_done.wait_for(lambda: not self._jobs and not self._busy_writing, timeout)
+
+    def _in_background(self, job: Callable[[], None]) -> None:
+        with self._jobs_done:
+            self._jobs.append(job)
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(
+                    target=self._write_jobs, name="unimatmul-verdicts", daemon=True
+                )
+                self._writer.start()
+                _live.add(self)
+
+    def _write_jobs(self) -> None:
+        while True:
+            with self._jobs_done:
+                if not self._jobs:
+                    self._writer = None
+                    self._jobs_done.notify_all()
+                    return
+                job = self._jobs.popleft()
+                self._busy_writing = True
+            try:
+                job()
+            finally:
+                with self._jobs_done:
+                    self._busy_writing = False
+                    self._jobs_done.notify_all()
+
+    def _store_verdict(
+        self, problem: Problem, target: Target, record: TuningRecord, source: str, outcome: confirm.Outcome
+    ) -> None:
         try:
             platform = self.platform(target)
             if source == "bucket":
@@ -399,6 +445,14 @@ class Selector:
 
 _selector: Selector | None = None
 _selector_lock = threading.Lock()
+# Selectors with verdicts being written: given a few seconds to finish at exit.
+_live: weakref.WeakSet[Selector] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    for selector in list(_live):
+        selector.settle(timeout=5.0)
 
 
 def get_selector() -> Selector:

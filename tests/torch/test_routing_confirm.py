@@ -99,6 +99,7 @@ def test_a_window_judges_the_choice_where_it_runs(env: Env, min_gain: float) -> 
     assert stats["routed"] == 1 + calls + 3
     if keep:
         assert stats["confirm"]["saved_s"] >= 0.0
+    assert env.selector.settle(timeout=10)  # verdicts are written by a thread of their own
     record = env.selector.store.get(env.selector.platform(target).namespace, problem.key)
     found = record.settings["confirm"]
     assert found["verdict"] == plan.source and found["calls"] == CALLS and found["clock"] == "host"
@@ -113,6 +114,7 @@ def test_another_process_uses_the_verdict_without_a_window(env: Env) -> None:
     with ut.enabled(), torch.no_grad():
         torch.nn.functional.linear(x, w, bias)
         _run_window(x, w, bias, expected)
+    assert env.selector.settle(timeout=10)
     other = Selector(plugins=PluginManager(), settings=FAST)  # the same cache file
     old = set_selector(other)
     try:
