@@ -251,7 +251,9 @@ inline bool put_operand(Key& key, int& i, const at::Tensor& t) {
 inline int64_t head(int64_t op, int64_t mode, [[maybe_unused]] const at::Tensor& a) {
   int64_t tf32 = 0;
 #ifdef UMM_WITH_CUDA
-  if (a.is_cuda()) {
+  // Only float32 products may run in TF32 (it is their Problem's compute type); reading the
+  // setting costs a call into ATen's context, which bf16 and f16 models need not pay.
+  if (a.is_cuda() && a.scalar_type() == at::kFloat) {
     tf32 = at::globalContext().allowTF32CuBLAS() ? 1 : 0;
   }
 #endif

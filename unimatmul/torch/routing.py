@@ -146,7 +146,8 @@ def is_enabled() -> bool:
 
 
 # Whether float32 products may use TF32: part of the Problem (compute type) on CUDA, so
-# part of the key there too (a user may switch it between calls).
+# part of a float32 key there too (a user may switch it between calls).
+_F32 = torch.float32
 _tf32: Callable[[], bool] = getattr(
     torch._C, "_get_cublas_allow_tf32", lambda: bool(torch.backends.cuda.matmul.allow_tf32)
 )
@@ -171,7 +172,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
                 b.stride(),
                 b.dtype,
                 b.data_ptr() & 15,
-                (a.get_device(), b.get_device(), _tf32()) if cuda else None,
+                (a.get_device(), b.get_device(), a.dtype is _F32 and _tf32()) if cuda else None,
             )
             plan = _state.plans.get(key)
             if plan is None:
@@ -214,7 +215,9 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
                 c.data_ptr() & 15,
                 beta == 0,
                 beta == 1,
-                (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
+                (a.get_device(), b.get_device(), c.get_device(), a.dtype is _F32 and _tf32())
+                if cuda
+                else None,
             )
             plan = _state.plans.get(key)
             if plan is None:
