@@ -16,40 +16,71 @@ import json
 import sys
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_models import FULL, Stack, mode
+from torch_models import FULL, Stack, mode, sync
 
 OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")
 
 
 def profile(run: Any, name: str, steps: int) -> dict[str, dict[str, float]]:
-    with torch.no_grad(), mode(name):
-        for _ in range(3):
+    """Profile ``steps`` calls of ``run`` on the GPU in ``torch_models.mode(name)``."""
+    return profile_products(run, lambda: mode(name), steps, torch.device("cuda"))
+
+
+def profile_products(
+    run: Any, context: Callable[[], Any], steps: int, device: torch.device, warm: int = 3
+) -> dict[str, dict[str, float]]:
+    """Host and device time of each matrix product of ``run()`` (op and input shapes).
+
+    ``run`` is called ``warm`` times, then ``steps`` times under torch.profiler, all
+    inside ``context()`` (a routing state, say). Per key (``"aten::mm [[m, k], [k, n]]"``,
+    and the ``unimatmul::`` ranges of routed calls): calls, ``cpu_us`` (host time,
+    inclusive of what the op calls), ``device_us`` (its kernels' time on a GPU; 0 on a
+    CPU, where the host time is the op's time), both summed over the steps, and
+    ``cpu_us_per_call``. Two more keys: the self host time of all ops, and the device
+    time of all kernels, per step.
+    """
+    cuda = device.type == "cuda"
+    with torch.no_grad(), context():
+        for _ in range(warm):
             run()
-        torch.cuda.synchronize()
+        sync(device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
             with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
                 for _ in range(steps):
                     run()
-                torch.cuda.synchronize()
+                sync(device)
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "cpu_us": 0.0, "device_us": 0.0})
     for e in prof.key_averages(group_by_input_shape=True):
         if e.key in OPS or e.key.startswith("unimatmul::"):
             row = out[f"{e.key} {e.input_shapes}"]
             row["calls"] += e.count
             row["cpu_us"] += e.cpu_time_total
-            row["device_us"] += getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0))
+            row["device_us"] += _device_us(e)
     total = prof.key_averages()
-    step_cpu = sum(e.self_cpu_time_total for e in total) / steps
-    out["(all ops, self CPU per step)"] = {"calls": steps, "cpu_us": step_cpu * steps, "device_us": 0.0}
+    step_cpu = sum(e.self_cpu_time_total for e in total)
+    out["(all ops, self CPU per step)"] = {"calls": steps, "cpu_us": step_cpu, "device_us": 0.0}
+    if cuda:
+        # Kernels are events of their own (device type CUDA): their sum is the GPU's busy time.
+        kernels = [e for e in total if e.device_type == torch.autograd.DeviceType.CUDA]
+        step_device = sum(_device_us(e) for e in kernels)
+        out["(all kernels, device per step)"] = {"calls": steps, "cpu_us": 0.0, "device_us": step_device}
     return {k: {**v, "cpu_us_per_call": v["cpu_us"] / max(v["calls"], 1)} for k, v in out.items()}
+
+
+def _device_us(event: Any) -> float:
+    # torch >= 2.4 names it device_time_total; older versions cuda_time_total.
+    return float(getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)))
 
 
 def main() -> int:

@@ -190,10 +190,19 @@ def time_calls(fn: Callable[[], Any], device: torch.device, min_s: float) -> flo
     return (time.perf_counter() - t0) / count
 
 
-def rounds(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, dict[str, float]]:
-    """Each variant takes one sample per round, in turn; median and spread per variant."""
+def rounds(
+    variants: dict[str, Callable[[], float]], repeats: int, deadline: float | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each variant takes one sample per round, in turn; median and spread per variant.
+
+    ``deadline`` (a ``time.perf_counter()`` value): no round starts after it, so a
+    run with a time limit ends with fewer rounds instead of being cut off mid-way.
+    ``samples`` keeps every round's sample, in order, for ratios paired by round.
+    """
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
+    for i in range(repeats):
+        if i and deadline is not None and time.perf_counter() > deadline:
+            break
         for name, take in variants.items():
             samples[name].append(take())
     return {
@@ -202,6 +211,7 @@ def rounds(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, 
             "min_s": min(values),
             "max_s": max(values),
             "rounds": len(values),
+            "samples": values,
         }
         for name, values in samples.items()
     }
@@ -310,7 +320,7 @@ def bench_models(args: argparse.Namespace, device: torch.device, dtype: torch.dt
                 stats = ut.stats()
                 variants = {name: _timed(run, name, device, args.min_time) for name in modes}
                 result = rounds(variants, args.repeats)
-                graphs: dict[str, dict[str, float]] = {}
+                graphs: dict[str, dict[str, Any]] = {}
                 if decode and device.type == "cuda" and args.graphs:
                     graphs = rounds(
                         {name: _graphed(run, name, device, args.min_time) for name in modes}, args.repeats
@@ -398,7 +408,7 @@ def bench_overhead(
 
         return take
 
-    result: dict[str, dict[str, float]] = {}
+    result: dict[str, dict[str, Any]] = {}
     with _scratch_selector() as selector, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plain = {"torch.mm": loop(lambda: torch.mm(a, b)), "nn.Linear": loop(lambda: lin(a))}
@@ -632,8 +642,8 @@ class Report:
         batch: int,
         length: int,
         tokens: int,
-        result: dict[str, dict[str, float]],
-        graphs: dict[str, dict[str, float]],
+        result: dict[str, dict[str, Any]],
+        graphs: dict[str, dict[str, Any]],
         stats: dict[str, Any],
         tuned: Any,
     ) -> None:
@@ -655,7 +665,7 @@ class Report:
         self.data["models"].append(row)
 
     def set_overhead(
-        self, shape: tuple[int, int, int], calls: int, result: dict[str, dict[str, float]]
+        self, shape: tuple[int, int, int], calls: int, result: dict[str, dict[str, Any]]
     ) -> None:
         self.data["overhead"] = {"shape": list(shape), "calls_per_sample": calls, "variants": result}
 
@@ -687,18 +697,23 @@ class Report:
         )
 
     def write(self) -> None:
-        from unimatmul.torch import native
-
         self.out.mkdir(parents=True, exist_ok=True)
-        self.data["native"] = {
-            "choice": os.environ.get(native.ENV, "auto"),
-            "loaded": native.loaded(),
-            "lt_calls_from_cpp": native.has_lt(),
-            "build_failure": native.failure(True) or native.failure(False),
-        }
+        self.data["native"] = native_facts()
         self.data["written"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         (self.out / "results.json").write_text(json.dumps(self.data, indent=2) + "\n")
         (self.out / "results.md").write_text(markdown(self.data))
+
+
+def native_facts() -> dict[str, Any]:
+    """Which routing kernels this process runs: the native ones (built, Lt calls from C++) or not."""
+    from unimatmul.torch import native
+
+    return {
+        "choice": os.environ.get(native.ENV, "auto"),
+        "loaded": native.loaded(),
+        "lt_calls_from_cpp": native.has_lt(),
+        "build_failure": native.failure(True) or native.failure(False),
+    }
 
 
 def _portable(path: Path) -> str:
@@ -749,7 +764,7 @@ def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:,.1f}"
 
 
-def _cells(result: dict[str, dict[str, float]], modes: list[str]) -> str:
+def _cells(result: dict[str, dict[str, Any]], modes: list[str]) -> str:
     """Tokens per second of each mode, then each mode's speed over off ("-" where missing)."""
     cells = [f"{result[m]['tokens_per_s']:,.0f}" if m in result else "-" for m in modes]
     for m in _ratio_modes(modes):

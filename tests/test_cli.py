@@ -8,19 +8,37 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
+import unimatmul
+from unimatmul.cli import (
+    EXIT_CLOSED_OUTPUT,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    main,
+)
+from unimatmul.cli import output as cli_output
+from unimatmul.cli import tune as tune_cli
 from unimatmul.core.hookspecs import hookimpl
+from unimatmul.core.plugins import PluginManager, reset_plugin_manager
+from unimatmul.core.problem import Problem
+from unimatmul.testing import fast_settings
 from unimatmul.tuning.selector import Selector, set_selector
 from unimatmul_backends.onednn import OneDNNBackend
 
-ONEDNN_VERSION = OneDNNBackend().versions()["onednn"]
+ONEDNN_VERSIONS = OneDNNBackend().versions()
+ONEDNN_VERSION = ONEDNN_VERSIONS["onednn"]
 
 
 def run(argv: list[str]) -> tuple[int, str]:
@@ -51,7 +69,7 @@ def test_info_json(isolated: Any) -> None:
     assert code == EXIT_OK
     data = json.loads(text)
     onednn = next(b for b in data["backends"] if b["name"] == "onednn")
-    assert onednn["available"] and onednn["versions"] == {"onednn": ONEDNN_VERSION}
+    assert onednn["available"] and onednn["versions"] == ONEDNN_VERSIONS
     assert data["platform"]["namespace"].endswith("/numpy")
     assert data["cache"] == {"path": str(isolated.cache_path), "entries": 0}
     assert {"onednn", "presets"} <= set(data["plugins"]["loaded"])
@@ -61,7 +79,8 @@ def test_the_console_script(tmp_path: Path) -> None:
     script = shutil.which("unimatmul", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("the unimatmul console script is not installed next to this Python")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
+    # The library under test stays (UNIMATMUL_DNNL_LIB): the version must be its own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_") or k == "UNIMATMUL_DNNL_LIB"}
     env["UNIMATMUL_CACHE"] = str(tmp_path / "cache.msgpack")
     done = subprocess.run([script, "info"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == EXIT_OK, done.stderr
@@ -155,6 +174,12 @@ def test_tune_a_preset_and_write_json(isolated: Any, tmp_path: Path) -> None:
         (["tune"], "nothing to tune: give --shape MxNxK[:dtype]"),
         (["tune", "--shape", "8x8x8", "--device", "cuda"], "NumPy arrays live on the CPU"),
         (["info", "--device", "tpu"], "unknown device 'tpu'"),
+        # dtypes NumPy cannot hold: refused before tuning, not a TypeError from inside it
+        (["tune", "--shape", "4x5x5:bf16"], "cannot tune 4x5x5:bf16 here: NumPy has no bf16 arrays"),
+        (["tune", "--shape", "4x5x5", "--dtype", "f8e4m3"], "NumPy has no f8e4m3 arrays"),
+        (["tune", "--shape", "8x8x8", "--budget-ms", "0"], "--budget-ms must be a positive number"),
+        (["tune", "--shape", "8x8x8", "--buckets", "--max-m", "0"], "--max-m must be at least 1"),
+        (["tune", "--shape", "8x8x8", "--max-m", "64"], "--max-m only applies with --buckets"),
     ],
 )
 def test_bad_usage_exits_2_with_a_message(
@@ -174,12 +199,16 @@ def test_unknown_options_exit_2(isolated: Any, capsys: pytest.CaptureFixture[str
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
 
 
-def test_no_backend_for_the_device_exits_3(isolated: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_backend_for_the_device_exits_3(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("UNIMATMUL_DISABLE_PLUGINS", "onednn")
     set_selector(Selector(settings=isolated.selector.settings))
     code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
-    assert code == EXIT_UNAVAILABLE
-    assert "no backend is available for numpy on cpu" in text
+    assert code == EXIT_UNAVAILABLE and text == ""
+    err = capsys.readouterr().err
+    assert "unimatmul: error: no backend is available for numpy on cpu" in err
+    assert "plugins onednn blocked by UNIMATMUL_DISABLE_PLUGINS" in err  # says why
     assert not isolated.cache_path.exists()
 
 
@@ -201,3 +230,203 @@ def test_cache_show(isolated: Any) -> None:
 
     code, text = run(["cache", "path"])
     assert code == EXIT_OK and text.strip() == str(isolated.cache_path)
+
+
+# --- failures end in one line and a documented exit code ---------------------------
+
+
+def test_a_bad_environment_variable_exits_2_with_its_message(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("UNIMATMUL_MODE", "fast")
+    code, text = run(["info"])
+    assert code == EXIT_USAGE and text == ""
+    err = capsys.readouterr().err
+    assert err.startswith("unimatmul: error: unknown unimatmul mode 'fast' in UNIMATMUL_MODE")
+    assert err.count("\n") == 1
+
+
+def test_a_shape_larger_than_memory_is_refused_before_tuning(
+    isolated: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = run(["tune", "--shape", "99999999x99999999x99999999", "--quiet"])
+    assert code == EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert re.search(
+        r"99999999x99999999x99999999:f32 needs 106\.6 PiB for its operands alone; cpu has .* free", err
+    )
+    assert isolated.selector.stats.tuned == 0 and not isolated.cache_path.exists()
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+def test_an_unwritable_json_file_is_refused_before_tuning(
+    isolated: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    path = tmp_path / "no-such-dir" / "x.json" if where == "missing folder" else tmp_path
+    code, _ = run(["tune", "--shape", "8x8x8", "--quiet", "--json", str(path)])
+    assert code == EXIT_UNAVAILABLE
+    assert f"unimatmul: error: cannot write --json {path}" in capsys.readouterr().err
+    assert isolated.selector.stats.tuned == 0 and not isolated.cache_path.exists()
+
+
+def _fresh_selector() -> Selector:
+    """A process-wide Selector that reads the environment as the test set it."""
+    selector = Selector(settings=fast_settings())
+    set_selector(selector)
+    return selector
+
+
+def test_an_unwritable_cache_is_refused_before_tuning(
+    isolated: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("UNIMATMUL_CACHE", str(blocker / "cache.msgpack"))
+    selector = _fresh_selector()
+    code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
+    assert code == EXIT_UNAVAILABLE and "cache:" not in text
+    err = capsys.readouterr().err
+    assert f"cannot write the cache {blocker / 'cache.msgpack'}: {blocker} is a file, not a directory" in err
+    assert selector.stats.tuned == 0
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes read-only folders")
+def test_a_cache_in_a_read_only_folder_is_refused_before_tuning(
+    isolated: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        monkeypatch.setenv("UNIMATMUL_CACHE", str(folder / "cache.msgpack"))
+        selector = _fresh_selector()
+        code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
+    finally:
+        folder.chmod(0o755)
+    assert code == EXIT_UNAVAILABLE and "cache:" not in text
+    assert "Permission denied" in capsys.readouterr().err
+    assert selector.stats.tuned == 0
+
+
+def test_a_read_only_cache_by_request_is_refused_unless_everything_is_cached(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["tune", "--shape", "8x8x8", "--quiet"])[0] == EXIT_OK
+    monkeypatch.setenv("UNIMATMUL_CACHE_READONLY", "1")
+    selector = _fresh_selector()
+    # Everything asked for is cached: nothing to write, the table is shown.
+    code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
+    assert code == EXIT_OK and _rows(text)[0][6] == "cached"
+    code, text = run(["tune", "--shape", "8x8x8", "--shape", "8x8x16", "--quiet"])
+    assert code == EXIT_UNAVAILABLE and text == ""
+    assert "UNIMATMUL_CACHE_READONLY is set; nothing would be saved" in capsys.readouterr().err
+    assert selector.stats.tuned == 0
+
+
+def test_a_cache_write_that_fails_during_tuning_fails_the_command(isolated: Any) -> None:
+    # The lock file turned into a folder after the check: the store refuses the write.
+    isolated.selector.store.lock_path.mkdir()
+    problem = Problem.from_shape(8, 8, 8, "f32")
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        isolated.selector.tune(problem, cli_output.target(None, None))
+    with pytest.raises(
+        CliError, match=r"the results were not written to the cache .*cannot be written"
+    ) as info:
+        tune_cli.check_cache_written(isolated.selector)
+    assert info.value.code == EXIT_UNAVAILABLE
+    assert not isolated.cache_path.exists()
+
+
+def test_a_cache_lock_that_cannot_be_opened_is_refused_before_tuning(
+    isolated: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    isolated.selector.store.lock_path.mkdir()
+    code, _ = run(["tune", "--shape", "8x8x8", "--quiet"])
+    assert code == EXIT_UNAVAILABLE
+    assert "its lock file" in capsys.readouterr().err
+    assert isolated.selector.stats.tuned == 0
+
+
+def test_a_gpu_that_torch_cannot_reach_exits_3(isolated: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch reaches a GPU")
+    code, _ = run(["info", "--array", "torch", "--device", "cuda"])
+    assert code == EXIT_UNAVAILABLE
+    assert re.search(
+        r"unimatmul: error: torch \S+ (was built without CUDA|sees no GPU)", capsys.readouterr().err
+    )
+
+
+class _Broken:
+    """A plugin command with a bug: what main() makes of an unexpected exception."""
+
+    @hookimpl
+    def unimatmul_register_commands(self, register: Callable[..., None]) -> None:
+        register("broken", "fails", lambda p: None, self.run)
+
+    def run(self, args: Any, out: Any) -> int:
+        return {}["missing"]  # type: ignore[no-any-return]
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manager = PluginManager()
+    manager.register(_Broken(), "broken")
+    reset_plugin_manager(manager)
+    assert run(["broken"]) == (EXIT_ERROR, "")
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "unimatmul: error: KeyError: 'missing' (an unexpected error; UNIMATMUL_DEBUG=1 shows its traceback)\n"
+    )
+    monkeypatch.setenv("UNIMATMUL_DEBUG", "1")
+    assert run(["broken"])[0] == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "KeyError: 'missing'" in err
+    assert err.endswith("unimatmul: error: KeyError: 'missing'\n")
+
+
+# --- no backend at all ----------------------------------------------------------------
+
+
+def test_info_and_tuning_say_why_no_backend_is_there(
+    isolated: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As when unimatmul is imported from a source tree that was never installed: no
+    # entry point of group 'unimatmul', so not even the built-in backends register.
+    selector = Selector(plugins=PluginManager(load_entry_points=False), settings=fast_settings())
+    set_selector(selector)
+    code, text = run(["info"])
+    assert code == EXIT_OK
+    assert re.search(
+        r"backends:\n  none serves numpy on cpu, so tuning measures only Default: no plugin is "
+        r"registered in the 'unimatmul' entry-point group.*pip install -e '\.\[cpu\]'",
+        text,
+    ), text
+    code, text = run(["info", "--json"])
+    assert "never installed" in json.loads(text)["no_backend_reason"]
+    a = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    with unimatmul.mode("tune"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        unimatmul.matmul(a, a)
+        unimatmul.matmul(a[:, :4], a[:4])
+    said = [str(w.message) for w in caught if "no backend serves" in str(w.message)]
+    assert len(said) == 1 and "tuning measures only Default" in said[0] and "pip install" in said[0]
+    assert selector.stats.tuned == 2
+
+
+# --- the package's face --------------------------------------------------------------
+
+
+def test_dir_of_the_package_shows_its_public_names() -> None:
+    assert dir(unimatmul) == sorted(unimatmul.__all__)
+    assert "__version__" in dir(unimatmul) and "importlib" not in dir(unimatmul)
+
+
+def test_the_readme_lists_every_exit_code() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    paragraph = readme[readme.index("Exit codes:") :].split("\n\n")[0]
+    codes = [EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_CLOSED_OUTPUT]
+    assert all(f"`{code}`" in paragraph for code in codes), paragraph

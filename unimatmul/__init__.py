@@ -28,10 +28,12 @@ if TYPE_CHECKING:
     from unimatmul.core.modes import MODES, get_mode, mode
     from unimatmul.core.platform import Platform
     from unimatmul.core.problem import Problem
+    from unimatmul.scaled import scaled_matmul
 
 # Public name -> the module that defines it, imported on first access (PEP 562).
 _EXPORTS: dict[str, str] = {
     "matmul": "unimatmul.api",
+    "scaled_matmul": "unimatmul.scaled",
     "DEFAULT": "unimatmul.core.backend",
     "Backend": "unimatmul.core.backend",
     "Candidate": "unimatmul.core.backend",
@@ -73,6 +75,7 @@ __all__ = [
     "hookimpl",
     "matmul",
     "mode",
+    "scaled_matmul",
 ]
 
 
@@ -92,4 +95,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    # The public names only: not this module's own imports (importlib, Any, ...) nor
+    # the submodules imported so far.
+    return sorted(__all__)

@@ -18,13 +18,14 @@ first calls alternate it with Default; the winner then replaces it here.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from unimatmul.cache.lru import LRU, lru_size
 from unimatmul.core.arrays import ArrayAdapter, adapter_of
-from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.confirm import ConfirmingRunner
@@ -109,7 +110,7 @@ def matmul(
         raise
     found = _fast.peek(sig)
     if found is None:
-        found = _resolve(adapter, a, b, out, c, bias, activation, beta, mode)
+        found = _resolve(adapter, a, b, out, c, bias, activation, alpha, beta, mode)
         _fast.put(sig, found)
         _prepared(sig, found, adapter, a, b, out, c, bias, activation, alpha, beta, mode)
     runner = found[0]
@@ -226,16 +227,75 @@ def _resolve(
     c: Any,
     bias: Any,
     activation: str | None,
+    alpha: float,
     beta: float,
     mode: str,
 ) -> _Found:
     problem, out_shape = Problem.from_operands(
         adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta
     )
+    _check_autograd(adapter, a=a, b=b, out=out, c=c, bias=bias)
     device = adapter.device(a)
     target = Target(adapter, device)
+    allocate = adapter.allocator(out_shape, problem.dtype_c, device)
+    if mode in ("tune", "record"):
+        # These modes write (the cache, the record file): a call that is going to fail
+        # must fail before, so that nothing is written for it (the README promises it).
+        _rehearse(adapter, a, b, out, c, bias, activation, alpha, beta, allocate)
     decision = get_selector().decide(problem, target, mode)
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         clear_fast_path()
-    return decision.runner, out_shape, problem, adapter.allocator(out_shape, problem.dtype_c, device)
+    return decision.runner, out_shape, problem, allocate
+
+
+def _check_autograd(adapter: ArrayAdapter, **operands: Any) -> None:
+    """Refuse tensors that need a gradient: the kernels write ``out`` outside autograd, so
+    a tuned kernel would silently cut the graph (and Default raises)."""
+    torch = getattr(adapter, "torch", None)
+    if torch is None or not torch.is_grad_enabled():
+        return
+    for name, x in operands.items():
+        if x is not None and x.requires_grad:
+            msg = (
+                f"matmul: {name} requires grad, but unimatmul.matmul computes outside autograd; "
+                f"call it under torch.no_grad(), pass {name}.detach(), or route torch's own "
+                f"matmuls with unimatmul.torch.enable(), which keeps autograd"
+            )
+            raise ValueError(msg)
+
+
+def _rehearse(
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    out: Any,
+    c: Any,
+    bias: Any,
+    activation: str | None,
+    alpha: float,
+    beta: float,
+    allocate: Callable[[], Any],
+) -> None:
+    """Make the call once with Default, as :func:`matmul` will make it, and raise what it
+    raises; ``out`` is left as it was. Whatever the array library refuses (an operand it
+    cannot take, an ``out`` it cannot write) fails here, before the Selector tunes or
+    records. Costs one product and two copies of ``out``, on a signature's first call."""
+    runner = DefaultRunner(adapter, activation)
+    if out is None:
+        scratch = allocate()
+        if c is not None and beta != 0.0:
+            adapter.copy_(scratch, c)
+        runner(a, b, scratch, alpha, beta, bias)
+        return
+    saved = allocate()
+    adapter.copy_(saved, out)
+    try:
+        if c is not None and beta != 0.0:
+            adapter.copy_(out, c)
+        runner(a, b, out, alpha, beta, bias)
+    except BaseException:
+        with contextlib.suppress(Exception):  # what failed may not have written, nor let us
+            adapter.copy_(out, saved)
+        raise
+    adapter.copy_(out, saved)

@@ -88,8 +88,11 @@ def declare(
     if not name.startswith("UNIMATMUL_"):
         msg = f"setting {name!r} must start with UNIMATMUL_"
         raise ValueError(msg)
-    if name in REGISTRY:
-        msg = f"setting {name} is declared twice"
+    found = REGISTRY.get(name)
+    if found is not None:
+        if found.owner == owner and found.kind == kind:
+            return found  # the same declaration again (a module imported twice): the one setting
+        msg = f"setting {name} is declared twice (by {found.owner} and by {owner})"
         raise ValueError(msg)
     setting = Setting(name, kind, default, parse, doc, owner)
     REGISTRY[name] = setting
@@ -254,6 +257,26 @@ CONFIRM_CALLS = declare(
     "timed real calls per candidate (the choice and Default) in a confirmation window (default 16)",
 )
 
+# The unimatmul command (unimatmul.cli)
+DEBUG = declare(
+    "UNIMATMUL_DEBUG",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: the `unimatmul` command also prints the traceback of an unexpected error (exit code 1)",
+    owner="cli",
+)
+
+# Distributed jobs (unimatmul.tuning.agreement)
+DISTRIBUTED = declare(
+    "UNIMATMUL_DISTRIBUTED",
+    "bool",
+    False,
+    parse_bool,
+    "`1`: in a job with an initialised `torch.distributed` group, the ranks make each tuning "
+    "decision together (`warmup()` and `unimatmul.torch.agree()` become collective; see `docs/distributed.md`)",
+)
+
 # PyTorch routing (unimatmul.torch)
 TORCH = declare(
     "UNIMATMUL_TORCH",
@@ -285,7 +308,7 @@ DNNL_LIB = declare(
     "path",
     None,
     parse_text,
-    "path of `libdnnl.so.3` to use instead of the one from the `onednn-cpu-gomp` wheel; it must exist",
+    "path of `libdnnl.so.3` to use instead of the one from the `onednn-cpu-gomp` (or `onednn`) wheel; it must exist",
     owner="onednn",
 )
 ONEDNN_REF = declare(
@@ -397,3 +420,6 @@ CONFORMANCE_BACKEND = declare(
     "the backend the conformance pytest plugin checks when no option names one",
     owner="conformance",
 )
+
+#: The variables of unimatmul itself (the README's table); plugins add theirs to REGISTRY.
+BUILTIN: dict[str, Setting[Any]] = dict(REGISTRY)

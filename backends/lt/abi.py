@@ -34,6 +34,11 @@ Abbreviations used in the comments:
 ``hipblas-common``
     ROCm/hipBLAS-common ``library/include/hipblas-common.h`` (commit 9666c57);
     the same enums lived in ``hipblas.h`` for ROCm 6.0-6.2 (identical values).
+``debian-1.1``
+    The real packages of Debian unstable: ``libhipblaslt-dev`` 7.1.1+dfsg-4
+    (``hipblaslt-version.h``: 1.1.0), ``libamdhip64-dev`` 6.4.3, ``libhipblas-common-dev``
+    7.1.0. CI (``tests/amd_real``, ``.ci/amd-real``) compiles a probe against these
+    headers and loads the real ``libhipblaslt.so.1``; see ``docs/abi-sources.md``.
 
 Version encodings (what the ``select_*`` functions take):
 
@@ -47,15 +52,15 @@ Version encodings (what the ``select_*`` functions take):
   rocm-libraries develop).  It needs a created handle.  The hipBLASLt version is
   *not* the ROCm version: ROCm 5.5 = 0.1.0 (100), 5.6 = 0.2.0 (200),
   5.7 = 0.3.0 (300), 6.0 = 0.6.0 (600), 6.1 = 0.7.0 (700), 6.2 = 0.8.0 (800),
-  6.3 = 0.10.0 (1000), develop = 1.1.0 (100100)  (``CMakeLists.txt``
-  ``VERSION_STRING`` at each tag).
+  6.3 = 0.10.0 (1000), 7.1 = 1.1.0 (100100: develop then, and Debian's 7.1.1)
+  (``CMakeLists.txt`` ``VERSION_STRING`` at each tag).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -64,6 +69,7 @@ __all__ = [
     "CUBLASLT_12",
     "CUBLASLT_13",
     "CUBLASLT_ONLY_SIGNATURES",
+    "HIPBLASLT_1_1",
     "HIPBLASLT_5",
     "HIPBLASLT_5_5",
     "HIPBLASLT_5_6",
@@ -147,6 +153,11 @@ class LtABI:
     # 0.1/0.2 stored a std::shared_ptr there, so the algo was not serialisable).
     solution_index_offset: int | None
     notes: tuple[str, ...] = ()
+    # How the A/B scale pointers of a scaled (fp8) GEMM are read, set through the
+    # A/B_SCALE_MODE descriptor attributes (cublasLtMatmulMatrixScale_t,
+    # hipblasLtMatmulMatrixScale_t). Empty where the table has no such attribute: then
+    # only the default, one scalar per matrix, is available.
+    matrix_scale: Mapping[str, int | None] = field(default_factory=lambda: _ro({}))
 
     # ---- helpers -------------------------------------------------------------------
     def symbol(self, generic: str) -> str:
@@ -494,7 +505,15 @@ _CUBLASLT_RESULT_FIELDS: _CFields = (
 _CUBLASLT_RESULT_OFFSETS = {"algo": 0, "workspaceSize": 64, "state": 72, "wavesCount": 76, "reserved": 80}
 
 
-def _cublaslt(label: str, vmin: int, vmax: int, source: str, desc_extra: dict, notes: tuple) -> LtABI:
+def _cublaslt(
+    label: str,
+    vmin: int,
+    vmax: int,
+    source: str,
+    desc_extra: dict,
+    notes: tuple,
+    matrix_scale: Mapping[str, int | None] | None = None,
+) -> LtABI:
     desc = dict(_CUBLASLT_DESC)
     desc.update(desc_extra)
     return LtABI(
@@ -531,8 +550,22 @@ def _cublaslt(label: str, vmin: int, vmax: int, source: str, desc_extra: dict, n
         algo_cap_attr_ctype=_ro(_CUBLASLT_ALGO_CAP_CTYPES),
         solution_index_offset=None,
         notes=notes,
+        matrix_scale=_ro(matrix_scale or {}),
     )
 
+
+# cublasLt.h (cuda13.1) cublasLtMatmulMatrixScale_t (the same numbers in nvmath's
+# MatmulMatrixScale). OUTER_VEC_32F is the row-wise mode (scale_A has M values, scale_B
+# N); the cuBLAS guide ("Narrow Precision Data Types Usage") lists it, and the 128 /
+# 128x128 block modes, for compute capability 9.0; tensor-wise for 8.9+.
+_CUBLASLT_MATRIX_SCALE = {
+    "SCALAR_32F": 0,
+    "VEC16_UE4M3": 1,
+    "VEC32_UE8M0": 2,
+    "OUTER_VEC_32F": 3,
+    "VEC128_32F": 4,
+    "BLK128x128_32F": 5,
+}
 
 #: cuBLASLt 13.x (CUDA 13).  Read from cuda13.1 (cuBLAS 13.1.0.3).
 CUBLASLT_13 = _cublaslt(
@@ -546,6 +579,7 @@ CUBLASLT_13 = _cublaslt(
         "ATOMIC_SYNC_* descriptor attributes (27-30) and ALGO_CAP_ATOMIC_SYNC (20) are absent "
         "from the 13.1 header (present since 12.2 per hipify); they are not in this table.",
     ),
+    _CUBLASLT_MATRIX_SCALE,
 )
 
 #: cuBLASLt 12.x (CUDA 12).  Same numbers as 13.x for every entry in the table: all were
@@ -652,6 +686,31 @@ _HIPBLASLT6_DESC = {
     "B_SCALE_MODE": None,
 }
 
+# hipblasLtMatmulDescAttributes_t of hipBLASLt 1.1.0 as released (``debian-1.1``: Debian
+# unstable's libhipblaslt-dev 7.1.1+dfsg-4, hipblaslt-version.h 1.1.0; read by the
+# compiler in CI, tests/amd_real): 0..13 as above, plus AMAX_D_POINTER=14,
+# EPILOGUE_AUX_DATA_TYPE=22, A_SCALE_MODE=31, B_SCALE_MODE=32. The release has no
+# BIAS_BATCH_STRIDE (23) and no SM_COUNT_TARGET (33): those were seen on develop only.
+_HIPBLASLT11_DESC = _HIPBLASLT6_DESC | {
+    "AMAX_D_POINTER": 14,
+    "EPILOGUE_AUX_DATA_TYPE": 22,
+    "A_SCALE_MODE": 31,
+    "B_SCALE_MODE": 32,
+}
+
+# hipblasLtMatmulMatrixScale_t of hipBLASLt 1.1.0 (``debian-1.1``, read by the compiler in
+# CI): the cuBLASLt numbers. The header marks VEC16_UE4M3, VEC128_32F and BLK128x128_32F
+# "Not supported yet"; OUTER_VEC_32F replaces the A/B_SCALE_POINTER_VEC_EXT attributes of
+# 0.7-1.0, which the 1.1 header turns into a static_assert.
+_HIPBLASLT11_MATRIX_SCALE = {
+    "SCALAR_32F": 0,
+    "VEC16_UE4M3": 1,
+    "VEC32_UE8M0": 2,
+    "OUTER_VEC_32F": 3,
+    "VEC128_32F": 4,
+    "BLK128x128_32F": 5,
+}
+
 # hipblasLtMatrixLayoutAttribute_t, hipblaslt@rocm-6.0.0 .. develop.
 _HIPBLASLT6_LAYOUT = {
     "BATCH_COUNT": 0,
@@ -706,26 +765,34 @@ _HIP_SOURCES_6 = (
 )
 
 
-def _hip6(label: str, vmin: int, vmax: int, pointer_mode: dict, datatype: dict, notes: tuple) -> LtABI:
+def _hip6(
+    label: str,
+    vmin: int,
+    vmax: int,
+    pointer_mode: dict,
+    datatype: dict,
+    notes: tuple,
+    *,
+    desc: dict | None = None,
+    source: str = _HIP_SOURCES_6,
+    matrix_scale: Mapping[str, int | None] | None = None,
+) -> LtABI:
     return LtABI(
         name="hipblaslt",
         label=label,
         version_min=vmin,
         version_max=vmax,
-        source=_HIP_SOURCES_6,
+        source=source,
         fn_prefix="hipblasLt",
-        library_names=(
-            "libhipblaslt.so",
-            "libhipblaslt.so.1",
-            "libhipblaslt.so.0",
-        ),  # .so.1: ROCm 7 (unverified)
+        # .so.1: ROCm 7 (Debian's hipBLASLt 7.1.1 ships libhipblaslt.so.1); .so.0: ROCm 6.
+        library_names=("libhipblaslt.so", "libhipblaslt.so.1", "libhipblaslt.so.0"),
         status=_ro(_HIPBLAS_STATUS),
         operation=_ro(_HIPBLAS_OP),
         datatype_enum="hipDataType",
         datatype=_ro(datatype),
         compute_type_enum="hipblasComputeType_t",
         compute_type=_ro(_HIPBLAS_COMPUTE),
-        matmul_desc_attr=_ro(_HIPBLASLT6_DESC),
+        matmul_desc_attr=_ro(_HIPBLASLT6_DESC if desc is None else desc),
         matmul_desc_attr_ctype=_DESC_CTYPES,
         layout_attr=_ro(_HIPBLASLT6_LAYOUT),
         layout_attr_ctype=_LAYOUT_CTYPES,
@@ -747,6 +814,7 @@ def _hip6(label: str, vmin: int, vmax: int, pointer_mode: dict, datatype: dict, 
         algo_cap_attr_ctype=_ro({}),
         solution_index_offset=0,
         notes=notes,
+        matrix_scale=_ro(matrix_scale or {}),
     )
 
 
@@ -758,11 +826,34 @@ _HIP6_NOTES = (
     "hipblasLtGetVersion needs a handle; the heuristic 'state' field is a hipblasStatus_t (int).",
 )
 
-#: hipBLASLt 0.7.0+ (ROCm 6.1 .. 7.x; develop 1.1.0 checked).
-HIPBLASLT_6 = _hip6(
-    "hipBLASLt 0.7+ (ROCm >= 6.1)",
-    700,
+#: hipBLASLt 1.1+ (ROCm 7.1 ..): the numbers of HIPBLASLT_6 with the descriptor
+#: attributes the 1.1 release adds. Checked in CI against the real header and library
+#: of Debian's hipBLASLt 7.1.1 (hipBLASLt 1.1.0): every enum value, struct size and
+#: offset, bound signature and attribute value size (tests/amd_real).
+HIPBLASLT_1_1 = _hip6(
+    "hipBLASLt 1.1+ (ROCm >= 7.1)",
+    100100,
     200000,
+    _HIPBLASLT_POINTER_MODE,
+    _HIP_DATATYPE,
+    (
+        *_HIP6_NOTES,
+        "Checked against the compiled header and the loaded library of Debian's hipBLASLt 7.1.1 "
+        "(1.1.0), without a GPU: no kernel ran. Its getters refuse the layout TYPE/ORDER/ROWS/COLS/LD "
+        "attributes (the setters take them).",
+    ),
+    desc=_HIPBLASLT11_DESC,
+    matrix_scale=_HIPBLASLT11_MATRIX_SCALE,
+    source="hipblaslt.h of hipBLASLt 1.1.0 (Debian libhipblaslt-dev 7.1.1+dfsg-4), hip/library_types.h "
+    "(HIP 6.4.3), hipblas-common.h (7.1.0), read by the C++ compiler (tests/amd_real)",
+)
+
+#: hipBLASLt 0.7.0 .. 1.0.x (ROCm 6.1 .. 7.0). 1.1 has a table of its own (HIPBLASLT_1_1),
+#: whose extra attributes this one marks absent: not every release in this range has them.
+HIPBLASLT_6 = _hip6(
+    "hipBLASLt 0.7-1.0 (ROCm 6.1-7.0)",
+    700,
+    100100,
     _HIPBLASLT_POINTER_MODE,
     _HIP_DATATYPE,
     _HIP6_NOTES,
@@ -950,6 +1041,7 @@ ALL_ABIS: tuple[LtABI, ...] = (
     HIPBLASLT_5,
     HIPBLASLT_6_0,
     HIPBLASLT_6,
+    HIPBLASLT_1_1,
 )
 
 # --------------------------------------------------------------------------------------
@@ -986,7 +1078,7 @@ def select_hipblaslt_abi(version: int) -> LtABI:
             f"hipBLASLt version {version} (0.{version // 100}) was never released: develop-branch "
             "builds of that time used the transitional hipblasltDatatype_t ABI, which is not supported"
         )
-    for abi in (HIPBLASLT_5_5, HIPBLASLT_5_6, HIPBLASLT_5, HIPBLASLT_6_0, HIPBLASLT_6):
+    for abi in (HIPBLASLT_5_5, HIPBLASLT_5_6, HIPBLASLT_5, HIPBLASLT_6_0, HIPBLASLT_6, HIPBLASLT_1_1):
         if abi.version_min <= version < abi.version_max:
             return abi
     maj, mnr, pat = decode_hipblaslt_version(version)

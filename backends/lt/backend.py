@@ -11,6 +11,12 @@ A subclass says how to load its library (``load_driver``) and how an algo is nam
   padded copies: ``pad`` rounds leading dimensions up, ``pad-dims`` the dimensions too.
 * **prepare** rebuilds the algo from the candidate's parameters, so what is measured is
   exactly what a stored identity reproduces, and returns an LtRunner / PaddedRunner.
+* **Scaled (fp8) GEMMs** (``Problem.op == "scaled_gemm"``): the same heuristic and
+  exhaustive candidates on the plan of ``layout.lt_scaled_gemm`` (scale modes and fast
+  accumulation in the descriptor), run by a ScaledLtRunner; no alignment candidates
+  (the padded copies would need scaled copies too). The plan's scale pointers are set
+  to a small device buffer while the library lists and checks algos, as torch has real
+  ones set by then; a runner sets the caller's before its first call.
 * **check** re-validates a stored identity against the library now loaded.
 """
 
@@ -24,8 +30,8 @@ from typing import Any, ClassVar
 from unimatmul import settings
 from unimatmul.backend import Backend, Candidate, Problem, Runner, Target, UnsupportedProblem
 from unimatmul_backends.lt.driver import LtAlgo, LtDriver, LtPlan
-from unimatmul_backends.lt.layout import lt_gemm, padded_problem
-from unimatmul_backends.lt.runner import ArrayHooks, LtRunner, PaddedRunner, array_hooks
+from unimatmul_backends.lt.layout import LtGemm, lt_problem, padded_problem
+from unimatmul_backends.lt.runner import ArrayHooks, LtRunner, PaddedRunner, ScaledLtRunner, array_hooks
 
 GEMM = "gemm"  # candidate name: an algo on the caller's own memory
 PAD = "pad"  # candidate name: an algo on copies with aligned leading dimensions
@@ -45,6 +51,9 @@ class LtBackend(Backend):
         self._error: str | None = None
         self._lock = threading.Lock()
         self._hooks: dict[tuple[str, int], ArrayHooks] = {}
+        # Per array hooks (one device): a small device buffer whose address stands in for
+        # a scaled plan's scales while no caller's scales exist yet (kept with its hooks).
+        self._scale_stand_ins: dict[int, tuple[ArrayHooks, Any, int]] = {}
         #: Counts of the last exhaustive search (for reports).
         self.last_search: dict[str, int] = {}
 
@@ -121,10 +130,23 @@ class LtBackend(Backend):
             self._driver.close()
             self._driver = None
 
+    # --- plans ------------------------------------------------------------------------
+    def _plan(self, gemm: LtGemm, hooks: ArrayHooks) -> LtPlan:
+        """The library's descriptors for ``gemm``; a scaled one points at stand-in scales."""
+        plan = self.driver().plan(gemm, self.workspace_limit)
+        if gemm.scaled:
+            found = self._scale_stand_ins.get(id(hooks))
+            if found is None:
+                buf = hooks.empty_strided((64,), (1,), "f32")
+                found = self._scale_stand_ins[id(hooks)] = (hooks, buf, hooks.ptr(buf))
+            plan.set_scales(found[2], found[2])
+        return plan
+
     # --- candidates -------------------------------------------------------------------
-    def _heuristic_params(self, problem: Problem, count: int, exhaustive: bool) -> list[dict[str, int]]:
-        driver = self.driver()
-        plan = driver.plan(lt_gemm(problem), self.workspace_limit)
+    def _heuristic_params(
+        self, problem: Problem, count: int, exhaustive: bool, hooks: ArrayHooks
+    ) -> list[dict[str, int]]:
+        plan = self._plan(lt_problem(problem), hooks)
         try:
             params = [self.algo_params(plan, algo) for algo in plan.heuristics(count)]
             if exhaustive:
@@ -134,13 +156,13 @@ class LtBackend(Backend):
         return params
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
-        lt_gemm(problem)  # UnsupportedProblem before any library work
+        lt_problem(problem)  # UnsupportedProblem before any library work
         hooks = self.hooks(target)
         found: list[Candidate] = []
         errors: list[str] = []
         with hooks.device():
             try:
-                for params in self._heuristic_params(problem, self.heuristic_count, self.exhaustive):
+                for params in self._heuristic_params(problem, self.heuristic_count, self.exhaustive, hooks):
                     found.append(Candidate.make(self.name, GEMM, **params))
             except UnsupportedProblem:
                 raise
@@ -148,6 +170,8 @@ class LtBackend(Backend):
                 errors.append(f"{type(exc).__name__}: {exc}")
             seen: set[Problem] = set()
             for name, dims in PADS.items():
+                if problem.is_scaled:
+                    break  # a padded copy of fp8 data would need its scales copied and padded too
                 padded, copied = padded_problem(problem, dims=dims)
                 if not copied or not self.pad_count or padded in seen:
                     continue
@@ -155,7 +179,7 @@ class LtBackend(Backend):
                     continue  # the bias vector would be read past its end
                 seen.add(padded)
                 try:
-                    for params in self._heuristic_params(padded, self.pad_count, False):
+                    for params in self._heuristic_params(padded, self.pad_count, False, hooks):
                         found.append(Candidate.make(self.name, name, **params))
                 except Exception as exc:
                     errors.append(f"{name}: {type(exc).__name__}: {exc}")
@@ -187,12 +211,15 @@ class LtBackend(Backend):
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         if candidate.backend != self.name or candidate.name not in NAMES:
             raise UnsupportedProblem(f"{candidate.identity} is not a {self.name} candidate", problem=problem)
-        driver = self.driver()
         hooks = self.hooks(target)
         with hooks.device():
             if candidate.name == GEMM:
-                plan = driver.plan(lt_gemm(problem), self.workspace_limit)
-                return LtRunner(plan, self._algo(plan, candidate, problem), candidate, hooks)
+                gemm = lt_problem(problem)
+                plan = self._plan(gemm, hooks)
+                kind = ScaledLtRunner if gemm.scaled else LtRunner
+                return kind(plan, self._algo(plan, candidate, problem), candidate, hooks)
+            if problem.is_scaled:
+                raise UnsupportedProblem(f"{candidate.identity}: no padded scaled GEMMs", problem=problem)
             padded, copied = padded_problem(problem, dims=PADS[candidate.name])
             if not copied:
                 raise UnsupportedProblem(f"{problem.key} is aligned: no padding to do", problem=problem)
@@ -200,7 +227,7 @@ class LtBackend(Backend):
                 raise UnsupportedProblem(
                     f"{candidate.name} would read the bias past its end", problem=problem
                 )
-            plan = driver.plan(lt_gemm(padded), self.workspace_limit)
+            plan = self._plan(lt_problem(padded), hooks)
             inner = LtRunner(plan, self._algo(plan, candidate, padded), candidate, hooks)
             return PaddedRunner(inner, problem, padded, copied, candidate, hooks)
 
@@ -209,13 +236,15 @@ class LtBackend(Backend):
         if candidate.backend != self.name or candidate.name not in NAMES:
             return False
         try:
-            driver = self.driver()
-            with self.hooks(target).device():
+            hooks = self.hooks(target)
+            with hooks.device():
                 if candidate.name in PADS:
+                    if problem.is_scaled:
+                        return False
                     problem, copied = padded_problem(problem, dims=PADS[candidate.name])
                     if not copied:
                         return False
-                plan = driver.plan(lt_gemm(problem), self.workspace_limit)
+                plan = self._plan(lt_problem(problem), hooks)
                 try:
                     self._algo(plan, candidate, problem)
                 finally:

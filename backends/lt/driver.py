@@ -29,8 +29,10 @@ The pieces, in the order a backend uses them:
     the descriptors of one :class:`~unimatmul_backends.lt.layout.LtGemm` (matmul
     descriptor, A/B/C layouts, D laid out as C, a preference): ``heuristics(count)``
     lists :class:`LtAlgo` s, ``check(algo)`` validates one and returns its workspace
-    size, ``set_bias(ptr)`` points the bias epilogue at a vector, and ``matmul(...)``
-    runs. A plan belongs to one runner: ``set_bias`` changes its descriptor.
+    size, ``set_bias(ptr)`` points the bias epilogue at a vector, ``set_scales(a, b)``
+    a scaled (fp8) GEMM at its device scales (its scale modes and fast accumulation are
+    set when the plan is made), and ``matmul(...)`` runs. A plan belongs to one runner:
+    ``set_bias`` and ``set_scales`` change its descriptor.
 ``LtAlgo``
     an algo as the library stores it: the raw struct bytes (``abi.algo_size``), the
     workspace it needs and the heuristic's waves count. Its *identity* is not the bytes
@@ -75,6 +77,8 @@ DATATYPES: dict[str, str] = {
     "bf16": "R_16BF",
     "f8e4m3": "R_8F_E4M3",
     "f8e5m2": "R_8F_E5M2",
+    "f8e4m3fnuz": "R_8F_E4M3_FNUZ",
+    "f8e5m2fnuz": "R_8F_E5M2_FNUZ",
 }
 _SCALE_CTYPES: dict[str, Any] = {"f32": ctypes.c_float, "f64": ctypes.c_double}
 
@@ -580,6 +584,8 @@ class LtPlan:
                 self._set_desc("EPILOGUE", epilogue)
             if gemm.bias_dtype is not None and abi.supports("matmul_desc_attr", "BIAS_DATA_TYPE"):
                 self._set_desc("BIAS_DATA_TYPE", driver.datatype(gemm.bias_dtype))
+            if gemm.scaled:
+                self._set_scaling(gemm)
             for matrix in (gemm.a, gemm.b, gemm.c):
                 self.layouts.append(self._layout(matrix))
                 self._update_finalizer()
@@ -600,6 +606,22 @@ class LtPlan:
         self._finalizer = weakref.finalize(
             self, _destroy_plan, self.driver.lib, self.desc, tuple(self.layouts), self.pref
         )
+
+    def _set_scaling(self, gemm: LtGemm) -> None:
+        """The scale modes and fast accumulation of a scaled (fp8) GEMM, as torch sets them."""
+        abi = self.driver.abi
+        for attr, mode in (("A_SCALE_MODE", gemm.scale_a), ("B_SCALE_MODE", gemm.scale_b)):
+            value = abi.matrix_scale.get(mode or "")
+            if value is not None and abi.supports("matmul_desc_attr", attr):
+                self._set_desc(attr, value)
+            elif mode != "SCALAR_32F":
+                # One scalar per matrix is every library's default; any other mode needs the attribute.
+                msg = f"{abi.label} has no {attr} {mode}: only per-tensor scales"
+                raise KeyError(msg)
+        # cuBLASLt only: hipBLASLt's MFMA kernels always accumulate in full precision
+        # (its descriptor has no such attribute), so the flag has nothing to change there.
+        if abi.supports("matmul_desc_attr", "FAST_ACCUM"):
+            self._set_desc("FAST_ACCUM", int(gemm.fast_accum))
 
     def _set_desc(self, key: str, value: int) -> None:
         attr, ctype = self.driver.abi.desc_attr(key)
@@ -667,6 +689,11 @@ class LtPlan:
     # -- running
     def set_bias(self, ptr: int) -> None:
         self._set_desc("BIAS_POINTER", ptr)
+
+    def set_scales(self, a_ptr: int, b_ptr: int) -> None:
+        """Point a scaled GEMM at the device scales of the library's A and B (caller's B, A)."""
+        self._set_desc("A_SCALE_POINTER", a_ptr)
+        self._set_desc("B_SCALE_POINTER", b_ptr)
 
     def call_prefix(self) -> tuple[Callable[..., None], int, int]:
         """(library matmul function, handle, descriptor) for a runner's bound call."""

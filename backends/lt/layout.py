@@ -69,6 +69,17 @@ class LtGemm:
     scale: str  # canonical dtype of alpha and beta
     epilogue: str  # ABI epilogue key: "DEFAULT", "RELU", "BIAS", ...
     bias_dtype: str | None = None
+    # A scaled (fp8) GEMM: how the library's A and B scales are read (ABI matrix-scale
+    # keys, "SCALAR_32F" or "OUTER_VEC_32F"; the library's A is the caller's B, so
+    # ``scale_a`` is the caller's ``scale_b`` mode), and fast fp8 accumulation. None for
+    # a plain GEMM, which has no scales.
+    scale_a: str | None = None
+    scale_b: str | None = None
+    fast_accum: bool = False
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale_a is not None
 
     @property
     def m(self) -> int:
@@ -108,21 +119,9 @@ def lt_gemm(problem: Problem) -> LtGemm:
         raise UnsupportedProblem(
             f"bias of {problem.dtype_bias} with {dtype} data is not offered", problem=problem
         )
-    batch = problem.batch
-    m, n, k = problem.m, problem.n, problem.k
-    # Caller's B [k, n] row-major is column-major [n, k] = B^T: no op. A caller's
-    # transposed B is column-major [k, n]: the library transposes it.
-    if problem.trans_b:
-        lt_a = LtMatrix(dtype, k, n, problem.ldb, batch, problem.stride_b)
-    else:
-        lt_a = LtMatrix(dtype, n, k, problem.ldb, batch, problem.stride_b)
-    if problem.trans_a:
-        lt_b = LtMatrix(dtype, m, k, problem.lda, batch, problem.stride_a)
-    else:
-        lt_b = LtMatrix(dtype, k, m, problem.lda, batch, problem.stride_a)
-    lt_c = LtMatrix(dtype, n, m, problem.ldc, batch, problem.stride_c)
-    if batch > 1 and problem.stride_c == 0:
+    if problem.batch > 1 and problem.stride_c == 0:
         raise UnsupportedProblem("a batched output needs a non-zero batch stride", problem=problem)
+    lt_a, lt_b, lt_c = _swapped(problem)
     return LtGemm(
         trans_a=problem.trans_b,
         trans_b=problem.trans_a,
@@ -134,6 +133,71 @@ def lt_gemm(problem: Problem) -> LtGemm:
         epilogue=epilogue,
         bias_dtype=problem.dtype_bias if problem.has_bias else None,
     )
+
+
+def _swapped(problem: Problem) -> tuple[LtMatrix, LtMatrix, LtMatrix]:
+    """The library's A (the caller's B), B (the caller's A) and C, column-major."""
+    batch = problem.batch
+    m, n, k = problem.m, problem.n, problem.k
+    # Caller's B [k, n] row-major is column-major [n, k] = B^T: no op. A caller's
+    # transposed B is column-major [k, n]: the library transposes it.
+    if problem.trans_b:
+        lt_a = LtMatrix(problem.dtype_b, k, n, problem.ldb, batch, problem.stride_b)
+    else:
+        lt_a = LtMatrix(problem.dtype_b, n, k, problem.ldb, batch, problem.stride_b)
+    if problem.trans_a:
+        lt_b = LtMatrix(problem.dtype_a, m, k, problem.lda, batch, problem.stride_a)
+    else:
+        lt_b = LtMatrix(problem.dtype_a, k, m, problem.lda, batch, problem.stride_a)
+    lt_c = LtMatrix(problem.dtype_c, n, m, problem.ldc, batch, problem.stride_c)
+    return lt_a, lt_b, lt_c
+
+
+#: Problem scale mode -> the ABI matrix-scale key the library reads it with.
+SCALE_MODES: dict[str, str] = {"tensor": "SCALAR_32F", "rowwise": "OUTER_VEC_32F"}
+
+
+def lt_scaled_gemm(problem: Problem) -> LtGemm:
+    """The column-major Lt GEMM of a scaled (fp8) problem; UnsupportedProblem if none.
+
+    fp8 A and B, D (and C, never read: beta is 0) of the output's dtype, f32 compute
+    and scale type, the bias epilogue with a bias of the output's dtype: the call
+    ``torch._scaled_mm`` makes (CUDABlas.cpp ``scaled_gemm``). Hopper's fp8 kernels take
+    only the "TN" form, the library's A transposed and B not (a row-major A and a
+    column-major B of the caller): other layouts are left to the library's heuristic,
+    which returns no algo for them there and may on later GPUs.
+    """
+    if not problem.is_scaled:
+        raise UnsupportedProblem(f"not a scaled GEMM: {problem.key}", problem=problem)
+    if problem.has_bias and problem.dtype_bias != problem.dtype_c:
+        raise UnsupportedProblem(
+            f"a bias of {problem.dtype_bias} with a {problem.dtype_c} output is not offered", problem=problem
+        )
+    if problem.align < ALIGN_BYTES:
+        raise UnsupportedProblem(
+            f"fp8 kernels need 16-byte aligned operands and scales, got {problem.align}-byte alignment",
+            problem=problem,
+        )
+    lt_a, lt_b, lt_c = _swapped(problem)
+    return LtGemm(
+        trans_a=problem.trans_b,
+        trans_b=problem.trans_a,
+        a=lt_a,
+        b=lt_b,
+        c=lt_c,
+        compute="32F",
+        scale="f32",
+        epilogue="BIAS" if problem.has_bias else "DEFAULT",
+        bias_dtype=problem.dtype_bias if problem.has_bias else None,
+        scale_a=SCALE_MODES[problem.scale_b],
+        scale_b=SCALE_MODES[problem.scale_a],
+        fast_accum=problem.fast_accum,
+    )
+
+
+def lt_problem(problem: Problem) -> LtGemm:
+    """The Lt GEMM of any problem the Lt backends take: plain or scaled."""
+    return lt_scaled_gemm(problem) if problem.is_scaled else lt_gemm(problem)
 
 
 # --- the alignment candidate -----------------------------------------------------------

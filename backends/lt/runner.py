@@ -242,6 +242,77 @@ class LtRunner:
         self.plan.close()
 
 
+class ScaledLtRunner(LtRunner):
+    """An Lt algo on the plan of a scaled (fp8) GEMM: ``LtRunner`` plus the scales.
+
+    Called as ``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)`` (the scaled
+    runner's form, ``unimatmul.core.scaled``). The scale addresses live in the
+    descriptor, like the bias address: they are set when they change (an activation's
+    scale is often a fresh tensor per call; setting them costs a descriptor write, no
+    allocation, so the call can still be captured in a graph). The library's A is the
+    caller's B, so its A scale is ``scale_b``. C is never read (beta is 0); on cuBLASLt
+    its pointer is the library's A, as torch passes it (torch: "cuBLAS can't use
+    nullptr or result_ptr" there), on hipBLASLt the output, as torch passes it there.
+    No native call: the native routing kernels do not pass scales.
+    """
+
+    def __init__(self, plan: LtPlan, algo: LtAlgo, candidate: Candidate, hooks: ArrayHooks) -> None:
+        super().__init__(plan, algo, candidate, hooks)
+        self._scale_ptrs = (-1, -1)
+        self._c_is_d = plan.driver.abi.name != "cublaslt"
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        scale_a: Any = None,
+        scale_b: Any = None,
+    ) -> None:
+        ptr = self._ptr
+        stream = self._stream()
+        found = self._workspaces.get(stream)
+        ws_ptr = found[1] if found is not None else self._workspace(stream)
+        plan = self.plan
+        d = ptr(out)
+        a_ptr, b_ptr = ptr(a), ptr(b)
+        scales = (ptr(scale_b), ptr(scale_a))
+        bias_ptr = ptr(bias) if bias is not None else -1
+        with self._lock:
+            self._alpha.value = alpha
+            self._beta.value = beta
+            if bias_ptr != -1 and bias_ptr != self._bias_ptr:
+                plan.set_bias(bias_ptr)
+                self._bias_ptr = bias_ptr
+            if scales != self._scale_ptrs:
+                plan.set_scales(*scales)
+                self._scale_ptrs = scales
+            self._matmul(
+                self._handle,
+                self._desc,
+                self._alpha_ptr,
+                b_ptr,
+                plan.adesc,
+                a_ptr,
+                plan.bdesc,
+                self._beta_ptr,
+                d if self._c_is_d else b_ptr,
+                plan.cdesc,
+                d,
+                plan.cdesc,
+                self._algo_ptr,
+                ws_ptr,
+                self._ws_size,
+                stream,
+            )
+
+    def native_call(self) -> NativeCall | None:
+        return None
+
+
 class PaddedRunner:
     """The alignment candidate: an Lt algo on padded, aligned copies of operands.
 

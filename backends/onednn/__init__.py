@@ -1,7 +1,8 @@
 """The oneDNN backend: every matmul implementation oneDNN offers on this CPU.
 
 Registered through the ``unimatmul`` entry-point group like any third-party plugin.
-The library (``libdnnl`` from the ``onednn-cpu-gomp`` wheel, or
+The library (``libdnnl`` from the ``onednn-cpu-gomp`` wheel -- oneDNN 3.2, the ``cpu``
+extra -- or the ``onednn`` wheel -- oneDNN 3.13, the ``cpu-sycl`` extra -- or
 ``$UNIMATMUL_DNNL_LIB``) is loaded on first use, never at import.
 """
 

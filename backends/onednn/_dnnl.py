@@ -3,7 +3,7 @@
 This is the lowest layer of the oneDNN backend: it knows nothing about
 measuring or picking kernels.  It exposes
 
-* :func:`find_library` -- locate ``libdnnl.so.3`` (env var, pip wheel, system);
+* :func:`find_library` -- locate ``libdnnl.so.3`` (env var, pip wheels, system);
 * :class:`Dnnl` -- the loaded library, one CPU engine and one stream;
 * :class:`MatmulSpec` / :class:`PostOp` -- a plain description of a matmul
   problem on *caller-owned* memory (layouts given as element strides, so a
@@ -13,7 +13,9 @@ measuring or picking kernels.  It exposes
 
 All enum values and signatures are taken from the oneDNN v3.2 headers
 (``dnnl_common_types.h``, ``dnnl_types.h``, ``dnnl.h``) and were checked by
-compiling a C program against them.
+compiling a C program against them. The v3.13 headers declare every one of them
+with the same value and signature (docs/onednn.md), so one table serves both the
+``onednn-cpu-gomp`` wheel (3.2) and the ``onednn`` wheel (3.13).
 
 Importing this module loads nothing; the shared library is opened on the first
 :class:`Dnnl` construction (usually through :func:`get_dnnl`).
@@ -34,13 +36,18 @@ import contextlib
 import ctypes
 import ctypes.util
 import importlib.metadata
+import mmap
 import os
+import struct
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from unimatmul import settings
 
 if TYPE_CHECKING:
     from typing import Self
@@ -58,8 +65,11 @@ __all__ = [
 ]
 
 #: Environment variable holding an explicit path to libdnnl.so.
-ENV_VAR = "UNIMATMUL_DNNL_LIB"
-_DIST_NAME = "onednn-cpu-gomp"
+ENV_VAR = settings.DNNL_LIB.name
+# The wheels that ship libdnnl.so.3: oneDNN 3.2 with GNU OpenMP (the `cpu` extra), and
+# oneDNN 3.13 built for SYCL (the `cpu-sycl` extra). Both write <prefix>/lib/libdnnl.so.3,
+# so one environment holds one of them; the version is read from the library itself.
+_DIST_NAMES = ("onednn-cpu-gomp", "onednn")
 # The soname first: libdnnl.so is only a dev symlink and may point elsewhere.
 _LIB_NAMES = ("libdnnl.so.3", "libdnnl.so")
 _REQUIRED_MAJOR = 3  # struct layouts / enums below are those of the 3.x ABI
@@ -97,6 +107,17 @@ FPMATH_MODES: dict[str, int] = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf3
 
 # dnnl_engine_kind_t / dnnl_stream_flags_t (dnnl_common_types.h)
 DNNL_CPU = 1
+# dnnl_version_t.cpu_runtime (dnnl_config.h): how the library runs CPU work.
+CPU_RUNTIMES: dict[int, str] = {
+    0: "none",
+    1: "seq",
+    2: "omp",
+    4: "tbb",
+    8: "threadpool",
+    256: "ocl",
+    512: "sycl",
+}
+DNNL_RUNTIME_SYCL = 512
 DNNL_STREAM_DEFAULT_FLAGS = 1  # dnnl_stream_in_order
 
 # dnnl_alg_kind_t (dnnl_types.h): relu = 0x20, the others count up from it.
@@ -179,15 +200,15 @@ class ImplNotFoundError(ValueError):
 # ---------------------------------------------------------------------------
 
 
-def _dist_lib_candidates() -> list[Path]:
-    """libdnnl files recorded in the onednn-cpu-gomp wheel's RECORD.
+def _dist_lib_candidates(dist: str) -> list[Path]:
+    """libdnnl files recorded in the RECORD of the installed wheel ``dist``.
 
-    The wheel puts them in its ``.data/data`` dir, i.e. ``<prefix>/lib``; the
+    The wheels put them in their ``.data/data`` dir, i.e. ``<prefix>/lib``; the
     RECORD paths are relative to site-packages (``../../libdnnl.so.3``), so
     ``locate()`` resolves them wherever the environment lives.
     """
     try:
-        files = importlib.metadata.files(_DIST_NAME)
+        files = importlib.metadata.files(dist)
     except importlib.metadata.PackageNotFoundError:
         return []
     if not files:
@@ -202,10 +223,10 @@ def find_library() -> str:
 
     Order: ``$UNIMATMUL_DNNL_LIB`` (must exist if set -- an explicit choice is
     never silently replaced), ``sys.prefix/lib``, the files of the installed
-    ``onednn-cpu-gomp`` distribution, then ``ctypes.util.find_library('dnnl')``.
-    Raises ``OSError`` naming every place looked.
+    ``onednn-cpu-gomp`` or ``onednn`` distribution, then
+    ``ctypes.util.find_library('dnnl')``. Raises ``OSError`` naming every place looked.
     """
-    env = os.environ.get(ENV_VAR)
+    env = settings.DNNL_LIB.get()
     if env:
         if os.path.isfile(env):
             return env
@@ -213,16 +234,19 @@ def find_library() -> str:
 
     looked: list[str] = []
     candidates = [Path(sys.prefix) / "lib" / name for name in _LIB_NAMES]
-    dist_candidates = _dist_lib_candidates()
-    candidates += dist_candidates
+    missing: list[str] = []
+    for dist in _DIST_NAMES:
+        found = _dist_lib_candidates(dist)
+        if not found:
+            missing.append(dist)
+        candidates += found
     for cand in candidates:
         if str(cand) in looked:
             continue
         looked.append(str(cand))
         if cand.is_file():
             return str(cand)
-    if not dist_candidates:
-        looked.append(f"files of distribution {_DIST_NAME!r} (not installed)")
+    looked += [f"files of distribution {dist!r} (not installed)" for dist in missing]
 
     system = ctypes.util.find_library("dnnl")
     if system:
@@ -231,8 +255,111 @@ def find_library() -> str:
     raise OSError(
         "oneDNN shared library (libdnnl.so.3) not found; looked in: "
         + "; ".join(looked)
-        + f". Install {_DIST_NAME} or set ${ENV_VAR}."
+        + f". Install {_DIST_NAMES[0]} (pip install 'unimatmul[cpu]') or set ${ENV_VAR}."
     )
+
+
+def _elf_needed(path: str) -> list[str]:
+    """The DT_NEEDED names of a 64-bit little-endian ELF shared library, in order.
+
+    Read from the dynamic segment (program headers), so stripped libraries work too,
+    through a read-only map (libdnnl 3.13 is 107 MB; a few pages are touched).
+    Returns [] for anything that is not such a file.
+    """
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _read_needed(data)
+    except (OSError, ValueError, struct.error):  # unreadable, empty or truncated
+        return []
+
+
+def _read_needed(data: mmap.mmap) -> list[str]:
+    if data[:6] != b"\x7fELF\x02\x01":  # ELFCLASS64, ELFDATA2LSB: x86-64 Linux
+        return []
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads: list[tuple[int, int, int]] = []  # (vaddr, offset, filesz) of PT_LOAD segments
+    dynamic: tuple[int, int] | None = None
+    for i in range(phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, phoff + i * phentsize
+        )
+        if p_type == 1:  # PT_LOAD
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:  # PT_DYNAMIC
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return []
+    needed: list[int] = []
+    strtab = None
+    for pos in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+        tag, val = struct.unpack_from("<qQ", data, pos)
+        if tag == 0:  # DT_NULL
+            break
+        if tag == 1:  # DT_NEEDED: an offset into the string table
+            needed.append(val)
+        elif tag == 5:  # DT_STRTAB: a virtual address, mapped back to a file offset
+            strtab = next((off + val - va for va, off, size in loads if va <= val < va + size), None)
+    if strtab is None:
+        return []
+    return [data[strtab + off : data.find(b"\0", strtab + off)].decode() for off in needed]
+
+
+def _load_with_neighbours(path: str) -> ctypes.CDLL:
+    """Open ``path``; if a dependency is missing, take it from the library's own folder.
+
+    The ``onednn`` wheel (3.13) puts libdnnl beside its runtime (libtbb, libsycl, the
+    Intel math libraries, all in ``<prefix>/lib``) but records no RUNPATH, so the
+    loader does not look there. Loading those dependencies by path first satisfies
+    libdnnl's DT_NEEDED entries (the loader matches a loaded library by soname), as a
+    RUNPATH of $ORIGIN would, without touching LD_LIBRARY_PATH. A library that loads as
+    it is (the 3.2 wheel, a system build) is loaded as it is.
+    """
+    try:
+        return ctypes.CDLL(path)
+    except OSError as first:
+        folder = os.path.dirname(path)
+        if not folder:
+            raise
+        loaded: set[str] = set()
+
+        def preload(lib: str) -> None:
+            for name in _elf_needed(lib):
+                beside = os.path.join(folder, name)
+                if name not in loaded and os.path.isfile(beside):
+                    loaded.add(name)
+                    preload(beside)  # depth first: its own dependencies before it
+                    ctypes.CDLL(beside)
+
+        try:
+            preload(path)
+            return ctypes.CDLL(path)
+        except OSError as exc:
+            msg = f"cannot load {path}: {exc} (first attempt: {first}; loaded from its folder: {sorted(loaded)})"
+            raise OSError(msg) from exc
+
+
+#: The environment variable through which the OpenCL ICD loader finds extra drivers.
+OPENCL_ICD_VAR = "OCL_ICD_FILENAMES"
+
+
+def _point_opencl_at_cpu_runtime(lib_path: str) -> None:
+    """Let a SYCL build of oneDNN find its CPU device (before the first engine is made).
+
+    The ``onednn`` wheel's CPU engine is a SYCL device served by the Intel OpenCL CPU
+    runtime (``libintelocl.so``, wheel ``intel-opencl-rt``, installed beside libdnnl).
+    That wheel's ICD file names an unsubstituted build path
+    (``/opt/anaconda1anaconda2anaconda3/lib/libintelocl.so``), and the ICD loader reads
+    ``/etc/OpenCL/vendors`` anyway, so without help oneDNN sees no CPU device and every
+    engine creation fails. The loader reads ``$OCL_ICD_FILENAMES`` when it first
+    enumerates platforms, which happens inside oneDNN's first engine creation, so setting
+    it here (only when it is unset, and only to the runtime that came with this
+    library) is enough. A value the user set is left as it is.
+    """
+    # Absolute: the ICD loader opens it later, from whatever the working directory is then.
+    runtime = os.path.join(os.path.dirname(os.path.abspath(lib_path)), "libintelocl.so")
+    if not os.environ.get(OPENCL_ICD_VAR) and os.path.isfile(runtime):
+        os.environ[OPENCL_ICD_VAR] = runtime
 
 
 # ---------------------------------------------------------------------------
@@ -316,7 +443,7 @@ class Dnnl:
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path if path is not None else find_library()
-        self._lib = ctypes.CDLL(self.path)
+        self._lib = _load_with_neighbours(self.path)
         self._fn: dict[str, Callable[..., Any]] = {}
         for name, (restype, argtypes, checked) in _FUNCS.items():
             fn = getattr(self._lib, name)
@@ -331,6 +458,13 @@ class Dnnl:
                 f"{self.path} is oneDNN {info.major}.{info.minor}.{info.patch}; these "
                 f"bindings need the {_REQUIRED_MAJOR}.x C API"
             )
+        #: How the library runs CPU work: 'omp' (the 3.2 wheel), 'sycl' (the 3.13 wheel), ...
+        self.cpu_runtime = CPU_RUNTIMES.get(info.cpu_runtime, f"0x{info.cpu_runtime:x}")
+        #: True in a child forked after this (SYCL) library ran: see _refuse_after_fork.
+        self.forked = False
+        if info.cpu_runtime == DNNL_RUNTIME_SYCL:
+            _point_opencl_at_cpu_runtime(self.path)
+            _SYCL_LIBRARIES.add(self)
         self._lock = threading.Lock()
         self._engine: ctypes.c_void_p | None = None
         self._stream: ctypes.c_void_p | None = None
@@ -360,6 +494,8 @@ class Dnnl:
     # -- engine / stream ----------------------------------------------------
 
     def _ensure(self) -> None:
+        if self.forked:
+            raise RuntimeError(_fork_message(self))
         if self._stream is not None:
             return
         with self._lock:
@@ -368,7 +504,19 @@ class Dnnl:
             if self._stream is not None:
                 return
             engine = ctypes.c_void_p()
-            self._fn["dnnl_engine_create"](ctypes.byref(engine), DNNL_CPU, 0)
+            try:
+                self._fn["dnnl_engine_create"](ctypes.byref(engine), DNNL_CPU, 0)
+            except DnnlError as exc:
+                if self.cpu_runtime != "sycl":
+                    raise
+                raise DnnlError(
+                    exc.status,
+                    exc.function,
+                    f"oneDNN {self.version()} runs CPU work through SYCL and found no SYCL CPU "
+                    "device: it needs the Intel OpenCL CPU runtime (libintelocl.so, from the "
+                    "intel-opencl-rt wheel) named in $OCL_ICD_FILENAMES (now "
+                    f"{os.environ.get('OCL_ICD_FILENAMES', 'unset')!r})",
+                ) from exc
             stream = ctypes.c_void_p()
             try:
                 self._fn["dnnl_stream_create"](ctypes.byref(stream), engine, DNNL_STREAM_DEFAULT_FLAGS)
@@ -429,6 +577,37 @@ class Dnnl:
         """Build a :class:`MatmulPrimitive` for ``spec`` (``impl=None``: oneDNN's first)."""
         return MatmulPrimitive(self, spec, impl)
 
+
+# A SYCL build's runtime threads do not exist in a forked child, and its first
+# dnnl_primitive_execute there waits for them forever (measured with the 3.13 wheel; the
+# OpenMP build of 3.2 runs on). So the child refuses, with an error that says why, instead
+# of hanging: the selector then warns once and runs Default. The native caller (torch
+# routing's C++) holds raw function addresses and is not covered.
+_SYCL_LIBRARIES: weakref.WeakSet[Dnnl] = weakref.WeakSet()
+_SYCL_PRIMITIVES: weakref.WeakSet[MatmulPrimitive] = weakref.WeakSet()
+
+
+def _fork_message(dnnl: Dnnl) -> str:
+    return (
+        f"oneDNN {dnnl.version()} runs CPU work through SYCL, whose runtime does not survive "
+        "fork(): this process was forked from one that used it. Start workers with the "
+        "'spawn' or 'forkserver' method, or use oneDNN 3.2 (the `cpu` extra)"
+    )
+
+
+def _refuse_after_fork() -> None:
+    for dnnl in list(_SYCL_LIBRARIES):
+        dnnl.forked = True
+    for prim in list(_SYCL_PRIMITIVES):
+        message = _fork_message(prim._dnnl)
+
+        def refuse(*_args: Any, message: str = message) -> None:
+            raise RuntimeError(message)
+
+        prim._execute = refuse  # the hot path stays as it was in the parent
+
+
+os.register_at_fork(after_in_child=_refuse_after_fork)
 
 _INSTANCE: Dnnl | None = None
 _INSTANCE_LOCK = threading.Lock()
@@ -766,7 +945,9 @@ class MatmulPrimitive:
 
         # Bind hot-path callables and handles to locals-friendly attributes.
         self._set_handle = dnnl.fn("dnnl_memory_set_data_handle")
-        self._execute = dnnl.fn("dnnl_primitive_execute")
+        self._execute: Callable[..., Any] = dnnl.fn("dnnl_primitive_execute")
+        if dnnl.cpu_runtime == "sycl":
+            _SYCL_PRIMITIVES.add(self)
         self._wait = dnnl.fn("dnnl_stream_wait")
         self._stream = dnnl.stream
 
@@ -820,6 +1001,8 @@ class MatmulPrimitive:
         """
         if self._closed:
             raise RuntimeError("MatmulPrimitive is closed")
+        if self._dnnl.forked:
+            raise RuntimeError(_fork_message(self._dnnl))
 
         def address(obj: Any) -> int:
             return int(ctypes.cast(obj, ctypes.c_void_p).value or 0)

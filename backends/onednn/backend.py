@@ -42,9 +42,11 @@ class OneDNNBackend(Backend):
                         from unimatmul_backends.onednn._dnnl import get_dnnl
 
                         dnnl = get_dnnl()
-                        dnnl.version()
+                        # The engine too: a SYCL build (the 3.13 wheel) loads fine and
+                        # can still have no CPU device, and that is "unavailable".
+                        dnnl.engine  # noqa: B018
                         self._dnnl = dnnl
-                    except Exception as exc:  # missing wheel, wrong version, bad path
+                    except Exception as exc:  # missing wheel, wrong version, bad path, no device
                         self._error = f"{type(exc).__name__}: {exc}"
         if self._dnnl is None:
             msg = f"oneDNN is unavailable: {self._error}"
@@ -59,7 +61,11 @@ class OneDNNBackend(Backend):
         return None
 
     def versions(self) -> dict[str, str]:
-        return {"onednn": self._library().version()}
+        # The runtime beside the version: one oneDNN version ships in builds that thread
+        # differently (GNU OpenMP for 3.2's onednn-cpu-gomp, SYCL for 3.13's onednn), and
+        # the times in a record belong to the build that measured them.
+        dnnl = self._library()
+        return {"onednn": dnnl.version(), "onednn-runtime": dnnl.cpu_runtime}
 
     # --- problems -----------------------------------------------------------------
     def spec(self, problem: Problem, beta: float = 0.0) -> MatmulSpec:

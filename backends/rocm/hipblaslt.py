@@ -25,7 +25,9 @@ falls back to Default. The heuristic answers are cached per problem layout.
 hipBLASLt 0.1 / 0.2 (ROCm 5.5 / 5.6) kept pointers in the algo struct, so their
 algos have no index and no stable identity: those versions are refused.
 
-Nothing here has run on an AMD GPU: CI drives it through a fake libhipblaslt.
+Nothing here has run on an AMD GPU. CI drives it through a fake libhipblaslt, and
+``tests/amd_real`` drives the descriptor calls through Debian's real libhipblaslt 1.1
+(no device there: the handle is never made, see ``load_driver``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ from unimatmul_backends.lt.abi import (
 from unimatmul_backends.lt.backend import GEMM, LtBackend
 from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtPlan
 from unimatmul_backends.lt.runner import ArrayHooks
-from unimatmul_backends.rocm.libraries import ENV_HIPBLASLT, LibraryChoice, hip_device_reason, load_library
+from unimatmul_backends.rocm.libraries import (
+    ENV_HIPBLASLT,
+    LibraryChoice,
+    hip_device_reason,
+    hip_runtime_device_reason,
+    load_library,
+)
 
 NAME = "hipblaslt"
 #: Sonames to try: .so.0 (ROCm 5.7-6.x), .so.1 (ROCm 7).
@@ -63,8 +71,10 @@ def solution_candidate(index: int) -> Candidate:
 def read_version(cdll: Any) -> tuple[int, str]:
     """(``hipblasLtGetVersion``, ``hipblasLtGetGitRevision``) through a handle of its own.
 
-    Both take a handle, and which ABI table applies depends on the version, so this
-    binds only the three functions whose C shape is the same in every release.
+    Call it only once a HIP device is known to be there (``hip_runtime_device_reason``):
+    without one, ``hipblasLtCreate`` ends the process. Both take a handle, and which ABI
+    table applies depends on the version, so this binds only the three functions whose
+    C shape is the same in every release.
     """
     signatures = {
         "hipblasLtCreate": LT_SHARED_SIGNATURES["Create"],
@@ -120,8 +130,10 @@ def _load_hipblaslt() -> tuple[Any, LibraryChoice]:
 class HipblasltBackend(LtBackend):
     """AMD hipBLASLt on torch tensors of a ROCm build (see the module docstring).
 
-    ``loader``, ``device_check`` and ``hooks`` exist for the contract tests, which run
-    without an AMD GPU: a fake library, no device check, host-memory array hooks.
+    ``loader``, ``device_check``, ``runtime_check`` and ``hooks`` exist for the contract
+    tests, which run without an AMD GPU: a fake library, no device checks, host-memory
+    array hooks. ``runtime_check`` runs after the library is loaded and before its first
+    handle: ``hipblasLtCreate`` ends the process when no device is visible.
     """
 
     name = NAME
@@ -134,11 +146,13 @@ class HipblasltBackend(LtBackend):
         *,
         loader: Loader | None = None,
         device_check: Callable[[], str | None] = hip_device_reason,
+        runtime_check: Callable[[], str | None] = hip_runtime_device_reason,
         hooks: Callable[[Target], ArrayHooks] | None = None,
     ) -> None:
         super().__init__()
         self._loader = loader or _load_hipblaslt
         self._device_check = device_check
+        self._runtime_check = runtime_check
         self._hooks_factory = hooks
         self.location: LibraryChoice | None = None
         self.revision = ""
@@ -148,6 +162,10 @@ class HipblasltBackend(LtBackend):
     # --- the library ------------------------------------------------------------------
     def load_driver(self) -> LtDriver:
         cdll, where = self._loader()
+        # Before any handle: without a device hipblasLtCreate calls exit(1).
+        no_device = self._runtime_check()
+        if no_device is not None:
+            raise OSError(no_device)
         version, revision = read_version(cdll)
         abi = select_abi(version)
         driver = LtDriver(abi, CtypesLtLibrary(abi, cdll, where.path))

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENV_ROCBLAS = "UNIMATMUL_ROCBLAS_LIB"
-ENV_HIPBLASLT = "UNIMATMUL_HIPBLASLT_LIB"
+from unimatmul import settings
+
+ENV_ROCBLAS = settings.ROCBLAS_LIB.name
+ENV_HIPBLASLT = settings.HIPBLASLT_LIB.name
 DEFAULT_ROCM = "/opt/rocm"
 
 
@@ -136,6 +138,50 @@ def load_library(
     hint = f"set {env_var} to the library file, or ROCM_PATH to the ROCm installation"
     msg = f"{what} not found; tried: " + "; ".join(tried) + f". {hint}"
     raise LibraryNotFound(msg)
+
+
+#: Sonames of the HIP runtime (ROCm 7, 6, 5), for :func:`hip_runtime_device_reason`.
+HIP_RUNTIME_NAMES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5")
+#: ``hipError_t hipGetDeviceCount(int* count)`` (``hip/hip_runtime_api.h``).
+HIP_GET_DEVICE_COUNT = "hipGetDeviceCount"
+#: The ``hipError_t`` values a device count can return (``hip/hip_runtime_api.h``, HIP 6.4).
+HIP_ERRORS = {
+    0: "hipSuccess",
+    3: "hipErrorNotInitialized",
+    35: "hipErrorInsufficientDriver",
+    100: "hipErrorNoDevice",
+    101: "hipErrorInvalidDevice",
+}
+
+
+def hip_runtime_device_reason(names: Sequence[str] = HIP_RUNTIME_NAMES) -> str | None:
+    """None when the HIP runtime counts a device, else why not (``hipGetDeviceCount``).
+
+    Called after a ROCm library is loaded and before any of its handles is made:
+    ``hipblasLtCreate`` calls ``exit(1)`` inside hipBLASLt (7.1.1, ``hipblaslt.cpp``)
+    when no device is visible, killing the process, and ``rocblas_create_handle`` fails.
+    The runtime asked is the ``libamdhip64`` already mapped into this process (the one
+    the library just brought in, or torch's), else the first the loader finds.
+    """
+    tried: list[str] = []
+    for name in loaded_paths(names) or list(names):
+        try:
+            hip = ctypes.CDLL(name)
+            count_devices = getattr(hip, HIP_GET_DEVICE_COUNT)
+        except (OSError, AttributeError) as exc:
+            tried.append(f"{name}: {exc}")
+            continue
+        count_devices.restype = ctypes.c_int
+        count_devices.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        count = ctypes.c_int(0)
+        status = int(count_devices(ctypes.byref(count)))
+        if status != 0:
+            error = HIP_ERRORS.get(status, "hipError")
+            return f"no HIP device: {HIP_GET_DEVICE_COUNT} of {name} returned {error} ({status})"
+        if count.value < 1:
+            return f"no HIP device: {HIP_GET_DEVICE_COUNT} of {name} counted {count.value}"
+        return None
+    return "no HIP runtime (libamdhip64) could be loaded to count devices: " + "; ".join(tried)
 
 
 def hip_device_reason() -> str | None:

@@ -17,7 +17,10 @@ Row-major ``C[m, n] = A[m, k] @ B[k, n]`` is the column-major ``C^T = B^T A^T``:
 rocBLAS's "A" is our B, its "B" our A, m and n swap, and so do lda/ldb and the batch
 strides. Nothing is copied.
 
-This module has run only against a fake library in CI: no AMD GPU was available.
+No AMD GPU was available: the calls above have run only against a fake library in CI.
+Against Debian's real librocblas (``tests/amd_real``, no GPU) every bound symbol, the
+version string and the signatures in the headers are checked, and no handle is made
+without a device (``hip_runtime_device_reason``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from unimatmul_backends.rocm.libraries import (
     ENV_ROCBLAS,
     LibraryChoice,
     hip_device_reason,
+    hip_runtime_device_reason,
     load_library,
 )
 from unimatmul_backends.rocm.rocblas_abi import (
@@ -285,10 +289,17 @@ class RocblasBackend(Backend):
     array_kinds = frozenset({"torch"})
 
     def __init__(
-        self, *, loader: Loader | None = None, device_check: Callable[[], str | None] = hip_device_reason
+        self,
+        *,
+        loader: Loader | None = None,
+        device_check: Callable[[], str | None] = hip_device_reason,
+        runtime_check: Callable[[], str | None] = hip_runtime_device_reason,
     ) -> None:
         self._loader = loader or _load_rocblas
         self._device_check = device_check
+        # After loading, before any handle (as for hipBLASLt): without a device
+        # rocblas_create_handle only fails, but nothing else could run either.
+        self._runtime_check = runtime_check
         self._api: RocblasAPI | None = None
         self._where: LibraryChoice | None = None
         self._error: str | None = None
@@ -305,6 +316,9 @@ class RocblasBackend(Backend):
                     try:
                         lib, where = self._loader()
                         api = RocblasAPI(lib, where.path)
+                        no_device = self._runtime_check()
+                        if no_device is not None:
+                            raise OSError(no_device)
                         self._version = api.version()
                         self._api, self._where = api, where
                     except Exception as exc:  # not found, too old, broken install

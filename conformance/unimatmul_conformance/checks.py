@@ -415,7 +415,7 @@ def execute(suite: SuiteContext, case: Case, candidate: Candidate) -> dict[str, 
         before = host_bits(adapter, out.view, problem.dtype_c) if beta_given else None
         raised: BaseException | None = None
         try:
-            runner(data.a, data.b, out.view, case.alpha, case.beta, data.bias)
+            data.run(runner, out.view, case.alpha, case.beta)
             adapter.synchronize(device)
         except Exception as exc:
             raised = exc
@@ -498,7 +498,7 @@ def check_threads(
                 barrier.wait(timeout=60)
                 for call in range(calls):
                     out.arm(data.c if case.beta != 0.0 else None)
-                    runner(data.a, data.b, out.view, case.alpha, case.beta, data.bias)
+                    data.run(runner, out.view, case.alpha, case.beta)
                     adapter.synchronize(device)
                     got = host64(adapter, out.view)
                     cmp = compare(got, data, np.ones(got.shape, dtype=bool))

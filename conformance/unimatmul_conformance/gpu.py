@@ -73,7 +73,7 @@ def check_graph(suite: SuiteContext, case: Case, candidate: Candidate) -> Outcom
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up off the capture, as torch advises
                 out.arm(first.c if case.beta else None)
-                runner(first.a, first.b, out.view, case.alpha, case.beta, first.bias)
+                first.run(runner, out.view, case.alpha, case.beta)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -81,13 +81,19 @@ def check_graph(suite: SuiteContext, case: Case, candidate: Candidate) -> Outcom
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     with torch.cuda.graph(graph):
-                        runner(first.a, first.b, out.view, case.alpha, case.beta, first.bias)
+                        first.run(runner, out.view, case.alpha, case.beta)
             except Exception as exc:
                 return FAILED, f"capturing a call in a graph failed: {_exc(exc)}"
             # torch warns when nothing was captured: the work went to another stream.
             empty = any("empty" in str(w.message).lower() for w in caught)
             # New values into the captured buffers: a replay must use them.
-            for dst, src in ((first.a, second.a), (first.b, second.b), (first.bias, second.bias)):
+            for dst, src in (
+                (first.a, second.a),
+                (first.b, second.b),
+                (first.bias, second.bias),
+                (first.scale_a, second.scale_a),
+                (first.scale_b, second.scale_b),
+            ):
                 if dst is not None:
                     dst.copy_(src)
             out.arm(second.c if case.beta else None)
@@ -119,7 +125,7 @@ def check_stream(suite: SuiteContext, case: Case, candidate: Candidate) -> Outco
         out = guarded_output(problem, adapter, device)
         with torch.cuda.device(device.index):
             out.arm(data.c if case.beta else None)
-            runner(data.a, data.b, out.view, case.alpha, case.beta, data.bias)  # first call: lazy set-up
+            data.run(runner, out.view, case.alpha, case.beta)  # first call: lazy set-up
             torch.cuda.synchronize()
             cycles = _sleep_cycles(torch, device, _SLEEP_S)
             stream = torch.cuda.Stream()
@@ -129,7 +135,7 @@ def check_stream(suite: SuiteContext, case: Case, candidate: Candidate) -> Outco
                 torch.cuda._sleep(cycles)
                 out.arm(data.c if case.beta else None)
                 started = time.perf_counter()
-                runner(data.a, data.b, out.view, case.alpha, case.beta, data.bias)
+                data.run(runner, out.view, case.alpha, case.beta)
                 call_s = time.perf_counter() - started
             stream.synchronize()
             torch.cuda.synchronize()

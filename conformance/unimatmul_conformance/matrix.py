@@ -6,15 +6,24 @@ batches, a broadcast batch and a misaligned pointer; each dtype combination and
 epilogue the backend supports, with alpha and beta. What a backend does not support
 is still asked about, in a couple of probes each, to check that it answers
 "unsupported" instead of crashing.
+
+Scaled (fp8) GEMMs (``op == "scaled_gemm"``, what ``torch._scaled_mm`` computes) have a
+matrix of their own: the layout torch's fp8 linear uses (A row-major, B column-major)
+with per-tensor and row-wise scales, every output dtype, a bias, fast accumulation,
+mixed e5m2/e4m3 inputs, padded leading dimensions, sizes with m of 1 and odd m; its
+probes (a plain-GEMM layout, dimensions no fp8 kernel takes, a misaligned pointer)
+must be refused cleanly. The plain-GEMM fp8 dtypes of ``DTYPES`` (no scales) stay
+probes: no backend runs an unscaled fp8 product.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.problem import EPILOGUES, Problem
+from unimatmul.core.scaled import scaled_problem
 
 # (dtype of A, B, C, compute), most common first. The first one the backend
 # supports gets the whole matrix; the others a smaller one.
@@ -209,6 +218,87 @@ def _epilogue(dt: tuple[str, str, str, str], epilogue: str, quick: bool) -> list
     return out
 
 
+# (A, B, output) dtypes of scaled GEMMs, most common first: the first one gets the
+# full scaled matrix when the backend supports it, the others a few cases each. The
+# fnuz pair is MI300's encoding (no torch array holds it off ROCm).
+SCALED_DTYPES: tuple[tuple[str, str, str], ...] = (
+    ("f8e4m3", "f8e4m3", "bf16"),
+    ("f8e4m3", "f8e4m3", "f16"),
+    ("f8e4m3", "f8e4m3", "f32"),
+    ("f8e5m2", "f8e4m3", "bf16"),
+    ("f8e4m3fnuz", "f8e4m3fnuz", "bf16"),
+)
+# m anything (1, odd, prime); n and k multiples of 16, which torch._scaled_mm requires on a GPU.
+SCALED_SHAPES = [(1, 16, 16), (7, 32, 48), (31, 48, 64), (127, 144, 96), (256, 192, 320)]
+SCALED_LARGE_GPU = [(2048, 2048, 1024), (1031, 4096, 512)]
+
+
+def make_scaled_problem(
+    m: int,
+    n: int,
+    k: int,
+    dtypes: tuple[str, str, str] = SCALED_DTYPES[0],
+    *,
+    scales: str = "tensor",
+    bias: bool = False,
+    fast_accum: bool = False,
+    trans: tuple[bool, bool] = (False, True),
+    pad: tuple[int, int, int] = (0, 0, 0),
+    align: int = 16,
+) -> Problem:
+    """A scaled Problem, by default in torch's fp8-linear layout, ``pad`` above tight lds."""
+    base = scaled_problem(
+        m,
+        n,
+        k,
+        dtype_a=dtypes[0],
+        dtype_b=dtypes[1],
+        dtype_c=dtypes[2],
+        scales=scales,
+        bias=bias,
+        fast_accum=fast_accum,
+    )
+    ta, tb = trans
+    return replace(
+        base,
+        trans_a=ta,
+        trans_b=tb,
+        lda=(m if ta else k) + pad[0],
+        ldb=(k if tb else n) + pad[1],
+        ldc=n + pad[2],
+        align=align,
+    )
+
+
+def _scaled(quick: bool, large: list[tuple[int, int, int]]) -> list[Spec]:
+    """The scaled matrix, for a backend that runs the main scaled dtypes."""
+    dt = SCALED_DTYPES[0]
+    shapes = SCALED_SHAPES[:3] if quick else SCALED_SHAPES + large
+    out: list[Spec] = []
+    for scales in ("tensor", "rowwise"):
+        out += [(make_scaled_problem(*s, dt, scales=scales), 1.0, 0.0) for s in shapes]
+        out.append((make_scaled_problem(31, 48, 64, dt, scales=scales, bias=True), 1.0, 0.0))
+        out.append((make_scaled_problem(127, 144, 96, dt, scales=scales, pad=(16, 32, 8)), 1.0, 0.0))
+        if not quick:
+            out.append((make_scaled_problem(127, 144, 96, dt, scales=scales, fast_accum=True), 1.0, 0.0))
+            out.append((make_scaled_problem(1, 64, 32, dt, scales=scales, bias=True), 1.0, 0.0))
+    for other in SCALED_DTYPES[1:]:
+        out.append((make_scaled_problem(31, 48, 64, other), 1.0, 0.0))
+        out.append((make_scaled_problem(7, 32, 48, other, scales="rowwise"), 1.0, 0.0))
+        if other[2] != "f32":  # torch: no bias with a float32 output
+            out.append((make_scaled_problem(31, 48, 64, other, scales="rowwise", bias=True), 1.0, 0.0))
+    return out + _scaled_probes(dt)
+
+
+def _scaled_probes(dt: tuple[str, str, str]) -> list[Spec]:
+    """Scaled problems fp8 kernels may not take; each must be answered, not crash."""
+    return [
+        (make_scaled_problem(31, 48, 64, dt, trans=(False, False)), 1.0, 0.0),  # B row-major ("NN")
+        (make_scaled_problem(31, 37, 41, dt), 1.0, 0.0),  # n and k not multiples of 16
+        (make_scaled_problem(31, 48, 64, dt, scales="rowwise", align=8), 1.0, 0.0),
+    ]
+
+
 def build_matrix(
     supports: Callable[[Problem], bool],
     *,
@@ -247,6 +337,14 @@ def build_matrix(
         for ep, ok in epilogue_support.items():
             if ok and (not quick or ep == "bias_relu"):
                 specs.append((make_problem(31, 37, 41, dt, epilogue=ep, trans=(True, False)), 1.0, 0.0))
+    # Scaled (fp8) GEMMs: the whole scaled matrix if the backend runs the main kind.
+    if supports(make_scaled_problem(64, 48, 32)):
+        specs += _scaled(quick, SCALED_LARGE_GPU if gpu else [])
+    else:
+        specs += [
+            (make_scaled_problem(7, 32, 48), 1.0, 0.0),
+            (make_scaled_problem(31, 48, 64, scales="rowwise", bias=True), 1.0, 0.0),
+        ]
     unique: dict[tuple[str, float, float], Spec] = {}
     for problem, alpha, beta in specs:
         unique.setdefault((problem.key, alpha, beta), (problem, alpha, beta))

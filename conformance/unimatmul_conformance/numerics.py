@@ -4,6 +4,10 @@ The whole output must be within the dtype's tolerance in relative Frobenius norm
 (:func:`unimatmul.core.dtypes.tolerance`, the same rule the Harness uses), and every
 element within that tolerance of its own error scale ``|alpha| |A| @ |B| + |beta C|
 + |bias|``: a norm alone hides one wrong element in a large matrix.
+
+A scaled (fp8) case compares with the float64 product of the dequantised inputs,
+``(scale_a * A) @ (scale_b * B) + bias``, at the scaled tolerance
+(:func:`unimatmul.core.dtypes.scaled_tolerance`); its runner takes the scales last.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
-from unimatmul.core.dtypes import tolerance
+from unimatmul.core.dtypes import scaled_tolerance, tolerance
 from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import make_scaled_operands
 from unimatmul_conformance.guards import host64
 
 # Largest slope of each activation: an input error grows by at most this much.
@@ -38,6 +43,18 @@ class CaseData:
     reference: np.ndarray
     scale: np.ndarray  # per-element error scale (see module docstring)
     tolerance: float
+    # A scaled (fp8) case: the scales on the device and their float64 host copies.
+    scale_a: Any = None
+    scale_b: Any = None
+    scale_a64: np.ndarray | None = None
+    scale_b64: np.ndarray | None = None
+
+    def run(self, runner: Any, out: Any, alpha: float, beta: float) -> None:
+        """Call ``runner`` on these inputs (a scaled runner takes the scales last)."""
+        if self.scale_a is None:
+            runner(self.a, self.b, out, alpha, beta, self.bias)
+        else:
+            runner(self.a, self.b, out, alpha, beta, self.bias, self.scale_a, self.scale_b)
 
     def inputs_changed(self, adapter: ArrayAdapter) -> list[str]:
         """Names of the inputs whose values differ from when the case was made."""
@@ -46,6 +63,8 @@ class CaseData:
             ("A", self.a, self.a64),
             ("B", self.b, self.b64),
             ("bias", self.bias, self.bias64),
+            ("scale_a", self.scale_a, self.scale_a64),
+            ("scale_b", self.scale_b, self.scale_b64),
         ):
             if now is not None and then is not None and not np.array_equal(host64(adapter, now), then):
                 changed.append(name)
@@ -56,6 +75,8 @@ def make_case_data(
     problem: Problem, alpha: float, beta: float, adapter: ArrayAdapter, device: Device, seed: int
 ) -> CaseData:
     rng = np.random.default_rng(seed)
+    if problem.is_scaled:
+        return _scaled_case_data(problem, adapter, device, rng)
     ops = make_operands(problem, adapter, device, rng)
     a64, b64, c64 = host64(adapter, ops.a), host64(adapter, ops.b), host64(adapter, ops.out)
     bias64 = host64(adapter, ops.bias) if ops.bias is not None else None
@@ -81,6 +102,37 @@ def make_case_data(
         reference=reference,
         scale=scale,
         tolerance=tolerance(problem.dtype_c, problem.compute),
+    )
+
+
+def _scaled_case_data(problem: Problem, adapter: ArrayAdapter, device: Device, rng: Any) -> CaseData:
+    ops = make_scaled_operands(problem, adapter, device, rng)
+    a64, b64, c64 = host64(adapter, ops.a), host64(adapter, ops.b), host64(adapter, ops.out)
+    sa64, sb64 = host64(adapter, ops.scale_a), host64(adapter, ops.scale_b)
+    bias64 = host64(adapter, ops.bias) if ops.bias is not None else None
+    # Dequantised inputs: a [m, 1] / [1, n] scale broadcasts over rows / columns, one value over all.
+    da, db = a64 * sa64, b64 * sb64
+    reference = da @ db
+    scale = np.abs(da) @ np.abs(db)
+    if bias64 is not None:
+        reference = reference + bias64
+        scale = scale + np.abs(bias64)
+    return CaseData(
+        a=ops.a,
+        b=ops.b,
+        c=ops.out,
+        bias=ops.bias,
+        a64=a64,
+        b64=b64,
+        c64=c64,
+        bias64=bias64,
+        reference=reference,
+        scale=scale,
+        tolerance=scaled_tolerance(problem.dtype_c, problem.fast_accum),
+        scale_a=ops.scale_a,
+        scale_b=ops.scale_b,
+        scale_a64=sa64,
+        scale_b64=sb64,
     )
 
 

@@ -215,7 +215,8 @@ class Suite:
         return cases
 
     def _special_cases(self) -> list[Case]:
-        """Cases for the threads and GPU checks: a plain one, and one with alpha, beta and padding."""
+        """Cases for the threads and GPU checks: a plain one, one with alpha, beta and padding,
+        and a scaled (fp8, row-wise) one when the backend offers candidates for it."""
         main = self.cases[0].problem
 
         def first(test: Callable[[Case, Problem], bool]) -> list[Case]:
@@ -237,7 +238,19 @@ class Suite:
             )
         )
         scaled = first(lambda c, p: (p.m, p.n, p.k) == (31, 37, 41) and c.beta == -0.75)
-        return plain if self.quick else plain + scaled
+        fp8 = [
+            case
+            for case in self.cases
+            if case.problem.is_scaled
+            and case.problem.scale_a == "rowwise"
+            and case.problem.ldc == case.problem.n
+            and not case.problem.fast_accum
+            and not case.not_runnable
+            and isinstance(self.offered(case), list)
+            and self.offered(case)
+        ]
+        fp8.sort(key=lambda c: -c.problem.m)  # the largest: threads and graphs see whole tiles
+        return (plain if self.quick else plain + scaled) + fp8[:1]
 
     def plan(self) -> list[Check]:
         if self._plan is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -237,7 +238,7 @@ def test_env_var_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_not_found_lists_every_place(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(_dnnl.ENV_VAR, raising=False)
     monkeypatch.setattr(_dnnl.sys, "prefix", str(tmp_path))
-    monkeypatch.setattr(_dnnl, "_DIST_NAME", "no-such-distribution-xyz")
+    monkeypatch.setattr(_dnnl, "_DIST_NAMES", ("no-such-distribution-xyz",))
     monkeypatch.setattr(_dnnl.ctypes.util, "find_library", lambda name: None)
     with pytest.raises(OSError) as info:
         _dnnl.find_library()
@@ -246,6 +247,131 @@ def test_not_found_lists_every_place(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert "no-such-distribution-xyz" in msg
     assert "ctypes.util.find_library" in msg
     assert _dnnl.ENV_VAR in msg
+
+
+def test_every_wheel_is_looked_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Both oneDNN wheels are named where the library is not found: 3.2's and 3.13's.
+    monkeypatch.delenv(_dnnl.ENV_VAR, raising=False)
+    monkeypatch.setattr(_dnnl.sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(_dnnl.ctypes.util, "find_library", lambda name: None)
+    missing = [d for d in _dnnl._DIST_NAMES if not _dnnl._dist_lib_candidates(d)]
+    if len(missing) == len(_dnnl._DIST_NAMES):
+        with pytest.raises(OSError) as info:
+            _dnnl.find_library()
+        assert all(repr(d) in str(info.value) for d in ("onednn-cpu-gomp", "onednn"))
+    else:  # one wheel is installed: its files are found wherever the prefix says
+        assert _dnnl.find_library().endswith(("libdnnl.so.3", "libdnnl.so"))
+
+
+def test_elf_needed_reads_the_dependencies(dnnl: _dnnl.Dnnl) -> None:
+    needed = _dnnl._elf_needed(dnnl.path)
+    assert "libc.so.6" in needed and "libstdc++.so.6" in needed, needed
+    assert _dnnl._elf_needed(__file__) == []  # not an ELF file
+
+
+def _build_library(tmp_path: Path, name: str, source: str, *deps: str) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the test libraries")
+    (tmp_path / f"{name}.c").write_text(source)
+    out = tmp_path / f"{name}.so"
+    links = [f"-l:{d}.so" for d in deps]
+    # No -rpath: like the onednn wheel, the library does not say where its dependencies are.
+    # A soname, as every real library has: the loader matches a loaded dependency by it.
+    cmd = [cc, "-shared", "-fPIC", f"-Wl,-soname,{name}.so", "-o", str(out), str(tmp_path / f"{name}.c")]
+    cmd += [f"-L{tmp_path}", *links]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+def test_dependencies_are_taken_from_the_librarys_own_folder(tmp_path: Path) -> None:
+    # top -> middle -> leaf, all in one folder with no RUNPATH: a plain dlopen of top
+    # fails on its missing dependency, loading beside it works (depth first).
+    _build_library(tmp_path, "libumm_leaf", "int leaf(void) { return 40; }\n")
+    _build_library(
+        tmp_path, "libumm_middle", "int leaf(void);\nint middle(void) { return leaf() + 1; }\n", "libumm_leaf"
+    )
+    top = _build_library(
+        tmp_path, "libumm_top", "int middle(void);\nint top(void) { return middle() + 1; }\n", "libumm_middle"
+    )
+    code = (
+        "import ctypes, sys\n"
+        "from unimatmul_backends.onednn import _dnnl\n"
+        "try:\n"
+        "    ctypes.CDLL(sys.argv[1])\n"
+        "    sys.exit('a plain load found the dependencies: the test proves nothing')\n"
+        "except OSError as exc:\n"
+        "    assert 'libumm_middle.so' in str(exc), exc\n"
+        "print(_dnnl._load_with_neighbours(sys.argv[1]).top())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(top)], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert done.stdout.strip() == "42"
+
+
+def test_a_missing_dependency_is_named(tmp_path: Path) -> None:
+    _build_library(tmp_path, "libumm_gone", "int gone(void) { return 1; }\n")
+    top = _build_library(
+        tmp_path, "libumm_needs_gone", "int gone(void);\nint f(void) { return gone(); }\n", "libumm_gone"
+    )
+    (tmp_path / "libumm_gone.so").unlink()
+    with pytest.raises(OSError, match=r"cannot load .*libumm_needs_gone\.so.*libumm_gone\.so"):
+        _dnnl._load_with_neighbours(str(top))
+
+
+def test_a_sycl_build_is_pointed_at_its_opencl_cpu_runtime(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    lib = tmp_path / "libdnnl.so.3"
+    monkeypatch.delenv(_dnnl.OPENCL_ICD_VAR, raising=False)
+    _dnnl._point_opencl_at_cpu_runtime(str(lib))
+    assert _dnnl.OPENCL_ICD_VAR not in os.environ  # no runtime beside it: nothing to point at
+    (tmp_path / "libintelocl.so").write_bytes(b"")
+    _dnnl._point_opencl_at_cpu_runtime(str(lib))
+    assert os.environ[_dnnl.OPENCL_ICD_VAR] == str(tmp_path / "libintelocl.so")
+    monkeypatch.setenv(_dnnl.OPENCL_ICD_VAR, "/the/users/choice.so")
+    _dnnl._point_opencl_at_cpu_runtime(str(lib))
+    assert os.environ[_dnnl.OPENCL_ICD_VAR] == "/the/users/choice.so"
+
+
+def test_the_cpu_runtime_is_known(dnnl: _dnnl.Dnnl) -> None:
+    assert dnnl.cpu_runtime in _dnnl.CPU_RUNTIMES.values()
+    if dnnl.cpu_runtime == "sycl":  # the engine works: its OpenCL CPU runtime was found
+        assert dnnl.engine and os.environ.get(_dnnl.OPENCL_ICD_VAR)
+
+
+def test_a_forked_child_runs_or_refuses_but_never_hangs(dnnl: _dnnl.Dnnl) -> None:
+    # OpenMP (3.2) carries on in a forked child; SYCL (3.13) would hang in the child's
+    # first execute, so the child must refuse with an error that names fork.
+    code = (
+        "import os, faulthandler, numpy as np\n"
+        "from unimatmul_backends.onednn import _dnnl\n"
+        "d = _dnnl.get_dnnl()\n"
+        "a = np.arange(64, dtype=np.float32).reshape(8, 8) / 64; c = np.full((8, 8), np.nan, np.float32)\n"
+        "p = d.matmul(_dnnl.MatmulSpec(1, 8, 8, 8)); p.execute(a.ctypes.data, a.ctypes.data, c.ctypes.data)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    faulthandler.dump_traceback_later(30, exit=True)\n"
+        "    c[...] = np.nan\n"
+        "    try:\n"
+        "        p.execute(a.ctypes.data, a.ctypes.data, c.ctypes.data)\n"
+        "        ok = np.allclose(c, a.astype(np.float64) @ a, rtol=1e-5)\n"
+        "        print('ran', ok, flush=True)\n"
+        "    except RuntimeError as exc:\n"
+        "        print('refused', exc, flush=True)\n"
+        "    os._exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    if dnnl.cpu_runtime == "sycl":
+        assert done.stdout.startswith("refused") and "fork()" in done.stdout, done.stdout
+    else:
+        assert done.stdout.strip() == "ran True", done.stdout + done.stderr
 
 
 def test_import_loads_nothing() -> None:

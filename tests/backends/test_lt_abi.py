@@ -19,6 +19,7 @@ from unimatmul_backends.lt.abi import (
     ALL_ABIS,
     CUBLASLT_12,
     CUBLASLT_13,
+    HIPBLASLT_1_1,
     HIPBLASLT_5,
     HIPBLASLT_5_5,
     HIPBLASLT_5_6,
@@ -30,7 +31,7 @@ from unimatmul_backends.lt.abi import (
 )
 from unimatmul_backends.rocm import rocblas_abi as rb
 
-HIP_ALL = (HIPBLASLT_5_5, HIPBLASLT_5_6, HIPBLASLT_5, HIPBLASLT_6_0, HIPBLASLT_6)
+HIP_ALL = (HIPBLASLT_5_5, HIPBLASLT_5_6, HIPBLASLT_5, HIPBLASLT_6_0, HIPBLASLT_6, HIPBLASLT_1_1)
 CUDA_ALL = (CUBLASLT_12, CUBLASLT_13)
 
 
@@ -207,7 +208,7 @@ def test_hipblaslt_common(t: abi.LtABI) -> None:
     assert dict(t.algo_config_attr) == {} and dict(t.algo_cap_attr) == {}
 
 
-@pytest.mark.parametrize("t", (HIPBLASLT_6_0, HIPBLASLT_6), ids=lambda t: t.label)
+@pytest.mark.parametrize("t", (HIPBLASLT_6_0, HIPBLASLT_6, HIPBLASLT_1_1), ids=lambda t: t.label)
 def test_hipblaslt_6_enums(t: abi.LtABI) -> None:
     # hipDataType (ROCm/HIP include/hip/library_types.h)
     dt = t.datatype
@@ -251,6 +252,21 @@ def test_hipblaslt_6_enums(t: abi.LtABI) -> None:
         512,
     )
     assert t.datatype_enum == "hipDataType" and t.compute_type_enum == "hipblasComputeType_t"
+
+
+def test_hipblaslt_1_1_adds_descriptor_attributes() -> None:
+    # hipblaslt.h of hipBLASLt 1.1.0 (Debian's 7.1.1): AMAX_D_POINTER=14, EPILOGUE_AUX_DATA_TYPE=22,
+    # A_SCALE_MODE=31, B_SCALE_MODE=32; no BIAS_BATCH_STRIDE, no SM_COUNT_TARGET.
+    d = HIPBLASLT_1_1.matmul_desc_attr
+    added = (d["AMAX_D_POINTER"], d["EPILOGUE_AUX_DATA_TYPE"], d["A_SCALE_MODE"], d["B_SCALE_MODE"])
+    assert added == (14, 22, 31, 32)
+    assert d["BIAS_BATCH_STRIDE"] is None and d["SM_COUNT_TARGET"] is None
+    # Everything else is HIPBLASLT_6's.
+    for table in ("status", "operation", "datatype", "compute_type", "layout_attr", "pref_attr", "epilogue"):
+        assert dict(getattr(HIPBLASLT_1_1, table)) == dict(getattr(HIPBLASLT_6, table)), table
+    assert dict(HIPBLASLT_1_1.pointer_mode) == dict(HIPBLASLT_6.pointer_mode)
+    changed = {k for k, v in d.items() if HIPBLASLT_6.matmul_desc_attr[k] != v}
+    assert changed == {"AMAX_D_POINTER", "EPILOGUE_AUX_DATA_TYPE", "A_SCALE_MODE", "B_SCALE_MODE"}
 
 
 def test_hipblaslt_pointer_mode_changed_after_6_0() -> None:
@@ -341,6 +357,7 @@ class HipblasLtMatmulAlgo56(ctypes.Structure):  # hipblaslt.h rocm-5.6.0
 _LAYOUTS = [
     (CUBLASLT_13, CublasLtMatmulAlgo, 64, 96, (0, 64, 72, 76, 80)),
     (CUBLASLT_12, CublasLtMatmulAlgo, 64, 96, (0, 64, 72, 76, 80)),
+    (HIPBLASLT_1_1, HipblasLtMatmulAlgo, 24, 56, (0, 24, 32, 36, 40)),
     (HIPBLASLT_6, HipblasLtMatmulAlgo, 24, 56, (0, 24, 32, 36, 40)),
     (HIPBLASLT_6_0, HipblasLtMatmulAlgo, 24, 56, (0, 24, 32, 36, 40)),
     (HIPBLASLT_5, HipblasLtMatmulAlgo, 24, 56, (0, 24, 32, 36, 40)),
@@ -476,8 +493,10 @@ def test_select_cublaslt_unsupported(version: int) -> None:
         (800, HIPBLASLT_6),  # 0.8.0, ROCm 6.2
         (1000, HIPBLASLT_6),  # 0.10.0, ROCm 6.3
         (1200, HIPBLASLT_6),  # 0.12.0
-        (100000, HIPBLASLT_6),  # 1.0.0
-        (100100, HIPBLASLT_6),  # 1.1.0 (develop)
+        (100000, HIPBLASLT_6),  # 1.0.0, ROCm 7.0
+        (100100, HIPBLASLT_1_1),  # 1.1.0, ROCm 7.1 (Debian's 7.1.1)
+        (100105, HIPBLASLT_1_1),
+        (199999, HIPBLASLT_1_1),
     ],
 )
 def test_select_hipblaslt(version: int, expected: abi.LtABI) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onednn_caps import skip_unless_offered
 
 from unimatmul.core.arrays import CPU, Operands, adapter_for_kind, make_operands
 from unimatmul.core.backend import Candidate, Target
@@ -106,6 +107,7 @@ def check_every_candidate(
     problem: Problem, target: Target, *, alpha: float = 1.0, betas: tuple[float, ...] = (1.0,)
 ) -> list[str]:
     """Run each candidate on fresh operands; every output must match float64. Returns the names."""
+    skip_unless_offered(problem.dtype_a)  # bf16 kernels need AVX-512-BF16 or AMX
     adapter = target.adapter
     candidates = BACKEND.candidates(problem, target)
     assert candidates, f"oneDNN offers nothing for {problem.key}"
@@ -188,22 +190,25 @@ def test_alpha_and_beta(which: str) -> None:
     check_every_candidate(_problem(8, 8, 8, dtype), target, alpha=3.0)
 
 
-def test_misaligned_operands_run_in_place() -> None:
-    # align=4: every operand starts one float past a 16-byte boundary, as a view would.
-    check_every_candidate(_problem(31, 33, 35, "f32", align=4), NUMPY)
-    check_every_candidate(_problem(31, 33, 35, "bf16", align=2), TORCH)
+@pytest.mark.parametrize(
+    ("target", "dtype", "align"), [(NUMPY, "f32", 4), (TORCH, "bf16", 2)], ids=["f32", "bf16"]
+)
+def test_misaligned_operands_run_in_place(target: Target, dtype: str, align: int) -> None:
+    # Every operand starts one element past a 16-byte boundary, as a view would.
+    check_every_candidate(_problem(31, 33, 35, dtype, align=align), target)
 
 
-def test_reference_implementations_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("which", list(TARGETS))
+def test_reference_implementations_on_request(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIMATMUL_ONEDNN_REF", "1")
-    for target, dtype in TARGETS.values():
-        for problem in (
-            _problem(5, 7, 3, dtype),
-            _problem(4, 6, 5, dtype, layout="TT", batch=2, epilogue="bias_gelu"),
-            _problem(3, 3, 3, dtype, beta_zero=False),
-        ):
-            names = check_every_candidate(problem, target, alpha=1.5, betas=(0.5,))
-            assert any(name.startswith("ref:") for name in names), names
+    target, dtype = TARGETS[which]
+    for problem in (
+        _problem(5, 7, 3, dtype),
+        _problem(4, 6, 5, dtype, layout="TT", batch=2, epilogue="bias_gelu"),
+        _problem(3, 3, 3, dtype, beta_zero=False),
+    ):
+        names = check_every_candidate(problem, target, alpha=1.5, betas=(0.5,))
+        assert any(name.startswith("ref:") for name in names), names
 
 
 def test_a_runner_reuses_its_primitive_on_new_memory() -> None:
@@ -264,6 +269,8 @@ def test_candidate_identities_are_stable() -> None:
 def test_versions_and_serving() -> None:
     version = BACKEND.versions()["onednn"]
     assert version.split(".")[0].isdigit() and version.count(".") >= 2
+    # The build's CPU runtime: 3.2's wheel threads with OpenMP, 3.13's runs through SYCL.
+    assert BACKEND.versions()["onednn-runtime"] in {"omp", "tbb", "seq", "threadpool", "sycl"}
     assert BACKEND.serves(NUMPY) and BACKEND.serves(TORCH)
     assert not BACKEND.serves(Target(adapter_for_kind("numpy"), CPU.__class__("cuda", 0)))
 
@@ -287,3 +294,38 @@ def test_a_missing_library_makes_it_unavailable_not_broken(tmp_path: Any) -> Non
     reason, total = done.stdout.splitlines()
     assert "UNIMATMUL_DNNL_LIB" in reason and "libdnnl.so.404" in reason
     assert float(total) == 24.0
+
+
+def test_an_avx2_cpu_offers_f32_kernels_and_no_bf16(tmp_path: Any) -> None:
+    # oneDNN has no bf16 matmul below AVX-512 BF16 (or AVX2-VNNI-2): on such a CPU the
+    # backend must offer nothing for bf16 (Default runs it) and still serve f32.
+    # ONEDNN_MAX_CPU_ISA makes this CPU one; oneDNN reads it once, so in a child process.
+    child = (
+        "import numpy as np, torch, unimatmul\n"
+        "from unimatmul.backend import Device, Problem, Target, adapter_for_kind\n"
+        "CPU = Device('cpu')\n"
+        "from unimatmul_backends.onednn import OneDNNBackend\n"
+        "backend = OneDNNBackend()\n"
+        "torch_cpu = Target(adapter_for_kind('torch'), CPU)\n"
+        "bf16 = Problem.from_shape(64, 48, 32, 'bf16')\n"
+        "assert backend.candidates(bf16, torch_cpu) == [], backend.candidates(bf16, torch_cpu)\n"
+        "f32 = backend.candidates(Problem.from_shape(64, 48, 32), Target(adapter_for_kind('numpy'), CPU))\n"
+        "assert f32 and not any('avx512' in c.name for c in f32), f32\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "a = torch.randn(64, 32, generator=g).bfloat16(); b = torch.randn(32, 48, generator=g).bfloat16()\n"
+        "x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)\n"
+        "with unimatmul.mode('tune'):\n"
+        "    y = unimatmul.matmul(a, b)\n"
+        "    z = unimatmul.matmul(x, x.T)\n"
+        "ref = a.double() @ b.double()\n"
+        "assert float((y.double() - ref).norm() / ref.norm()) < 1e-2\n"
+        "np.testing.assert_allclose(z, x.astype(np.float64) @ x.T, rtol=1e-4, atol=1e-4)\n"
+        "print(' '.join(c.name for c in f32))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
+    env.update(ONEDNN_MAX_CPU_ISA="AVX2", UNIMATMUL_CACHE=str(tmp_path / "c.msgpack"))
+    if "UNIMATMUL_DNNL_LIB" in os.environ:  # the library under test, whichever it is
+        env["UNIMATMUL_DNNL_LIB"] = os.environ["UNIMATMUL_DNNL_LIB"]
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "gemm:jit:f32" in done.stdout.split(), done.stdout

@@ -27,6 +27,7 @@ from unimatmul.core.backend import Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.abi import (
+    HIPBLASLT_1_1,
     HIPBLASLT_5,
     HIPBLASLT_6,
     HIPBLASLT_6_0,
@@ -38,7 +39,7 @@ from unimatmul_backends.lt.runner import ArrayHooks
 from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate
 from unimatmul_backends.rocm.libraries import LibraryChoice
 
-VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6}
+VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6, 100100: HIPBLASLT_1_1}
 STREAM = 0x5EED
 
 
@@ -50,7 +51,29 @@ def _key(table: dict[str, int | None], value: int, what: str) -> str:
 
 def _numpy_dtype(abi: LtABI, value: int) -> Any:
     key = _key(dict(abi.datatype), value, "data type")
+    if key in _FP8:
+        return np.uint8  # the bits: decoded by _as_float64
     return {"R_32F": np.float32, "R_16F": np.float16, "R_64F": np.float64}[key]
+
+
+# fp8 data types of the table -> torch's dtype name (torch decodes them on the CPU).
+_FP8 = {
+    "R_8F_E4M3": "float8_e4m3fn",
+    "R_8F_E5M2": "float8_e5m2",
+    "R_8F_E4M3_FNUZ": "float8_e4m3fnuz",
+    "R_8F_E5M2_FNUZ": "float8_e5m2fnuz",
+}
+
+
+def _as_float64(abi: LtABI, value: int, x: np.ndarray) -> np.ndarray:
+    """The values of a matrix read as ``value``'s data type, in float64."""
+    key = _key(dict(abi.datatype), value, "data type")
+    if key not in _FP8:
+        return x.astype(np.float64)
+    import torch
+
+    bits = torch.from_numpy(np.ascontiguousarray(x))
+    return bits.view(getattr(torch, _FP8[key])).to(torch.float64).numpy()
 
 
 def _matrix(ptr: int, dtype: Any, rows: int, cols: int, ld: int, batch: int, stride: int) -> np.ndarray:
@@ -260,18 +283,22 @@ class FakeHipblaslt:
             else ctypes.c_double
         )
         al, be = scale.from_address(alpha).value, scale.from_address(beta).value
-        dtype = _numpy_dtype(self.abi, la["dtype"])
+        dtype = _numpy_dtype(self.abi, lc["dtype"])
         batch = la["attrs"].get("BATCH_COUNT", 1)
         assert lb["attrs"].get("BATCH_COUNT", 1) == batch == lc["attrs"].get("BATCH_COUNT", 1)
 
         def view(ptr: int, lay: dict[str, Any]) -> np.ndarray:
             stride = lay["attrs"].get("STRIDED_BATCH_OFFSET", 0)
-            return _matrix(ptr, dtype, lay["rows"], lay["cols"], lay["ld"], batch, stride)
+            return _matrix(
+                ptr, _numpy_dtype(self.abi, lay["dtype"]), lay["rows"], lay["cols"], lay["ld"], batch, stride
+            )
 
-        ma, mb, mc = view(a, la).astype(np.float64), view(b, lb).astype(np.float64), view(c, lc)
+        ma = _as_float64(self.abi, la["dtype"], view(a, la))
+        mb = _as_float64(self.abi, lb["dtype"], view(b, lb))
+        mc = view(c, lc)
         opa = ma.transpose(0, 2, 1) if s["ta"] else ma
         opb = mb.transpose(0, 2, 1) if s["tb"] else mb
-        result = al * (opa @ opb)
+        result = al * (opa @ opb) * self._scales(dsc, s["m"], s["n"])
         if be != 0.0:
             result = result + be * mc.astype(np.float64)
         epilogue = _key(
@@ -280,8 +307,9 @@ class FakeHipblaslt:
         if "BIAS" in epilogue:
             bias_ptr = dsc["attrs"]["BIAS_POINTER"]
             assert bias_ptr, "bias epilogue without a bias pointer"
+            bias_dtype = _numpy_dtype(self.abi, dsc["attrs"].get("BIAS_DATA_TYPE", lc["dtype"]))
             bias = np.frombuffer(
-                (ctypes.c_char * (s["m"] * np.dtype(dtype).itemsize)).from_address(bias_ptr), dtype
+                (ctypes.c_char * (s["m"] * np.dtype(bias_dtype).itemsize)).from_address(bias_ptr), bias_dtype
             )
             result = result + bias.astype(np.float64)[None, :, None]  # one value per row of D
         if "RELU" in epilogue:
@@ -289,6 +317,27 @@ class FakeHipblaslt:
         mc[...] = result.astype(dtype)
         self.ran.append((index, stream))
         return 0
+
+    def _scales(self, dsc: dict[str, Any], m: int, n: int) -> Any:
+        """The product's scale factors: 1, or A's (per row of D) times B's (per column of D).
+
+        hipblaslt.h: a scale pointer is a device pointer to f32, NULL meaning 1; mode
+        SCALAR_32F one value, OUTER_VEC_32F a vector of M (A) or N (B) values.
+        """
+        attrs = dsc["attrs"]
+        factor: Any = 1.0
+        for which, length, shape in (("A", m, (1, m, 1)), ("B", n, (1, 1, n))):
+            ptr = attrs.get(f"{which}_SCALE_POINTER")
+            if not ptr:
+                continue
+            mode = "SCALAR_32F"  # the default, and the only mode of tables without the attribute
+            if f"{which}_SCALE_MODE" in attrs:
+                mode = _key(dict(self.abi.matrix_scale), attrs[f"{which}_SCALE_MODE"], "scale mode")
+            assert mode in ("SCALAR_32F", "OUTER_VEC_32F"), f"{which} scale mode {mode}"
+            count = length if mode == "OUTER_VEC_32F" else 1
+            values = np.frombuffer((ctypes.c_float * count).from_address(ptr), np.float32).astype(np.float64)
+            factor = factor * (values.reshape(shape) if count > 1 else values[0])
+        return factor
 
 
 def host_hooks(target: Target) -> ArrayHooks:
@@ -325,6 +374,7 @@ def make_backend(fake: FakeHipblaslt) -> HipblasltBackend:
     return HipblasltBackend(
         loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
         device_check=lambda: None,
+        runtime_check=lambda: None,
         hooks=host_hooks,
     )
 
@@ -484,3 +534,23 @@ def test_without_rocm_the_backend_says_why() -> None:
     """The real loader and device check on this machine (no ROCm, no HIP device)."""
     reason = HipblasltBackend().availability()
     assert reason is not None and "libhipblaslt" in reason
+
+
+def test_no_device_means_no_handle_is_made() -> None:
+    """The real hipblasLtCreate ends the process when no device is visible (7.1.1, see
+    tests/amd_real): the HIP device count runs first, and its answer is the reason."""
+    fake = FakeHipblaslt(100100, [1])
+    backend = HipblasltBackend(
+        loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
+        device_check=lambda: None,
+        runtime_check=lambda: "no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)",
+        hooks=host_hooks,
+    )
+    reason = backend.availability()
+    assert (
+        reason
+        == "libhipblaslt: OSError: no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)"
+    )
+    with pytest.raises(UnsupportedProblem, match="no HIP device"):
+        backend.versions()
+    assert fake.calls == []  # not even hipblasLtCreate

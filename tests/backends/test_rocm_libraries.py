@@ -17,6 +17,7 @@ from unimatmul_backends.rocm.libraries import (
     ENV_ROCBLAS,
     LibraryNotFound,
     hip_device_reason,
+    hip_runtime_device_reason,
     load_library,
     loaded_paths,
     search_order,
@@ -116,3 +117,12 @@ def test_this_machine_has_no_rocm() -> None:
     assert torch_lib_dir() is None
     reason = hip_device_reason()
     assert reason is not None and "not a ROCm build" in reason
+
+
+def test_without_a_hip_runtime_the_device_count_says_so() -> None:
+    """This machine has no libamdhip64: the check explains instead of failing."""
+    reason = hip_runtime_device_reason(("libamdhip64-absent.so.99",))
+    assert reason is not None
+    assert reason.startswith(
+        "no HIP runtime (libamdhip64) could be loaded to count devices: libamdhip64-absent.so.99"
+    )

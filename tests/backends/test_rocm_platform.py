@@ -75,7 +75,7 @@ def test_tunableop_file_of_the_same_machine_imports_into_its_namespace(
     )
     assert cli_interop.import_tunableop(args, io.StringIO()) == 0
     records = [r for _, _, r in open_store(cache).items(platform.namespace)]
-    assert len(records) == 5
+    assert len(records) == 7  # 5 GEMM rows and 2 ScaledGemm (fp8) rows
     current = platform.versions
     # Every version an imported entry pins is the one the backends report here.
     assert all(current[key] == value for r in records for key, value in r.versions.items())

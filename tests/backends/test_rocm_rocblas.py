@@ -179,7 +179,11 @@ class StreamAdapter(NumpyAdapter):
 
 
 def make_backend(fake: FakeRocblas) -> RocblasBackend:
-    return RocblasBackend(loader=lambda: (fake, LibraryChoice("fake", "test")), device_check=lambda: None)
+    return RocblasBackend(
+        loader=lambda: (fake, LibraryChoice("fake", "test")),
+        device_check=lambda: None,
+        runtime_check=lambda: None,
+    )
 
 
 @pytest.fixture
@@ -357,3 +361,16 @@ def test_empty_solution_list_gives_no_candidates(target: Target) -> None:
     backend = make_backend(fake)
     assert backend.candidates(Problem(m=4, n=4, k=4), target) == []
     assert fake.names().count("rocblas_gemm_ex_get_solutions") == 1  # no second call for nothing
+
+
+def test_no_device_means_no_handle_is_made() -> None:
+    """Without a HIP device the library is reported unusable before any handle is made."""
+    fake = FakeRocblas(listed=[1], valid={1})
+    backend = RocblasBackend(
+        loader=lambda: (fake, LibraryChoice("fake", "test")),
+        device_check=lambda: None,
+        runtime_check=lambda: "no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)",
+    )
+    reason = backend.availability()
+    assert reason is not None and reason.startswith("librocblas: OSError: no HIP device")
+    assert "rocblas_create_handle" not in fake.names()

@@ -349,3 +349,79 @@ class SyncingRunner(TorchRunner):
 class SynchronisesTheHost(TorchGpuGood):
     name = "fake-torch-syncs"
     runner_class = SyncingRunner
+
+
+# --- scaled (fp8) fakes: torch tensors on the CPU -----------------------------------
+
+
+class ScaledRunner:
+    """``(scale_a * a) @ (scale_b * b) + bias`` in float64, written into the caller's output."""
+
+    def __init__(self, problem: Problem, candidate: Candidate) -> None:
+        self.problem = problem
+        self.candidate = candidate
+
+    def dequantised(self, a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Any, Any]:
+        import torch
+
+        return a.to(torch.float64) * scale_a.to(torch.float64), b.to(torch.float64) * scale_b.to(
+            torch.float64
+        )
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        scale_a: Any = None,
+        scale_b: Any = None,
+    ) -> None:
+        import torch
+
+        da, db = self.dequantised(a, b, scale_a, scale_b)
+        result = alpha * (da @ db)
+        if bias is not None:
+            result = result + bias.to(torch.float64)
+        out.copy_(result)
+
+
+class ScaledGood(Backend):
+    """Correct: scaled GEMMs only (fp8 OCP inputs, per-tensor or row-wise), any layout, on torch CPU."""
+
+    name = "fake-scaled"
+    device_kinds = frozenset({"cpu"})
+    array_kinds = frozenset({"torch"})
+    runner_class: type[ScaledRunner] = ScaledRunner
+
+    def availability(self) -> str | None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"fake": "1.0", "torch": str(torch.__version__)}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        if not problem.is_scaled or "fnuz" in problem.dtype_a + problem.dtype_b:
+            msg = f"{self.name} runs scaled GEMMs of OCP fp8, not {problem.key}"
+            raise UnsupportedProblem(msg, problem=problem, backend=self.name)
+        return [Candidate.make(self.name, "dequantise")]
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> ScaledRunner:
+        if candidate not in self.candidates(problem, target):
+            raise UnsupportedProblem(f"no kernel {candidate.identity}", problem=problem, backend=self.name)
+        return self.runner_class(problem, candidate)
+
+
+class FirstRowScaleRunner(ScaledRunner):
+    def dequantised(self, a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Any, Any]:
+        # Treats row-wise scales as one scale per tensor: its first element for every row.
+        return super().dequantised(a, b, scale_a.reshape(-1)[:1], scale_b.reshape(-1)[:1])
+
+
+class IgnoresRowWiseScales(ScaledGood):
+    name = "fake-scaled-first-scale"
+    runner_class = FirstRowScaleRunner

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from onednn_caps import missing
 
 from unimatmul.core.plugins import PluginManager
 
@@ -41,7 +42,8 @@ def test_full_matrix_through_the_pytest_plugin(tmp_path: Path) -> None:
     by_check = report["by_check"]
     for name in ("platform", "identity-stable", "cache-roundtrip"):
         assert by_check[name]["passed"] == 1, name
-    assert by_check["result"]["passed"] >= 150
+    # The matrix holds bf16 cases only where oneDNN has bf16 kernels (AVX-512-BF16, AMX).
+    assert by_check["result"]["passed"] >= (150 if missing("bf16") is None else 100)
     assert by_check["guard"]["passed"] == by_check["result"]["passed"]
     assert by_check["threads"]["passed"] >= 2
     ran = {
@@ -50,7 +52,7 @@ def test_full_matrix_through_the_pytest_plugin(tmp_path: Path) -> None:
         if c["check"] == "result" and c["status"] == "passed"
     }
     assert "f32.f32.f32" in ran
-    if HAS_TORCH:  # bf16 needs torch tensors on the CPU
+    if HAS_TORCH and missing("bf16") is None:  # bf16 needs torch tensors and a bf16-capable CPU
         assert {"bf16.bf16.bf16", "bf16.bf16.f32"} <= ran
     # What oneDNN does not run (f16, f64, fp8) was answered "unsupported", never a crash.
     refused = [

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from onednn_caps import skip_unless_offered
 
 import unimatmul
 from unimatmul.api import clear_fast_path
@@ -158,6 +159,7 @@ def _run_modes(
             check(call())  # the second call takes the fast path
         assert isolated.selector.stats.tuned - before == (1 if mode == "tune" and not known else 0)
         return
+    skip_unless_offered(adapter_of(a).dtype(a))  # bf16 kernels need AVX-512-BF16 or AMX
     identities = _onednn_identities(isolated, a, b, **describe_kwargs)
     assert identities, "oneDNN offers no kernel for this problem"
     for identity in identities:

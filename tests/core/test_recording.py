@@ -101,8 +101,23 @@ def test_read_tunableop_untuned_file() -> None:
     with_bias = by_dtype["f16"]
     assert (with_bias.m, with_bias.n, with_bias.k, with_bias.epilogue) == (32, 768, 1024, "bias")
     assert all(r.device is None and r.array == "torch" for r in found.problems)
-    # The scaled (fp8) GEMM has no unimatmul problem kind: skipped, with the reason.
-    assert any("scaled_gemm" in why for _, why in found.skipped)
+    # The ScaledGemm row (tn_64_12288_2048_ld_2048_2048_64_rw_1_bias_None) is x[12288, 2048] @ w.t(),
+    # fp8 with row-wise scales: a scaled problem, nothing skipped.
+    scaled = by_dtype["f8e4m3"]
+    assert (scaled.op, scaled.m, scaled.n, scaled.k, scaled.dtype_c) == (
+        "scaled_gemm",
+        12288,
+        64,
+        2048,
+        "bf16",
+    )
+    assert (scaled.trans_a, scaled.trans_b, scaled.scale_a, scaled.scale_b) == (
+        False,
+        True,
+        "rowwise",
+        "rowwise",
+    )
+    assert not found.skipped
 
 
 def test_neither_format_is_a_clear_error(tmp_path: Path) -> None:

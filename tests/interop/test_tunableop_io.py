@@ -99,9 +99,22 @@ def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path
         ldc=64, stride_a=32 * 128, stride_b=32 * 64, stride_c=128 * 64,
     )  # fmt: skip
     assert got[batched.key].winner == "hipblaslt/gemm?index=8537"
-    assert len(got) == 5
-    assert "line 11: ScaledGemm" in text and "line 12: ScaledGemm" in text
-    assert f"imported 5 entries into {MI300}" in text
+    # ScaledGemm tn_64_12288_2048_ld_2048_2048_64_rw_1_bias_None: x[12288, 2048] @ w.t(), w[64, 2048],
+    # fp8 (fnuz) with row-wise scales; the op name's dtypes are mat1, mat2, out (not swapped).
+    rowwise = Problem(
+        m=12288, n=64, k=2048, dtype_a="f8e4m3fnuz", dtype_b="f8e4m3fnuz", dtype_c="bf16", trans_b=True,
+        lda=2048, ldb=2048, ldc=64, op="scaled_gemm", scale_a="rowwise", scale_b="rowwise",
+    )  # fmt: skip
+    assert got[rowwise.key].winner == "hipblaslt/gemm?index=30410"
+    tensorwise = Problem(
+        m=128, n=4096, k=8192, dtype_a="f8e4m3fnuz", dtype_b="f8e5m2fnuz", dtype_c="f16", trans_b=True,
+        lda=8192, ldb=8192, ldc=4096, epilogue="bias", dtype_bias="f16", op="scaled_gemm",
+        scale_a="tensor", scale_b="tensor",
+    )  # fmt: skip
+    assert got[tensorwise.key].winner == DEFAULT.identity
+    assert len(got) == 7
+    assert "ScaledGemm" not in text
+    assert f"imported 7 entries into {MI300}" in text
 
 
 def test_identities_are_the_backends_own() -> None:
@@ -209,10 +222,10 @@ def test_existing_entries_are_kept_unless_replace(tmp_path: Path) -> None:
     mine = TuningRecord(problem=linear.key, winner="onednn/x", winner_s=1.0, default_s=2.0)
     open_store(cache).put(MI300, linear.key, mine)
     text = import_file("rocm_2.7_ld.csv", cache)
-    assert "imported 4 entries" in text and "kept 1 existing entries" in text
+    assert "imported 6 entries" in text and "kept 1 existing entries" in text
     assert entries(cache)[linear.key].winner == "onednn/x"
     text = import_file("rocm_2.7_ld.csv", cache, MI300, "--replace")
-    assert "imported 5 entries" in text
+    assert "imported 7 entries" in text
     assert entries(cache)[linear.key].winner == "hipblaslt/gemm?index=61169"
 
 
@@ -380,3 +393,69 @@ def test_times_round_trip_exactly() -> None:
         assert written is not None
         assert float(to.format_time(written)) / 1e3 == seconds
     assert tio.time_text(math.inf) is None
+
+
+# --------------------------------------------------------------------------- ScaledGemm (fp8)
+
+# Rows in the forms torch writes them (GemmCommon.h ScaledGemmParams::Signature, the op name
+# from ScaledBlas.cpp TUNABLE_DISPATCH's template arguments: mat1, mat2, out). The first is
+# the row of quark's TunableOp test; the others vary output, bias and scaling.
+SCALED_ROWS = """Validator,PT_VERSION,2.9.1
+Validator,HIP_VERSION,603
+Validator,GCN_ARCH_NAME,gfx942:sramecc+:xnack-
+Validator,ROCBLAS_VERSION,4.3.0.ef408db7-dirty
+Validator,HIPBLASLT_VERSION,1000-a6254b89-dirty
+ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN,tn_64_12288_2048_ld_2048_2048_64_rw_1_bias_None,Gemm_Hipblaslt_30410,0.0412
+ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN,tn_4096_16_4096_ld_4096_4096_4096_rw_0_bias_BFloat16,Gemm_Hipblaslt_771,0.0093
+ScaledGemmTunableOp_Float8_e5m2fnuz_Float8_e4m3fnuz_float_TN,tn_14336_1_4096_ld_4096_4096_14336_rw_1_bias_None,Default,0.0311
+ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_Float8_e4m3fnuz_TN,tn_4096_16_4096_ld_4096_4096_4096_rw_0_bias_None,Default,0.0101
+"""
+
+
+def test_scaled_gemm_rows_import_as_scaled_problems_and_export_byte_identical(tmp_path: Path) -> None:
+    source = tmp_path / "scaled.csv"
+    source.write_text(SCALED_ROWS)
+    cache = tmp_path / "c.msgpack"
+    code, text = run("cache", "import", "tunableop", str(source), "--cache", str(cache), "--namespace", MI300)
+    assert code == 0, text
+    # The fp8 output (line 9) has no scaled Problem: reported by its line, the rest imported.
+    assert "imported 3 entries" in text and "line 9" in text and "fp8 output" in text
+    got = entries(cache, MI300)
+    problems = {Problem.from_key(k): r for k, r in got.items()}
+    assert all(p.is_scaled and not p.fast_accum for p in problems)
+    bias = next(p for p in problems if p.has_bias)
+    # tn_4096_16_4096: x[16, 4096] @ w.t() with w[4096, 4096], a bf16 bias, per-tensor scales.
+    assert (bias.m, bias.n, bias.k, bias.scale_a, bias.dtype_bias) == (16, 4096, 4096, "tensor", "bf16")
+    assert problems[bias].winner == "hipblaslt/gemm?index=771"
+    mixed = next(p for p in problems if p.dtype_c == "f32")
+    assert (mixed.dtype_a, mixed.dtype_b, mixed.m, mixed.scale_a) == (
+        "f8e5m2fnuz",
+        "f8e4m3fnuz",
+        1,
+        "rowwise",
+    )
+    out = tmp_path / "exported.csv"
+    code, text = run("cache", "export", "--format", "tunableop", "-o", str(out), "--cache", str(cache))
+    assert code == 0 and "skipped" not in text, text
+    lines = out.read_text().splitlines()
+    for line in SCALED_ROWS.splitlines()[:-1]:
+        assert line in lines, line  # every importable row written back as torch wrote it
+
+
+def test_scaled_entries_tunableop_cannot_say_are_skipped_with_the_reason() -> None:
+    from unimatmul.core.scaled import scaled_problem
+
+    winner = DEFAULT
+    fast = scaled_problem(16, 4096, 4096, fast_accum=True)
+    with pytest.raises(tio.RowSkipped, match="use_fast_accum"):
+        tio.gemm_of(fast, winner, legacy=False, time_ms=0.01)
+    rowwise = scaled_problem(16, 4096, 4096, scales="rowwise")
+    with pytest.raises(tio.RowSkipped, match="no _rw_/_bias_"):
+        tio.gemm_of(rowwise, winner, legacy=True, time_ms=0.01)
+    # Per-tensor without a bias is all the 2.3-2.6 format can say: written as tn_M_N_K.
+    old = tio.gemm_of(scaled_problem(16, 4096, 2048), winner, legacy=True, time_ms=0.01)
+    assert (old.op_name, old.params) == (
+        "ScaledGemmTunableOp_Float8_e4m3fn_Float8_e4m3fn_BFloat16_TN",
+        "tn_4096_16_2048",
+    )
+    assert tio.problem_of(old) == scaled_problem(16, 4096, 2048)

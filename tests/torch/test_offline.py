@@ -153,10 +153,13 @@ def test_tune_from_a_tunableop_untuned_file(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "scaled_gemm" in done.stderr  # the fp8 row is skipped, and says why
     tuned = json.loads(results.read_text())
     shapes = sorted(r["problem"].split(":")[4] for r in tuned)
-    assert shapes == ["m2n8192k3584b1", "m32n768k1024b1"]
+    assert shapes == ["m12288n64k2048b1", "m2n8192k3584b1", "m32n768k1024b1"]
+    # The ScaledGemm row is a scaled (fp8, row-wise) problem, tuned with torch._scaled_mm as Default.
+    (scaled,) = [r for r in tuned if r["problem"].startswith("scaled_gemm:")]
+    assert scaled["problem"].endswith(":scales=rowwise,rowwise:fastaccum=0")
+    assert scaled["default_s"] > 0
 
 
 def test_tune_from_a_missing_file_is_exit_3(tmp_path: Path) -> None:

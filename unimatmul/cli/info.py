@@ -45,12 +45,15 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         )
     report = selector.plugins.report
     store = selector.store
+    # Said outright: without it an empty list reads as "this machine has nothing to offer".
+    no_backend = None if selector.backends_for(target) else selector.tuner.why_no_backend(target)
     data: dict[str, Any] = {
         "unimatmul": __version__,
         "mode": get_mode(),
         "target": {"array": target.array_kind, "device": str(target.device)},
         "platform": platform.to_dict() | {"namespace": platform.namespace},
         "backends": backends,
+        "no_backend_reason": no_backend,
         "plugins": {"loaded": report.loaded, "skipped": report.skipped, "failed": report.failed},
         "cache": {"path": store.location, "entries": store.count()},
     }
@@ -69,6 +72,9 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  {b['name']:<10} available    {names}   devices: {', '.join(b['devices'])}\n")
         else:
             out.write(f"  {b['name']:<10} unavailable  {b['reason']}\n")
+    if no_backend is not None:
+        where = f"{target.array_kind} on {target.device}"
+        out.write(f"  none serves {where}, so tuning measures only Default: {no_backend}\n")
     if report.failed:
         out.write("plugins rejected:\n")
         for name, why in report.failed.items():

@@ -1,13 +1,26 @@
-"""What every command shares: exit codes, the error a command reports, tables, the target.
+"""What every command shares: exit codes, the error a command reports, tables, the target,
+and the checks a command makes before it starts work (files it will write, memory).
 
-Exit codes a script can rely on: 0 success; 1 an unexpected error, or a write that
-failed; 2 bad usage or input (argparse's own code); 3 nothing could be done here (no
-backend available for the device asked, a file that cannot be read); 130 interrupted.
+Exit codes a script can rely on (the README lists the same):
+
+* 0 success;
+* 1 an unexpected error (a bug: ``unimatmul: error: ...`` names the exception;
+  ``UNIMATMUL_DEBUG=1`` prints its traceback);
+* 2 bad usage or input: an unknown option (argparse's own code), a bad ``--shape``, an
+  unknown preset, a dtype the array library cannot hold, a bad ``UNIMATMUL_*`` value;
+* 3 nothing could be done here: no backend or no such device for what was asked, a file
+  that cannot be read or written (checked before work starts where it can be), a
+  problem too large for the memory here;
+* 130 interrupted (Ctrl-C);
+* 141 the output was closed early (``unimatmul info --json | head -1``): quietly, as a
+  tool killed by SIGPIPE ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -15,10 +28,13 @@ from unimatmul import settings
 from unimatmul.cache.protocol import default_cache_path
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.backend import Target
+from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.errors import CommandError
+from unimatmul.core.problem import Problem
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
+EXIT_CLOSED_OUTPUT = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
 #: The error a command raises to end with a message and an exit code (default 2).
 CliError = CommandError
@@ -36,7 +52,123 @@ def target(array: str | None, device: str | None) -> Any:
         adapter = adapter_for_kind(array)
     except ImportError as exc:
         raise CliError(f"--array {array} needs {array} installed ({exc})", EXIT_UNAVAILABLE) from exc
-    return Target(adapter, Device(kind, int(index or 0)))
+    where = Device(kind, int(index or 0))
+    if kind != "cpu":
+        _check_gpu(array, where)
+    return Target(adapter, where)
+
+
+def _check_gpu(array: str, device: Device) -> None:
+    """Refuse a GPU that this array library cannot reach, before anything asks it for its
+    properties (a CPU build of torch answers those with an AssertionError)."""
+    if array == "torch":
+        import torch
+
+        hip = getattr(torch.version, "hip", None)
+        build = f"torch {torch.__version__}"
+        if device.kind == "hip" and not hip:
+            raise CliError(f"{build} is not a ROCm build: it has no hip device", EXIT_UNAVAILABLE)
+        if device.kind == "cuda" and hip:
+            raise CliError(f"{build} is a ROCm build: use --device hip[:N]", EXIT_UNAVAILABLE)
+        if not torch.cuda.is_available():
+            why = "was built without CUDA" if torch.version.cuda is None and not hip else "sees no GPU"
+            msg = f"{build} {why}: no {device.kind} device here (`unimatmul info` shows the CPU)"
+            raise CliError(msg, EXIT_UNAVAILABLE)
+        count = torch.cuda.device_count()
+    else:  # cupy
+        import cupy
+
+        if device.kind == "hip" and not cupy.cuda.runtime.is_hip:
+            raise CliError("this CuPy is not a ROCm build: it has no hip device", EXIT_UNAVAILABLE)
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CUDAdriverError / CUDARuntimeError without a GPU or driver
+            raise CliError(f"CuPy sees no GPU: {exc}", EXIT_UNAVAILABLE) from exc
+    if device.index >= count:
+        msg = f"no device {device}: {array} sees {count} GPU{'s' if count != 1 else ''}"
+        raise CliError(msg, EXIT_UNAVAILABLE)
+
+
+# --- before work starts ------------------------------------------------------------------
+
+
+def check_writable(path: str | os.PathLike[str], what: str, *, make_parent: bool = False) -> Path:
+    """Fail now, with the reason, if ``path`` cannot be written (exit 3), rather than after
+    the work that would fill it. ``make_parent``: create a missing folder (as the cache
+    store would); otherwise a missing folder is an error. Leaves nothing else behind: the
+    probe file it writes (``os.access`` says yes to root on a read-only mount) is removed."""
+    file = Path(path).expanduser()
+    folder = file.parent
+    if file.is_dir():
+        raise CliError(f"cannot write {what} {file}: it is a directory", EXIT_UNAVAILABLE)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise CliError(f"cannot write {what} {file}: {existing} is a file, not a directory", EXIT_UNAVAILABLE)
+    try:
+        if make_parent:
+            folder.mkdir(parents=True, exist_ok=True)
+        elif not folder.is_dir():
+            raise CliError(f"cannot write {what} {file}: no directory {folder}", EXIT_UNAVAILABLE)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{file.name}.probe-"):
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise CliError(f"cannot write {what} {file}: {why} (in {folder})", EXIT_UNAVAILABLE) from exc
+    if file.exists() and not os.access(file, os.W_OK):
+        raise CliError(f"cannot write {what} {file}: the file is not writable", EXIT_UNAVAILABLE)
+    return file
+
+
+def operand_bytes(problem: Problem) -> int:
+    """The bytes of A, B and C of one problem: the least that measuring it must allocate
+    (the harness needs more: rotated copies and a float64 reference)."""
+    m, n, k = problem.m, problem.n, problem.k
+    a, b, c = (ITEMSIZE.get(d, 4) for d in (problem.dtype_a, problem.dtype_b, problem.dtype_c))
+    return problem.batch * (m * k * a + k * n * b + m * n * c)
+
+
+def available_memory(device: Device, array: str) -> int | None:
+    """Bytes that can be allocated now on ``device``, or None when it cannot be told."""
+    try:
+        if device.kind == "cpu":
+            return _host_available()
+        if array == "torch":
+            import torch
+
+            return int(torch.cuda.mem_get_info(device.index)[0])
+        if array == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(device.index):
+                return int(cupy.cuda.runtime.memGetInfo()[0])
+    except Exception:  # no way to tell: the check is skipped, the harness copes
+        return None
+    return None
+
+
+def _host_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+# --- printing ----------------------------------------------------------------------------
 
 
 def fmt_us(seconds: float | None) -> str:

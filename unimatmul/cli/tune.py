@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,7 +25,7 @@ from unimatmul.tuning.buckets import Buckets
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
 from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
-from unimatmul.tuning.selector import get_selector
+from unimatmul.tuning.selector import Selector, get_selector
 
 
 def add_command(sub: Any) -> None:
@@ -107,12 +108,18 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str]]:
             found = read_problem_file(args.from_file)
         except OSError as exc:
             raise CliError(f"cannot read {args.from_file}: {exc}", EXIT_UNAVAILABLE) from exc
+        except UnicodeDecodeError as exc:
+            msg = f"{args.from_file} is not a text file ({exc.reason} at byte {exc.start})"
+            raise CliError(msg) from exc
         except ValueError as exc:
             raise CliError(str(exc)) from exc
         targets: dict[tuple[str, str], Target] = {}
         for item in found.problems:
             array = args.array or item.array
             device = args.device or item.device or "cuda"
+            if item.problem.is_scaled and array != "torch":
+                notes.append(f"{item.problem.shape_text}: scaled (fp8) problems tune on torch tensors only")
+                continue
             key = (array, device)
             if key not in targets:
                 targets[key] = output.target(array, device)
@@ -130,18 +137,95 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str]]:
     return distinct(jobs), notes
 
 
+def check_jobs(jobs: list[TuneJob]) -> None:
+    """Refuse, before any tuning, what could only fail later: a dtype the target's array
+    library cannot hold (exit 2), operands larger than the memory free on the device (3)."""
+    free: dict[Target, int | None] = {}
+    seen: set[tuple[Target, str]] = set()
+    for job in jobs:
+        problem, target = job.problem, job.target
+        for dtype in dict.fromkeys((problem.dtype_a, problem.dtype_b, problem.dtype_c)):
+            if (target, dtype) in seen:
+                continue
+            seen.add((target, dtype))
+            try:
+                target.adapter.empty((1, 1), dtype, target.device)
+            except TypeError as exc:
+                hint = " (--array torch)" if target.array_kind == "numpy" else ""
+                raise CliError(f"cannot tune {problem.shape_text}:{dtype} here: {exc}{hint}") from exc
+        if target not in free:
+            free[target] = output.available_memory(target.device, target.array_kind)
+        need, have = output.operand_bytes(problem), free[target]
+        if have is not None and need > have:
+            msg = (
+                f"{problem.shape_text}:{problem.dtype_a} needs {output.fmt_bytes(need)} for its operands "
+                f"alone; {target.device} has {output.fmt_bytes(have)} free"
+            )
+            raise CliError(msg, EXIT_UNAVAILABLE)
+
+
+def check_cache_writable(selector: Selector, jobs: list[TuneJob], force: bool) -> None:
+    """Refuse now (exit 3) when the cache cannot take what tuning these jobs will find,
+    instead of measuring for nothing. Jobs the cache answers already write nothing."""
+    store = selector.store
+    path = getattr(store, "path", None)
+    if path is None:  # ':memory:' or another store: results live where it keeps them
+        return
+    if not force and all(job.stored(selector) is not None for job in jobs):
+        return
+    if getattr(store, "read_only", False):
+        reason = getattr(store, "read_only_reason", "") or "read-only"
+        raise CliError(f"cannot write the cache {path}: {reason}; nothing would be saved", EXIT_UNAVAILABLE)
+    output.check_writable(path, "the cache", make_parent=True)
+    lock = getattr(store, "lock_path", None)
+    if lock is not None and lock.exists() and (not lock.is_file() or not os.access(lock, os.W_OK)):
+        raise CliError(
+            f"cannot write the cache {path}: its lock file {lock} cannot be opened", EXIT_UNAVAILABLE
+        )
+
+
+def check_cache_written(selector: Selector) -> None:
+    """After tuning something: fail (exit 3) if the results did not reach the cache file."""
+    store = selector.store
+    path = getattr(store, "path", None)
+    if path is None:
+        return
+    store.flush()
+    if getattr(store, "read_only", False):
+        reason = getattr(store, "read_only_reason", "") or "read-only"
+        raise CliError(f"the results were not written to the cache {path}: {reason}", EXIT_UNAVAILABLE)
+    if getattr(store, "pending", 0):
+        msg = f"the results were not written to the cache {path}: its lock was not free in time"
+        raise CliError(msg, EXIT_UNAVAILABLE)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    if args.budget_ms is not None and not (0 < args.budget_ms < math.inf):
+        raise CliError(f"--budget-ms must be a positive number of milliseconds, got {args.budget_ms:g}")
+    if args.max_m is not None and args.max_m < 1:
+        raise CliError(f"--max-m must be at least 1, got {args.max_m}")
+    if args.max_m is not None and not args.buckets:
+        raise CliError("--max-m only applies with --buckets")
+
+
 def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm import tqdm
 
+    check_options(args)
+    if args.json:
+        output.check_writable(args.json, "--json")
     jobs, notes = build_jobs(args)
     for note in notes:
         sys.stderr.write(f"unimatmul: {note}\n")
     selector = get_selector()
     for target in dict.fromkeys(job.target for job in jobs):
         if not selector.backends_for(target):
-            reasons = {n: b.availability() for n, b in selector.plugins.backends().items()}
-            out.write(f"no backend is available for {target.array_kind} on {target.device}: {reasons}\n")
-            return EXIT_UNAVAILABLE
+            why = selector.tuner.why_no_backend(target)
+            raise CliError(
+                f"no backend is available for {target.array_kind} on {target.device}: {why}", EXIT_UNAVAILABLE
+            )
+    check_jobs(jobs)
+    check_cache_writable(selector, jobs, args.force)
     if args.budget_ms is not None and jobs:
         settings = selector.tuner.settings_for(jobs[0].target)
         selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
@@ -165,14 +249,22 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         )
         results.append({"problem": problem.key, "source": source, **record.to_dict()})
     bar.close()
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(results, fh, indent=2)
     headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
     output.table(rows, headers, out)
     speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    # After the table: a file that cannot be written after all loses nothing shown.
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(results, fh, indent=2)
+        except OSError as exc:
+            raise CliError(
+                f"cannot write --json {args.json}: {exc.strerror or exc}", EXIT_UNAVAILABLE
+            ) from exc
+    if any(r["source"] == "tuned" for r in results):
+        check_cache_written(selector)
     out.write(f"cache: {selector.store.location} ({selector.store.count()} entries)\n")
     return EXIT_OK

@@ -10,7 +10,14 @@ ITEMSIZE: dict[str, int] = {
     "bf16": 2,
     "f8e4m3": 1,
     "f8e5m2": 1,
+    # The "fnuz" encodings (no negative zero, NaN at 0x80, exponent bias one higher) that
+    # MI300 (gfx942) computes in; OCP e4m3/e5m2 are the two above.
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
 }
+
+#: The 8-bit float dtypes: inputs of a scaled GEMM (``Problem.op == "scaled_gemm"``).
+FP8: frozenset[str] = frozenset({"f8e4m3", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz"})
 
 # Names as NumPy / PyTorch / CuPy spell them -> canonical short name.
 _ALIASES: dict[str, str] = {
@@ -23,6 +30,8 @@ _ALIASES: dict[str, str] = {
     "bfloat16": "bf16",
     "float8_e4m3fn": "f8e4m3",
     "float8_e5m2": "f8e5m2",
+    "float8_e4m3fnuz": "f8e4m3fnuz",
+    "float8_e5m2fnuz": "f8e5m2fnuz",
 }
 
 # Relative Frobenius error ||out - ref|| / ||ref|| accepted against a float64
@@ -36,7 +45,17 @@ _TOLERANCE: dict[str, float] = {
     "bf16": 3e-2,
     "f8e4m3": 1.5e-1,
     "f8e5m2": 2.5e-1,
+    "f8e4m3fnuz": 1.5e-1,
+    "f8e5m2fnuz": 2.5e-1,
 }
+
+# A scaled (fp8) GEMM is checked against the float64 product of the dequantised inputs,
+# which the fp8 values and f32 scales give exactly; what remains is the accumulation
+# and the output's rounding. Hopper's fast fp8 accumulation (``use_fast_accum``) keeps
+# fewer mantissa bits than f32 and does not promote partial sums to f32 along k, so its
+# error grows with k: it is checked at this looser bound, which a wrong kernel (errors
+# of order 1) is still far above.
+_FAST_ACCUM_TOLERANCE = 2e-2
 
 
 def canonical(name: str) -> str:
@@ -60,3 +79,14 @@ def tolerance(dtype: str, compute: str | None = None) -> float:
     if compute is not None and compute in _TOLERANCE:
         tol = max(tol, _TOLERANCE[compute])
     return tol
+
+
+def scaled_tolerance(dtype_c: str, fast_accum: bool = False) -> float:
+    """The accepted relative error of a scaled (fp8) GEMM writing ``dtype_c``.
+
+    The reference is the float64 product of the dequantised inputs (exact), so the
+    output's dtype with f32 accumulation decides, or the fast-accumulation bound when
+    that is asked for.
+    """
+    tol = tolerance(dtype_c, "f32")
+    return max(tol, _FAST_ACCUM_TOLERANCE) if fast_accum else tol

@@ -58,6 +58,8 @@ class LoadReport:
     loaded: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    #: Every entry point of the group that was found (loaded or not).
+    entry_points: list[str] = field(default_factory=list)
 
 
 class PluginManager:
@@ -82,6 +84,7 @@ class PluginManager:
         if allowed is not None and allowed & {"none", "0"}:
             allowed = set()
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            self.report.entry_points.append(ep.name)
             if ep.name in blocked:
                 self.report.skipped[ep.name] = "blocked by UNIMATMUL_DISABLE_PLUGINS"
                 continue
@@ -224,6 +227,31 @@ class PluginManager:
                 self._fail(impl.plugin_name, str(exc))
             except Exception as exc:
                 self._fail(impl.plugin_name, f"{hook_name} raised {exc!r}")
+
+    def why_no_backends(self) -> str:
+        """Why no backend is registered, and what to do about it (``unimatmul info`` and
+        the warning of a tuning that finds no backend)."""
+        report = self.report
+        if not report.entry_points:
+            return (
+                f"no plugin is registered in the {ENTRY_POINT_GROUP!r} entry-point group, so not even "
+                "the built-in backends load: unimatmul is imported from a source tree that was never "
+                "installed; install it (`pip install -e '.[cpu]'` in the source tree, or "
+                "`pip install 'unimatmul[cpu]'`)"
+            )
+        why = self.load_notes()
+        if report.loaded:
+            why.append(f"plugins {', '.join(report.loaded)} loaded, registering no backend")
+        return "; ".join(why)
+
+    def load_notes(self) -> list[str]:
+        """The plugins that were skipped or rejected, and why, grouped by reason."""
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in self.report.skipped.items():
+            by_reason.setdefault(reason, []).append(name)
+        notes = [f"plugins {', '.join(names)} {reason}" for reason, names in by_reason.items()]
+        notes.extend(f"plugin {name} rejected ({reason})" for name, reason in self.report.failed.items())
+        return notes
 
     def plugin_names(self) -> list[str]:
         return [name for name, _ in self._pm.list_name_plugin()]

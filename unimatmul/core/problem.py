@@ -12,11 +12,17 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from unimatmul.core.dtypes import ITEMSIZE, canonical
+from unimatmul.core.dtypes import FP8, ITEMSIZE, canonical
 
-OPS = ("gemm",)
+OPS = ("gemm", "scaled_gemm")
 EPILOGUES = ("none", "relu", "gelu", "gelu_tanh", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+#: How a scaled GEMM's operand is scaled (``Problem.scale_a`` / ``scale_b``): ``tensor``
+#: one f32 for the whole matrix; ``rowwise`` one f32 per row of A (``[m, 1]``) or per
+#: column of B (``[1, n]``), torch's RowWise and cuBLASLt's OUTER_VEC_32F.
+SCALE_MODES = ("tensor", "rowwise")
+#: What a scaled GEMM may write (fp8 outputs, which need an output scale, are not offered).
+SCALED_OUTPUTS = ("bf16", "f16", "f32")
 
 _KEY_RE = re.compile(
     r"^(?P<op>[a-z_]+):(?P<da>\w+)\.(?P<db>\w+)\.(?P<dc>\w+):(?P<cp>\w+):(?P<ta>[NT])(?P<tb>[NT])"
@@ -25,7 +31,8 @@ _KEY_RE = re.compile(
     r":st(?P<sa>\d+),(?P<sb>\d+),(?P<sc>\d+)"
     r":beta(?P<beta>[01])"
     r":(?P<ep>[a-z_]+)(?::bias(?P<dbias>\w+))?"
-    r":al(?P<al>\d+)$"
+    r":al(?P<al>\d+)"
+    r"(?::scales=(?P<sca>[a-z]+),(?P<scb>[a-z]+):fastaccum=(?P<fa>[01]))?$"
 )
 
 
@@ -54,6 +61,13 @@ class Problem:
     dtype_bias: str | None = None
     align: int = 16
     op: str = "gemm"
+    # Scaled (fp8) GEMMs only (``op == "scaled_gemm"``): D = (scale_a * A) @ (scale_b * B)
+    # (+ bias), each scale a SCALE_MODES layout; fast_accum is Hopper's fast fp8
+    # accumulation (torch's ``use_fast_accum``). Empty / False for a plain GEMM, where
+    # they are not part of the key.
+    scale_a: str = ""
+    scale_b: str = ""
+    fast_accum: bool = False
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k", "batch"):
@@ -108,11 +122,19 @@ class Problem:
         if self.dtype_bias is not None and self.dtype_bias not in ITEMSIZE:
             msg = f"Problem.dtype_bias={self.dtype_bias!r} is not one of {sorted(ITEMSIZE)}"
             raise ValueError(msg)
+        why = _scaled_fields_error(self)
+        if why:
+            raise ValueError(why)
 
     # --- derived facts -------------------------------------------------------------
     @property
     def has_bias(self) -> bool:
         return self.epilogue.startswith("bias")
+
+    @property
+    def is_scaled(self) -> bool:
+        """Whether this is a scaled (fp8) GEMM: its runners also take ``scale_a``, ``scale_b``."""
+        return self.op == "scaled_gemm"
 
     @property
     def activation(self) -> str | None:
@@ -163,13 +185,19 @@ class Problem:
     def key(self) -> str:
         """The stable text form used as the cache key. Never change its format lightly."""
         bias = f":bias{self.dtype_bias}" if self.has_bias else ""
+        # Only a scaled GEMM has the scales suffix: every plain GEMM's key is what it was.
+        scaled = (
+            f":scales={self.scale_a},{self.scale_b}:fastaccum={int(self.fast_accum)}"
+            if self.is_scaled
+            else ""
+        )
         return (
             f"{self.op}:{self.dtype_a}.{self.dtype_b}.{self.dtype_c}:{self.compute}:"
             f"{'T' if self.trans_a else 'N'}{'T' if self.trans_b else 'N'}:"
             f"m{self.m}n{self.n}k{self.k}b{self.batch}:"
             f"ld{self.lda},{self.ldb},{self.ldc}:"
             f"st{self.stride_a},{self.stride_b},{self.stride_c}:"
-            f"beta{0 if self.beta_zero else 1}:{self.epilogue}{bias}:al{self.align}"
+            f"beta{0 if self.beta_zero else 1}:{self.epilogue}{bias}:al{self.align}{scaled}"
         )
 
     def __str__(self) -> str:
@@ -205,6 +233,9 @@ class Problem:
             epilogue=g["ep"],
             dtype_bias=g["dbias"],
             align=int(g["al"]),
+            scale_a=g["sca"] or "",
+            scale_b=g["scb"] or "",
+            fast_accum=g["fa"] == "1",
         )
 
     @classmethod
@@ -269,6 +300,26 @@ class Problem:
         ``TypeError`` with a message that names the operand, in NumPy's style.
         """
         return _from_operands(cls, adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
+
+
+def _scaled_fields_error(p: Problem) -> str:
+    """Why the scaled-GEMM fields of ``p`` do not fit its op, or ""."""
+    if not p.is_scaled:
+        if p.scale_a or p.scale_b or p.fast_accum:
+            return f"scale_a, scale_b and fast_accum belong to op 'scaled_gemm', not {p.op!r}"
+        return ""
+    if p.dtype_a not in FP8 or p.dtype_b not in FP8:
+        return f"a scaled GEMM takes fp8 A and B ({', '.join(sorted(FP8))}), got {p.dtype_a} and {p.dtype_b}"
+    if p.dtype_c not in SCALED_OUTPUTS:
+        return f"a scaled GEMM writes {', '.join(SCALED_OUTPUTS)}, not {p.dtype_c}"
+    if p.compute != "f32":
+        return f"a scaled GEMM accumulates in f32 (fast_accum says how), not {p.compute}"
+    for name in ("scale_a", "scale_b"):
+        if getattr(p, name) not in SCALE_MODES:
+            return f"Problem.{name}={getattr(p, name)!r} is not one of {', '.join(SCALE_MODES)}"
+    if p.batch != 1 or not p.beta_zero or p.epilogue not in ("none", "bias"):
+        return "a scaled GEMM is one matrix product, beta = 0, with at most a bias (as torch._scaled_mm)"
+    return ""
 
 
 def _default_compute(dtype: str) -> str:

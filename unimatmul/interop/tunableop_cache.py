@@ -27,12 +27,22 @@ Every GEMM row becomes one entry (a :class:`~unimatmul.cache.record.TuningRecord
   ``<int>-<git>``, >= 2.7 the rocBLAS runtime string), so the selector's per-entry
   check re-validates a winner when a library changes. The whole validator set is
   kept in ``settings["validators"]`` so that an export can write it back.
+* ``ScaledGemmTunableOp`` rows (fp8 with scales, ``torch._scaled_mm``) become scaled
+  Problems (``op == "scaled_gemm"``): the op name's three dtypes are mat1 (our A), mat2
+  (our B) and the output, not swapped (``Blas.cpp`` ``TUNABLE_DISPATCH``), while the
+  params are swapped like any row. ``_rw_1`` is row-wise scales (both operands:
+  ``ScaledGemmParams::Signature`` writes 1 only when both are RowWise), ``_rw_0`` and a
+  row without the suffix (torch < 2.7) per-tensor scales: the key cannot tell other
+  scalings (block-wise) apart, and those are not scaled Problems here. ``_bias_<T>`` is
+  the bias epilogue. TunableOp's key has no ``use_fast_accum`` (hipBLASLt ignores it):
+  rows are imported with ``fast_accum = 0``. An fp8 output (which needs
+  ``scale_result``) has no Problem here and is skipped.
 * Namespace: ``--namespace`` when given; else the namespace of the GPU torch sees
   now, if its gcnArchName equals the file's ``GCN_ARCH_NAME``. A file carries no
   device name or CU count, so anything else needs ``--namespace``.
 
 Rows that cannot become an entry are reported with their line numbers and skipped:
-unreadable lines, ScaledGemm (no fp8-scaled Problem yet), complex and fnuz dtypes,
+unreadable lines, ScaledGemm rows with an fp8 output, complex dtypes,
 ``*`` dimensions, bare integers (library unknown), cuBLASLt names, and a repeated
 (op, params), of which torch uses the first. Existing entries are kept unless
 ``--replace``.
@@ -43,7 +53,9 @@ The entries of one namespace become rows in the newest format (``_ld_`` params,
 ``Gemm_Hipblaslt_<i>``), or in the 2.3-2.6 format (no ``_ld_``, ``Gemm_Hipblaslt_<AB>_<i>``)
 when the validators name a torch older than 2.7. Only what TunableOp can express is
 written: ``Default``, hipBLASLt and rocBLAS winners of beta = 0, 16-byte aligned
-plain / bias / strided batched GEMMs with their natural compute type. Winners of
+plain / bias / strided batched GEMMs with their natural compute type, and scaled GEMMs
+with per-tensor or row-wise scales and ``fast_accum = 0`` (``ScaledGemmTunableOp``; in
+the 2.3-2.6 format only per-tensor ones without bias, which is all that format says). Winners of
 other backends (cuBLASLt, oneDNN, plugins) have no TunableOp solution name; writing
 them as ``Default`` would claim torch's default is the tuned choice, so they are
 skipped and counted.
@@ -72,7 +84,7 @@ from typing import TYPE_CHECKING, Any
 
 from unimatmul.cache.record import OK, CandidateResult, TuningRecord
 from unimatmul.core.backend import DEFAULT, Candidate
-from unimatmul.core.problem import Problem
+from unimatmul.core.problem import SCALED_OUTPUTS, Problem
 from unimatmul.interop.tunableop import (
     WILDCARD,
     RowMajorGemm,
@@ -93,6 +105,14 @@ SOLUTION_NAMES = {"hipblaslt": "gemm", "rocblas": "solution"}
 # torch dtype names (tunableop.py) -> ours. fp8 appears only in ScaledGemm rows.
 _DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+# The fp8 dtypes of ScaledGemm rows (torch names -> ours) and back.
+_FP8_DTYPES = {
+    "float8_e4m3fn": "f8e4m3",
+    "float8_e5m2": "f8e5m2",
+    "float8_e4m3fnuz": "f8e4m3fnuz",
+    "float8_e5m2fnuz": "f8e5m2fnuz",
+}
+_TORCH_FP8 = {v: k for k, v in _FP8_DTYPES.items()}
 # The compute type torch's GEMM uses on a GPU for each dtype (unimatmul.api too).
 _COMPUTE = {"f32": "f32", "f64": "f64", "f16": "f32", "bf16": "f32"}
 # validator -> versions key, where torch and our backends write the same text.
@@ -115,9 +135,9 @@ def problem_of(gemm: TunableOpGemm | RowMajorGemm) -> Problem:
     The one conversion from a TunableOp row to a Problem: ``cache import tunableop``
     and ``tune --from`` (the untuned file) both use it, so one row gives one key.
     """
-    if gemm.kind == "scaled_gemm":
-        raise RowSkipped("ScaledGemm (scaled_gemm: fp8 with scales) has no unimatmul Problem yet")
     rm = gemm.row_major() if isinstance(gemm, TunableOpGemm) else gemm
+    if rm.kind == "scaled_gemm":
+        return _scaled_problem_of(rm)
     if rm.kind not in _KIND_EPILOGUE:
         raise RowSkipped(f"TunableOp {rm.kind} GEMMs have no unimatmul problem kind")
     if WILDCARD in (rm.m, rm.n, rm.k, rm.batch, rm.lda, rm.ldb, rm.ldc):
@@ -166,6 +186,50 @@ def problem_of(gemm: TunableOpGemm | RowMajorGemm) -> Problem:
             epilogue=_KIND_EPILOGUE[rm.kind],
             dtype_bias=bias_dtype,
             align=16,
+        )
+    except ValueError as exc:
+        raise RowSkipped(str(exc)) from None
+
+
+def _scaled_problem_of(rm: RowMajorGemm) -> Problem:
+    """The scaled Problem of a ScaledGemm row (module docstring), or RowSkipped."""
+    if WILDCARD in (rm.m, rm.n, rm.k, rm.lda, rm.ldb, rm.ldc):
+        raise RowSkipped("a '*' (dynamic) dimension names no single Problem")
+    for what, dtype in (("mat1", rm.dtype_a), ("mat2", rm.dtype_b)):
+        if dtype not in _FP8_DTYPES:
+            raise RowSkipped(f"ScaledGemm {what} of {dtype}: a scaled Problem takes fp8 inputs")
+    out = _DTYPES.get(rm.dtype_c)
+    if out not in SCALED_OUTPUTS:
+        raise RowSkipped(
+            f"ScaledGemm output {rm.dtype_c}: an fp8 output (with scale_result) is not a scaled "
+            f"Problem here ({', '.join(SCALED_OUTPUTS)})"
+        )
+    bias_dtype = None
+    if rm.bias_dtype is not None:
+        bias_dtype = _DTYPES.get(rm.bias_dtype)
+        if bias_dtype != out:
+            raise RowSkipped(f"ScaledGemm bias of {rm.bias_dtype} with a {rm.dtype_c} output")
+    scales = "rowwise" if rm.rowwise else "tensor"
+    try:
+        return Problem(
+            m=rm.m,
+            n=rm.n,
+            k=rm.k,
+            dtype_a=_FP8_DTYPES[rm.dtype_a],
+            dtype_b=_FP8_DTYPES[rm.dtype_b],
+            dtype_c=out,
+            compute="f32",
+            trans_a=rm.trans_a,
+            trans_b=rm.trans_b,
+            lda=rm.lda or (rm.m if rm.trans_a else rm.k),
+            ldb=rm.ldb or (rm.k if rm.trans_b else rm.n),
+            ldc=rm.ldc or rm.n,
+            epilogue="bias" if bias_dtype else "none",
+            dtype_bias=bias_dtype,
+            align=16,
+            op="scaled_gemm",
+            scale_a=scales,
+            scale_b=scales,
         )
     except ValueError as exc:
         raise RowSkipped(str(exc)) from None
@@ -283,12 +347,13 @@ def entries_of(parsed: TunableOpFile) -> ImportResult:
 
 def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float | None) -> TunableOpGemm:
     """The TunableOp row of one entry, or RowSkipped naming what TunableOp cannot express."""
+    if problem.is_scaled:
+        return _scaled_gemm_of(problem, winner, legacy=legacy, time_ms=time_ms)
     if problem.op != "gemm" or problem.epilogue not in ("none", "bias"):
         raise RowSkipped(f"epilogue {problem.epilogue!r} has no TunableOp op")
     if not problem.beta_zero:
         raise RowSkipped("beta != 0: TunableOp's key has no beta; only beta = 0 entries are written")
-    if problem.align != 16:
-        raise RowSkipped(f"{problem.align}-byte aligned operands: TunableOp's key assumes aligned tensors")
+    _check_written_layout(problem, legacy)
     if not problem.dtype_a == problem.dtype_b == problem.dtype_c or problem.dtype_a not in _TORCH_DTYPES:
         raise RowSkipped(
             f"dtypes {problem.dtype_a}/{problem.dtype_b}/{problem.dtype_c} have no TunableOp GEMM"
@@ -312,15 +377,7 @@ def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float
         )
         if strides != extents:
             raise RowSkipped(f"batch strides {strides} are not the matrices' extents {extents}")
-    tight = (
-        problem.m if problem.trans_a else problem.k,
-        problem.k if problem.trans_b else problem.n,
-        problem.n,
-    )
-    if legacy and (problem.lda, problem.ldb, problem.ldc) != tight:
-        raise RowSkipped("padded leading dimensions cannot be written in the torch < 2.7 format (no _ld_)")
     kind = "gemm_bias" if problem.has_bias else ("gemm_strided_batched" if problem.batch > 1 else "gemm")
-    layout = ("T" if problem.trans_b else "N") + ("T" if problem.trans_a else "N")  # BLAS view: B first
     view = RowMajorGemm(
         kind=kind,
         m=problem.m,
@@ -335,9 +392,65 @@ def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float
         dtype_a=_TORCH_DTYPES[problem.dtype_a],
         tf32=tf32,
     )
+    return _row_of(view, problem, winner, legacy=legacy, time_ms=time_ms)
+
+
+def _check_written_layout(problem: Problem, legacy: bool) -> None:
+    """RowSkipped where TunableOp's params cannot say the layout (alignment, padded lds before 2.7)."""
+    if problem.align != 16:
+        raise RowSkipped(f"{problem.align}-byte aligned operands: TunableOp's key assumes aligned tensors")
+    tight = (
+        problem.m if problem.trans_a else problem.k,
+        problem.k if problem.trans_b else problem.n,
+        problem.n,
+    )
+    if legacy and (problem.lda, problem.ldb, problem.ldc) != tight:
+        raise RowSkipped("padded leading dimensions cannot be written in the torch < 2.7 format (no _ld_)")
+
+
+def _row_of(
+    view: RowMajorGemm, problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float | None
+) -> TunableOpGemm:
+    layout = ("T" if problem.trans_b else "N") + ("T" if problem.trans_a else "N")  # BLAS view: B first
     return TunableOpGemm.from_row_major(
         view, solution=solution_of(winner, layout, legacy=legacy), time_ms=time_ms, with_ld=not legacy
     )
+
+
+def _scaled_gemm_of(
+    problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float | None
+) -> TunableOpGemm:
+    """The ScaledGemmTunableOp row of a scaled entry, or RowSkipped."""
+    if problem.fast_accum:
+        raise RowSkipped(
+            "fast_accum = 1: TunableOp's ScaledGemm key has no use_fast_accum; only fast_accum = 0 entries "
+            "are written"
+        )
+    _check_written_layout(problem, legacy)
+    if problem.scale_a != problem.scale_b:
+        raise RowSkipped(f"scales {problem.scale_a}/{problem.scale_b}: TunableOp's rw flag names one mode")
+    rowwise = problem.scale_a == "rowwise"
+    if legacy and (rowwise or problem.has_bias):
+        raise RowSkipped(
+            "row-wise scales or a bias cannot be written in the torch < 2.7 format (no _rw_/_bias_)"
+        )
+    view = RowMajorGemm(
+        kind="scaled_gemm",
+        m=problem.m,
+        n=problem.n,
+        k=problem.k,
+        trans_a=problem.trans_a,
+        trans_b=problem.trans_b,
+        lda=problem.lda,
+        ldb=problem.ldb,
+        ldc=problem.ldc,
+        dtype_a=_TORCH_FP8[problem.dtype_a],
+        dtype_b=_TORCH_FP8[problem.dtype_b],
+        dtype_c=_TORCH_DTYPES[problem.dtype_c],
+        rowwise=None if legacy else rowwise,
+        bias_dtype=_TORCH_DTYPES[problem.dtype_bias] if problem.dtype_bias else None,
+    )
+    return _row_of(view, problem, winner, legacy=legacy, time_ms=time_ms)
 
 
 def solution_of(winner: Candidate, layout: str, *, legacy: bool) -> TunableOpSolution:

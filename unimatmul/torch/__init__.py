@@ -3,6 +3,7 @@
 >>> import unimatmul.torch
 >>> unimatmul.torch.enable()          # or: with unimatmul.torch.enabled(): ...
 >>> model(x)                          # mm, addmm, bmm, baddbmm, matmul, @, Linear: routed
+>>>                                   # (and torch._scaled_mm, fp8: scaled_routing.py)
 
 Which kernel a routed call runs follows the mode (``UNIMATMUL_MODE`` or
 :func:`unimatmul.mode`): ``cached`` (the default) runs tuned choices and PyTorch's
@@ -27,10 +28,12 @@ from unimatmul.torch.autoload import ENV, wanted
 if TYPE_CHECKING:
     from unimatmul.torch.model_tuning import WarmupResult
     from unimatmul.torch.routing import Plan
+    from unimatmul.tuning.agreement import Agreement
 
 __all__ = [
     "ENV",
     "WarmupResult",
+    "agree",
     "clear_plans",
     "disable",
     "enable",
@@ -38,6 +41,7 @@ __all__ = [
     "is_enabled",
     "plans",
     "reset_stats",
+    "scaled_stats",
     "stats",
     "totals",
     "warmup",
@@ -49,19 +53,24 @@ def enable() -> None:
 
     Reads ``UNIMATMUL_MODE`` now; change the mode later with :func:`unimatmul.mode`.
     """
-    from unimatmul.torch import compiled, routing
+    from unimatmul.torch import compiled, routing, scaled_routing
+    from unimatmul.tuning import agreement
     from unimatmul.tuning.selector import on_forget
 
     routing.install()
+    scaled_routing.install()
     compiled.install()
     on_forget(routing.clear_plans)
+    on_forget(scaled_routing.clear_plans)
+    agreement.install()  # inert unless UNIMATMUL_DISTRIBUTED=1 in a process group
 
 
 def disable() -> None:
     """Give every product back to PyTorch: its own kernels and Inductor pass return."""
-    from unimatmul.torch import compiled, routing
+    from unimatmul.torch import compiled, routing, scaled_routing
 
     routing.uninstall()
+    scaled_routing.uninstall()
     compiled.uninstall()
 
 
@@ -97,10 +106,18 @@ def totals() -> dict[str, Any]:
     return routing.totals()
 
 
+def scaled_stats() -> dict[str, Any]:
+    """Counts of routed ``torch._scaled_mm`` calls; see :func:`unimatmul.torch.scaled_routing.stats`."""
+    from unimatmul.torch import scaled_routing
+
+    return scaled_routing.stats()
+
+
 def reset_stats() -> None:
-    from unimatmul.torch import routing
+    from unimatmul.torch import routing, scaled_routing
 
     routing.reset_stats()
+    scaled_routing.reset_stats()
 
 
 def clear_plans() -> None:
@@ -108,9 +125,10 @@ def clear_plans() -> None:
 
     Needed after another process tuned problems this one already resolved.
     """
-    from unimatmul.torch import routing
+    from unimatmul.torch import routing, scaled_routing
 
     routing.clear_plans()
+    scaled_routing.clear_plans()
 
 
 def plans() -> list[Plan]:
@@ -124,6 +142,15 @@ def warmup(model: Any, example_inputs: Any, **options: Any) -> WarmupResult:
     from unimatmul.torch.model_tuning import warmup as run
 
     return run(model, example_inputs, **options)
+
+
+def agree(**options: Any) -> Agreement:
+    """With ``UNIMATMUL_DISTRIBUTED=1`` in a process group: settle, together with every
+    rank, the choice of each problem met since the last call (collective: every rank calls
+    it at the same point, e.g. a step boundary). See :mod:`unimatmul.tuning.agreement`."""
+    from unimatmul.tuning.agreement import agree as run
+
+    return run(**options)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,11 @@ sees). Shapes come from the op's fake implementation.
 
 ``unimatmul::mm(a, b, c=None, alpha=1, beta=1)`` is ``alpha * a @ b + beta * c``
 (``c`` broadcast as addmm's input, absent for mm), 2-D or batched 3-D.
+
+``aten._scaled_mm`` (fp8 with scales) nodes writing bf16, f16 or f32 become
+``unimatmul::scaled_mm``, the same signature, which calls the routed
+``torch._scaled_mm`` (``scaled_routing.py``); Inductor would otherwise call its ``out=``
+form or its own templates.
 """
 
 from __future__ import annotations
@@ -58,6 +63,45 @@ def _mm_fake(
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
+def _scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale_result: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    # The functional aten op: routed while routing is on, PyTorch's own otherwise.
+    return torch._scaled_mm(
+        a,
+        b,
+        scale_a,
+        scale_b,
+        bias=bias,
+        scale_result=scale_result,
+        out_dtype=out_dtype,
+        use_fast_accum=use_fast_accum,
+    )
+
+
+def _scaled_mm_fake(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale_result: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype if out_dtype is not None else a.dtype)
+
+
+_SCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def define_ops() -> None:
     """Define ``unimatmul::mm`` once per process (a library cannot be defined twice)."""
     global _defined, _library
@@ -68,6 +112,12 @@ def define_ops() -> None:
         library.define("mm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=1.0) -> Tensor")
         library.impl("mm", _mm, "CompositeExplicitAutograd")
         torch.library.register_fake("unimatmul::mm", _mm_fake, lib=library)
+        library.define(
+            "scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
+            "Tensor? scale_result=None, ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor"
+        )
+        library.impl("scaled_mm", _scaled_mm, "CompositeExplicitAutograd")
+        torch.library.register_fake("unimatmul::scaled_mm", _scaled_mm_fake, lib=library)
         _library = library
         _defined = True
 
@@ -98,11 +148,34 @@ def _eligible(node: Any) -> bool:
     )
 
 
+def _rewrite_scaled(graph: torch.fx.Graph) -> int:
+    """Replace ``aten._scaled_mm`` nodes writing bf16/f16/f32 by ``unimatmul::scaled_mm``."""
+    target = torch.ops.aten._scaled_mm.default
+    op = torch.ops.unimatmul.scaled_mm.default
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not target:
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.dtype not in _SCALED_OUT_DTYPES:
+            continue
+        if value.device.type not in ("cpu", "cuda"):
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(op, tuple(node.args), dict(node.kwargs))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
+    return count
+
+
 def rewrite(graph: torch.fx.Graph) -> int:
-    """Replace eligible aten products by ``unimatmul::mm``; returns how many."""
+    """Replace eligible aten products by ``unimatmul::mm`` (and ``unimatmul::scaled_mm``);
+    returns how many."""
     targets = _aten_targets()
     op = torch.ops.unimatmul.mm.default
-    count = 0
+    count = _rewrite_scaled(graph)
     for node in list(graph.nodes):
         kind = targets.get(node.target) if node.op == "call_function" else None
         if kind is None or not _eligible(node):

@@ -15,6 +15,7 @@ from unimatmul.core import modes as config
 from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import enabled, routing
+from unimatmul.tuning import agreement
 from unimatmul.tuning.buckets import Buckets
 from unimatmul.tuning.selector import get_selector
 
@@ -61,6 +62,10 @@ def warmup(
     alone (``True`` for the Selector's buckets, or a spec such as ``"pow2"``), so that
     other batch sizes near it are served as well. Problems already tuned are kept
     unless ``force``. Routing is on during the call and as it was afterwards.
+
+    With ``UNIMATMUL_DISTRIBUTED=1`` in a process group, warm-up is collective: every
+    rank calls it, and the ranks agree on one choice per problem (see
+    :mod:`unimatmul.tuning.agreement`).
     """
     inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     with enabled(), collecting() as met, config.mode("cached"):
@@ -86,6 +91,14 @@ def warmup(
     spec: Buckets | None = None
     if buckets:
         spec = selector.buckets if buckets is True else Buckets.parse(str(buckets))
+    if agreement.active():
+        agreed = agreement.agree(
+            selector, problems=result.problems, buckets=spec, force=force, progress=progress
+        )
+        found = (agreed.record_for(problem, target, spec) for problem, target in result.problems)
+        result.records = [record for record in found if record is not None]
+        routing.clear_plans()
+        return result
     from tqdm import tqdm
 
     bar = tqdm(

@@ -23,9 +23,10 @@ from unimatmul._version import __version__
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.core.arrays import Operands, make_operands
 from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
-from unimatmul.core.dtypes import tolerance
+from unimatmul.core.dtypes import scaled_tolerance, tolerance
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import ScaledOperands, make_scaled_operands, scaled_reference
 from unimatmul.tuning.conditions import read_device_state
 
 
@@ -153,8 +154,15 @@ class Harness:
         first = sets[0]
         c_input = adapter.empty(tuple(adapter.shape(first.out)), problem.dtype_c, target.device)
         adapter.copy_(c_input, first.out)
-        reference = adapter.reference(first.a, first.b, c_input, alpha, beta, first.bias, problem.activation)
-        tol = tolerance(problem.dtype_c, problem.compute)
+        if isinstance(first, ScaledOperands):
+            # The float64 product of the dequantised inputs (core/scaled.py).
+            reference = scaled_reference(adapter, first.a, first.b, first.scale_a, first.scale_b, first.bias)
+            tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
+        else:
+            reference = adapter.reference(
+                first.a, first.b, c_input, alpha, beta, first.bias, problem.activation
+            )
+            tol = tolerance(problem.dtype_c, problem.compute)
 
         measured: list[_Entry] = []
         results: list[CandidateResult] = []
@@ -172,7 +180,7 @@ class Harness:
                     adapter.copy_(first.out, c_input)
                 else:
                     adapter.fill_nan(first.out)
-                entry.runner(first.a, first.b, first.out, alpha, beta, first.bias)
+                _bind(entry.runner, first, alpha, beta)()
                 adapter.synchronize(target.device)
                 error = adapter.rel_error(first.out, reference)
             except UnsupportedProblem as exc:
@@ -233,7 +241,8 @@ class Harness:
         per_set = max(problem.min_bytes, 1)
         count = math.ceil(rotate / per_set)
         count = max(1, min(count, settings.max_sets, settings.max_rotation_bytes // per_set or 1))
-        return [make_operands(problem, target.adapter, target.device, rng) for _ in range(count)]
+        make = make_scaled_operands if problem.is_scaled else make_operands
+        return [make(problem, target.adapter, target.device, rng) for _ in range(count)]
 
     def _time(
         self, entries: list[_Entry], sets: list[Operands], target: Target, alpha: float, beta: float
@@ -329,6 +338,15 @@ class Harness:
 
 def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[[], None]:
     a, b, out, bias = ops.a, ops.b, ops.out, ops.bias
+    if isinstance(ops, ScaledOperands):
+        # A scaled runner takes the scales after the usual arguments (core/scaled.py).
+        scaled: Any = runner
+        scale_a, scale_b = ops.scale_a, ops.scale_b
+
+        def scaled_call() -> None:
+            scaled(a, b, out, alpha, beta, bias, scale_a, scale_b)
+
+        return scaled_call
 
     def call() -> None:
         runner(a, b, out, alpha, beta, bias)

@@ -53,13 +53,16 @@ class TuneJob:
         before = None if force else self.stored(selector)
         if before is not None:
             return before, "cache"
+        return self.tune(selector, progress=progress), "tuned"
+
+    def tune(self, selector: Selector, *, store: bool = True, progress: Progress = None) -> TuningRecord:
+        """Tune this job now (whatever the cache holds); ``store=False`` keeps the
+        record out of the cache (distributed tuning stores it once, elsewhere)."""
         if self.buckets is not None:
-            record = selector.tune_bucket(
-                self.problem, self.target, self.buckets, force=True, progress=progress
+            return selector.tune_bucket(
+                self.problem, self.target, self.buckets, force=True, store=store, progress=progress
             )
-        else:
-            record = selector.tune(self.problem, self.target, force=True, progress=progress)
-        return record, "tuned"
+        return selector.tune(self.problem, self.target, force=True, store=store, progress=progress)
 
 
 def bucket_jobs(jobs: Iterable[TuneJob], spec: Buckets, max_m: int | None, notes: list[str]) -> list[TuneJob]:

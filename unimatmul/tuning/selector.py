@@ -27,6 +27,7 @@ from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, R
 from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import default_runner
 from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings
@@ -39,8 +40,8 @@ class Decision:
     """What the selector chose for one problem, and why (for ``info``/profiling)."""
 
     runner: Runner
-    # "tuned", "cache", "bucket", "default", "fallback"; "confirmed" / "reverted": a
-    # record whose choice a confirmation window judged (see tuning/confirm.py).
+    # "tuned", "cache", "bucket", "default", "fallback", "deferred"; "confirmed" /
+    # "reverted": a record whose choice a confirmation window judged (tuning/confirm.py).
     source: str
     record: TuningRecord | None = None
     # Set when ``runner`` is a ConfirmingRunner: the choice's first real calls judge it.
@@ -168,14 +169,16 @@ class Selector:
             f"run:{problem.key if problem is not None else candidate.identity}",
             f"{candidate.identity} failed on {what} ({type(exc).__name__}: {exc}); using Default",
         )
-        return DefaultRunner(target_adapter, problem.activation if problem is not None else None)
+        if problem is None:
+            return DefaultRunner(target_adapter, None)
+        return default_runner(problem, target_adapter)
 
     # --- choosing -----------------------------------------------------------------
     def decide(self, problem: Problem, target: Target, mode: str) -> Decision:
         """The Runner to use for ``problem`` in ``mode``; never raises for tuning failures."""
         self.stats.lookups += 1
         if mode == "off":
-            return Decision(DefaultRunner(target.adapter, problem.activation), "default")
+            return Decision(default_runner(problem, target.adapter), "default")
         if mode == "record" and self.on_problem is not None:
             try:
                 self.on_problem(problem, target)
@@ -188,9 +191,13 @@ class Selector:
                 record = self.lookup_bucket(problem, target)
                 source = "bucket" if record is not None else source
             if record is None and mode == "tune":
+                gate = _tuning_gate
+                if gate is not None and gate(problem, target):
+                    # Deferred (a distributed job decides at its next collective point).
+                    return Decision(DefaultRunner(target.adapter, problem.activation), "deferred")
                 record, source = self.tune(problem, target), "tuned"
             if record is None:
-                return Decision(DefaultRunner(target.adapter, problem.activation), "default")
+                return Decision(default_runner(problem, target.adapter), "default")
             return self._decided(problem, target, record, source)
         except Exception as exc:
             self.stats.fallbacks += 1
@@ -198,19 +205,21 @@ class Selector:
                 problem.key,
                 f"using Default for {problem.shape_text} {problem.dtype_a}: {type(exc).__name__}: {exc}",
             )
-            return Decision(DefaultRunner(target.adapter, problem.activation), "fallback")
+            return Decision(default_runner(problem, target.adapter), "fallback")
 
     def _decided(self, problem: Problem, target: Target, record: TuningRecord, source: str) -> Decision:
         """The Decision for a record's winner: as a window's verdict says, else in a window."""
         candidate = Candidate.from_identity(record.winner)
         verdict = confirm.verdict_of(record) if source != "bucket" else None
         if verdict == confirm.REVERTED:
-            return Decision(DefaultRunner(target.adapter, problem.activation), verdict, record)
+            return Decision(default_runner(problem, target.adapter), verdict, record)
         runner = self.prepare(problem, candidate, target)
         if candidate == DEFAULT or verdict == confirm.CONFIRMED:
             return Decision(runner, verdict or source, record)
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
-        if calls <= 0:
+        if calls <= 0 or problem.is_scaled:
+            # Scaled (fp8) runners take their scales as extra arguments, which a window
+            # does not pass on yet: their choices run unconfirmed.
             return Decision(runner, source, record)
         min_gain = self.tuner.settings_for(target).min_gain
 
@@ -218,7 +227,7 @@ class Selector:
             self.confirmed(problem, target, record, source, outcome)
 
         confirmation = confirm.Confirmation(record.winner, calls, min_gain, report)
-        default = DefaultRunner(target.adapter, problem.activation)
+        default = default_runner(problem, target.adapter)
         window = confirm.ConfirmingRunner(runner, default, confirmation, confirm.clock_for(target, 2 * calls))
         return Decision(window, source, record, confirmation)
 
@@ -418,9 +427,11 @@ class Selector:
         buckets: Buckets,
         *,
         force: bool = False,
+        store: bool = True,
         progress: Progress = None,
     ) -> TuningRecord:
-        """Tune the bucket that holds ``problem.m``; store and return its record.
+        """Tune the bucket that holds ``problem.m``; store (unless ``store=False``) and
+        return its record.
 
         An existing record of the same bucket (same range) is reused unless ``force``.
         """
@@ -435,7 +446,8 @@ class Selector:
         )
         self.stats.tuned += 1
         self.stats.tune_s += record.tune_s
-        self._store_record(platform, record.problem, record)
+        if store:
+            self._store_record(platform, record.problem, record)
         return record
 
     def _store_record(self, platform: Platform, key: str, record: TuningRecord) -> None:
@@ -472,6 +484,19 @@ def set_selector(selector: Selector | None) -> Selector | None:
         old, _selector = _selector, selector
     forget_prepared()
     return old
+
+
+# A gate consulted before a call tunes a problem it meets (mode "tune"): when it says
+# True, Default serves the call and the gate's owner tunes the problem later. Distributed
+# jobs use it so that no rank decides alone and no collective runs inside a call
+# (unimatmul.tuning.distributed). Process-wide, so that it outlives set_selector().
+_tuning_gate: Callable[[Problem, Target], bool] | None = None
+
+
+def set_tuning_gate(gate: Callable[[Problem, Target], bool] | None) -> None:
+    """Install (or with None remove) the gate that may defer tuning on a call."""
+    global _tuning_gate
+    _tuning_gate = gate
 
 
 # Callers that keep prepared runners in front of the Selector (the API's fast path,

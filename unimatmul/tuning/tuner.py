@@ -22,10 +22,11 @@ from dataclasses import replace
 from typing import Any
 
 from unimatmul.cache.record import OK, TuningRecord
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.core.errors import UnknownCandidate, UnsupportedProblem
 from unimatmul.core.plugins import PluginManager, get_plugin_manager
 from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import default_runner
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
 from unimatmul.tuning.timers import device_settings, device_timer
@@ -69,10 +70,27 @@ class Tuner:
                 found.append(backend)
         return found
 
+    def why_no_backend(self, target: Target) -> str:
+        """Why no backend serves ``target``: each registered backend's reason, or why none
+        is registered at all."""
+        registered = self.plugins.backends()
+        if not registered:
+            return self.plugins.why_no_backends()
+        reasons = []
+        for name, backend in sorted(registered.items()):
+            if self.enabled is not None and name not in self.enabled:
+                reasons.append(f"{name}: not enabled for this selector")
+            elif not backend.serves(target):
+                arrays, devices = sorted(backend.array_kinds), sorted(backend.device_kinds)
+                reasons.append(f"{name}: serves {', '.join(arrays)} on {', '.join(devices)} only")
+            else:
+                reasons.append(f"{name}: {backend.availability()}")
+        return "; ".join(reasons + self.plugins.load_notes())
+
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""
         if candidate == DEFAULT:
-            return DefaultRunner(target.adapter, problem.activation)
+            return default_runner(problem, target.adapter)
         backend = self.plugins.backends().get(candidate.backend)
         if backend is None or not backend.serves(target):
             names = ", ".join(sorted(self.plugins.backends())) or "none"
@@ -119,7 +137,15 @@ class Tuner:
                 if candidate != DEFAULT:
                     entries.append((candidate, _preparer(self, problem, candidate, target)))
             return entries
-        for backend in self.backends_for(target):
+        backends = self.backends_for(target)
+        if not backends and self._warn is not None:
+            # Otherwise a broken install looks like a machine where Default always wins.
+            self._warn(
+                f"no-backend:{target.array_kind}:{target.device}",
+                f"no backend serves {target.array_kind} on {target.device}, so tuning measures "
+                f"only Default ({self.why_no_backend(target)})",
+            )
+        for backend in backends:
             try:
                 offered = backend.candidates(problem, target)
             except UnsupportedProblem:

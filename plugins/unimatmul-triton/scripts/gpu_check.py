@@ -1,0 +1,593 @@
+"""The Triton plugin on a GPU, in one call: benchmark, tuning cost, host time, tests, conformance.
+
+    OUT=/some/dir python plugins/unimatmul-triton/scripts/gpu_check.py [--budget-s 420]
+
+Parts, in order of value, each skipped cleanly when the time budget is near its end
+(every part writes its results at once, so a run cut short still leaves them):
+
+1. decode: m in {1, 4, 8, 16} x nn.Linear weights of Llama-3-8B / Qwen2-7B, bf16,
+   ``x @ W.T``. For each product, the plugin's candidates (what ``candidates()`` offers)
+   are measured and the best is compared with ``torch.matmul`` in interleaved CUDA-graph
+   replays (20 back-to-back calls per replay, inputs rotated through > 3x L2, median):
+   microseconds, effective TB/s (bytes of A, W and C / time), speedup. Also which rank
+   the analytic model gave the winner (for calibrating it).
+2. tuning: ``unimatmul.matmul`` in tune mode with Triton in the pool (cuBLASLt too),
+   in child processes with ``UNIMATMUL_CACHE`` in a temp dir: first-time (an empty
+   Triton cache: ``TRITON_CACHE_DIR`` fresh) and warm (the same Triton cache, a new
+   process, a new unimatmul cache): seconds per shape, the winner, its speedup over
+   Default (general shapes too: the suite geomean with Triton in the pool).
+3. host time per call of a prepared Triton runner vs ``torch.mm`` (and the routed call).
+4. the plugin's tests on the GPU (pytest).
+5. the conformance suite for ``triton`` on cuda:0: quick, then full if time is left.
+
+Writes ``gpu-check.json`` and ``gpu-check.md`` under $OUT (default ./gpu-check-out) and
+the conformance reports beside them (7 files with gpu_check.sh's logs: at most 8 come
+back from the device), and prints a short summary table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PLUGIN = HERE.parent
+REPO = PLUGIN.parent.parent
+
+WEIGHTS = [  # (n, k) of nn.Linear weights [n, k]: Llama-3-8B, Qwen2-7B
+    (4096, 4096),
+    (14336, 4096),
+    (4096, 14336),
+    (6144, 4096),
+    (4608, 3584),
+    (18944, 3584),
+    (3584, 18944),
+    (128256, 4096),
+]
+DECODE_M = (1, 4, 8, 16)
+TUNE_DECODE = [(1, 4096, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 4608, 3584), (1, 128256, 4096)]
+TUNE_GENERAL = [
+    (1000, 1000, 1000),
+    (2048, 2048, 512),
+    (16384, 4096, 128),
+    (4096, 4096, 4096),
+    (1024, 1025, 1024),
+]
+L2_BYTES = 60 << 20
+CALLS = 20
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.start = time.perf_counter()
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.start)
+
+    def note(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.start:6.1f}s] {text}", flush=True)
+
+
+class Results:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.data: dict[str, Any] = {"parts": {}}
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu-check.json").write_text(json.dumps(self.data, indent=1, default=str))
+        (self.out / "gpu-check.md").write_text(markdown(self.data))
+
+
+# --- timing -------------------------------------------------------------------------------
+
+
+def graph_of(torch: Any, calls: list[Any]) -> Any:
+    """A CUDA graph of CALLS back-to-back calls cycling through ``calls`` (warmed up first)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_s(torch: Any, graph: Any) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / CALLS
+
+
+def interleaved(torch: Any, graphs: dict[str, Any], replays: int) -> dict[str, float]:
+    """Median seconds per call of each graph, replays taken in turns."""
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for graph in graphs.values():
+        graph.replay()
+    torch.cuda.synchronize()
+    for _ in range(replays):
+        for name, graph in graphs.items():
+            times[name].append(replay_s(torch, graph))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+# --- part 1: decode -------------------------------------------------------------------------
+
+
+def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
+    import torch
+    from unimatmul_triton import TritonBackend
+
+    from unimatmul import Problem
+    from unimatmul.backend import Device, Target, adapter_for_kind
+
+    backend = TritonBackend()
+    reason = backend.availability()
+    if reason is not None:
+        results.data["parts"]["decode"] = {"skipped": reason}
+        return
+    target = Target(adapter_for_kind("torch"), Device("cuda", 0))
+    rows: list[dict[str, Any]] = []
+    results.data["parts"]["decode"] = {"rows": rows}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n, k in WEIGHTS:
+        # Inputs rotated through > 3x L2: as many weight copies as that takes.
+        w_bytes = n * k * 2
+        sets = max(2, math.ceil(3 * L2_BYTES / w_bytes) + 1)
+        weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
+        for m in DECODE_M:
+            if budget.left() < stop_at:
+                budget.note(f"decode: time budget reached, skipping the rest (at {m}x{n}x{k})")
+                results.data["parts"]["decode"]["cut_short"] = True
+                return
+            row: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k}
+            rows.append(row)
+            try:
+                xs = [
+                    torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)
+                ]
+                outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+                problem = Problem(
+                    m=m, n=n, k=k, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=k
+                )
+                t0 = time.perf_counter()
+                offered = backend.candidates(problem, target)
+                runners = [backend.prepare(problem, c, target) for c in offered]
+                torch.cuda.synchronize()
+                row["prepare_s"] = time.perf_counter() - t0
+                ref = (xs[0].double() @ weights[0].double().t()).float()
+                per_candidate: dict[str, float] = {}
+                graphs = {}
+                for runner in runners:
+                    calls = [
+                        (lambda r=runner, x=x, w=w, o=o: r(x, w.t(), o))
+                        for x, w, o in zip(xs, weights, outs, strict=True)
+                    ]
+                    outs[0].fill_(float("nan"))
+                    runner(xs[0], weights[0].t(), outs[0])
+                    torch.cuda.synchronize()
+                    err = float((outs[0].float() - ref).norm() / ref.norm())
+                    if not err <= 3e-2:
+                        per_candidate[runner.candidate.identity] = math.inf
+                        row.setdefault("wrong", []).append(
+                            f"{runner.candidate.identity}: rel error {err:.3g}"
+                        )
+                        continue
+                    graphs[runner.candidate.identity] = graph_of(torch, calls)
+                measured = interleaved(torch, graphs, 5)
+                per_candidate.update(measured)
+                best = min(measured, key=measured.__getitem__)
+                torch_calls = [
+                    (lambda x=x, w=w, o=o: torch.matmul(x, w.t(), out=o))
+                    for x, w, o in zip(xs, weights, outs, strict=True)
+                ]
+                final = interleaved(
+                    torch, {"torch": graph_of(torch, torch_calls), "triton": graphs[best]}, 15
+                )
+                nbytes = (m * k + n * k + m * n) * 2
+                row.update(
+                    torch_us=final["torch"] * 1e6,
+                    triton_us=final["triton"] * 1e6,
+                    torch_tbs=nbytes / final["torch"] / 1e12,
+                    triton_tbs=nbytes / final["triton"] / 1e12,
+                    speedup=final["torch"] / final["triton"],
+                    best=best,
+                    model_rank=[c.identity for c in offered].index(best) + 1,
+                    candidates_us={key: v * 1e6 for key, v in per_candidate.items()},
+                )
+                budget.note(
+                    f"decode {row['shape']:>16}: torch {row['torch_us']:7.1f} us ({row['torch_tbs']:.2f} TB/s), "
+                    f"triton {row['triton_us']:7.1f} us ({row['triton_tbs']:.2f} TB/s), {row['speedup']:.2f}x  {best}"
+                )
+                del graphs, runners
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                budget.note(f"decode {row['shape']}: {row['error']}")
+                traceback.print_exc()
+            results.save()
+        del weights
+        torch.cuda.empty_cache()
+    speedups = [r["speedup"] for r in rows if "speedup" in r]
+    if speedups:
+        results.data["parts"]["decode"]["median_speedup"] = statistics.median(speedups)
+        results.data["parts"]["decode"]["min_triton_tbs"] = min(
+            r["triton_tbs"] for r in rows if "triton_tbs" in r
+        )
+
+
+# --- part 2: tuning cost (child processes) ----------------------------------------------------
+
+
+def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
+    """In a child process: tune each shape through the public API and print one JSON line each."""
+    import torch
+
+    import unimatmul
+    from unimatmul.cache.protocol import open_store
+
+    torch.manual_seed(0)
+    # Start-up (plugins, cuBLASLt, timers) on a shape Triton does not serve: not charged to a shape.
+    x = torch.randn(64, 64, device="cuda")
+    with unimatmul.mode("tune"):
+        unimatmul.matmul(x, x)
+    torch.cuda.synchronize()
+    for m, n, k, linear in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = (
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+            if linear
+            else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        )
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with unimatmul.mode("tune"):
+            unimatmul.matmul(a, b)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        record = None
+        for _, _, rec in open_store().items():
+            if f"m{m}n{n}k{k}b1" in rec.problem and rec.problem.startswith("gemm:bf16"):
+                record = rec
+        line: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "linear": linear, "tune_s": seconds}
+        if record is not None:
+            line.update(
+                winner=record.winner,
+                winner_us=record.winner_s * 1e6,
+                default_us=(record.default_s or math.nan) * 1e6,
+                speedup=(record.default_s or math.nan) / record.winner_s,
+                triton_candidates=sum(1 for r in record.results if r.identity.startswith("triton/")),
+                best_triton_us=min(
+                    (
+                        r.median_s * 1e6
+                        for r in record.results
+                        if r.identity.startswith("triton/") and r.median_s
+                    ),
+                    default=math.nan,
+                ),
+            )
+        print("TUNE " + json.dumps(line), flush=True)
+
+
+def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
+    shapes = [(m, n, k, True) for m, n, k in TUNE_DECODE] + [(m, n, k, False) for m, n, k in TUNE_GENERAL]
+    part: dict[str, Any] = {}
+    results.data["parts"]["tuning"] = part
+    with tempfile.TemporaryDirectory(prefix="umm-triton-tune-") as tmp:
+        triton_cache = Path(tmp) / "triton-cache"
+        for run in ("first", "warm"):
+            left = budget.left() - stop_at
+            if left < 20:
+                part[run] = {"skipped": "time budget"}
+                budget.note(f"tuning {run}: skipped (time budget)")
+                continue
+            env = dict(os.environ)
+            env.update(
+                TRITON_CACHE_DIR=str(triton_cache),
+                UNIMATMUL_CACHE=str(Path(tmp) / f"cache-{run}.msgpack"),
+                UNIMATMUL_MODE="tune",
+                PYTHONUNBUFFERED="1",
+            )
+            t0 = time.perf_counter()
+            lines: list[dict[str, Any]] = []
+            try:
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--tune-child", json.dumps(shapes)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=left,
+                    check=False,
+                )
+                output, rc = proc.stdout, proc.returncode
+                tail = proc.stderr[-2000:]
+            except subprocess.TimeoutExpired as exc:
+                output = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+                rc, tail = -1, "timed out"
+            lines = [json.loads(x[5:]) for x in output.splitlines() if x.startswith("TUNE ")]
+            part[run] = {"rc": rc, "wall_s": time.perf_counter() - t0, "shapes": lines, "stderr_tail": tail}
+            per_shape = [x["tune_s"] for x in lines]
+            if per_shape:
+                part[run]["median_tune_s"] = statistics.median(per_shape)
+            for x in lines:
+                budget.note(
+                    f"tune {run:5} {x['shape']:>16} {'linear' if x['linear'] else 'plain':6}: {x['tune_s']:.2f} s, "
+                    f"winner {x.get('winner', '?')} {x.get('speedup', math.nan):.2f}x"
+                )
+            results.save()
+    general = [x for x in part.get("warm", {}).get("shapes", []) if not x["linear"] and "speedup" in x]
+    if general:
+        part["general_geomean"] = math.exp(statistics.mean(math.log(x["speedup"]) for x in general))
+
+
+# --- part 3: host time per call ---------------------------------------------------------------
+
+
+def part_host(budget: Budget, results: Results) -> None:
+    import torch
+    from unimatmul_triton import TritonBackend
+
+    import unimatmul
+    from unimatmul import Problem
+    from unimatmul.backend import Device, Target, adapter_for_kind
+
+    backend = TritonBackend()
+    target = Target(adapter_for_kind("torch"), Device("cuda", 0))
+    m, n, k = 16, 256, 256
+    problem = Problem(m=m, n=n, k=k, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=k)
+    runner = backend.prepare(problem, backend.candidates(problem, target)[0], target)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    wt = w.t()
+
+    def per_call(fn: Any, count: int = 5000) -> float:
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(count):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / count)
+            torch.cuda.synchronize()
+        return best * 1e6
+
+    part = {
+        "shape": f"{m}x{n}x{k} bf16 x @ W.T",
+        "triton_runner_us": per_call(lambda: runner(x, wt, out)),
+        "torch_mm_us": per_call(lambda: torch.mm(x, wt, out=out)),
+        "torch_matmul_us": per_call(lambda: torch.matmul(x, wt)),
+    }
+    with unimatmul.mode("off"):
+        part["unimatmul_matmul_off_us"] = per_call(lambda: unimatmul.matmul(x, wt, out=out))
+    results.data["parts"]["host"] = part
+    budget.note("host us/call: " + ", ".join(f"{k}={v:.2f}" for k, v in part.items() if k.endswith("_us")))
+    results.save()
+
+
+# --- parts 4 and 5: tests and conformance (child processes) ------------------------------------
+
+
+def run_child(
+    budget: Budget, results: Results, name: str, argv: list[str], stop_at: float, limit: float
+) -> None:
+    left = min(budget.left() - stop_at, limit)
+    if left < 15:
+        results.data["parts"][name] = {"skipped": "time budget"}
+        budget.note(f"{name}: skipped (time budget)")
+        return
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=left, check=False, cwd=REPO)
+        rc, out = proc.returncode, (proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired as exc:
+        rc = -1
+        out = (exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or "") + "\n(timed out)"
+    # The whole log's end goes into the JSON: at most 8 files come back from the device.
+    lines = out.strip().splitlines()
+    tail = "\n".join(lines[-25:])
+    results.data["parts"][name] = {
+        "rc": rc,
+        "wall_s": time.perf_counter() - t0,
+        "tail": tail,
+        "log": lines[-400:],
+    }
+    budget.note(f"{name}: exit {rc} in {time.perf_counter() - t0:.0f} s\n{tail}")
+    results.save()
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def markdown(data: dict[str, Any]) -> str:
+    parts = data.get("parts", {})
+    lines = ["# unimatmul-triton on the GPU", "", f"device: {data.get('device', '?')}", ""]
+    decode = parts.get("decode", {})
+    if decode.get("rows"):
+        lines += [
+            "## Decode (bf16, x @ W.T, CUDA-graph replays, median)",
+            "",
+            "| shape | torch us | torch TB/s | triton us | triton TB/s | speedup | winner (model rank) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in decode["rows"]:
+            if "speedup" in r:
+                lines.append(
+                    f"| {r['shape']} | {r['torch_us']:.1f} | {r['torch_tbs']:.2f} | {r['triton_us']:.1f} | "
+                    f"{r['triton_tbs']:.2f} | {r['speedup']:.2f}x | {r['best']} ({r['model_rank']}) |"
+                )
+            else:
+                lines.append(f"| {r['shape']} | error: {r.get('error', '?')} |")
+        if "median_speedup" in decode:
+            lines += [
+                "",
+                f"median speedup {decode['median_speedup']:.3f}x; lowest triton TB/s {decode['min_triton_tbs']:.2f}",
+            ]
+        lines.append("")
+    tuning = parts.get("tuning", {})
+    for run in ("first", "warm"):
+        shapes = tuning.get(run, {}).get("shapes", [])
+        if shapes:
+            lines += [
+                f"## Tuning, {run} (Triton cache {'empty' if run == 'first' else 'warm'})",
+                "",
+                "| shape | layout | tune s | winner | speedup vs Default | triton candidates | best triton us |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for x in shapes:
+                lines.append(
+                    f"| {x['shape']} | {'linear' if x['linear'] else 'plain'} | {x['tune_s']:.2f} | "
+                    f"{x.get('winner', '?')} | {x.get('speedup', math.nan):.2f}x | {x.get('triton_candidates', '?')} | "
+                    f"{x.get('best_triton_us', math.nan):.1f} |"
+                )
+            lines += ["", f"median {tuning[run].get('median_tune_s', math.nan):.2f} s per shape", ""]
+    if "general_geomean" in tuning:
+        lines += [
+            f"general shapes (warm run): geomean speedup over Default {tuning['general_geomean']:.3f}x",
+            "",
+        ]
+    host = parts.get("host")
+    if host:
+        lines += ["## Host time per call", ""] + [
+            f"- {k}: {v:.2f}" for k, v in host.items() if k.endswith("_us")
+        ]
+        lines.append("")
+    for name in ("pytest", "conformance-quick", "conformance-full"):
+        part = parts.get(name)
+        if part:
+            lines += [
+                f"## {name}: exit {part.get('rc', '-')}",
+                "",
+                "```",
+                part.get("tail", part.get("skipped", "")),
+                "```",
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def summary(data: dict[str, Any]) -> str:
+    parts = data.get("parts", {})
+    rows = []
+    decode = parts.get("decode", {})
+    if "median_speedup" in decode:
+        rows.append(("decode median speedup (target >= 1.15x)", f"{decode['median_speedup']:.3f}x"))
+        rows.append(("decode lowest triton TB/s (target >= 3.8)", f"{decode['min_triton_tbs']:.2f}"))
+    tuning = parts.get("tuning", {})
+    for run, target in (("first", "<= 2 s"), ("warm", "<= 0.15 s")):
+        if "median_tune_s" in tuning.get(run, {}):
+            rows.append(
+                (f"tuning {run}: median s/shape (target {target})", f"{tuning[run]['median_tune_s']:.2f}")
+            )
+    if "general_geomean" in tuning:
+        rows.append(
+            (
+                "general shapes geomean, Triton in the pool (target >= 1.05x)",
+                f"{tuning['general_geomean']:.3f}x",
+            )
+        )
+    host = parts.get("host", {})
+    if host:
+        rows.append(
+            (
+                "host us/call: triton runner vs torch.mm",
+                f"{host['triton_runner_us']:.2f} vs {host['torch_mm_us']:.2f}",
+            )
+        )
+    for name in ("pytest", "conformance-quick", "conformance-full"):
+        if name in parts:
+            rows.append((name, f"exit {parts[name].get('rc', parts[name].get('skipped'))}"))
+    width = max((len(r[0]) for r in rows), default=10)
+    return "\n".join(f"{a:<{width}}  {b}" for a, b in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=420.0)
+    parser.add_argument("--tune-child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: decode,tuning,host,pytest,conformance"
+    )
+    args = parser.parse_args()
+    if args.tune_child:
+        tune_child([tuple(x) for x in json.loads(args.tune_child)])  # type: ignore[misc]
+        return 0
+    out = Path(os.environ.get("OUT") or "gpu-check-out")
+    budget = Budget(args.budget_s)
+    results = Results(out)
+    skip = set(filter(None, args.skip.split(",")))
+    import torch
+    import triton
+
+    results.data["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    results.data["versions"] = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": sys.version.split()[0],
+    }
+    budget.note(f"device {results.data['device']}, {results.data['versions']}")
+    results.save()
+    # Reserve: each part stops when this much of the budget is left for the later ones.
+    if "decode" not in skip:
+        part_decode(budget, results, stop_at=0.62 * args.budget_s)
+    if "tuning" not in skip:
+        part_tuning(budget, results, stop_at=0.33 * args.budget_s)
+    if "host" not in skip:
+        try:
+            part_host(budget, results)
+        except Exception as exc:
+            results.data["parts"]["host"] = {"error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+    if "pytest" not in skip:
+        run_child(
+            budget,
+            results,
+            "pytest",
+            # Part 5 runs the conformance suite itself.
+            [sys.executable, "-m", "pytest", str(PLUGIN / "tests"), "-q", "-rs", "-k", "not conformance"],
+            stop_at=0.12 * args.budget_s,
+            limit=150,
+        )
+    if "conformance" not in skip:
+        for mode in ("quick", "full"):
+            report = out / f"conformance-{mode}.json"
+            argv = [
+                sys.executable,
+                "-m",
+                "unimatmul.cli",
+                "conformance",
+                "--backend",
+                "triton",
+                "--device",
+                "cuda:0",
+            ]
+            argv += ["--json", str(report)] + (["--quick"] if mode == "quick" else [])
+            run_child(budget, results, f"conformance-{mode}", argv, stop_at=10, limit=400)
+    results.save()
+    print("\n" + summary(results.data), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""TritonBackend: Triton kernels as unimatmul candidates, on CUDA/ROCm or in the interpreter.
+
+Two registrations of one backend, named ``triton`` either way:
+
+- :class:`TritonBackend` serves torch tensors on a GPU. ``candidates()`` ranks the
+  config space with the analytic model (``configs.py``), keeps the best few
+  (``UNIMATMUL_TRITON_CANDIDATES``, default 8) and starts compiling them in a thread
+  pool at once (``UNIMATMUL_TRITON_PRECOMPILE=0`` turns that off), so that by the time
+  the harness prepares them one by one most are ready. Compiled kernels stay in
+  Triton's own on-disk cache (``TRITON_CACHE_DIR``): a kernel binary depends on the
+  config, the dtypes, which sizes and strides are 1 or multiples of 16, and the
+  epilogue, not on the exact shape, so most shapes of a model share binaries.
+- :class:`TritonInterpreterBackend` (``UNIMATMUL_TRITON_INTERPRET=1``) serves CPU torch
+  tensors by running the very same kernel source in Triton's interpreter: the tests
+  and a conformance run execute the real kernels without a GPU (slowly: small shapes).
+
+Served: A and B both bf16 or both f16, C of the same dtype or f32, fp32 accumulation;
+every layout (transposes, leading dimensions, batch strides, a broadcast operand,
+pointers below 16-byte alignment), alpha and beta (C read only when beta != 0), and
+every epilogue. Everything else is refused with UnsupportedProblem.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from unimatmul import Backend, Candidate, Problem, Target, UnsupportedProblem
+from unimatmul_triton import configs
+from unimatmul_triton import settings as plugin_settings
+from unimatmul_triton.configs import H200, PERSISTENT, Device, config_of, ranked_configs
+from unimatmul_triton.launch import LaunchPlan, plan_for
+from unimatmul_triton.runner import CompiledRunner, InterpretedRunner
+
+__version__ = "0.1.0"
+
+INPUT_DTYPES = ("bf16", "f16")
+BIAS_DTYPES = ("bf16", "f16", "f32")
+
+
+def interpret_requested() -> bool:
+    """Whether the plugin runs in test mode: the interpreter, on CPU torch tensors."""
+    return plugin_settings.INTERPRET.get()
+
+
+def check_supported(problem: Problem) -> None:
+    """Raise UnsupportedProblem, naming what, for a problem no kernel here computes."""
+    p = problem
+    why = ""
+    if p.dtype_a != p.dtype_b or p.dtype_a not in INPUT_DTYPES:
+        why = f"takes A and B both bf16 or both f16, not {p.dtype_a} and {p.dtype_b}"
+    elif p.dtype_c not in (p.dtype_a, "f32"):
+        why = f"writes C as {p.dtype_a} or f32, not {p.dtype_c}"
+    elif p.compute not in ("f32", p.dtype_a):
+        why = f"accumulates in f32, which does not serve compute type {p.compute}"
+    elif p.has_bias and p.dtype_bias not in BIAS_DTYPES:
+        why = f"takes a bias of {'/'.join(BIAS_DTYPES)}, not {p.dtype_bias}"
+    if why:
+        raise UnsupportedProblem(f"triton {why}", problem=problem, backend="triton")
+
+
+class TritonBackend(Backend):
+    """Triton kernels compiled for the GPU (see the module docstring)."""
+
+    name = "triton"
+    device_kinds = frozenset({"cuda", "hip"})
+    array_kinds = frozenset({"torch"})
+
+    def __init__(self) -> None:
+        self._availability: str | None = None
+        self._checked = False
+        self._lock = threading.Lock()
+        self._devices: dict[int, tuple[Device, Any]] = {}
+        self._compiler: Compiler | None = None
+
+    # --- what is here -----------------------------------------------------------------
+    def availability(self) -> str | None:
+        if not self._checked:
+            with self._lock:
+                if not self._checked:
+                    self._availability = self._find_availability()
+                    self._checked = True
+        return self._availability
+
+    def _find_availability(self) -> str | None:
+        try:
+            import triton
+        except Exception as exc:
+            return f"triton is not installed ({type(exc).__name__}: {exc}); pip install 'unimatmul[triton]'"
+        try:
+            import torch
+        except Exception as exc:
+            return f"torch cannot be imported ({type(exc).__name__}: {exc})"
+        if interpret_requested() or os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
+            return "TRITON_INTERPRET / UNIMATMUL_TRITON_INTERPRET is set: the kernels run in the interpreter, on the CPU"
+        if not torch.cuda.is_available():
+            return "no GPU: torch.cuda.is_available() is False"
+        if not getattr(torch.version, "hip", None):
+            major, _ = torch.cuda.get_device_capability(0)
+            if major < 8:
+                return f"needs compute capability 8.0 or newer for bf16 tensor cores, device 0 has {major}.x"
+        from unimatmul_triton import kernels
+
+        if type(kernels.tile_kernel).__name__ != "JITFunction":
+            return "the kernels were imported for Triton's interpreter in this process"
+        del triton
+        return None
+
+    def versions(self) -> dict[str, str]:
+        import triton
+
+        return {"triton": str(triton.__version__), "unimatmul-triton": __version__}
+
+    def close(self) -> None:
+        if self._compiler is not None:
+            self._compiler.shutdown()
+            self._compiler = None
+
+    # --- candidates -------------------------------------------------------------------
+    @property
+    def candidate_count(self) -> int:
+        found = plugin_settings.CANDIDATES.get()
+        return 8 if found is None else found
+
+    def device_model(self, target: Target) -> Device:
+        return self._device(target)[0]
+
+    def ranked(self, problem: Problem, target: Target, limit: int | None = None) -> list[configs.Estimate]:
+        """The model's ranking of every applicable config (reports and scripts use it)."""
+        check_supported(problem)
+        return ranked_configs(problem, self.device_model(target), limit)
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        self._require(target)
+        ranked = self.ranked(problem, target, self.candidate_count)
+        found = [est.config.candidate for est in ranked]
+        if plugin_settings.PRECOMPILE.get():
+            for est in ranked:
+                try:
+                    self.compiler.submit(
+                        plan_for(problem, est.config), target.device.index, self._device(target)[1]
+                    )
+                except UnsupportedProblem:
+                    continue
+        return found
+
+    def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        try:
+            check_supported(problem)
+            config = config_of(problem, candidate)
+            if config is None:
+                return False
+            plan_for(problem, config)
+        except UnsupportedProblem:
+            return False
+        return True
+
+    # --- runners ----------------------------------------------------------------------
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
+        plan = self._plan(problem, candidate)
+        self._require(target)
+        import torch
+
+        index = target.device.index
+        device, gpu_target = self._device(target)
+        compiled = self.compiler.get(plan, index, gpu_target)
+        with torch.cuda.device(index):
+            try:
+                compiled.run  # noqa: B018 - loads the module on this device (may raise OutOfResources)
+            except Exception as exc:
+                if type(exc).__name__ == "OutOfResources":
+                    raise UnsupportedProblem(
+                        f"{candidate.identity} does not fit this device: {exc}",
+                        problem=problem,
+                        backend=self.name,
+                    ) from exc
+                raise
+            programs = plan.grid[0]
+            if candidate.name == PERSISTENT:
+                programs = min(programs, device.sms * _residency(compiled, device))
+            return CompiledRunner(candidate, plan, compiled, index, programs)
+
+    def _plan(self, problem: Problem, candidate: Candidate) -> LaunchPlan:
+        if candidate.backend != self.name:
+            raise UnsupportedProblem(f"{candidate.identity} is not a triton candidate", problem=problem)
+        check_supported(problem)
+        config = config_of(problem, candidate)
+        if config is None:
+            raise UnsupportedProblem(
+                f"triton has no kernel {candidate.identity} for {problem.key}",
+                problem=problem,
+                backend=self.name,
+            )
+        return plan_for(problem, config)
+
+    def _require(self, target: Target) -> None:
+        reason = self.availability()
+        if reason is not None:
+            raise UnsupportedProblem(f"triton is unavailable: {reason}", backend=self.name)
+
+    def _device(self, target: Target) -> tuple[Device, Any]:
+        """The model's view of the target's GPU and Triton's compile target for it."""
+        index = target.device.index
+        found = self._devices.get(index)
+        if found is None:
+            import torch
+            from triton.runtime import driver
+
+            props = torch.cuda.get_device_properties(index)
+            smem = getattr(props, "shared_memory_per_block_optin", None)
+            device = H200.scaled(int(props.multi_processor_count), int(smem) if smem else None)
+            with torch.cuda.device(index):
+                gpu_target = driver.active.get_current_target()
+            found = self._devices[index] = (device, gpu_target)
+        return found
+
+    @property
+    def compiler(self) -> Compiler:
+        if self._compiler is None:
+            with self._lock:
+                if self._compiler is None:
+                    self._compiler = Compiler(
+                        plugin_settings.COMPILE_THREADS.get() or min(8, os.cpu_count() or 1)
+                    )
+        return self._compiler
+
+
+def _residency(compiled: Any, device: Device) -> int:
+    """Programs of a compiled kernel resident per SM: its real registers and shared memory."""
+    threads = 32 * int(compiled.metadata.num_warps)
+    regs = max(int(getattr(compiled, "n_regs", 0) or 0), 1) * threads
+    by_regs = device.regs_per_sm // regs
+    by_threads = device.max_threads_per_sm // threads
+    by_smem = device.smem_per_sm // (int(compiled.metadata.shared) + 1024)
+    return max(1, min(by_regs, by_threads, by_smem))
+
+
+class Compiler:
+    """Compiles launch plans in a thread pool; one future per (binary, device).
+
+    Triton compiles through its on-disk cache, so a plan compiled before (this
+    process or another) costs a cache read. Futures are kept for the most recent
+    plans only: a runner keeps its own compiled kernel.
+    """
+
+    def __init__(self, threads: int, keep: int = 512) -> None:
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, threads), thread_name_prefix="unimatmul-triton-compile"
+        )
+        self._futures: OrderedDict[tuple[Any, ...], Future[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._keep = keep
+        atexit.register(self.shutdown)
+
+    def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
+        key = (*plan.key(), device_index)
+        with self._lock:
+            found = self._futures.get(key)
+            if found is None:
+                found = self._futures[key] = self._pool.submit(compile_plan, plan, gpu_target)
+                while len(self._futures) > self._keep:
+                    self._futures.popitem(last=False)
+            else:
+                self._futures.move_to_end(key)
+        return found
+
+    def get(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Any:
+        return self.submit(plan, device_index, gpu_target).result()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def compile_plan(plan: LaunchPlan, gpu_target: Any) -> Any:
+    """Compile a plan's kernel for ``gpu_target`` (a Triton GPUTarget): a CompiledKernel."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from unimatmul_triton.kernels import KERNELS
+
+    src = ASTSource(KERNELS[plan.kernel], plan.signature(), plan.constexprs(), plan.attrs())
+    return triton.compile(
+        src, target=gpu_target, options={"num_warps": plan.warps, "num_stages": plan.stages}
+    )
+
+
+class TritonInterpreterBackend(TritonBackend):
+    """The same kernels in Triton's interpreter, on CPU torch tensors (test mode)."""
+
+    device_kinds = frozenset({"cpu"})
+
+    def _find_availability(self) -> str | None:
+        try:
+            import torch  # noqa: F401
+        except Exception as exc:
+            return f"torch cannot be imported ({type(exc).__name__}: {exc})"
+        # triton.jit decides at decoration time, for Triton's own library functions (tl.cdiv)
+        # when triton is imported: make_backend() sets TRITON_INTERPRET before that.
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            from triton.language import standard
+
+            from unimatmul_triton import kernels
+        except Exception as exc:
+            return f"triton is not installed ({type(exc).__name__}: {exc}); pip install 'unimatmul[triton]'"
+        for jitted in (standard.cdiv, kernels.tile_kernel):
+            if type(jitted).__name__ != "InterpretedFunction":
+                return (
+                    "triton was imported before UNIMATMUL_TRITON_INTERPRET=1 took effect: set it "
+                    "(or TRITON_INTERPRET=1) in the environment before the process imports triton"
+                )
+        return None
+
+    @property
+    def candidate_count(self) -> int:
+        # The interpreter is slow: fewer candidates, still one of each family leading.
+        found = plugin_settings.CANDIDATES.get()
+        return 3 if found is None else found
+
+    def device_model(self, target: Target) -> Device:
+        return H200
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        self._require(target)
+        return [est.config.candidate for est in self.ranked(problem, target, self.candidate_count)]
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
+        plan = self._plan(problem, candidate)
+        self._require(target)
+        from unimatmul_triton.kernels import KERNELS
+
+        return InterpretedRunner(candidate, plan, KERNELS[plan.kernel])
+
+
+def make_backend() -> TritonBackend:
+    """The backend for this process: the interpreter one when UNIMATMUL_TRITON_INTERPRET=1."""
+    if interpret_requested():
+        # Before anything imports triton, if we are first (the plugin loads early).
+        os.environ["TRITON_INTERPRET"] = "1"
+        return TritonInterpreterBackend()
+    return TritonBackend()

@@ -1,0 +1,42 @@
+"""The plugin's own variables (``UNIMATMUL_TRITON_INTERPRET`` and the others below), declared in unimatmul's settings registry
+(one parser, one idea of "true", errors that name the variable; listed in this plugin's
+README)."""
+
+from __future__ import annotations
+
+from unimatmul import settings
+
+OWNER = "triton"
+
+INTERPRET = settings.declare(
+    "UNIMATMUL_TRITON_INTERPRET",
+    "bool",
+    False,
+    settings.parse_bool,
+    "`1`: test mode: the kernels run in Triton's interpreter on CPU torch tensors (set before triton is imported)",
+    owner=OWNER,
+)
+CANDIDATES = settings.declare(
+    "UNIMATMUL_TRITON_CANDIDATES",
+    "int",
+    None,
+    settings.parse_int(1),
+    "how many configs the model offers per problem (default 8 on a GPU, 3 in the interpreter)",
+    owner=OWNER,
+)
+PRECOMPILE = settings.declare(
+    "UNIMATMUL_TRITON_PRECOMPILE",
+    "bool",
+    True,
+    settings.parse_bool,
+    "`0`: do not start compiling the offered configs in a thread pool when they are listed",
+    owner=OWNER,
+)
+COMPILE_THREADS = settings.declare(
+    "UNIMATMUL_TRITON_COMPILE_THREADS",
+    "int",
+    None,
+    settings.parse_int(1),
+    "threads that compile configs ahead of their first run (default: the CPU count, at most 8)",
+    owner=OWNER,
+)

@@ -1,0 +1,393 @@
+"""Tests of the Triton plugin: its kernels against float64, its model, plans and registration.
+
+Without a GPU every kernel runs in Triton's interpreter on CPU tensors (conftest.py
+sets UNIMATMUL_TRITON_INTERPRET=1), so the kernel code itself is executed; with a GPU
+the same tests run the compiled kernels, and the ``gpu`` tests add graph capture,
+concurrent streams and the native launch description.
+
+Run after ``pip install -e plugins/unimatmul-triton`` (the entry point must be installed).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+triton = pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+from unimatmul_triton import TritonBackend, TritonInterpreterBackend, make_backend  # noqa: E402
+from unimatmul_triton.configs import (  # noqa: E402
+    GEMV,
+    PERSISTENT,
+    SKINNY,
+    TILE,
+    KernelConfig,
+    config_of,
+    ranked_configs,
+    space,
+)
+from unimatmul_triton.launch import plan_for  # noqa: E402
+
+from unimatmul import Candidate, Problem, UnsupportedProblem  # noqa: E402
+from unimatmul.backend import Device, Target, adapter_for_kind, make_operands, tolerance  # noqa: E402  # noqa: E402
+from unimatmul.core.plugins import PluginManager  # noqa: E402
+
+CPU = Device("cpu")
+
+INTERPRET = os.environ.get("UNIMATMUL_TRITON_INTERPRET") == "1"
+GPU = not INTERPRET
+DEVICE = CPU if INTERPRET else Device("cuda", 0)
+ADAPTER = adapter_for_kind("torch")
+TARGET = Target(ADAPTER, DEVICE)
+gpu = pytest.mark.skipif(not GPU, reason="needs a GPU (the interpreter runs the other tests)")
+
+
+@pytest.fixture(scope="module")
+def backend() -> TritonBackend:
+    found = make_backend()
+    reason = found.availability()
+    if reason is not None:
+        pytest.skip(f"triton backend unavailable: {reason}")
+    return found
+
+
+def problem_of(
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    *,
+    linear: bool = False,
+    trans_a: bool = False,
+    batch: int = 1,
+    broadcast_a: bool = False,
+    epilogue: str = "none",
+    beta_zero: bool = True,
+    dtype_c: str | None = None,
+    pad: int = 0,
+    align: int = 16,
+) -> Problem:
+    """A problem; ``linear``: B is an nn.Linear weight [n, k] seen transposed (ldb = k)."""
+    lda = (m if trans_a else k) + pad
+    ldb = (k if linear else n) + pad
+    ldc = n + pad
+    strides = (0, 0, 0)
+    if batch > 1:
+        strides = (
+            0 if broadcast_a else (k if trans_a else m) * lda + 3,
+            (n if linear else k) * ldb + 5,
+            m * ldc + 7,
+        )
+    return Problem(
+        m=m,
+        n=n,
+        k=k,
+        dtype_a=dtype,
+        dtype_b=dtype,
+        dtype_c=dtype_c or dtype,
+        compute="f32",
+        trans_a=trans_a,
+        trans_b=linear,
+        lda=lda,
+        ldb=ldb,
+        ldc=ldc,
+        batch=batch,
+        stride_a=strides[0],
+        stride_b=strides[1],
+        stride_c=strides[2],
+        beta_zero=beta_zero,
+        epilogue=epilogue,
+        align=align,
+    )
+
+
+def check_runner(
+    runner: object, problem: Problem, alpha: float = 1.0, beta: float = 0.0, seed: int = 1
+) -> float:
+    """Run once on a poisoned output (C when beta != 0); return the relative error vs float64."""
+    ops = make_operands(problem, ADAPTER, DEVICE, np.random.default_rng(seed))
+    c = ops.out.clone()
+    if beta == 0.0:
+        ops.out.fill_(float("nan"))
+    runner(ops.a, ops.b, ops.out, alpha, beta, ops.bias)  # type: ignore[operator]
+    ADAPTER.synchronize(DEVICE)
+    ref = ADAPTER.reference(ops.a, ops.b, c, alpha, beta, ops.bias, problem.activation)
+    return ADAPTER.rel_error(ops.out, ref)
+
+
+def forced_configs(problem: Problem) -> list[KernelConfig]:
+    """One small config of each family that applies, with and without split-K."""
+    found = []
+    if problem.m <= 8:
+        bm = 1 << max(0, (problem.m - 1).bit_length())
+        found += [KernelConfig(GEMV, bm, 16, 128, 4, 1, split) for split in (1, 3)]
+    if problem.m <= 16:
+        found += [KernelConfig(SKINNY, 16, 32, 64, 4, 3, split) for split in (1, 4)]
+    found += [KernelConfig(TILE, 32, 32, 32, 4, 3, split, group_m=2) for split in (1, 3)]
+    found.append(KernelConfig(PERSISTENT, 32, 32, 32, 4, 3, 1, group_m=2))
+    return found
+
+
+CASES = [
+    # decode: nn.Linear weights, m = 1..16, with and without a bias epilogue
+    ("linear-m1", problem_of(1, 80, 272, linear=True), 1.0, 0.0),
+    ("linear-m3-bias-gelu", problem_of(3, 72, 160, linear=True, epilogue="bias_gelu"), 1.0, 0.0),
+    ("linear-m16-f16", problem_of(16, 40, 96, "f16", linear=True, epilogue="bias"), 1.0, 0.0),
+    ("plain-m5", problem_of(5, 48, 100), 1.0, 0.0),
+    # tiles, layouts, scalars, epilogues
+    ("tile-alpha-beta", problem_of(37, 45, 70, beta_zero=False), 1.5, -0.5),
+    ("tile-trans-a-pad-relu", problem_of(33, 29, 41, trans_a=True, pad=3, epilogue="relu"), 1.0, 0.0),
+    (
+        "tile-bias-gelu-tanh-f32-out",
+        problem_of(40, 36, 50, epilogue="bias_gelu_tanh", dtype_c="f32"),
+        -1.0,
+        0.0,
+    ),
+    ("tile-linear-misaligned", problem_of(19, 33, 35, linear=True, align=2), 1.0, 0.0),
+    ("batch-broadcast-a", problem_of(9, 24, 40, batch=3, broadcast_a=True, epilogue="bias_relu"), 1.0, 0.0),
+    ("batch-linear-m2", problem_of(2, 40, 64, linear=True, batch=2, beta_zero=False), 0.5, 2.0),
+]
+
+
+@pytest.mark.parametrize(("label", "problem", "alpha", "beta"), CASES, ids=[c[0] for c in CASES])
+def test_every_family_computes_the_product(
+    backend: TritonBackend, label: str, problem: Problem, alpha: float, beta: float
+) -> None:
+    tol = tolerance(problem.dtype_c, problem.compute)
+    offered = backend.candidates(problem, TARGET)
+    assert offered, f"{label}: nothing offered"
+    candidates = list(dict.fromkeys([*offered, *(c.candidate for c in forced_configs(problem))]))
+    for candidate in candidates:
+        assert backend.check(problem, candidate, TARGET), candidate.identity
+        runner = backend.prepare(problem, candidate, TARGET)
+        assert runner.candidate == candidate
+        # Twice: split-K leaves its workspace zeroed for the next call, or this fails.
+        for call in range(2):
+            error = check_runner(runner, problem, alpha, beta, seed=call)
+            assert error <= tol, (
+                f"{label}: {candidate.identity} call {call}: relative error {error:.3g} > {tol}"
+            )
+
+
+def test_beta_zero_in_a_c_kernel_never_reads_c(backend: TritonBackend) -> None:
+    # A problem compiled for beta != 0 called with beta == 0: C is NaN and must not leak in.
+    problem = problem_of(4, 32, 64, linear=True, beta_zero=False)
+    for config in forced_configs(problem)[:2]:
+        runner = backend.prepare(problem, config.candidate, TARGET)
+        assert check_runner(runner, problem, 1.0, 0.0) <= tolerance("bf16", "f32")
+
+
+def test_what_it_cannot_run_is_refused(backend: TritonBackend) -> None:
+    for problem in (
+        Problem.from_shape(8, 8, 8, "f32"),
+        Problem(8, 8, 8, dtype_a="bf16", dtype_b="f16", dtype_c="bf16"),
+        Problem(8, 8, 8, dtype_a="bf16", dtype_b="bf16", dtype_c="f16"),
+        Problem(8, 8, 8, dtype_a="f8e4m3", dtype_b="f8e4m3", dtype_c="bf16"),
+    ):
+        with pytest.raises(UnsupportedProblem, match="triton"):
+            backend.candidates(problem, TARGET)
+    problem = problem_of(4, 32, 64)
+    with pytest.raises(UnsupportedProblem, match="no kernel"):
+        backend.prepare(problem, Candidate.make("triton", "tile", block_m=3), TARGET)
+    # A decode kernel on a problem with too many rows for it.
+    gemv = KernelConfig(GEMV, 4, 16, 128, 4, 1).candidate
+    assert not backend.check(problem_of(64, 32, 64), gemv, TARGET)
+    with pytest.raises(UnsupportedProblem):
+        backend.prepare(problem_of(64, 32, 64), gemv, TARGET)
+
+
+def test_unimatmul_finds_the_plugin_through_its_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    if "triton" not in {e.name for e in entry_points(group="unimatmul")}:
+        pytest.skip("the plugin is not installed (pip install -e plugins/unimatmul-triton)")
+    plugins = PluginManager()
+    assert "triton" in plugins.report.loaded
+    found = plugins.backends()["triton"]
+    assert isinstance(found, TritonInterpreterBackend if INTERPRET else TritonBackend)
+
+
+# --- the model and the plans (pure Python) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        problem_of(1, 4096, 4096, linear=True),
+        problem_of(16, 14336, 4096, linear=True),
+        problem_of(4, 128256, 4096, linear=True),
+        problem_of(2048, 2048, 1024),
+        problem_of(4099, 1031, 257, "f16"),
+        problem_of(1, 1, 1),
+    ],
+    ids=lambda p: p.shape_text,
+)
+def test_the_model_offers_a_short_list_with_every_family_leading(problem: Problem) -> None:
+    started = time.perf_counter()
+    ranked = ranked_configs(problem, limit=8)
+    assert time.perf_counter() - started < 0.5  # pure arithmetic: no compile, no GPU
+    assert 1 <= len(ranked) <= 8
+    identities = [e.config.candidate.identity for e in ranked]
+    assert len(set(identities)) == len(identities)
+    families = {e.config.kernel for e in ranked}
+    expected = {GEMV, SKINNY} if problem.m <= 8 else {SKINNY} if problem.m <= 16 else {TILE, PERSISTENT}
+    assert expected <= families, identities
+    for est in ranked:
+        assert math.isfinite(est.seconds) and est.seconds > 0
+        # Every identity names its config back, and the config fits the device.
+        assert config_of(problem, est.config.candidate) == est.config
+    # The model's time for a memory-bound decode product is near what the bytes allow.
+    if problem.m <= 16 and problem.n * problem.k > 1 << 22:
+        floor = problem.min_bytes / 4.3e12
+        assert floor < ranked[0].seconds < 2.5 * floor + 5e-6
+
+
+def test_plans_match_the_kernels_signatures() -> None:
+    from unimatmul_triton.kernels import KERNELS
+
+    for problem in (problem_of(3, 40, 64, linear=True, epilogue="bias"), problem_of(40, 40, 64, batch=2)):
+        for config in space(problem)[:: max(1, len(space(problem)) // 20)]:
+            plan = plan_for(problem, config)
+            kernel = KERNELS[plan.kernel]
+            fn = getattr(kernel, "fn", kernel)
+            assert [p.name for p in plan.params] == list(inspect.signature(fn).parameters), config
+            roles = [p.role for p in plan.params if p.role]
+            assert roles[:3] == ["a", "b", "out"] and roles[-2:] == ["alpha", "beta"]
+
+
+def test_compiles_for_hopper_without_a_gpu() -> None:
+    """The compiler itself (not the interpreter) accepts plans: sm_90 code, no scratch buffers.
+
+    In a fresh process without TRITON_INTERPRET (this one may run the interpreter), for
+    Hopper, whatever GPU is here (none is needed: Triton ships ptxas).
+    """
+    script = """
+import json, sys
+from triton.backends.compiler import GPUTarget
+from unimatmul import Problem
+from unimatmul_triton.backend import compile_plan
+from unimatmul_triton.configs import GEMV, PERSISTENT, SKINNY, TILE, KernelConfig
+from unimatmul_triton.launch import plan_for
+p = Problem(m=2, n=64, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=256,
+            epilogue="bias_gelu_tanh", beta_zero=False)
+q = Problem(m=40, n=48, k=96, dtype_a="f16", dtype_b="f16", dtype_c="f32", trans_a=True, lda=40, align=2)
+out = []
+for problem, config in ((p, KernelConfig(GEMV, 2, 16, 128, 4, 1, split_k=2)), (p, KernelConfig(SKINNY, 16, 32, 64, 4, 3)),
+                        (q, KernelConfig(TILE, 64, 64, 32, 4, 3, split_k=2, group_m=8)),
+                        (q, KernelConfig(PERSISTENT, 64, 64, 32, 4, 3, group_m=8))):
+    plan = plan_for(problem, config)
+    ck = compile_plan(plan, GPUTarget("cuda", 90, 32))
+    out.append([ck.metadata.global_scratch_size, ck.src.signature == plan.signature(), ck.metadata.shared])
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "UNIMATMUL_TRITON_INTERPRET")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    if proc.returncode != 0 and "ptxas" in proc.stderr:
+        pytest.skip(f"no ptxas for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 4
+    for scratch, same_signature, shared in results:
+        assert scratch == 0 and same_signature and shared < 227 * 1024
+
+
+# --- the conformance suite -------------------------------------------------------------
+
+
+def test_the_plugin_passes_the_conformance_suite() -> None:
+    from unimatmul_conformance import run_suite
+
+    started = time.perf_counter()
+    # By name where the entry point is installed, else by module:attribute (a source checkout).
+    from importlib.metadata import entry_points
+
+    installed = "triton" in {e.name for e in entry_points(group="unimatmul")}
+    report = run_suite("triton" if installed else "unimatmul_triton:make_backend", quick=True)
+    assert report.ok, report.summary()
+    assert report.by_check()["result"]["passed"] >= 30
+    print(f"conformance quick: {time.perf_counter() - started:.1f} s")
+
+
+# --- GPU only --------------------------------------------------------------------------
+
+
+@gpu
+def test_a_split_k_runner_is_safe_on_concurrent_streams(backend: TritonBackend) -> None:
+    # The past bug: one shared split-K workspace corrupted results when 4 threads called
+    # one runner on 4 streams. Each stream has its own workspace here.
+    problem = problem_of(8, 4096, 4096, linear=True)
+    runner = backend.prepare(problem, KernelConfig(SKINNY, 16, 64, 128, 4, 3, split_k=8).candidate, TARGET)
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            ops = make_operands(problem, ADAPTER, DEVICE, np.random.default_rng(seed))
+            ref = ADAPTER.reference(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
+            for call in range(20):
+                ops.out.fill_(float("nan"))
+                runner(ops.a, ops.b, ops.out)
+                if call % 5 == 4:
+                    stream.synchronize()
+                    error = ADAPTER.rel_error(ops.out, ref)
+                    if not error <= 3e-2:
+                        errors.append(f"thread {seed} call {call}: {error:.3g}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@gpu
+def test_a_call_is_captured_in_a_cuda_graph(backend: TritonBackend) -> None:
+    problem = problem_of(4, 1024, 2048, linear=True, epilogue="bias_relu")
+    for candidate in backend.candidates(problem, TARGET)[:3]:
+        runner = backend.prepare(problem, candidate, TARGET)
+        first = make_operands(problem, ADAPTER, DEVICE, np.random.default_rng(1))
+        second = make_operands(problem, ADAPTER, DEVICE, np.random.default_rng(2))
+        runner(first.a, first.b, first.out, 1.0, 0.0, first.bias)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            runner(first.a, first.b, first.out, 1.0, 0.0, first.bias)
+        for dst, src in ((first.a, second.a), (first.b, second.b), (first.bias, second.bias)):
+            dst.copy_(src)
+        first.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = ADAPTER.reference(second.a, second.b, second.out, 1.0, 0.0, second.bias, "relu")
+        assert ADAPTER.rel_error(first.out, ref) <= 3e-2, candidate.identity
+
+
+@gpu
+def test_launch_info_describes_the_launch(backend: TritonBackend) -> None:
+    problem = problem_of(4, 512, 1024, linear=True, epilogue="bias")
+    runner = backend.prepare(problem, KernelConfig(SKINNY, 16, 64, 128, 4, 3, split_k=4).candidate, TARGET)
+    info = runner.launch_info()
+    assert info["function"] > 0 and info["block"][0] == 32 * 4
+    assert info["grid"] == (512 // 64, 4, 1)
+    params = info["params"]
+    roles = [p["role"] for p in params]
+    assert roles[:6] == ["a", "b", "out", "bias", "workspace", "counters"]
+    assert roles[-2:] == ["hidden", "hidden"] and params[-2]["name"] == "global_scratch"
+    assert "alpha" in roles and "beta" in roles
+    # Constants are exactly the non-1 ints of the plan: 1s are compiled in (K=1024, N=512...).
+    constants = {p["name"]: p["value"] for p in params if p["role"] == "constant"}
+    assert constants["N"] == 512 and constants["K"] == 1024 and "stride_bk" not in constants
+    # The workspace slots point at this stream's (zeroed) buffers.
+    assert params[4]["value"] != 0 and params[5]["value"] != 0

@@ -1,0 +1,571 @@
+"""fp8 on the GPU in one run: the fp8 tests, the benchmark against torch._scaled_mm, an fp8 stack.
+
+Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points first)::
+
+    python3 scripts/gpu_fp8.py --out DIR [--budget-s SECONDS] [--quick] [--device cpu]
+
+1. **Tests**: ``pytest tests/gpu/test_fp8_gpu.py`` in a subprocess (cuBLASLt fp8
+   candidates checked against the dequantised float64 product, graphs, routing,
+   torch.compile, the conformance suite's scaled cases); log in ``fp8-tests.log``.
+2. **Which kernels torch runs**: the profiler's kernel names for ``torch._scaled_mm``
+   with per-tensor and row-wise scales (cuBLASLt or CUTLASS on this machine).
+3. **Benchmark**: the linear layers of Llama-3-8B (fused q/k/v 6144x4096, o 4096x4096,
+   fused gate/up 28672x4096, down 4096x14336) and Qwen-7B (fused c_attn 12288x4096,
+   fused w1/w2 22016x4096, mlp c_proj 4096x11008; its 4096x4096 is Llama's) at m = 1,
+   16, 128, 1024, 8192, per-tensor and row-wise scales, e4m3 in, bf16 out. Columns:
+   ``torch._scaled_mm`` (its ``out=`` form) and unimatmul's tuned choice (the Selector
+   tunes the problem, the winner's runner is timed). Timing as ``benchmarks/gpu_bench.py``
+   (GPU-NOTES): CUDA-graph replays of >= 20 back-to-back calls (fewer for long calls),
+   inputs rotated through > 3x L2, both columns' replays interleaved, median of 15.
+   The candidates are cuBLASLt's heuristic list plus ``--exhaustive N`` (default 16)
+   configurations of the exhaustive search (``UNIMATMUL_LT_EXHAUSTIVE``); 0 for the
+   heuristic list alone.
+4. **fp8 linear stack**: 4 Llama-3-8B-sized blocks of fp8 linears (weights quantised
+   once; per call the activation is quantised and ``torch._scaled_mm`` runs), tokens per
+   second with routing off and on (``unimatmul.torch.enable()``, problems tuned in one
+   pass first), eager and as a replayed CUDA graph, m = 1 (decode) and 128 (prefill).
+
+Everything is written under ``--out`` as it is measured (``fp8-bench.json``,
+``fp8-summary.md``), and the summary table is printed last. ``--device cpu`` runs the
+same code on tiny shapes with host timing: a smoke test of this script, not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPLAYS = 15
+M_VALUES = (1, 16, 128, 1024, 8192)
+# (model, layer, n, k): y[m, n] = x[m, k] @ w[n, k].t()
+LAYERS = [
+    ("llama3-8b", "qkv", 6144, 4096),
+    ("llama3-8b", "o_proj", 4096, 4096),
+    ("llama3-8b", "gate_up", 28672, 4096),
+    ("llama3-8b", "down", 4096, 14336),
+    ("qwen-7b", "c_attn", 12288, 4096),
+    ("qwen-7b", "w1_w2", 22016, 4096),
+    ("qwen-7b", "mlp_c_proj", 4096, 11008),
+]
+FP8_MAX = 448.0  # float8_e4m3fn
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+class Run:
+    def __init__(self, out: Path, budget_s: float, device: str, quick: bool) -> None:
+        from unimatmul.cache.protocol import MemoryStore
+        from unimatmul.core.arrays import Device, adapter_for_kind
+        from unimatmul.core.backend import Target
+        from unimatmul.tuning.selector import Selector, set_selector
+
+        self.out = out
+        self.budget_s = budget_s
+        self.quick = quick
+        self.gpu = device != "cpu"
+        self.started = time.perf_counter()
+        self.adapter = adapter_for_kind("torch")
+        index = torch.cuda.current_device() if self.gpu else 0
+        self.device = torch.device("cuda", index) if self.gpu else torch.device("cpu")
+        self.target = Target(self.adapter, Device("cuda", index) if self.gpu else Device("cpu"))
+        self.store = MemoryStore()
+        self.selector = Selector(store=self.store)
+        set_selector(self.selector)
+        self.data: dict[str, Any] = {"rows": [], "skipped": [], "stack": [], "errors": []}
+        if self.gpu:
+            from unimatmul.tuning.timers import TorchGraphTimer, l2_cache_bytes
+
+            self.l2 = l2_cache_bytes(self.target)
+            self.timer: Any = TorchGraphTimer(index, min_calls=20, max_batch_s=0.02)
+        else:
+            from unimatmul.tuning.harness import CpuTimer
+
+            self.l2 = 32 << 20
+            self.timer = CpuTimer()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def write(self) -> None:
+        (self.out / "fp8-bench.json").write_text(json.dumps(self.data, indent=1, default=str))
+
+    def sync(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize()
+
+    # --- facts ------------------------------------------------------------------------------
+    def environment(self) -> None:
+        env: dict[str, Any] = {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+            "scaled_mm_schema": str(torch.ops.aten._scaled_mm.default._schema),
+        }
+        if self.gpu:
+            env["device"] = torch.cuda.get_device_name()
+            env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        try:
+            platform_ = self.selector.platform(self.target)
+            env["namespace"] = platform_.namespace
+            env["versions"] = dict(platform_.versions)
+            env["backends"] = [b.name for b in self.selector.backends_for(self.target)]
+        except Exception as exc:
+            env["platform_error"] = f"{type(exc).__name__}: {exc}"
+        self.data["environment"] = env
+        print("environment:", json.dumps(env))
+
+    def tests(self, timeout_s: float) -> None:
+        log = self.out / "fp8-tests.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/gpu/test_fp8_gpu.py",
+            "-q",
+            "-rs",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+        ]
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+            text = done.stdout + done.stderr
+            code: int | str = done.returncode
+        except subprocess.TimeoutExpired as exc:
+            text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else str(exc.stdout or "")
+            code = f"timeout after {timeout_s:.0f} s"
+        log.write_text(text)
+        last = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped)", line)]
+        counts = (
+            {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error)", last[-1])}
+            if last
+            else {}
+        )
+        self.data["tests"] = {
+            "exit": code,
+            "counts": counts,
+            "seconds": round(time.perf_counter() - started, 1),
+            "failures": [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))][:20],
+            "printed": [
+                line
+                for line in text.splitlines()
+                if ": " in line
+                and (
+                    "candidates" in line or "winner" in line or "conformance" in line or "exhaustive" in line
+                )
+            ][:40],
+        }
+        print("tests:", json.dumps(self.data["tests"]["counts"]), "exit", code)
+        self.write()
+
+    def torch_kernels(self) -> None:
+        """Which kernels torch._scaled_mm launches here, per scaling (profiler names)."""
+        if not self.gpu:
+            return
+        found: dict[str, list[str]] = {}
+        for scales in ("tensor", "rowwise"):
+            a, b, sa, sb, out = self.operands(128, 4096, 4096, scales, 1)[0]
+            torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, out=out)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, out=out)
+                torch.cuda.synchronize()
+            found[scales] = sorted({e.key for e in prof.key_averages() if e.device_time_total > 0})[:6]
+        self.data["torch_kernels"] = found
+        print("torch._scaled_mm kernels:", json.dumps(found))
+        self.write()
+
+    # --- benchmark ---------------------------------------------------------------------------
+    def operands(self, m: int, n: int, k: int, scales: str, count: int) -> list[tuple[Any, ...]]:
+        gen = torch.Generator(device=self.device).manual_seed(1234 + m)
+        sets = []
+        for _ in range(count):
+            a = torch.randn(m, k, device=self.device, generator=gen).to(torch.float8_e4m3fn)
+            w = torch.randn(n, k, device=self.device, generator=gen).to(torch.float8_e4m3fn)
+            if scales == "rowwise":
+                sa = torch.rand(m, 1, device=self.device, generator=gen).add_(0.5).div_(16)
+                sb = torch.rand(1, n, device=self.device, generator=gen).add_(0.5).div_(16)
+            else:
+                sa = torch.tensor(0.0625, device=self.device)
+                sb = torch.tensor(0.03125, device=self.device)
+            out = torch.empty(m, n, device=self.device, dtype=torch.bfloat16)
+            sets.append((a, w.t(), sa, sb, out))
+        return sets
+
+    def sampler(self, calls: list[Any]) -> tuple[Any, str]:
+        sample = self.timer.prepare(calls)
+        return sample, getattr(self.timer, "last_mode", "host clock")
+
+    def shape(self, model: str, layer: str, m: int, n: int, k: int, scales: str) -> dict[str, Any]:
+        from unimatmul.core.backend import Candidate
+        from unimatmul.core.scaled import scaled_problem
+
+        row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
+        per_set = m * k + k * n + 2 * m * n
+        count = max(2, min(64, math.ceil(3.2 * self.l2 / per_set)))
+        sets = self.operands(m, n, k, scales, count)
+        row["sets"] = count
+
+        def torch_call(s: tuple[Any, ...]) -> Any:
+            return lambda: torch._scaled_mm(s[0], s[1], s[2], s[3], out_dtype=torch.bfloat16, out=s[4])
+
+        samplers: dict[str, Any] = {}
+        samplers["torch"], row["torch_method"] = self.sampler([torch_call(s) for s in sets])
+        problem = scaled_problem(m, n, k, scales=scales)
+        self.sync()
+        t0 = time.perf_counter()
+        record = self.selector.tune(problem, self.target, force=True)
+        self.sync()
+        row["tune_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+        runner: Any = self.selector.prepare(problem, Candidate.from_identity(record.winner), self.target)
+
+        def ours(s: tuple[Any, ...]) -> Any:
+            return lambda: runner(s[0], s[1], s[4], 1.0, 0.0, None, s[2], s[3])
+
+        samplers["unimatmul"], row["unimatmul_method"] = self.sampler([ours(s) for s in sets])
+        times: dict[str, list[float]] = {name: [] for name in samplers}
+        for _ in range(REPLAYS):
+            for name, sample in samplers.items():
+                times[name].append(sample())
+        row["torch_us"] = statistics.median(times["torch"]) * 1e6
+        row["unimatmul_us"] = statistics.median(times["unimatmul"]) * 1e6
+        row["speedup"] = row["torch_us"] / row["unimatmul_us"]
+        row["winner"] = record.winner
+        row["harness_default_us"] = (record.default_s or 0) * 1e6
+        row["harness_winner_us"] = record.winner_s * 1e6
+        row["statuses"] = {
+            s: sum(r.status == s for r in record.results) for s in ("ok", "pruned", "rejected", "failed")
+        }
+        row["tflops"] = 2 * m * n * k / (row["unimatmul_us"] * 1e-6) / 1e12
+        # The winner's result once more, against the dequantised product (what the harness checked).
+        a, b, sa, sb, out = sets[0]
+        out.fill_(float("nan"))
+        runner(a, b, out, 1.0, 0.0, None, sa, sb)
+        self.sync()
+        ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+        row["winner_rel_error"] = float((out.double() - ref).norm() / ref.norm())
+        samplers.clear()
+        return row
+
+    def bench(self) -> None:
+        m_values = (1, 16, 128) if self.quick or not self.gpu else M_VALUES
+        layers = LAYERS if self.gpu else [("tiny", "x", 64, 64)]
+        for scales in ("tensor", "rowwise"):
+            for model, layer, n, k in layers:
+                for m in m_values:
+                    label = f"{model} {layer} m={m} {scales}"
+                    if self.elapsed() > self.budget_s:
+                        self.data["skipped"].append(f"{label}: over the {self.budget_s:.0f} s budget")
+                        continue
+                    try:
+                        row = self.shape(model, layer, m, n, k, scales)
+                    except Exception as exc:
+                        traceback.print_exc()
+                        self.data["errors"].append(f"{label}: {type(exc).__name__}: {exc}")
+                        continue
+                    self.data["rows"].append(row)
+                    print(
+                        f"{label:38s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
+                        f"{row['speedup']:.3f}x  {row['winner'][:60]}"
+                    )
+                    self.write()
+                    if self.gpu:
+                        torch.cuda.empty_cache()
+
+    # --- the fp8 linear stack ---------------------------------------------------------------------
+    def stack(self) -> None:
+        dims = (4096, 6144, 28672, 14336) if self.gpu else (64, 96, 128, 64)
+        layers = 4 if self.gpu else 1
+        for scales in ("rowwise", "tensor"):
+            model = Fp8Stack(dims, layers, scales, self.device)
+            for m in (1, 128) if self.gpu else (4,):
+                for graph in (False, True) if self.gpu else (False,):
+                    try:
+                        self.data["stack"].append(self.stack_row(model, m, scales, graph))
+                    except Exception as exc:
+                        traceback.print_exc()
+                        self.data["errors"].append(
+                            f"stack {scales} m={m} graph={graph}: {type(exc).__name__}: {exc}"
+                        )
+                    self.write()
+            del model
+            if self.gpu:
+                torch.cuda.empty_cache()
+
+    def stack_row(self, model: Fp8Stack, m: int, scales: str, graph: bool) -> dict[str, Any]:
+        import unimatmul
+        import unimatmul.torch as ut
+
+        x = torch.randn(m, model.hidden, device=self.device, dtype=torch.bfloat16)
+        ut.disable()
+        off = self.forward_time(model, x, graph)
+        ref = model(x)
+        ut.enable()
+        try:
+            with unimatmul.mode("tune"):
+                model(x)  # each layer's problem tuned once, then the cache serves
+            ut.reset_stats()
+            on = self.forward_time(model, x, graph)
+            got = model(x)
+            stats = ut.scaled_stats()
+        finally:
+            ut.disable()
+        diff = float((got.double() - ref.double()).norm() / ref.double().norm())
+        row = {
+            "scales": scales,
+            "m": m,
+            "graph": graph,
+            "off_ms": off * 1e3,
+            "on_ms": on * 1e3,
+            "tokens_per_s_off": m / off,
+            "tokens_per_s_on": m / on,
+            "speedup": off / on,
+            "kernel_calls": stats["kernel"],
+            "default_calls": stats["default"],
+            "routed_calls": stats["routed"],
+            "output_rel_diff": diff,
+        }
+        print(
+            f"stack {scales:7s} m={m:4d} {'graph' if graph else 'eager'}: off {off * 1e3:.3f} ms, "
+            f"on {on * 1e3:.3f} ms, {row['speedup']:.3f}x tokens/s ({stats['kernel']} kernel calls)"
+        )
+        return row
+
+    def forward_time(self, model: Fp8Stack, x: Any, graph: bool) -> float:
+        """Median seconds per forward: 20 forwards timed with events (eager) or a graph replay."""
+        for _ in range(3):
+            model(x)
+        self.sync()
+        if not self.gpu:
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                model(x)
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+        calls = 20
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                g.capture_begin()
+                for _ in range(calls):
+                    model(x)
+                g.capture_end()
+            torch.cuda.current_stream().wait_stream(stream)
+            g.replay()
+            torch.cuda.synchronize()
+
+            def run() -> None:
+                g.replay()
+
+        else:
+
+            def run() -> None:
+                for _ in range(calls):
+                    model(x)
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(9):
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3 / calls)
+        return statistics.median(times)
+
+    # --- summary -------------------------------------------------------------------------------------
+    def summary(self) -> str:
+        rows = self.data["rows"]
+        lines = [
+            "# fp8 (scaled GEMM) on " + str(self.data.get("environment", {}).get("device", "the CPU")),
+            "",
+        ]
+        env = self.data.get("environment", {})
+        lines.append(f"torch {env.get('torch')}, CUDA {env.get('cuda')}, libraries {env.get('versions')}")
+        exhaustive = self.data.get("exhaustive", 0)
+        lines.append(
+            "candidates: cuBLASLt heuristics"
+            + (f" + up to {exhaustive} exhaustive-search configurations" if exhaustive else "")
+            + "; times: CUDA-graph replays, inputs rotated through > 3x L2, median of 15"
+        )
+        tests = self.data.get("tests", {})
+        lines.append(f"GPU tests (tests/gpu/test_fp8_gpu.py): {tests.get('counts')} exit {tests.get('exit')}")
+        for failure in tests.get("failures", [])[:5]:
+            lines.append(f"  {failure}")
+        if "torch_kernels" in self.data:
+            lines.append(f"torch._scaled_mm kernels here: {self.data['torch_kernels']}")
+        lines += [
+            "",
+            "| model | layer | m | scales | torch us | unimatmul us | speedup | winner |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['model']} | {r['layer']} {r['n']}x{r['k']} | {r['m']} | {r['scales']} | {r['torch_us']:.2f} | "
+                f"{r['unimatmul_us']:.2f} | {r['speedup']:.3f}x | {r['winner'][:48]} |"
+            )
+        lines.append("")
+        for scales in ("tensor", "rowwise", None):
+            chosen = [r["speedup"] for r in rows if scales is None or r["scales"] == scales]
+            if chosen:
+                worst = min(
+                    (r for r in rows if scales is None or r["scales"] == scales), key=lambda r: r["speedup"]
+                )
+                lines.append(
+                    f"{scales or 'all'}: geomean {geomean(chosen):.3f}x over {len(chosen)} shapes, "
+                    f"min {worst['speedup']:.3f}x ({worst['model']} {worst['layer']} m={worst['m']}); "
+                    f"shapes below 0.99x: {sum(s < 0.99 for s in chosen)}"
+                )
+        if rows:
+            all_speedups = [r["speedup"] for r in rows]
+            met = geomean(all_speedups) >= 1.03 and min(all_speedups) >= 0.99
+            lines.append(
+                f"target (geomean >= 1.03x, no shape below 0.99x): {'met' if met else 'not met'}"
+                + ("" if len(rows) == 2 * len(LAYERS) * len(M_VALUES) else f" (on {len(rows)} of the shapes)")
+            )
+        if self.data["stack"]:
+            lines += [
+                "",
+                "| stack scales | m | mode | off tok/s | on tok/s | speedup | kernel calls |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for s in self.data["stack"]:
+                lines.append(
+                    f"| {s['scales']} | {s['m']} | {'graph' if s['graph'] else 'eager'} | {s['tokens_per_s_off']:.0f} | "
+                    f"{s['tokens_per_s_on']:.0f} | {s['speedup']:.3f}x | {s['kernel_calls']} |"
+                )
+            graphed = [x["speedup"] for x in self.data["stack"] if x["graph"]]
+            eager = [x["speedup"] for x in self.data["stack"] if not x["graph"]]
+            lines.append(
+                f"stack target (routed >= 1.0x tokens/s): graphs {'met' if graphed and min(graphed) >= 1.0 else 'not met'}"
+                f" (min {min(graphed, default=math.nan):.3f}x), eager "
+                f"{'met' if eager and min(eager) >= 1.0 else 'not met'} (min {min(eager, default=math.nan):.3f}x)"
+            )
+        if self.data["skipped"]:
+            lines.append(f"\nskipped (budget): {len(self.data['skipped'])}")
+        for error in self.data["errors"][:10]:
+            lines.append(f"error: {error}")
+        lines.append(f"\ntotal {self.elapsed():.0f} s")
+        return "\n".join(lines) + "\n"
+
+
+class Fp8Stack(torch.nn.Module):
+    """Llama-3-8B-sized blocks of fp8 linears: qkv, o, fused gate/up, down (no attention math).
+
+    Weights are quantised to e4m3 once (per-tensor, or per output channel for row-wise);
+    each call quantises its activation (per tensor, or per row) and runs torch._scaled_mm,
+    the way fp8 inference serves a linear layer.
+    """
+
+    def __init__(self, dims: tuple[int, int, int, int], layers: int, scales: str, device: Any) -> None:
+        super().__init__()
+        hidden, qkv, gate_up, inter = dims
+        self.hidden, self.inter, self.scales = hidden, inter, scales
+        gen = torch.Generator(device=device).manual_seed(7)
+        self.blocks = []
+        for _ in range(layers):
+            block = {}
+            for name, (n, k) in {
+                "qkv": (qkv, hidden),
+                "o": (hidden, hidden),
+                "gate_up": (gate_up, hidden),
+                "down": (hidden, inter),
+            }.items():
+                w = torch.randn(n, k, device=device, generator=gen, dtype=torch.bfloat16) / math.sqrt(k)
+                block[name] = self.quantise_weight(w)
+            self.blocks.append(block)
+
+    def quantise_weight(self, w: Any) -> tuple[Any, Any]:
+        if self.scales == "rowwise":
+            scale = w.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+            q = (w.float() / scale).to(torch.float8_e4m3fn)
+            return q.t(), scale.t().contiguous()  # b = w.t(), scale_b [1, n]
+        scale = w.abs().amax().float().clamp(min=1e-12) / FP8_MAX
+        return (w.float() / scale).to(torch.float8_e4m3fn).t(), scale
+
+    def linear(self, x: Any, weight: tuple[Any, Any]) -> Any:
+        w_t, w_scale = weight
+        if self.scales == "rowwise":
+            x_scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+        else:
+            x_scale = x.abs().amax().float().clamp(min=1e-12) / FP8_MAX
+        xq = (x.float() / x_scale).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(xq, w_t, x_scale, w_scale, out_dtype=torch.bfloat16)
+
+    def forward(self, x: Any) -> Any:
+        for block in self.blocks:
+            qkv = self.linear(x, block["qkv"])
+            x = x + self.linear(qkv[:, : self.hidden].contiguous(), block["o"])
+            gate_up = self.linear(x, block["gate_up"])
+            act = torch.nn.functional.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :]
+            x = x + self.linear(act.contiguous(), block["down"])
+        return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/unimatmul-fp8-out"))
+    parser.add_argument(
+        "--budget-s", type=float, default=150.0, help="benchmark time budget (after the tests)"
+    )
+    parser.add_argument("--tests-timeout-s", type=float, default=170.0)
+    parser.add_argument("--quick", action="store_true", help="m = 1, 16, 128 only")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument(
+        "--exhaustive",
+        type=int,
+        default=16,
+        help="extra cuBLASLt configurations per problem (0: heuristics only)",
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu for a smoke test of this script")
+        return 3
+    run = Run(out, args.budget_s, args.device, args.quick)
+    run.environment()
+    if not args.skip_tests:
+        run.tests(args.tests_timeout_s)
+    # After the tests (which set their own): the benchmark's candidates.
+    if args.exhaustive > 0:
+        os.environ["UNIMATMUL_LT_EXHAUSTIVE"] = "1"
+        os.environ["UNIMATMUL_LT_EXHAUSTIVE_MAX"] = str(args.exhaustive)
+        os.environ["UNIMATMUL_LT_EXHAUSTIVE_CHECKS"] = "600"
+    run.data["exhaustive"] = args.exhaustive
+    run.started = time.perf_counter()  # the budget is the benchmark's
+    for part in (run.torch_kernels, run.bench, run.stack):
+        try:
+            part()
+        except Exception as exc:
+            traceback.print_exc()
+            run.data["errors"].append(f"{part.__name__}: {type(exc).__name__}: {exc}")
+    run.write()
+    text = run.summary()
+    (out / "fp8-summary.md").write_text(text)
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Scaled (fp8) GEMMs on the Lt driver, against the fake libraries of the other Lt tests.
+
+On the cuBLASLt 13 table, through the recording fake of ``test_lt_driver.py``: the
+plan torch's ``_scaled_mm`` makes (fp8 A and B, D of the output's dtype, f32 compute and
+scale type, "TN", the A/B scale modes, fast accumulation, the bias epilogue), scale
+pointers in place before the library lists algos, and the runner's call (swapped
+operands and scales, C never D on cuBLASLt). On the hipBLASLt tables, through the
+C-callback fake of ``test_rocm_hipblaslt.py``, which decodes fp8 and applies the scales
+as hipblaslt.h documents them: the runner computes the row-major scaled product.
+No GPU: the GPU tests (``scripts/gpu_fp8.py``) run the same code on the H200.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from test_lt_driver import FakeHooks, FakeLtBackend, RecordingLtLibrary, _target, desc_attrs
+from test_rocm_hipblaslt import TARGET, FakeHipblaslt, make_backend
+
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import scaled_problem
+from unimatmul_backends.lt.abi import CUBLASLT_12, CUBLASLT_13, HIPBLASLT_6
+from unimatmul_backends.lt.backend import PAD
+from unimatmul_backends.lt.driver import CublasLtConfig, LtDriver
+from unimatmul_backends.lt.layout import lt_gemm, lt_problem, lt_scaled_gemm
+from unimatmul_backends.lt.runner import ScaledLtRunner
+from unimatmul_backends.rocm.hipblaslt import solution_candidate
+
+torch = pytest.importorskip("torch")
+
+ROWWISE_BIAS = scaled_problem(64, 48, 32, scales="rowwise", bias=True, fast_accum=True)
+TENSOR = scaled_problem(16, 32, 64, dtype_a="f8e5m2", dtype_b="f8e4m3", dtype_c="f16")
+
+
+def _layout(lib: RecordingLtLibrary, layout: int) -> tuple[int, int, int, int]:
+    obj = lib.objects[layout]
+    return obj["dtype"], obj["rows"], obj["cols"], obj["ld"]
+
+
+def test_the_plan_is_torchs_scaled_gemm() -> None:
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    driver = LtDriver(CUBLASLT_13, lib)
+    plan = driver.plan(lt_scaled_gemm(ROWWISE_BIAS), 1 << 20)
+    abi = CUBLASLT_13
+    assert lib.objects[plan.desc]["compute"] == abi.compute_type["32F"]
+    assert lib.objects[plan.desc]["scale"] == abi.datatype["R_32F"]
+    attrs = desc_attrs(lib, plan)
+    # Caller's A [64, 32] row-major is the library's B (N); B = w.t() is its A, transposed ("TN").
+    assert (attrs["TRANSA"], attrs["TRANSB"]) == (abi.operation["T"], abi.operation["N"])
+    assert attrs["A_SCALE_MODE"] == attrs["B_SCALE_MODE"] == abi.matrix_scale["OUTER_VEC_32F"] == 3
+    assert attrs["FAST_ACCUM"] == 1
+    assert attrs["EPILOGUE"] == abi.epilogue["BIAS"]
+    assert attrs["BIAS_DATA_TYPE"] == abi.datatype["R_16BF"]
+    e4m3, bf16 = abi.datatype["R_8F_E4M3"], abi.datatype["R_16BF"]
+    assert _layout(lib, plan.adesc) == (e4m3, 32, 48, 32)  # w as stored: k x n, ld k
+    assert _layout(lib, plan.bdesc) == (e4m3, 32, 64, 32)  # x^T: k x m, ld k
+    assert _layout(lib, plan.cdesc) == (bf16, 48, 64, 48)  # D^T: n x m, ld n
+    plan.set_scales(0x5CA1E_A, 0x5CA1E_B)
+    attrs = desc_attrs(lib, plan)
+    assert (attrs["A_SCALE_POINTER"], attrs["B_SCALE_POINTER"]) == (0x5CA1E_A, 0x5CA1E_B)
+    plan.close()
+    driver.close()
+
+
+def test_per_tensor_scales_and_the_tables_without_scale_modes() -> None:
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    driver = LtDriver(CUBLASLT_13, lib)
+    attrs = desc_attrs(lib, driver.plan(lt_scaled_gemm(TENSOR), 0))
+    assert attrs["A_SCALE_MODE"] == attrs["B_SCALE_MODE"] == 0 and attrs["FAST_ACCUM"] == 0
+    # cuBLASLt 12's table has no scale-mode attribute: per-tensor still works (the default) ...
+    old = RecordingLtLibrary(CUBLASLT_12)
+    old_driver = LtDriver(CUBLASLT_12, old)
+    attrs = desc_attrs(old, old_driver.plan(lt_scaled_gemm(TENSOR), 0))
+    assert "A_SCALE_MODE" not in attrs and "B_SCALE_MODE" not in attrs
+    # ... row-wise scales do not, and say why.
+    with pytest.raises(KeyError, match="no A_SCALE_MODE OUTER_VEC_32F"):
+        old_driver.plan(lt_scaled_gemm(ROWWISE_BIAS), 0)
+
+
+def test_scaled_problems_the_lt_kernels_refuse() -> None:
+    with pytest.raises(UnsupportedProblem, match="16-byte aligned"):
+        lt_problem(replace(TENSOR, align=8))
+    with pytest.raises(UnsupportedProblem, match="not a scaled GEMM"):
+        lt_scaled_gemm(Problem(m=4, n=4, k=4))
+    with pytest.raises(UnsupportedProblem, match="run gemm, not scaled_gemm"):
+        lt_gemm(TENSOR)
+
+
+def test_candidates_see_scale_pointers_and_no_padding() -> None:
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    backend = FakeLtBackend(lib)
+    found = backend.candidates(ROWWISE_BIAS, _target())
+    assert [c.name for c in found] == ["gemm", "gemm", "gemm"]
+    names = lib.names()
+    first_heuristic = names.index("matmul_algo_get_heuristic")
+    set_pointers = [
+        i
+        for i, (name, args) in enumerate(lib.calls)
+        if name == "matmul_desc_set_attribute" and args[1] == CUBLASLT_13.desc_attr("A_SCALE_POINTER")[0]
+    ]
+    assert set_pointers and set_pointers[0] < first_heuristic  # stand-in scales before the library looks
+    # A misaligned leading dimension (k = 40 fp8 is not 16-byte aligned) still gets no pad candidate.
+    odd = scaled_problem(16, 32, 40)
+    assert {c.name for c in backend.candidates(odd, _target())} == {"gemm"}
+    with pytest.raises(UnsupportedProblem, match="no padded scaled GEMMs"):
+        backend.prepare(odd, found[0].__class__(backend.name, PAD, found[0].params), _target())
+    assert backend.check(ROWWISE_BIAS, found[0], _target())
+
+
+def test_runner_passes_swapped_operands_and_scales() -> None:
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    backend = FakeLtBackend(lib)
+    problem = ROWWISE_BIAS
+    runner = backend.prepare(problem, backend.candidates(problem, _target())[0], _target())
+    assert isinstance(runner, ScaledLtRunner) and runner.native_call() is None
+    a, b = np.zeros((64, 32), np.uint8), np.zeros((48, 32), np.uint8).T
+    out, bias = np.zeros((64, 48), np.float32), np.zeros(48, np.float32)
+    sa, sb = np.ones((64, 1), np.float32), np.ones((1, 48), np.float32)
+    ptr = FakeHooks.make().ptr
+    lib.calls.clear()
+    runner(a, b, out, 1.0, 0.0, bias, sa, sb)
+    runner(a, b, out, 1.0, 0.0, bias, sa, sb)
+    sets = [args[1] for name, args in lib.calls if name == "matmul_desc_set_attribute"]
+    abi = CUBLASLT_13
+    # Bias and both scale pointers set once: unchanged addresses are not set again.
+    assert sorted(sets) == sorted(
+        abi.desc_attr(k)[0] for k in ("BIAS_POINTER", "A_SCALE_POINTER", "B_SCALE_POINTER")
+    )
+    attrs = desc_attrs(lib, runner.plan)
+    assert (attrs["A_SCALE_POINTER"], attrs["B_SCALE_POINTER"]) == (
+        ptr(sb),
+        ptr(sa),
+    )  # the library's A is our B
+    call = [args for name, args in lib.calls if name == "matmul"][-1]
+    lt_a, lt_b, c, d = call[3], call[5], call[8], call[10]
+    assert (lt_a, lt_b, d) == (ptr(b), ptr(a), ptr(out))
+    assert c == ptr(b) != d  # cuBLASLt: C (never read) is not D, as torch passes it
+    fresh = np.ones((64, 1), np.float32)
+    runner(a, b, out, 1.0, 0.0, bias, fresh, sb)
+    assert desc_attrs(lib, runner.plan)["B_SCALE_POINTER"] == ptr(fresh)
+
+
+def test_exhaustive_search_asks_for_the_fp8_types() -> None:
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    driver = LtDriver(CUBLASLT_13, lib)
+    plan = driver.plan(lt_scaled_gemm(TENSOR), 1 << 20)
+    codec = CublasLtConfig(driver)
+    found, stats = codec.enumerate(plan, [codec.params(plan.heuristics(1)[0])], max_checks=8, max_found=4)
+    assert found and stats["checked"] <= 8
+    ids = next(args for name, args in lib.calls if name == "matmul_algo_get_ids")
+    abi = CUBLASLT_13
+    e5m2, e4m3, f16 = (abi.datatype[k] for k in ("R_8F_E5M2", "R_8F_E4M3", "R_16F"))
+    # Types in the library's order: its A is our B (e4m3), its B our A (e5m2), then C and D.
+    assert ids[1:7] == (abi.compute_type["32F"], abi.datatype["R_32F"], e4m3, e5m2, f16, f16)
+
+
+# --- the hipBLASLt fake computes ---------------------------------------------------------------
+
+
+def _host(problem: Problem, seed: int) -> dict[str, Any]:
+    """fp8 operands as host bytes (what the fake library reads), scales, and the reference."""
+    gen = torch.Generator().manual_seed(seed)
+    fp8 = {"f8e4m3fnuz": torch.float8_e4m3fnuz, "f8e4m3": torch.float8_e4m3fn}[problem.dtype_a]
+    a = torch.randn(problem.m, problem.k, generator=gen).to(fp8)
+    w = torch.randn(problem.n, problem.k, generator=gen).to(fp8)
+    rowwise = problem.scale_a == "rowwise"
+    sa = torch.rand((problem.m, 1) if rowwise else (1,), generator=gen) + 0.5
+    sb = torch.rand((1, problem.n) if rowwise else (1,), generator=gen) + 0.5
+    bias = torch.randn(problem.n, generator=gen).to(torch.float16) if problem.has_bias else None
+    ref = (a.double() * sa.double()) @ (w.double().t() * sb.double())
+    if bias is not None:
+        ref = ref + bias.double()
+    return {
+        "a": a.view(torch.uint8).numpy(),
+        "b": w.view(torch.uint8).numpy().T,  # w.t(): column-major, as torch's fp8 linear
+        "sa": sa.numpy(),
+        "sb": sb.numpy(),
+        "bias": None if bias is None else bias.numpy(),
+        "ref": ref.numpy(),
+    }
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        scaled_problem(33, 48, 64, dtype_a="f8e4m3fnuz", dtype_c="f16", scales="rowwise", bias=True),
+        scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32"),
+        scaled_problem(7, 16, 32, dtype_c="f16", scales="rowwise"),
+    ],
+    ids=lambda p: f"{p.dtype_a}-{p.dtype_c}-{p.scale_a}{'-bias' if p.has_bias else ''}",
+)
+def test_hipblaslt_runner_computes_the_scaled_product(problem: Problem) -> None:
+    fake = FakeHipblaslt(100100, [3, 17])  # hipBLASLt 1.1: the table with scale modes
+    backend = make_backend(fake)
+    runner = backend.prepare(problem, solution_candidate(17), TARGET)
+    assert isinstance(runner, ScaledLtRunner)
+    ops = _host(problem, 5)
+    out = np.full((problem.m, problem.n), np.nan, {"f16": np.float16, "f32": np.float32}[problem.dtype_c])
+    runner(ops["a"], ops["b"], out, 1.0, 0.0, ops["bias"], ops["sa"], ops["sb"])
+    err = np.linalg.norm(out.astype(np.float64) - ops["ref"]) / np.linalg.norm(ops["ref"])
+    assert err < {"f16": 2e-3, "f32": 1e-6}[problem.dtype_c], err
+    assert fake.ran == [(17, 0x5EED)]
+    descs = [o for o in fake.objects.values() if o["kind"] == "desc"]
+    assert all("FAST_ACCUM" not in d["attrs"] for d in descs)  # hipBLASLt has no such attribute
+
+
+def test_older_hipblaslt_runs_per_tensor_scales_only() -> None:
+    fake = FakeHipblaslt(1000, [3])  # 0.10 (ROCm 6.3): HIPBLASLT_6, no scale-mode attribute
+    assert fake.abi is HIPBLASLT_6
+    backend = make_backend(fake)
+    problem = scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32")
+    runner = backend.prepare(problem, solution_candidate(3), TARGET)
+    ops = _host(problem, 9)
+    out = np.full((16, 32), np.nan, np.float32)
+    runner(ops["a"], ops["b"], out, 1.0, 0.0, None, ops["sa"], ops["sb"])
+    assert np.linalg.norm(out - ops["ref"]) / np.linalg.norm(ops["ref"]) < 1e-6
+    rowwise = scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32", scales="rowwise")
+    with pytest.raises(UnsupportedProblem, match="no A_SCALE_MODE OUTER_VEC_32F: only per-tensor scales"):
+        backend.candidates(rowwise, TARGET)
+
+
+def test_pointer_widths_reach_the_library_intact() -> None:
+    """The fake read back exactly the scale addresses the runner set (8-byte pointers)."""
+    fake = FakeHipblaslt(100100, [5])
+    backend = make_backend(fake)
+    problem = scaled_problem(8, 16, 32, dtype_a="f8e4m3fnuz", dtype_c="f32", scales="rowwise")
+    runner = backend.prepare(problem, solution_candidate(5), TARGET)
+    ops = _host(problem, 2)
+    out = np.zeros((8, 16), np.float32)
+    runner(ops["a"], ops["b"], out, 1.0, 0.0, None, ops["sa"], ops["sb"])
+    desc = [o for o in fake.objects.values() if o["kind"] == "desc"][-1]["attrs"]
+    assert desc["A_SCALE_POINTER"] == ops["sb"].__array_interface__["data"][0]
+    assert desc["B_SCALE_POINTER"] == ops["sa"].__array_interface__["data"][0]
+    assert fake.ran == [(5, 0x5EED)]

@@ -1,0 +1,369 @@
+"""Scaled (fp8) GEMMs: their Problems and keys, cache records, and ``unimatmul.scaled_matmul``.
+
+Everything runs on the CPU: torch's CPU build has the fp8 dtypes and a ``_scaled_mm``
+(the Default here), and ``scaled_fakes.ScaledFakeBackend`` stands in for a kernel
+source where one is needed (a GPU kernel cannot run here). Every result is compared
+with the float64 product of the dequantised inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scaled_fakes import ScaledFakeBackend
+
+import unimatmul
+from unimatmul.cache.protocol import open_store
+from unimatmul.cache.record import OK, REJECTED, CandidateResult, TuningRecord
+from unimatmul.core.arrays import CPU, Device, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Target
+from unimatmul.core.dtypes import scaled_tolerance
+from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import scaled_problem, scaled_problem_of, scaled_reference
+
+torch = pytest.importorskip("torch")
+
+# --- Problems and keys ----------------------------------------------------------------------
+
+# Keys of plain GEMMs as every earlier version wrote them (README, docs/cache-format.md, the
+# TunableOp tests): a scaled GEMM adds a suffix to its own keys only.
+PLAIN_KEYS = [
+    "gemm:f32.f32.f32:f32:NT:m128n3072k768b1:ld768,768,3072:st0,0,0:beta0:none:al16",
+    "gemm:bf16.bf16.bf16:f32:NT:m2n8192k3584b1:ld3584,3584,8192:st0,0,0:beta0:none:al16",
+    "gemm:f16.f16.f16:f32:TN:m512n1024k256b1:ld520,1040,1024:st0,0,0:beta0:none:al16",
+    "gemm:f32.f32.f32:tf32:NN:m8n16k24b3:ld24,16,32:st0,384,256:beta1:bias_gelu_tanh:biasf32:al4",
+    "gemm:f8e4m3.f8e4m3.bf16:f32:NN:m64n48k32b1:ld32,48,48:st0,0,0:beta0:none:al16",
+]
+
+
+@pytest.mark.parametrize("key", PLAIN_KEYS)
+def test_plain_keys_are_byte_identical(key: str) -> None:
+    problem = Problem.from_key(key)
+    assert problem.key == key
+    assert not problem.is_scaled and (problem.scale_a, problem.scale_b, problem.fast_accum) == ("", "", False)
+
+
+SCALED = [
+    scaled_problem(16, 4096, 4096),
+    scaled_problem(1, 14336, 4096, scales="rowwise", fast_accum=True),
+    scaled_problem(128, 4096, 4096, dtype_c="f16", bias=True),
+    scaled_problem(8192, 1024, 4096, dtype_a="f8e5m2", dtype_b="f8e4m3", dtype_c="f32", scales="rowwise"),
+    scaled_problem(64, 12288, 2048, dtype_a="f8e4m3fnuz", scales="rowwise", bias=True),
+]
+
+
+@pytest.mark.parametrize("problem", SCALED, ids=lambda p: p.key)
+def test_scaled_keys_round_trip(problem: Problem) -> None:
+    key = problem.key
+    assert key.startswith("scaled_gemm:") and ":scales=" in key and ":fastaccum=" in key
+    assert Problem.from_key(key) == problem
+    # torch's fp8-linear layout: A row-major, B = w.t() (column-major).
+    assert (problem.trans_a, problem.trans_b, problem.lda, problem.ldb) == (False, True, problem.k, problem.k)
+
+
+def test_a_scaled_key_reads_as_it_is_written() -> None:
+    key = scaled_problem(16, 4096, 4096, scales="rowwise").key
+    assert key == (
+        "scaled_gemm:f8e4m3.f8e4m3.bf16:f32:NT:m16n4096k4096b1:ld4096,4096,4096:st0,0,0:beta0:none:al16"
+        ":scales=rowwise,rowwise:fastaccum=0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dtype_a": "bf16"}, "fp8 A and B"),
+        ({"dtype_c": "f8e4m3"}, "writes bf16, f16, f32"),
+        ({"compute": "tf32"}, "accumulates in f32"),
+        ({"scale_a": "blockwise"}, "scale_a='blockwise'"),
+        ({"scale_b": ""}, "scale_b=''"),
+        ({"beta_zero": False}, "beta = 0"),
+        ({"epilogue": "bias_relu"}, "at most a bias"),
+        ({"op": "gemm"}, "belong to op 'scaled_gemm'"),
+    ],
+)
+def test_scaled_fields_are_checked(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        replace(scaled_problem(16, 64, 32, scales="rowwise"), **changes)
+
+
+def test_a_plain_key_with_scales_is_refused() -> None:
+    key = PLAIN_KEYS[0] + ":scales=tensor,tensor:fastaccum=0"
+    with pytest.raises(ValueError, match="belong to op 'scaled_gemm'"):
+        Problem.from_key(key)
+
+
+def test_scaled_records_survive_the_cache_file_and_leave_plain_entries_alone(tmp_path: Path) -> None:
+    path = tmp_path / "cache.msgpack"
+    namespace = "nvidia/sm_90/NVIDIA H200/132/torch"
+    plain = {
+        key: TuningRecord(problem=key, winner="cublaslt/gemm?algo=6", winner_s=2e-5, default_s=3e-5)
+        for key in PLAIN_KEYS
+    }
+    store = open_store(path)
+    for key, record in plain.items():
+        store.put(namespace, key, record)
+    store.flush()
+    before = path.read_bytes()
+    problem = SCALED[1]
+    record = TuningRecord(
+        problem=problem.key,
+        winner="cublaslt/gemm?algo=66&cluster=2&custom=0&inner=12&reduction=0&splitk=1&stages=33&swizzle=0&tile=20",
+        winner_s=7.5e-6,
+        default_s=9.0e-6,
+        results=[
+            CandidateResult(DEFAULT.identity, OK, 9.0e-6, 20, 1.2e-7),
+            CandidateResult("cublaslt/gemm?algo=66&cluster=2", REJECTED, None, 0, 0.4, "relative error"),
+        ],
+        versions={"cublaslt": "13.1.0", "torch": "2.11.0"},
+        settings={"tolerance": scaled_tolerance("bf16", True)},
+    )
+    store = open_store(path)
+    store.put(namespace, problem.key, record)
+    store.flush()
+    assert path.read_bytes() != before
+    again = {key: got for _, key, got in open_store(path).items(namespace)}
+    # The store codes times compactly (times relative to the winner, errors to three digits): equal to 1 %.
+    assert _close(again[problem.key].to_dict(), record.to_dict())
+    assert all(_close(again[k].to_dict(), r.to_dict()) for k, r in plain.items())
+    assert sorted(again) == sorted([*PLAIN_KEYS, problem.key])
+
+
+def _close(got: Any, want: Any) -> bool:
+    if isinstance(want, float) and isinstance(got, float):
+        return math.isclose(got, want, rel_tol=1e-2)
+    if isinstance(want, dict) and isinstance(got, dict):
+        return got.keys() == want.keys() and all(_close(got[k], want[k]) for k in want)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want, strict=True))
+    return bool(got == want)
+
+
+# --- scaled_matmul --------------------------------------------------------------------------
+
+
+def _fp8(shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+def _operands(
+    m: int, n: int, k: int, scales: str, *, dtype: Any = None, seed: int = 0
+) -> tuple[Any, Any, Any, Any]:
+    dtype = dtype or torch.float8_e4m3fn
+    a = _fp8((m, k), dtype, seed)
+    w = _fp8((n, k), dtype, seed + 1)  # a linear layer's weight: b = w.t() is column-major
+    gen = torch.Generator().manual_seed(seed + 2)
+    if scales == "rowwise":
+        sa, sb = torch.rand((m, 1), generator=gen) + 0.25, torch.rand((1, n), generator=gen) + 0.25
+    else:
+        sa, sb = torch.tensor(0.375), torch.tensor([1.5])
+    return a, w.t(), sa, sb
+
+
+def _rel(out: Any, ref: Any) -> float:
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+# torch._scaled_mm takes no bias with a float32 output (an error, tested below).
+COMBOS = [
+    (scales, out_dtype, bias)
+    for scales in ("tensor", "rowwise")
+    for out_dtype in (torch.bfloat16, torch.float16, torch.float32)
+    for bias in (False, True)
+    if not (bias and out_dtype == torch.float32)
+]
+
+
+@pytest.mark.parametrize(("scales", "out_dtype", "bias"), COMBOS)
+def test_scaled_matmul_matches_the_dequantised_product(
+    isolated: Any, scales: str, out_dtype: Any, bias: bool
+) -> None:
+    a, b, sa, sb = _operands(33, 48, 64, scales)
+    vec = torch.randn(48).to(out_dtype) if bias else None
+    out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, bias=vec)
+    assert out.dtype == out_dtype and out.shape == (33, 48)
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, vec)
+    assert _rel(out, ref) <= scaled_tolerance(
+        {torch.bfloat16: "bf16", torch.float16: "f16"}.get(out_dtype, "f32")
+    )
+
+
+def test_one_row_with_row_wise_scales_is_row_wise_as_in_torch(isolated: Any) -> None:
+    """At m = 1 a [1, 1] scale_a is one value, yet row-wise next to a [1, n] scale_b (decode)."""
+    a, b, sa, sb = _operands(1, 48, 64, "rowwise")
+    assert tuple(sa.shape) == (1, 1)
+    problem = scaled_problem_of(adapter_for_kind("torch"), a, b, sa, sb, out_dtype="bf16")
+    assert (problem.scale_a, problem.scale_b) == ("rowwise", "rowwise")
+    out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert torch.equal(out, torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
+
+
+def test_out_is_written_in_place_and_e5m2_mixes_with_e4m3(isolated: Any) -> None:
+    a = _fp8((16, 32), torch.float8_e5m2, 3)
+    _, b, sa, sb = _operands(16, 64, 32, "rowwise", seed=4)
+    out = torch.full((16, 64), float("nan"), dtype=torch.bfloat16)
+    got = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16, out=out)
+    assert got is out
+    assert _rel(out, scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)) <= 3e-2
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda a, b, sa, sb: ((a.float(), b, sa, sb), {}), TypeError, "a is f32; a and b must be fp8"),
+        (
+            lambda a, b, sa, sb: ((a, b, sa, torch.rand(1, 48)), {}),
+            ValueError,
+            "scale_a has shape \\(\\) and scale_b \\(1, 48\\)",
+        ),
+        (lambda a, b, sa, sb: ((a, b, torch.rand(33, 2), sb), {}), ValueError, "block-wise and MX scales"),
+        (lambda a, b, sa, sb: ((a, b, sa.double(), sb), {}), TypeError, "scales are float32"),
+        (lambda a, b, sa, sb: ((a, b[:32], sa, sb), {}), ValueError, "contracted dimension"),
+        (lambda a, b, sa, sb: ((a, b, sa, sb), {"out_dtype": torch.float8_e4m3fn}), TypeError, "out_dtype"),
+        (
+            lambda a, b, sa, sb: ((a, b, sa, sb), {"out_dtype": torch.float32, "bias": torch.zeros(48)}),
+            TypeError,
+            "bias must be bf16 or f16",
+        ),
+        (
+            lambda a, b, sa, sb: ((a, b, sa, sb), {"bias": torch.zeros(48, dtype=torch.float16)}),
+            TypeError,
+            "bias of f16 with a bf16 output",
+        ),
+        (
+            lambda a, b, sa, sb: ((a, b, sa, sb), {"out": torch.empty(33, 48, dtype=torch.float16)}),
+            TypeError,
+            "out is f16",
+        ),
+        (
+            lambda a, b, sa, sb: ((np.zeros((33, 64), np.float32), b, sa, sb), {}),
+            TypeError,
+            "takes torch tensors",
+        ),
+    ],
+)
+def test_bad_input_is_a_clear_error(isolated: Any, make: Any, error: type, message: str) -> None:
+    args, kwargs = make(*_operands(33, 48, 64, "tensor"))
+    kwargs.setdefault("out_dtype", torch.bfloat16)
+    with pytest.raises(error, match=message):
+        unimatmul.scaled_matmul(*args, **kwargs)
+    assert isolated.store_count() == 0
+
+
+def test_cuda_rules_are_checked_before_any_gpu_work() -> None:
+    """torch._scaled_mm's layout rule on CUDA (row-major a, column-major b) is said up front."""
+
+    class FakeCuda:  # the adapter's view of a CUDA tensor, without one
+        kind = "torch"
+
+        def __init__(self) -> None:
+            self.inner = adapter_for_kind("torch")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def device(self, x: Any) -> Any:
+            return Device("cuda", 0)
+
+    a, b, sa, sb = _operands(33, 48, 64, "tensor")
+    adapter: Any = FakeCuda()
+    with pytest.raises(ValueError, match="a must be row-major and b column-major"):
+        scaled_problem_of(adapter, a, b.contiguous(), sa, sb, out_dtype="bf16")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        scaled_problem_of(adapter, a[:, :40], b[:40, :40], sa, sb, out_dtype="bf16")
+    problem = scaled_problem_of(adapter, a, b, sa, sb, out_dtype="bf16")
+    assert (problem.trans_a, problem.trans_b, problem.align) == (False, True, 16)
+
+
+def test_tuning_measures_the_candidates_and_stores_a_scaled_record(isolated: Any, registered: Any) -> None:
+    fake = ScaledFakeBackend()
+    with registered(isolated.plugins, fake), unimatmul.mode("tune"):
+        a, b, sa, sb = _operands(64, 96, 128, "rowwise")
+        out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert _rel(out, scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)) <= 3e-2
+    records = [r for _, _, r in isolated.selector.store.items(None)]
+    assert len(records) == 1
+    record = records[0]
+    problem = Problem.from_key(record.problem)
+    assert (problem.op, problem.scale_a, problem.dtype_c, problem.m, problem.n) == (
+        "scaled_gemm",
+        "rowwise",
+        "bf16",
+        64,
+        96,
+    )
+    by_id = {r.identity: r for r in record.results}
+    assert set(by_id) == {DEFAULT.identity, "fake-scaled/dequantise"}
+    for result in by_id.values():  # both checked against the dequantised float64 product
+        assert result.status == OK and result.error is not None and result.error <= scaled_tolerance("bf16")
+    assert record.settings["tolerance"] == scaled_tolerance("bf16")
+
+
+@pytest.mark.parametrize("scales", ["rowwise", "tensor"])
+def test_a_kernel_that_ignores_row_wise_scales_is_rejected(
+    isolated: Any, registered: Any, scales: str
+) -> None:
+    fake = ScaledFakeBackend("fake-first-scale", "first_scale")
+    with registered(isolated.plugins, fake), unimatmul.mode("tune"):
+        unimatmul.scaled_matmul(*_operands(32, 48, 64, scales), out_dtype=torch.bfloat16)
+    (record,) = [r for _, _, r in isolated.selector.store.items(None)]
+    result = record.result("fake-first-scale/dequantise")
+    assert result is not None and result.error is not None
+    if scales == "rowwise":
+        assert result.status == REJECTED and "relative error" in result.note
+        assert result.error > 10 * scaled_tolerance("bf16")
+        assert record.winner == DEFAULT.identity
+    else:  # one scale per tensor is what this kernel does apply: it passes the check
+        assert result.status != REJECTED and result.error <= scaled_tolerance("bf16")
+
+
+def _store_winner(isolated: Any, problem: Problem, winner: str) -> None:
+    namespace = isolated.selector.platform(Target(adapter_for_kind("torch"), CPU)).namespace
+    isolated.selector.store.put(
+        namespace,
+        problem.key,
+        TuningRecord(problem=problem.key, winner=winner, winner_s=1e-6, default_s=2e-6),
+    )
+
+
+def test_a_stored_winner_runs_and_a_failing_one_falls_back(isolated: Any, registered: Any) -> None:
+    a, b, sa, sb = _operands(16, 32, 64, "tensor")
+    problem = scaled_problem_of(adapter_for_kind("torch"), a, b, sa, sb, out_dtype="f16")
+    good = ScaledFakeBackend("fake-good")
+    broken = ScaledFakeBackend("fake-broken", "raise_run")
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    with registered(isolated.plugins, good):
+        _store_winner(isolated, problem, "fake-good/dequantise")
+        for _ in range(3):
+            out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.float16)
+            assert _rel(out, ref) <= 1e-2
+        assert good.calls == 3  # the cached call goes straight to the prepared runner
+    unimatmul.api.clear_fast_path()
+    isolated.selector.store.delete(
+        isolated.selector.platform(Target(adapter_for_kind("torch"), CPU)).namespace, problem.key
+    )
+    with registered(isolated.plugins, broken):
+        _store_winner(isolated, problem, "fake-broken/dequantise")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.float16)
+            again = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.float16)
+        assert _rel(out, ref) <= 1e-2 and _rel(again, ref) <= 1e-2
+        assert broken.calls == 1  # failed once; Default (torch._scaled_mm) from then on
+        assert sum("fake-broken/dequantise failed" in str(w.message) for w in caught) == 1
+
+
+def test_off_mode_is_torch_scaled_mm_bit_for_bit(isolated: Any) -> None:
+    a, b, sa, sb = _operands(24, 32, 48, "rowwise")
+    with unimatmul.mode("off"):
+        out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    assert torch.equal(out, expected)
+    assert not math.isnan(float(out.float().sum()))

@@ -1,0 +1,286 @@
+"""Scaled (fp8) GEMMs on a real NVIDIA GPU: cuBLASLt candidates, the API, routing, graphs.
+
+Marked ``gpu`` and skipped, with the reason, without a CUDA device with fp8 (compute
+capability 8.9 or 9.x). ``scripts/gpu_fp8.sh`` runs this file and the benchmark in one
+device call. Every candidate is checked against the float64 product of the dequantised
+operands on poisoned outputs (the harness's rule), the ctypes and the nvmath-python
+library objects both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import unimatmul  # noqa: E402
+from unimatmul.core.arrays import Device, adapter_for_kind  # noqa: E402
+from unimatmul.core.backend import DEFAULT, Target  # noqa: E402
+from unimatmul.core.dtypes import scaled_tolerance  # noqa: E402
+from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
+from unimatmul.core.problem import Problem  # noqa: E402
+from unimatmul.core.scaled import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
+
+HAVE_FP8 = bool(
+    torch.cuda.is_available()
+    and torch.version.cuda
+    and torch.cuda.get_device_capability() >= (8, 9)
+    and torch.cuda.get_device_capability() < (10, 0)
+)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAVE_FP8, reason="needs an NVIDIA GPU with fp8 (sm_89 or sm_90) and CUDA torch"),
+]
+
+CASES: list[tuple[str, Problem]] = [
+    ("tensor-bf16", scaled_problem(128, 256, 512)),
+    ("rowwise-bf16", scaled_problem(128, 256, 512, scales="rowwise")),
+    ("tensor-m1", scaled_problem(1, 4096, 4096)),
+    ("rowwise-m1", scaled_problem(1, 4096, 4096, scales="rowwise")),
+    ("rowwise-odd-m", scaled_problem(97, 1024, 256, scales="rowwise")),
+    ("tensor-f16-bias", scaled_problem(64, 384, 256, dtype_c="f16", bias=True)),
+    ("rowwise-bf16-bias", scaled_problem(64, 384, 256, scales="rowwise", bias=True)),
+    ("tensor-f32", scaled_problem(64, 256, 128, dtype_c="f32")),
+    ("rowwise-f32", scaled_problem(64, 256, 128, dtype_c="f32", scales="rowwise")),
+    ("e5m2-e4m3", scaled_problem(64, 256, 128, dtype_a="f8e5m2", dtype_b="f8e4m3")),
+    ("tensor-fast-accum", scaled_problem(256, 512, 2048, fast_accum=True)),
+    ("rowwise-fast-accum", scaled_problem(256, 512, 2048, scales="rowwise", fast_accum=True)),
+    ("padded-ld", replace(scaled_problem(64, 256, 128, scales="rowwise"), lda=160, ldb=192, ldc=272)),
+]
+
+
+@pytest.fixture(scope="module", params=("ctypes", "nvmath"))
+def backend(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from unimatmul_backends.cuda.backend import CublasLtBackend
+
+    if request.param == "nvmath":
+        pytest.importorskip("nvmath.bindings.cublasLt")
+    found = CublasLtBackend(library=request.param)
+    assert found.availability() is None, found.availability()
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    return Target(adapter_for_kind("torch"), Device("cuda", torch.cuda.current_device()))
+
+
+def run_candidate(backend: Any, problem: Problem, candidate: Any, target: Target, seed: int) -> float:
+    ops = make_scaled_operands(problem, target.adapter, target.device, np.random.default_rng(seed))
+    runner = backend.prepare(problem, candidate, target)
+    ops.out.fill_(float("nan"))
+    runner(ops.a, ops.b, ops.out, 1.0, 0.0, ops.bias, ops.scale_a, ops.scale_b)
+    torch.cuda.synchronize()
+    ref = scaled_reference(target.adapter, ops.a, ops.b, ops.scale_a, ops.scale_b, ops.bias)
+    return float(target.adapter.rel_error(ops.out, ref))
+
+
+@pytest.mark.parametrize(("case", "problem"), CASES, ids=[c[0] for c in CASES])
+def test_every_cublaslt_candidate_is_correct(
+    backend: Any, target: Target, case: str, problem: Problem
+) -> None:
+    candidates = backend.candidates(problem, target)
+    assert candidates, f"cuBLASLt offered nothing for {problem.key}"
+    assert {c.name for c in candidates} == {"gemm"}  # no padded fp8 candidates
+    tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
+    errors = {c.identity: run_candidate(backend, problem, c, target, i) for i, c in enumerate(candidates)}
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    print(
+        f"{case}: {len(candidates)} candidates, errors {min(errors.values()):.2e}..{max(errors.values()):.2e}"
+    )
+    assert not bad, f"{len(bad)} of {len(errors)} candidates over {tol}: {bad}"
+
+
+def test_other_layouts_are_refused_cleanly_or_correct(backend: Any, target: Target) -> None:
+    """cuBLASLt's documentation gives its fp8 kernels on Ada and Hopper the "TN" form only:
+    a row-major B ("NN") must be refused cleanly, and whatever is offered must be right."""
+    nn = replace(scaled_problem(128, 256, 512), trans_b=False, ldb=256)
+    try:
+        found = backend.candidates(nn, target)
+    except UnsupportedProblem as exc:
+        print(f"fp8 NN refused: {exc}")
+        found = []
+    print(f"fp8 NN on {torch.cuda.get_device_name()}: {len(found)} candidates")
+    for i, candidate in enumerate(found):
+        err = run_candidate(backend, nn, candidate, target, 70 + i)
+        assert err <= scaled_tolerance("bf16"), f"{candidate.identity}: relative error {err}"
+
+
+def test_exhaustive_candidates_are_correct(
+    backend: Any, target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = scaled_problem(512, 1024, 1024, scales="rowwise")
+    monkeypatch.setenv("UNIMATMUL_LT_EXHAUSTIVE", "0")
+    heuristic = set(backend.candidates(problem, target))
+    monkeypatch.setenv("UNIMATMUL_LT_EXHAUSTIVE", "1")
+    monkeypatch.setenv("UNIMATMUL_LT_EXHAUSTIVE_MAX", "16")
+    monkeypatch.setenv("UNIMATMUL_LT_EXHAUSTIVE_CHECKS", "600")
+    found = backend.candidates(problem, target)
+    extra = [c for c in found if c not in heuristic]
+    print(f"fp8 exhaustive search: {backend.last_search}; {len(extra)} beyond {len(heuristic)} heuristic")
+    assert backend.last_search["checked"] > 0
+    tol = scaled_tolerance("bf16")
+    for i, candidate in enumerate(extra):
+        err = run_candidate(backend, problem, candidate, target, 50 + i)
+        assert err <= tol, f"{candidate.identity}: relative error {err}"
+
+
+def test_a_scaled_runner_is_captured_in_a_cuda_graph(backend: Any, target: Target) -> None:
+    problem = scaled_problem(256, 512, 256, scales="rowwise", bias=True)
+    runner = backend.prepare(problem, backend.candidates(problem, target)[0], target)
+    adapter = target.adapter
+    first = make_scaled_operands(problem, adapter, target.device, np.random.default_rng(1))
+    second = make_scaled_operands(problem, adapter, target.device, np.random.default_rng(2))
+    args = (first.a, first.b, first.out, 1.0, 0.0, first.bias, first.scale_a, first.scale_b)
+    runner(*args)  # warm-up outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        runner(*args)
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    for dst, src in ((first.a, second.a), (first.b, second.b), (first.bias, second.bias)):
+        dst.copy_(src)
+    first.scale_a.copy_(second.scale_a)
+    first.scale_b.copy_(second.scale_b)
+    first.out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = scaled_reference(adapter, second.a, second.b, second.scale_a, second.scale_b, second.bias)
+    assert adapter.rel_error(first.out, ref) <= scaled_tolerance("bf16")
+
+
+# --- the API and routing ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def selector(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from unimatmul.cache.protocol import MemoryStore
+    from unimatmul.tuning.selector import Selector, set_selector
+
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0")
+    found = Selector(store=MemoryStore())
+    old = set_selector(found)
+    try:
+        yield found
+    finally:
+        import unimatmul.torch as ut
+
+        ut.disable()
+        set_selector(old)
+
+
+def _linear(m: int, n: int, k: int, scales: str, seed: int = 0) -> tuple[Any, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    if scales == "rowwise":
+        sa = torch.rand(m, 1, device="cuda", generator=gen) + 0.5
+        sb = torch.rand(1, n, device="cuda", generator=gen) + 0.5
+    else:
+        sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(1.5, device="cuda")
+    return a, w.t(), sa, sb
+
+
+@pytest.mark.parametrize("scales", ["tensor", "rowwise"])
+def test_scaled_matmul_tunes_and_serves(selector: Any, scales: str) -> None:
+    a, b, sa, sb = _linear(256, 1024, 512, scales)
+    with unimatmul.mode("tune"):
+        out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    assert float((out.double() - ref).norm() / ref.norm()) <= scaled_tolerance("bf16")
+    (record,) = [r for _, _, r in selector.store.items(None)]
+    statuses = {r.identity: r.status for r in record.results}
+    print(f"{scales}: winner {record.winner}, {len(statuses)} candidates, default {record.default_s}")
+    assert any(i.startswith("cublaslt/") and s in ("ok", "pruned") for i, s in statuses.items()), statuses
+    again = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert float((again.double() - ref).norm() / ref.norm()) <= scaled_tolerance("bf16")
+
+
+def test_the_api_says_what_cuda_wants() -> None:
+    a, b, sa, sb = _linear(64, 128, 64, "tensor")
+    with pytest.raises(ValueError, match="a must be row-major and b column-major"):
+        unimatmul.scaled_matmul(a, b.contiguous(), sa, sb, out_dtype=torch.bfloat16)
+
+
+def test_routed_scaled_mm_runs_tuned_kernels_and_graphs(selector: Any) -> None:
+    import unimatmul.torch as ut
+
+    a, b, sa, sb = _linear(128, 2048, 1024, "rowwise")
+    ut.enable()
+    with unimatmul.mode("tune"):
+        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    (record,) = [r for _, _, r in selector.store.items(None)]
+    if record.winner == DEFAULT.identity:
+        # Routing must be seen running a kernel: store the fastest checked cuBLASLt one.
+        best = min(
+            (r for r in record.results if r.identity.startswith("cublaslt/") and r.median_s),
+            key=lambda r: r.median_s or 1.0,
+        )
+        record = replace(record, winner=best.identity)
+        (namespace,) = {ns for ns, _, _ in selector.store.items(None)}
+        selector.store.put(namespace, record.problem, record)
+        ut.clear_plans()
+    ut.reset_stats()
+    out = torch.empty(128, 2048, device="cuda", dtype=torch.bfloat16)
+    static = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        static = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    new = _linear(128, 2048, 1024, "rowwise", seed=9)
+    for dst, src in zip((a, b, sa, sb), new, strict=True):
+        dst.copy_(src)
+    graph.replay()
+    out.copy_(static)
+    torch.cuda.synchronize()
+    ref = scaled_reference(adapter_for_kind("torch"), *new, None)
+    assert float((out.double() - ref).norm() / ref.norm()) <= scaled_tolerance("bf16")
+    stats = ut.scaled_stats()
+    assert stats["kernel"] == 2, stats  # the eager call and the captured one
+
+
+def test_torch_compile_keeps_scaled_mm_routed(selector: Any) -> None:
+    import unimatmul.torch as ut
+
+    a, b, sa, sb = _linear(64, 1024, 512, "tensor")
+    ut.enable()
+    with unimatmul.mode("tune"):
+        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    ut.reset_stats()
+
+    def layer(x: Any, w_t: Any, sx: Any, sw: Any) -> Any:
+        return torch._scaled_mm(x, w_t, sx, sw, out_dtype=torch.bfloat16).float().relu()
+
+    out = torch.compile(layer)(a, b, sa, sb)
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None).relu()
+    assert float((out.double() - ref).norm() / ref.norm()) <= scaled_tolerance("bf16")
+    assert ut.scaled_stats()["routed"] >= 1
+
+
+def test_conformance_of_cublaslt_on_scaled_problems(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conformance suite's scaled cases (quick matrix) on the real cuBLASLt backend."""
+    from unimatmul_backends.cuda.backend import CublasLtBackend
+    from unimatmul_conformance.suite import Suite
+
+    monkeypatch.setenv("UNIMATMUL_LT_HEURISTICS", "3")  # a few algos per case: this is one test of many
+    suite = Suite(CublasLtBackend(library="ctypes"), quick=True)
+    scaled = [c for c in suite.plan() if c.case is not None and c.case.problem.is_scaled]
+    results = [suite.run_check(c) for c in scaled]
+    failed = [f"{r.id}: {r.why}" for r in results if r.status == "failed"]
+    counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "skipped")}
+    print(f"conformance, scaled cases: {counts}")
+    assert counts["passed"] > 50
+    assert not failed, failed[:5]

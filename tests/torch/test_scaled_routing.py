@@ -1,0 +1,180 @@
+"""Routing ``torch._scaled_mm`` (fp8 with scales) through unimatmul, on the CPU.
+
+torch's CPU build has fp8 tensors and a ``_scaled_mm``, which is the Default here; the
+kernel source is ``scaled_fakes.ScaledFakeBackend`` (dequantises in float64), since no
+fp8 GPU kernel can run on this machine. Every test runs with the Python and the native
+kernels at the CPU key (the ``env`` fixture): ``_scaled_mm`` itself has only a Python
+kernel, but tuning from inside it must pass the native ``mm`` kernels through too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from scaled_fakes import ScaledFakeBackend
+from torch_helpers import Env
+
+import unimatmul
+import unimatmul.torch as ut
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import Target
+from unimatmul.core.scaled import scaled_problem_of, scaled_reference
+from unimatmul.testing import registered
+from unimatmul.torch import scaled_routing
+
+torch = pytest.importorskip("torch")
+
+
+def _operands(m: int, n: int, k: int, scales: str, seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn)
+    if scales == "rowwise":
+        return a, w.t(), torch.rand(m, 1, generator=gen) + 0.5, torch.rand(1, n, generator=gen) + 0.5
+    return a, w.t(), torch.tensor(0.5), torch.tensor(1.25)
+
+
+def _store_kernel_winner(env: Env, a: Any, b: Any, sa: Any, sb: Any, name: str, out: str = "bf16") -> None:
+    adapter = adapter_for_kind("torch")
+    problem = scaled_problem_of(adapter, a, b, sa, sb, out_dtype=out)
+    namespace = env.selector.platform(Target(adapter, CPU)).namespace
+    record = TuningRecord(problem=problem.key, winner=f"{name}/dequantise", winner_s=1e-6, default_s=2e-6)
+    env.selector.store.put(namespace, problem.key, record)
+
+
+@pytest.mark.parametrize("scales", ["tensor", "rowwise"])
+def test_routed_scaled_mm_is_torchs_own_until_something_is_tuned(env: Env, scales: str) -> None:
+    a, b, sa, sb = _operands(24, 32, 48, scales)
+    expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    ut.enable()
+    for _ in range(3):
+        got = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        assert torch.equal(got, expected)
+    stats = ut.scaled_stats()
+    assert (stats["routed"], stats["default"], stats["kernel"]) == (3, 3, 0)
+    (plan,) = scaled_routing.plans()
+    assert plan.problem is not None and plan.problem.scale_a == scales and plan.label.endswith("[default]")
+
+
+def test_a_stored_kernel_runs_for_every_call(env: Env) -> None:
+    fake = ScaledFakeBackend("fake-scaled")
+    a, b, sa, sb = _operands(16, 48, 32, "rowwise")
+    bias = torch.randn(48).to(torch.bfloat16)
+    with registered(env.selector.plugins, fake):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-scaled")
+        # The bias makes another problem: Default for it (nothing stored), the kernel above for the rest.
+        ut.enable()
+        outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for _ in range(4)]
+        with_bias = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    for out in outs:
+        assert out.dtype == torch.bfloat16 and float((out.double() - ref).norm() / ref.norm()) < 3e-2
+    assert fake.calls == 4
+    assert torch.equal(with_bias, torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16))
+    stats = ut.scaled_stats()
+    assert stats["kernel"] == 4 and stats["by_label"]["unimatmul::scaled_mm [fake-scaled/dequantise]"] == 4
+
+
+def test_tune_mode_measures_from_inside_the_kernel_without_recursing(env: Env) -> None:
+    fake = ScaledFakeBackend("fake-scaled")
+    a, b, sa, sb = _operands(32, 64, 64, "tensor")
+    with registered(env.selector.plugins, fake):
+        ut.enable()
+        with unimatmul.mode("tune"):
+            out = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float16)
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    records = {r.problem: r for _, _, r in env.selector.store.items(None)}
+    scaled = [r for key, r in records.items() if key.startswith("scaled_gemm:")]
+    assert len(scaled) == 1
+    assert {r.identity for r in scaled[0].results} == {"default/default", "fake-scaled/dequantise"}
+    # The harness's float64 products (its reference, an aten::mm) were not routed, so not tuned.
+    # (torch's CPU _scaled_mm computes through an f32 aten::mm, which routing does see when
+    # Default runs outside the tuning: that one may be tuned in this mode, as any mm would.)
+    assert not [key for key in records if ":f64." in key or key.startswith("gemm:f64")]
+    assert ut.scaled_stats()["by_source"] == {"tuned": 1}
+
+
+def test_calls_unimatmul_does_not_describe_pass_through(env: Env) -> None:
+    a, b, sa, sb = _operands(16, 32, 32, "tensor")
+    ut.enable()
+    fp8_out = torch._scaled_mm(a, b, sa, sb)  # out_dtype None: an fp8 output
+    assert fp8_out.dtype == torch.float8_e4m3fn
+    with_result_scale = torch._scaled_mm(
+        a, b, sa, sb, scale_result=torch.tensor(2.0), out_dtype=torch.bfloat16
+    )
+    assert with_result_scale.dtype == torch.bfloat16
+    ut.disable()
+    assert torch.equal(fp8_out.float(), torch._scaled_mm(a, b, sa, sb).float())
+    stats = ut.scaled_stats()
+    assert stats["passthrough"] == 2 and stats["routed"] == 0
+
+
+def test_what_torch_accepts_and_unimatmul_does_not_describe_is_torchs(env: Env) -> None:
+    a, b, sa, sb = _operands(16, 32, 32, "tensor")
+    bias = torch.randn(32)
+    own = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.float32)  # the CPU takes an f32 bias
+    with pytest.raises(RuntimeError) as own_error:
+        torch._scaled_mm(a, b[:16], sa, sb, out_dtype=torch.bfloat16)
+    ut.enable()
+    assert torch.equal(torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.float32), own)
+    with pytest.raises(RuntimeError) as routed_error:
+        torch._scaled_mm(a, b[:16], sa, sb, out_dtype=torch.bfloat16)
+    assert str(routed_error.value) == str(own_error.value)
+    reasons = sorted(p.reason for p in scaled_routing.plans())
+    assert "bias must be bf16 or f16" in reasons[0] and "contracted dimension" in reasons[1]
+
+
+def test_a_failing_kernel_falls_back_to_torch(env: Env) -> None:
+    broken = ScaledFakeBackend("fake-broken", "raise_run")
+    a, b, sa, sb = _operands(8, 16, 32, "rowwise")
+    expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    with registered(env.selector.plugins, broken):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-broken")
+        ut.enable()
+        with pytest.warns(RuntimeWarning, match="fake-broken/dequantise failed"):
+            first = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        second = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert broken.calls == 1
+    assert ut.scaled_stats()["by_source"] == {"fallback": 2}
+
+
+def test_torch_compile_keeps_scaled_mm_routed(env: Env) -> None:
+    fake = ScaledFakeBackend("fake-scaled")
+    a, b, sa, sb = _operands(16, 48, 32, "tensor")
+
+    def layer(x: Any, w_t: Any, sx: Any, sw: Any) -> Any:
+        return torch._scaled_mm(x, w_t, sx, sw, out_dtype=torch.bfloat16).float().relu()
+
+    with registered(env.selector.plugins, fake):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-scaled")
+        ut.enable()
+        compiled = torch.compile(layer, backend="inductor")
+        out = compiled(a, b, sa, sb)
+        out = compiled(a, b, sa, sb)
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None).relu()
+    assert float((out.double() - ref).norm() / ref.norm()) < 3e-2
+    assert fake.calls == 2  # the compiled graph called unimatmul::scaled_mm, which ran the kernel
+
+
+def test_the_inductor_pass_rewrites_scaled_mm_nodes() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from unimatmul.torch import compiled
+
+    compiled.define_ops()
+    a, b, sa, sb = _operands(16, 32, 32, "tensor")
+
+    def f(x: Any, w_t: Any, sx: Any, sw: Any) -> Any:
+        bf16 = torch._scaled_mm(x, w_t, sx, sw, out_dtype=torch.bfloat16)
+        fp8 = torch._scaled_mm(x, w_t, sx, sw)  # an fp8 output: left to Inductor
+        return bf16, fp8
+
+    graph = make_fx(f, tracing_mode="fake")(a, b, sa, sb).graph
+    assert compiled.rewrite(graph) == 1
+    targets = [n.target for n in graph.nodes if n.op == "call_function"]
+    assert torch.ops.unimatmul.scaled_mm.default in targets
+    assert torch.ops.aten._scaled_mm.default in targets

@@ -1,0 +1,390 @@
+"""Scaled (fp8) GEMMs in the vocabulary: their Problems, operands, reference and Default.
+
+A scaled GEMM is ``D[m, n] = (scale_a * A[m, k]) @ (scale_b * B[k, n]) (+ bias[n])``
+with fp8 A and B, f32 scales and a bf16, f16 or f32 D: what ``torch._scaled_mm`` computes
+and what fp8 inference runs for each linear layer. Its Problem is a ``scaled_gemm``
+(:class:`~unimatmul.core.problem.Problem` with ``scale_a``, ``scale_b`` and
+``fast_accum``). Scales are ``tensor`` (one value, any shape of one element) or
+``rowwise`` (``scale_a`` of shape ``[m, 1]``, ``scale_b`` of shape ``[1, n]``, both
+contiguous): the two modes torch's ``_scaled_mm``, cuBLASLt (``SCALAR_32F`` and
+``OUTER_VEC_32F``) and hipBLASLt share, always both of one mode.
+
+A scaled runner is a Runner called with two more arguments,
+``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)``; its Default,
+:class:`ScaledDefaultRunner`, is ``torch._scaled_mm`` through its ``out=`` form (which
+PyTorch routing never takes over, so it cannot recurse). The harness checks every
+candidate against :func:`scaled_reference`: the float64 product of the dequantised
+operands, which the fp8 values and f32 scales give exactly.
+
+Only torch tensors take part: NumPy (and so CuPy, whose dtypes are NumPy's) has no fp8
+dtype. torch is imported through the array adapter, never at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unimatmul.core.arrays import ArrayAdapter, Device, Operands
+from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
+from unimatmul.core.dtypes import FP8, canonical
+from unimatmul.core.problem import SCALE_MODES, SCALED_OUTPUTS, Problem, matrix_layout, pointer_alignment
+
+#: Pairs of (scale_a, scale_b) modes a scaled GEMM takes: torch._scaled_mm's TensorWise
+#: and RowWise pairs. Its other modes (block-wise 1x128 / 128x128 with f32 scales, MX
+#: 1x32 with e8m0 scales, NVFP4 1x16) are not scaled GEMMs here.
+SCALE_PAIRS = (("tensor", "tensor"), ("rowwise", "rowwise"))
+
+# torch's name of each fp8 dtype (ours -> torch.<name>).
+_TORCH_FP8 = {
+    "f8e4m3": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
+    "f8e4m3fnuz": "float8_e4m3fnuz",
+    "f8e5m2fnuz": "float8_e5m2fnuz",
+}
+
+
+def scaled_problem(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    dtype_a: str = "f8e4m3",
+    dtype_b: str | None = None,
+    dtype_c: str = "bf16",
+    scales: str = "tensor",
+    bias: bool = False,
+    fast_accum: bool = False,
+) -> Problem:
+    """The scaled GEMM of an fp8 linear layer: ``x[m, k] @ w[n, k].t()``.
+
+    A row-major, B column-major (``w.t()``), a contiguous output: the layout
+    ``torch._scaled_mm`` takes on every GPU (cuBLASLt's "TN").
+    """
+    dtype_b = dtype_b or dtype_a
+    return Problem(
+        m=m,
+        n=n,
+        k=k,
+        dtype_a=canonical(dtype_a),
+        dtype_b=canonical(dtype_b),
+        dtype_c=canonical(dtype_c),
+        compute="f32",
+        trans_b=True,
+        op="scaled_gemm",
+        scale_a=scales,
+        scale_b=scales,
+        fast_accum=fast_accum,
+        epilogue="bias" if bias else "none",
+        dtype_bias=canonical(dtype_c) if bias else None,
+    )
+
+
+# --- a Problem from the caller's tensors ---------------------------------------------------
+
+
+def _check_scale(scale: Any, adapter: ArrayAdapter, what: str) -> tuple[int, ...]:
+    if not adapter.same_library(scale):
+        msg = f"scaled_matmul: {what} is a {type(scale).__name__}; scales are float32 torch tensors"
+        raise TypeError(msg)
+    if adapter.dtype(scale) != "f32":
+        msg = f"scaled_matmul: {what} is {adapter.dtype(scale)}; scales are float32"
+        raise TypeError(msg)
+    return adapter.shape(scale)
+
+
+def _is_vector(scale: Any, adapter: ArrayAdapter, shape: tuple[int, int]) -> bool:
+    """Whether ``scale`` is a row-wise scale of exactly ``shape``, its values adjacent."""
+    if adapter.shape(scale) != shape:
+        return False
+    strides = adapter.strides(scale)
+    return max(shape) == 1 or strides[0 if shape[1] == 1 else 1] == 1
+
+
+def scale_modes(scale_a: Any, scale_b: Any, adapter: ArrayAdapter, m: int, n: int) -> tuple[str, str]:
+    """The (scale_a, scale_b) modes of a call, decided as ``torch._scaled_mm`` decides them.
+
+    Both one value: per-tensor. Else ``scale_a`` of shape ``[m, 1]`` and ``scale_b`` of
+    shape ``[1, n]``: row-wise (so a ``[1, 1]`` scale_a at m = 1 is row-wise next to a
+    ``[1, n]`` scale_b, as in torch's ``get_joint_scaling``). Anything else is an error
+    naming what was given.
+    """
+    shape_a = _check_scale(scale_a, adapter, "scale_a")
+    shape_b = _check_scale(scale_b, adapter, "scale_b")
+    ones = [int(np.prod(s, dtype=np.int64)) == 1 for s in (shape_a, shape_b)]
+    if all(ones):
+        return "tensor", "tensor"
+    if _is_vector(scale_a, adapter, (m, 1)) and _is_vector(scale_b, adapter, (1, n)):
+        return "rowwise", "rowwise"
+    msg = (
+        f"scaled_matmul: scale_a has shape {shape_a} and scale_b {shape_b}: both scales must be one value "
+        f"(per-tensor), or contiguous float32 vectors of shapes {(m, 1)} and {(1, n)} (row-wise); "
+        "mixed, block-wise and MX scales are not supported"
+    )
+    raise ValueError(msg)
+
+
+def scaled_problem_of(
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    scale_a: Any,
+    scale_b: Any,
+    *,
+    out_dtype: str,
+    bias: Any = None,
+    out: Any = None,
+    fast_accum: bool = False,
+) -> Problem:
+    """The scaled-GEMM Problem of a call on the caller's own tensors.
+
+    The one place a scaled Problem is made from tensors (``unimatmul.scaled_matmul``,
+    PyTorch routing of ``torch._scaled_mm``). Bad input raises ``ValueError`` or
+    ``TypeError`` with a message that names the operand.
+    """
+    if adapter.kind != "torch":
+        msg = (
+            f"scaled_matmul takes torch tensors, not {type(a).__module__}.{type(a).__name__}: "
+            "NumPy (and CuPy, whose dtypes are NumPy's) has no fp8 dtype"
+        )
+        raise TypeError(msg)
+    for name, x in (("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias), ("out", out)):
+        if x is not None and not adapter.same_library(x):
+            msg = f"scaled_matmul: {name} is a {type(x).__name__}, but a is a {type(a).__name__}"
+            raise TypeError(msg)
+    device = adapter.device(a)
+    for name, x in (("b", b), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias), ("out", out)):
+        if x is not None and adapter.device(x) != device:
+            msg = f"scaled_matmul: a is on {device} but {name} is on {adapter.device(x)}"
+            raise ValueError(msg)
+    a_shape, b_shape = adapter.shape(a), adapter.shape(b)
+    for name, shape in (("a", a_shape), ("b", b_shape)):
+        if len(shape) != 2:
+            msg = f"scaled_matmul: {name} must be 2-D, got shape {shape}"
+            raise ValueError(msg)
+    dtype_a, dtype_b = adapter.dtype(a), adapter.dtype(b)
+    for name, dtype in (("a", dtype_a), ("b", dtype_b)):
+        if dtype not in FP8:
+            msg = f"scaled_matmul: {name} is {dtype}; a and b must be fp8 ({', '.join(sorted(FP8))})"
+            raise TypeError(msg)
+    m, k = a_shape
+    k2, n = b_shape
+    if k != k2:
+        msg = (
+            f"scaled_matmul: mismatch in the contracted dimension: a has shape {a_shape} and b has "
+            f"shape {b_shape} (size {k} is different from {k2})"
+        )
+        raise ValueError(msg)
+    if min(m, n, k) < 1:
+        msg = f"scaled_matmul: empty operands (m={m}, n={n}, k={k}) are not supported"
+        raise ValueError(msg)
+    out_dtype = canonical(out_dtype)
+    if out_dtype not in SCALED_OUTPUTS:
+        msg = f"scaled_matmul: out_dtype {out_dtype} is not one of {', '.join(SCALED_OUTPUTS)}"
+        raise TypeError(msg)
+    modes = scale_modes(scale_a, scale_b, adapter, m, n)
+    if bias is not None:
+        if adapter.shape(bias) != (n,):
+            msg = f"scaled_matmul: bias must have shape ({n},), got {adapter.shape(bias)}"
+            raise ValueError(msg)
+        # torch._scaled_mm's rule (ScaledBlas.cpp): a bf16 or f16 bias, of the output's dtype.
+        if out_dtype == "f32" or adapter.dtype(bias) != out_dtype:
+            msg = (
+                f"scaled_matmul: a bias of {adapter.dtype(bias)} with a {out_dtype} output is not "
+                "supported: the bias must be bf16 or f16, the output's dtype"
+            )
+            raise TypeError(msg)
+        if n > 1 and adapter.strides(bias)[0] != 1:
+            msg = "scaled_matmul: bias must be contiguous; pass a contiguous copy"
+            raise ValueError(msg)
+    if out is not None:
+        if adapter.shape(out) != (m, n):
+            msg = f"scaled_matmul: out has shape {adapter.shape(out)}, expected {(m, n)}"
+            raise ValueError(msg)
+        if adapter.dtype(out) != out_dtype:
+            msg = f"scaled_matmul: out is {adapter.dtype(out)}, expected out_dtype {out_dtype}"
+            raise TypeError(msg)
+    trans_a, lda = matrix_layout(a_shape, adapter.strides(a), "a")
+    trans_b, ldb = matrix_layout(b_shape, adapter.strides(b), "b")
+    ldc = n
+    ptrs = [adapter.ptr(a), adapter.ptr(b)]
+    if out is not None:
+        o_trans, ldc = matrix_layout((m, n), adapter.strides(out), "out")
+        if o_trans and m > 1 and n > 1:
+            msg = f"scaled_matmul: out must be row-major, got strides {adapter.strides(out)}"
+            raise ValueError(msg)
+        ptrs.append(adapter.ptr(out))
+    if bias is not None:
+        ptrs.append(adapter.ptr(bias))
+    # The scales' addresses too: a kernel reads row-wise scales as vectors.
+    ptrs += [adapter.ptr(scale_a), adapter.ptr(scale_b)]
+    if device.kind == "cuda" and (trans_a or not trans_b):
+        # torch._scaled_mm on Ada and Hopper (ScaledBlas.cpp): "Only multiplication of
+        # row-major and column-major matrices is supported by cuBLASLt".
+        msg = (
+            "scaled_matmul: on a CUDA device a must be row-major and b column-major (b = w.t() of a "
+            "row-major w[n, k]), the only layout torch._scaled_mm and cuBLASLt's fp8 kernels take "
+            "on Ada and Hopper; pass a.contiguous() and w.t()"
+        )
+        raise ValueError(msg)
+    if device.kind != "cpu" and (k % 16 or n % 16):
+        msg = f"scaled_matmul: on a GPU k and n must be multiples of 16 (torch._scaled_mm), got k={k}, n={n}"
+        raise ValueError(msg)
+    return Problem(
+        m=m,
+        n=n,
+        k=k,
+        dtype_a=dtype_a,
+        dtype_b=dtype_b,
+        dtype_c=out_dtype,
+        compute="f32",
+        trans_a=trans_a,
+        trans_b=trans_b,
+        lda=lda,
+        ldb=ldb,
+        ldc=ldc,
+        epilogue="bias" if bias is not None else "none",
+        dtype_bias=out_dtype if bias is not None else None,
+        align=pointer_alignment(*ptrs),
+        op="scaled_gemm",
+        scale_a=modes[0],
+        scale_b=modes[1],
+        fast_accum=bool(fast_accum),
+    )
+
+
+# --- operands, reference, Default ------------------------------------------------------------
+
+
+@dataclass
+class ScaledOperands(Operands):
+    """Operands of a scaled GEMM: fp8 ``a`` and ``b``, their f32 scales, ``out``, ``bias``."""
+
+    scale_a: Any = field(default=None)
+    scale_b: Any = field(default=None)
+
+
+def _torch(adapter: ArrayAdapter) -> Any:
+    torch = getattr(adapter, "torch", None)
+    if adapter.kind != "torch" or torch is None:
+        msg = f"scaled GEMMs run on torch tensors only, not {adapter.kind} arrays (no fp8 dtype there)"
+        raise TypeError(msg)
+    return torch
+
+
+def torch_fp8(torch: Any, dtype: str) -> Any:
+    """torch's dtype object of one of our fp8 names; TypeError if this torch lacks it."""
+    found = getattr(torch, _TORCH_FP8.get(dtype, ""), None)
+    if found is None:
+        msg = f"this torch has no {dtype} dtype ({_TORCH_FP8.get(dtype, 'not an fp8 name')})"
+        raise TypeError(msg)
+    return found
+
+
+def make_scaled_operands(
+    problem: Problem, adapter: ArrayAdapter, device: Device, rng: np.random.Generator
+) -> ScaledOperands:
+    """Random, never-zero operands of a scaled problem, in its exact layout and alignment.
+
+    Data are standard normal values rounded to the fp8 dtype; scales are positive,
+    spread over a factor of four (a row-wise scale differs from row to row, so that a
+    kernel that applied one scale to all rows would fail the check).
+    """
+    torch = _torch(adapter)
+    tdevice = adapter.torch_device(device)  # type: ignore[attr-defined]
+    gen = torch.Generator(device=tdevice)
+    gen.manual_seed(int(rng.integers(0, 2**62)))
+    m, n, k = problem.m, problem.n, problem.k
+
+    def fp8(rows: int, cols: int, trans: bool, ld: int, dtype: str) -> Any:
+        # The matrix as stored: row-major [rows, ld] or, transposed, column-major [ld, cols].
+        offset = problem.align if problem.align < 16 else 0  # one byte per element
+        stored = (cols, ld) if trans else (rows, ld)
+        size = offset + stored[0] * stored[1]
+        flat = torch.randn(size, generator=gen, device=tdevice).to(torch_fp8(torch, dtype))
+        strides = (1, ld) if trans else (ld, 1)
+        return flat.as_strided((rows, cols), strides, offset)
+
+    def scales(shape: tuple[int, ...]) -> Any:
+        return torch.rand(shape, generator=gen, device=tdevice).mul_(3.0).add_(1.0).div_(16.0)
+
+    a = fp8(m, k, problem.trans_a, problem.lda, problem.dtype_a)
+    b = fp8(k, n, problem.trans_b, problem.ldb, problem.dtype_b)
+    out = adapter.random_strided((m, n), (problem.ldc, 1), problem.dtype_c, device, rng)
+    bias = None
+    if problem.has_bias:
+        bias = adapter.random_strided((n,), (1,), problem.dtype_bias or problem.dtype_c, device, rng)
+    scale_a = scales((m, 1) if problem.scale_a == "rowwise" else ())
+    scale_b = scales((1, n) if problem.scale_b == "rowwise" else ())
+    return ScaledOperands(a, b, out, bias, scale_a, scale_b)
+
+
+def scaled_reference(adapter: ArrayAdapter, a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any) -> Any:
+    """``(scale_a * a) @ (scale_b * b) + bias`` in float64 on the operands' device."""
+    torch = _torch(adapter)
+    f64 = torch.float64
+    ref = (a.to(f64) * scale_a.to(f64)) @ (b.to(f64) * scale_b.to(f64))
+    if bias is not None:
+        ref = ref + bias.to(f64)
+    return ref
+
+
+@dataclass
+class ScaledDefaultRunner:
+    """The Default of a scaled GEMM: ``torch._scaled_mm`` (its ``out=`` form)."""
+
+    adapter: ArrayAdapter
+    fast_accum: bool = False
+    candidate: Candidate = field(default=DEFAULT)
+
+    def __post_init__(self) -> None:
+        self._scaled_mm = _torch(self.adapter)._scaled_mm
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        scale_a: Any = None,
+        scale_b: Any = None,
+    ) -> None:
+        if alpha != 1.0 or beta != 0.0:
+            msg = f"torch._scaled_mm has no alpha or beta (got alpha={alpha}, beta={beta})"
+            raise ValueError(msg)
+        self._scaled_mm(
+            a,
+            b,
+            scale_a,
+            scale_b,
+            bias=bias,
+            out_dtype=out.dtype,
+            use_fast_accum=self.fast_accum,
+            out=out,
+        )
+
+
+def default_runner(problem: Problem, adapter: ArrayAdapter) -> Runner:
+    """What the caller's library itself would do for ``problem``: the one Default."""
+    if problem.is_scaled:
+        return ScaledDefaultRunner(adapter, problem.fast_accum)
+    return DefaultRunner(adapter, problem.activation)
+
+
+__all__ = [
+    "SCALE_MODES",
+    "SCALE_PAIRS",
+    "ScaledDefaultRunner",
+    "ScaledOperands",
+    "default_runner",
+    "make_scaled_operands",
+    "scale_modes",
+    "scaled_problem",
+    "scaled_problem_of",
+    "scaled_reference",
+    "torch_fp8",
+]

@@ -1,0 +1,130 @@
+"""``unimatmul.scaled_matmul``: fp8 matrix products with scales, on a measured kernel.
+
+``scaled_matmul(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)`` computes what
+``torch._scaled_mm`` computes, ``(scale_a * a) @ (scale_b * b) (+ bias)``, with the
+kernel measured fastest for that exact problem here (``docs/fp8.md``). Like
+:func:`unimatmul.matmul`, a cached call finds its prepared runner through a signature
+of the operands; only a new signature builds a Problem and asks the Selector, which
+keeps ``torch._scaled_mm`` (Default) unless a candidate beat it and passed the check
+against the float64 product of the dequantised inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from unimatmul.cache.lru import LRU, lru_size
+from unimatmul.core.arrays import ArrayAdapter, adapter_of
+from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core.modes import get_mode
+from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import scaled_problem_of
+from unimatmul.tuning.selector import get_selector, on_forget
+
+# signature -> (runner, Problem, output allocator); bounded like the API's own map.
+_Found = tuple[Runner, Problem, Callable[[], Any]]
+_fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
+on_forget(_fast.clear)
+
+
+def scaled_matmul(
+    a: Any,
+    b: Any,
+    scale_a: Any,
+    scale_b: Any,
+    *,
+    out_dtype: Any,
+    bias: Any = None,
+    out: Any = None,
+    use_fast_accum: bool = False,
+) -> Any:
+    """``out = (scale_a * a) @ (scale_b * b) + bias`` for fp8 ``a`` ``[m, k]`` and ``b`` ``[k, n]``.
+
+    ``scale_a`` and ``scale_b`` are float32: one value each (per-tensor), or ``[m, 1]``
+    and ``[1, n]`` (row-wise, both contiguous). ``out_dtype`` is ``torch.bfloat16``,
+    ``torch.float16`` or ``torch.float32``; ``bias`` (``[n]``, the output's dtype, not with
+    float32) is added; ``out`` (``[m, n]``, row-major) is written in place.
+    ``use_fast_accum`` allows Hopper's fast fp8 accumulation (as torch's flag: faster,
+    less exact; it is part of the problem). Torch tensors only; on a CUDA device ``a``
+    must be row-major and ``b`` column-major (``w.t()``), as ``torch._scaled_mm`` wants.
+    Returns ``out``.
+    """
+    adapter = adapter_of(a)
+    signature = adapter.signature
+    mode = get_mode()
+    try:
+        sig = (
+            mode,
+            adapter.kind,
+            signature(a),
+            signature(b),
+            signature(scale_a),
+            signature(scale_b),
+            None if bias is None else signature(bias),
+            None if out is None else signature(out),
+            out_dtype,
+            bool(use_fast_accum),
+        )
+    except AttributeError:
+        # An operand that is no tensor at all: the full check says which one.
+        scaled_problem_of(
+            adapter,
+            a,
+            b,
+            scale_a,
+            scale_b,
+            out_dtype=str(out_dtype),
+            bias=bias,
+            out=out,
+            fast_accum=use_fast_accum,
+        )
+        raise
+    found = _fast.peek(sig)
+    if found is None:
+        found = _resolve(adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), mode)
+        _fast.put(sig, found)
+    runner = found[0]
+    if out is None:
+        out = found[2]()
+    scaled: Any = runner  # a scaled runner takes the scales last (core/scaled.py)
+    try:
+        scaled(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+    except Exception as exc:
+        if runner.candidate == DEFAULT:
+            raise  # torch's own error: the caller's to see
+        default: Any = get_selector().fall_back(found[1], runner.candidate, exc, adapter)
+        _fast.put(sig, (default, found[1], found[2]))
+        default(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+    return out
+
+
+def _resolve(
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    scale_a: Any,
+    scale_b: Any,
+    out_dtype: Any,
+    bias: Any,
+    out: Any,
+    fast_accum: bool,
+    mode: str,
+) -> _Found:
+    problem = scaled_problem_of(
+        adapter,
+        a,
+        b,
+        scale_a,
+        scale_b,
+        out_dtype=str(out_dtype),
+        bias=bias,
+        out=out,
+        fast_accum=fast_accum,
+    )
+    device = adapter.device(a)
+    decision = get_selector().decide(problem, Target(adapter, device), mode)
+    if decision.source == "tuned":
+        # Signatures resolved earlier in another mode may hold Default for this problem.
+        _fast.clear()
+    return decision.runner, problem, adapter.allocator((problem.m, problem.n), problem.dtype_c, device)

@@ -1,0 +1,338 @@
+"""Routing ``torch._scaled_mm`` (fp8 with scales) through unimatmul, at the dispatcher.
+
+A Python kernel for ``aten::_scaled_mm`` at the CPU and CUDA dispatch keys (CUDA also
+serves ROCm builds), installed and removed with the other routed products by
+:func:`unimatmul.torch.enable` / :func:`~unimatmul.torch.disable`. Like the kernels
+of ``routing.py`` it keeps one plan per operand key (shapes, strides, dtypes and
+pointer alignment of the fp8 operands, scales and bias, the output dtype, the fast
+accumulation flag, the device, the mode); a plan holds the prepared scaled runner, or
+None for PyTorch's own kernel (Default was chosen, or the call is not a scaled GEMM
+unimatmul describes: an fp8 output, block-wise or MX scales, ``scale_result``, ...).
+
+PyTorch's own kernel is reached through the ``out=`` form, ``aten::_scaled_mm.out``,
+which is never taken over: routing cannot recurse, not even through the Default
+candidate (``core/scaled.py``, the same call). While the Selector decides or tunes, the
+call runs inside ``unimatmul.mode("off")``, so the harness's own products (its float64
+reference goes through ``aten::mm``) pass through every routed kernel, native ones too.
+
+There are no native (C++) kernels for ``_scaled_mm``: every routed call runs this Python
+kernel (a dict lookup and the runner, a few microseconds of host time), which CUDA
+graphs remove. ``torch.compile`` keeps the calls routed through ``unimatmul::scaled_mm``
+(``compiled.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.autograd.profiler as _profiler
+
+from unimatmul.core import modes as _config
+from unimatmul.core.arrays import adapter_of
+from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core.problem import Problem
+from unimatmul.core.scaled import scaled_problem_of
+from unimatmul.tuning.selector import get_selector
+
+DISPATCH_KEYS = ("CPU", "CUDA")
+# Plans for this many distinct operand keys; a workload with ever-new shapes starts over.
+MAX_PLANS = 4096
+_OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+_DEVICES = frozenset({"cpu", "cuda"})
+
+
+class ScaledPlan:
+    """What to do with one operand key: a scaled runner, or None for PyTorch's kernel."""
+
+    __slots__ = ("calls", "label", "out_dtype", "out_shape", "problem", "reason", "runner", "source")
+
+    def __init__(self) -> None:
+        self.runner: Runner | None = None
+        self.problem: Problem | None = None
+        self.source = "passthrough"  # or the Selector's Decision.source
+        self.label = ""
+        self.reason = ""
+        self.out_shape: tuple[int, int] = (0, 0)
+        self.out_dtype: Any = None
+        self.calls = 0
+
+
+class _State:
+    def __init__(self) -> None:
+        self.library: Any = None
+        self.env_mode = "cached"
+        self.plans: dict[tuple[Any, ...], ScaledPlan] = {}
+        self.retired: Counter[tuple[str, str]] = Counter()
+        self.lock = threading.RLock()
+
+
+_state = _State()
+_mode_var = _config._mode  # the context variable behind unimatmul.mode(): read per call
+
+
+def _passthrough(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale_result: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    use_fast_accum: bool,
+) -> torch.Tensor:
+    out = a.new_empty(0, dtype=out_dtype if out_dtype is not None else a.dtype)
+    return torch._scaled_mm(
+        a,
+        b,
+        scale_a,
+        scale_b,
+        bias=bias,
+        scale_result=scale_result,
+        out_dtype=out_dtype,
+        use_fast_accum=use_fast_accum,
+        out=out,
+    )
+
+
+def _scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale_result: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """The routed ``aten::_scaled_mm``: a plan per operand key (module docstring)."""
+    mode = _mode_var.get() or _state.env_mode
+    if mode == "off":
+        return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    key = (
+        mode,
+        a.shape,
+        a.stride(),
+        a.dtype,
+        a.data_ptr() & 15,
+        b.shape,
+        b.stride(),
+        b.dtype,
+        b.data_ptr() & 15,
+        scale_a.shape,
+        scale_a.stride(),
+        scale_a.dtype,
+        scale_a.data_ptr() & 15,
+        scale_b.shape,
+        scale_b.stride(),
+        scale_b.dtype,
+        scale_b.data_ptr() & 15,
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15),
+        scale_result is None,
+        out_dtype,
+        use_fast_accum,
+        a.device,
+        b.device,
+    )
+    plan = _state.plans.get(key)
+    if plan is None:
+        plan = _resolve(key, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode)
+    plan.calls += 1
+    runner: Any = plan.runner
+    if runner is None:
+        return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=a.device)
+    try:
+        if _profiler._is_profiler_enabled:
+            with torch.profiler.record_function(plan.label):
+                runner(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+        else:
+            runner(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+    except Exception as exc:
+        plan.runner = None  # PyTorch's own kernel from now on
+        plan.source = "fallback"
+        plan.label = "unimatmul::scaled_mm [default]"
+        get_selector().fall_back(plan.problem, runner.candidate, exc, adapter_of(a))
+        return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    return out
+
+
+def _resolve(
+    key: tuple[Any, ...],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale_result: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    use_fast_accum: bool,
+    mode: str,
+) -> ScaledPlan:
+    plan = ScaledPlan()
+    try:
+        _fill(plan, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode)
+    except Exception as exc:  # never break the caller's program over a routing decision
+        plan.runner, plan.source = None, "passthrough"
+        plan.reason = f"{type(exc).__name__}: {exc}"
+    with _state.lock:
+        found = _state.plans.get(key)
+        if found is not None and plan.source != "tuned":  # another thread resolved it meanwhile
+            return found
+        if plan.source == "tuned" or len(_state.plans) >= MAX_PLANS:
+            # Keys resolved before may hold Default for the problem just tuned: start over.
+            _retire()
+        _state.plans[key] = plan
+    return plan
+
+
+def _fill(
+    plan: ScaledPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale_result: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    use_fast_accum: bool,
+    mode: str,
+) -> None:
+    if out_dtype not in _OUT_DTYPES:
+        plan.reason = f"output dtype {out_dtype or a.dtype} (unimatmul writes bf16, f16 or f32)"
+        return
+    if scale_result is not None:
+        plan.reason = "scale_result given"
+        return
+    if a.device.type not in _DEVICES or a.device != b.device:
+        plan.reason = f"devices {a.device} and {b.device}"
+        return
+    adapter = adapter_of(a)
+    try:
+        problem = scaled_problem_of(
+            adapter,
+            a,
+            b,
+            scale_a,
+            scale_b,
+            out_dtype=_OUT_DTYPES[out_dtype],
+            bias=bias,
+            fast_accum=use_fast_accum,
+        )
+    except (TypeError, ValueError) as exc:
+        # Block-wise or MX scales, a layout torch itself refuses, ...: PyTorch's kernel
+        # runs it (or raises its own error).
+        plan.reason = str(exc)
+        return
+    target = Target(adapter, adapter.device(a))
+    if mode == "tune" and a.is_cuda and torch.cuda.is_current_stream_capturing():
+        mode = "cached"  # never measure inside a CUDA graph capture
+    with _config.mode("off"):  # the harness's own products pass through every routed kernel
+        decision = get_selector().decide(problem, target, mode)
+    plan.problem = problem
+    plan.out_shape = (problem.m, problem.n)
+    plan.out_dtype = out_dtype
+    plan.source = decision.source
+    candidate = decision.runner.candidate
+    if candidate == DEFAULT:
+        plan.label = "unimatmul::scaled_mm [default]"
+    else:
+        plan.runner = decision.runner
+        plan.label = f"unimatmul::scaled_mm [{candidate.identity}]"
+
+
+def _retire() -> None:
+    for plan in _state.plans.values():
+        if plan.calls:
+            _state.retired[(plan.source, plan.label)] += plan.calls
+    _state.plans.clear()
+
+
+def clear_plans() -> None:
+    """Forget every plan (after tuning elsewhere, a new Selector, a new cache)."""
+    with _state.lock:
+        _retire()
+
+
+# --- installing ---------------------------------------------------------------------------
+
+
+def is_installed() -> bool:
+    return _state.library is not None
+
+
+def install() -> None:
+    """Register the kernel at the CPU and CUDA keys (idempotent); :func:`uninstall` undoes it."""
+    with _state.lock:
+        if _state.library is not None:
+            return
+        _state.env_mode = _config.env_mode()
+        library = torch.library.Library("aten", "IMPL")
+        try:
+            with warnings.catch_warnings():
+                # PyTorch warns that a kernel is overridden: that is the point here.
+                warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+                for key in DISPATCH_KEYS:
+                    library.impl("_scaled_mm", _scaled_mm, key)
+        except Exception:
+            library._destroy()
+            raise
+        _state.library = library
+
+
+def uninstall() -> None:
+    with _state.lock:
+        if _state.library is not None:
+            _state.library._destroy()
+            _state.library = None
+        _retire()
+
+
+# --- what happened ------------------------------------------------------------------------
+
+
+def stats() -> dict[str, Any]:
+    """Calls of ``torch._scaled_mm`` seen since the last :func:`reset_stats`.
+
+    ``routed`` (unimatmul decided: a kernel or Default), ``kernel`` (a backend's kernel
+    ran), ``default``, ``passthrough`` (not a scaled GEMM unimatmul describes), and
+    ``by_label`` / ``by_source`` as in :func:`unimatmul.torch.routing.stats`.
+    """
+    with _state.lock:
+        counts: Counter[tuple[str, str]] = Counter(_state.retired)
+        for plan in _state.plans.values():
+            if plan.calls:
+                counts[(plan.source, plan.label)] += plan.calls
+    out: dict[str, Any] = {
+        "routed": 0,
+        "kernel": 0,
+        "default": 0,
+        "passthrough": 0,
+        "by_label": {},
+        "by_source": {},
+    }
+    for (source, label), calls in counts.items():
+        routed = source != "passthrough"
+        kind = "passthrough" if not routed else ("default" if label.endswith("[default]") else "kernel")
+        out[kind] += calls
+        if routed:
+            out["routed"] += calls
+            out["by_label"][label] = out["by_label"].get(label, 0) + calls
+        out["by_source"][source] = out["by_source"].get(source, 0) + calls
+    return out
+
+
+def reset_stats() -> None:
+    with _state.lock:
+        _state.retired.clear()
+        for plan in _state.plans.values():
+            plan.calls = 0
+
+
+def plans() -> list[ScaledPlan]:
+    """The live plans (for inspection and tests)."""
+    with _state.lock:
+        return list(_state.plans.values())
