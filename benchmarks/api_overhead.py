@@ -94,12 +94,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     gpu = args.device.startswith("cuda")
-    dtype = DTYPES[args.dtype or ("bf16" if gpu else "f32")]
-    m, n, k = (int(x) for x in (args.shape or ("64x256x256" if gpu else "16x64x64")).split("x"))
     if not gpu:
         torch.set_num_threads(1)
     built = native.load(gpu)
-    get_selector().confirm_calls = 0  # windows are measured elsewhere (scripts/gpu_confirm.py)
+    selector = get_selector()
+    confirm_calls = selector.confirm_calls
+    selector.confirm_calls = 0  # windows are measured elsewhere (scripts/gpu_confirm.py)
+    try:
+        report = measure(args, gpu, built)
+    finally:
+        selector.confirm_calls = confirm_calls
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def measure(args: argparse.Namespace, gpu: bool, built: bool) -> dict[str, Any]:
+    dtype = DTYPES[args.dtype or ("bf16" if gpu else "f32")]
+    m, n, k = (int(x) for x in (args.shape or ("64x256x256" if gpu else "16x64x64")).split("x"))
     device = torch.device(args.device)
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
@@ -159,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{which}: {winner}")
         for name, row in {**off, **routed}.items():
             print(f"  {name:34s} host {row['host_us']:7.2f} us   wall {row['wall_us']:7.2f} us")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    return report
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def gpt2() -> tuple[Any, Callable[[], Any], Callable[[], Any], Callable[[], Any]
 def section_gpt2() -> dict[str, Any]:
     model, generate, prefill, _ = gpt2()
     selector = get_selector()
+    selector.confirm_calls = None  # windows as a user gets them (UNIMATMUL_CONFIRM, default on)
     result: dict[str, Any] = {
         "model": f"gpt2 ({'2 layers, 128 wide' if SMALL else 'config defaults'}, random weights, {DTYPE}, eager)",
         "device": str(DEVICE),
