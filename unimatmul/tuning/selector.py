@@ -217,9 +217,11 @@ class Selector:
         if candidate == DEFAULT or verdict == confirm.CONFIRMED:
             return Decision(runner, verdict or source, record)
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
-        if calls <= 0 or problem.is_scaled:
+        if calls <= 0 or problem.is_scaled or _tuning_gate is not None:
             # Scaled (fp8) runners take their scales as extra arguments, which a window
-            # does not pass on yet: their choices run unconfirmed.
+            # does not pass on yet; and in a distributed job (a tuning gate installed) every
+            # rank must run the same kernel, which windows judged on each rank alone would
+            # not keep: such choices run unconfirmed.
             return Decision(runner, source, record)
         min_gain = self.tuner.settings_for(target).min_gain
 
