@@ -150,14 +150,16 @@ def section_gpt2() -> dict[str, Any]:
     result["stats_after_judging"] = {k: v for k, v in ut.stats().items() if k in ("by_source", "confirm")}
 
     # Steady state (verdicts stored) against routing off. Enabling routing starts with no
-    # plans: a short generate makes them (and warms the off side alike) before the timing.
+    # plans: a short generate and a prefill make them (and warm the off side alike) first.
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(ROUNDS):
         generate(2)
+        prefill()
         times["generate off"].append(timed(generate))
         times["prefill off"].append(timed(prefill))
         with ut.enabled():
             generate(2)
+            prefill()
             times["generate routed"].append(timed(generate))
             times["prefill routed"].append(timed(prefill))
     # The windows' own cost: fresh plans and no verdicts before each round, every choice
