@@ -41,6 +41,7 @@ import torch
 
 from unimatmul import settings
 from unimatmul.core import modes
+from unimatmul.tuning.confirm import split
 
 ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
@@ -220,8 +221,6 @@ def watch(ident: int, judge: Callable[[list[float], list[float], str], bool]) ->
 def _confirmed(samples: torch.Tensor, ident: int, clock: str) -> bool:
     # Called by a native kernel (unimatmul_native::confirmed) on the thread of the call
     # that found its window full; never raises into it.
-    from unimatmul.tuning.confirm import split
-
     judge = _windows.pop(ident, None)
     if judge is None:
         return True  # the entry's owner is gone: the harness's choice stands

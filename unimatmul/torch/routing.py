@@ -674,10 +674,10 @@ def stats() -> dict[str, Any]:
     eligible (PyTorch's kernel, untouched). ``by_op``, ``by_label`` (the profiler's
     names) and ``by_source`` (the Selector's: cache, bucket, tuned, default, ...;
     ``confirmed`` / ``reverted`` once a confirmation window judged the choice) break it
-    down. ``confirm``: the windows of the live plans (``open``, ``confirmed``,
-    ``reverted``), and ``saved_s``, the kernel time the confirmed choices saved, by
-    their in-situ medians (calls x (Default - choice)). ``tuning_s``: seconds this
-    process's Selector spent tuning.
+    down. ``confirm``: confirmation windows ``open`` now, and ``confirmed``,
+    ``reverted`` and ``unjudged`` (nothing measurable) since the reset; ``saved_s``, the
+    kernel time the confirmed choices saved, by their in-situ medians (calls x (Default
+    - choice)). ``tuning_s``: seconds this process's Selector spent tuning.
     """
     with _state.lock:
         counts, saved, windows = _counts()

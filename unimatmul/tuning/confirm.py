@@ -259,6 +259,7 @@ class TorchEventClock:
         self._index = index
         self._samples = samples
         self._events: list[Any] = []
+        self._stream: Any = None
 
     def capturing(self) -> bool:
         return bool(self._torch.cuda.is_current_stream_capturing())
@@ -268,10 +269,13 @@ class TorchEventClock:
         if not self._events:
             with torch.cuda.device(self._index):
                 self._events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * self._samples)]
-        self._events[2 * index].record(torch.cuda.current_stream(self._index))
+        # Looked up before the start event, not between the two: on an idle GPU the pair
+        # also times the host, and the lookup is no part of the call.
+        self._stream = torch.cuda.current_stream(self._index)
+        self._events[2 * index].record(self._stream)
 
     def end(self, index: int) -> None:
-        self._events[2 * index + 1].record(self._torch.cuda.current_stream(self._index))
+        self._events[2 * index + 1].record(self._stream)
 
     def ready(self) -> bool:
         return bool(self._events) and bool(self._events[-1].query())
