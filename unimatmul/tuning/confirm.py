@@ -24,10 +24,12 @@ What a window is, and why:
   both alike.
 - verdict: ``median(K) <= (1 - min_gain) * median(D)``. The median, because single
   calls of a real program have outliers (a preempted host thread, an allocator
-  refill) that a mean would take in; 16 per candidate, because on the H200 single
-  events of a ~10 us kernel spread by ~5 %, and the median of 16 then moves by about
-  1.5 %, near ``min_gain``. The rule is one-sided on purpose: when the two are level
-  within the noise, Default stays, which can never be a loss.
+  refill) that a mean would take in; 16 per candidate, because the median of n
+  samples moves by about 1.25 s / sqrt(n) for a spread s of single calls: with 16, a
+  third of s, so single calls spread by up to ~3 % still leave the 1 % of ``min_gain``
+  resolvable, while a window stays 34 calls long (a 64-token decode of a 12-layer model
+  makes 768 calls of each decode product). The rule is one-sided on purpose: when the
+  two are level within the noise, Default stays, which can never be a loss.
 
 On a GPU an event pair around one call measures what that call adds to the program's
 critical path: when the GPU is busy (bound by the device) the start event waits behind
