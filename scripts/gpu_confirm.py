@@ -148,6 +148,19 @@ def section_gpt2() -> dict[str, Any]:
         ((routed_logits.double() - logits.double()).norm() / logits.double().norm()).item()
     )
     result["stats_after_judging"] = {k: v for k, v in ut.stats().items() if k in ("by_source", "confirm")}
+    # Each product's harness times beside its in-situ medians: where isolation and the
+    # model disagree (the root causes of issue #13 show here).
+    selector.settle(timeout=30)
+    result["records"] = [
+        {
+            "problem": key,
+            "winner": record.winner,
+            "harness_us": round(record.winner_s * 1e6, 2),
+            "harness_default_us": None if record.default_s is None else round(record.default_s * 1e6, 2),
+            "in_situ": record.settings.get("confirm"),
+        }
+        for _, key, record in selector.store.items()
+    ]
 
     # Steady state (verdicts stored) against routing off. Enabling routing starts with no
     # plans: a short generate and a prefill make them (and warm the off side alike) first.

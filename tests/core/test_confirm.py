@@ -208,3 +208,21 @@ def test_the_window_survives_default_failing_where_the_kernel_runs(isolated: Any
     assert decision.confirmation is not None and decision.confirmation.outcome is not None
     assert decision.confirmation.outcome.verdict == confirm.UNJUDGED
     assert fake.calls == 3 and isolated.selector.stats.confirmed == isolated.selector.stats.reverted == 0
+
+
+def test_no_window_while_a_distributed_job_decides_together(isolated: Any, fake_backend: Any) -> None:
+    """Every rank must run the same kernel there: a verdict judged on one rank would split them."""
+    from unimatmul.tuning.selector import set_tuning_gate
+
+    fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = CALLS
+    a, b = _operands()
+    problem = _problem(a, b)
+    _store_winner(isolated.selector, problem, "quick/k0")
+    try:
+        set_tuning_gate(lambda problem, target: False, collective=lambda: True)
+        assert isolated.selector.decide(problem, _target(), "cached").confirmation is None
+        set_tuning_gate(lambda problem, target: False, collective=lambda: False)  # installed, inert
+        assert isolated.selector.decide(problem, _target(), "cached").confirmation is not None
+    finally:
+        set_tuning_gate(None)

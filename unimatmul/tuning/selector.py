@@ -217,11 +217,12 @@ class Selector:
         if candidate == DEFAULT or verdict == confirm.CONFIRMED:
             return Decision(runner, verdict or source, record)
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
-        if calls <= 0 or problem.is_scaled or _tuning_gate is not None:
+        collective = _collective
+        if calls <= 0 or problem.is_scaled or (collective is not None and collective()):
             # Scaled (fp8) runners take their scales as extra arguments, which a window
-            # does not pass on yet; and in a distributed job (a tuning gate installed) every
-            # rank must run the same kernel, which windows judged on each rank alone would
-            # not keep: such choices run unconfirmed.
+            # does not pass on yet; and in a distributed job deciding together every rank
+            # must run the same kernel, which windows judged on each rank alone would not
+            # keep: such choices run unconfirmed.
             return Decision(runner, source, record)
         min_gain = self.tuner.settings_for(target).min_gain
 
@@ -493,12 +494,18 @@ def set_selector(selector: Selector | None) -> Selector | None:
 # jobs use it so that no rank decides alone and no collective runs inside a call
 # (unimatmul.tuning.distributed). Process-wide, so that it outlives set_selector().
 _tuning_gate: Callable[[Problem, Target], bool] | None = None
+# Whether the gate's owner decides collectively now (then no rank may judge a choice alone).
+_collective: Callable[[], bool] | None = None
 
 
-def set_tuning_gate(gate: Callable[[Problem, Target], bool] | None) -> None:
-    """Install (or with None remove) the gate that may defer tuning on a call."""
-    global _tuning_gate
+def set_tuning_gate(
+    gate: Callable[[Problem, Target], bool] | None, *, collective: Callable[[], bool] | None = None
+) -> None:
+    """Install (or with None remove) the gate that may defer tuning on a call;
+    ``collective()`` says whether its owner's job decides together right now."""
+    global _tuning_gate, _collective
     _tuning_gate = gate
+    _collective = collective if gate is not None else None
 
 
 # Callers that keep prepared runners in front of the Selector (the API's fast path,
