@@ -3,11 +3,23 @@
 The cached call is the hot path: a signature of the operands (shapes, strides,
 dtypes, devices, pointer alignment) finds a prepared Runner in a bounded map, and
 the runner runs. Only a new signature builds a Problem and asks the Selector.
+
+For torch tensors in the plain form (no ``c``, ``bias`` or ``activation``, alpha 1,
+beta 0) there is a faster path still, where the native routing kernels are built
+(``unimatmul.torch``: by ``enable()`` or ``python -m unimatmul.torch --build-native``;
+the API never waits for a compiler itself): the signature's entry also goes into the
+native library's API table, and the next calls reach it through one C function that
+reads the tensors, finds the entry and runs it (cuBLASLt, oneDNN or PyTorch's own
+kernel) without the interpreter on the way, in less host time than ``torch.matmul``.
+
+A tuned choice starts in a confirmation window (:mod:`unimatmul.tuning.confirm`): its
+first calls alternate it with Default; the winner then replaces it here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,12 +28,19 @@ from unimatmul.core.arrays import ArrayAdapter, adapter_of
 from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
+from unimatmul.tuning.confirm import ConfirmingRunner
 from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
 
 # signature -> (runner, output shape, Problem, output allocator). Bounded, so that a
 # workload with ever-new shapes cannot grow memory without limit.
 _Found = tuple[Runner, tuple[int, ...], Problem, Callable[[], Any]]
 _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
+
+# The native fast path (torch tensors): the C function, and the tensor types it reads.
+# Empty until a torch call finds the native kernels built.
+_native_call: Callable[..., Any] | None = None
+_native_types: frozenset[type] = frozenset()
+_native_keep: list[list[Any]] = [[], []]  # runners the table points into, kept one generation more
 
 
 def clear_fast_path() -> None:
@@ -30,7 +49,16 @@ def clear_fast_path() -> None:
     forget_prepared()
 
 
-on_forget(_fast.clear)
+def _forget() -> None:
+    _fast.clear()
+    if _native_call is not None:
+        from unimatmul.torch import native  # loaded already: this imports nothing new
+
+        native.clear(native.API)
+        _native_keep[:] = [[], _native_keep[0]]
+
+
+on_forget(_forget)
 
 
 def matmul(
@@ -56,6 +84,11 @@ def matmul(
     :func:`unimatmul.mode`): ``off`` always uses what the array library itself would,
     ``cached`` uses tuned answers, ``tune`` tunes unknown problems on first call.
     """
+    if type(a) in _native_types:
+        # The whole cached call in C (it checks the form and the mode itself).
+        done = _native_call(a, b, out, alpha, beta, c, bias, activation)  # type: ignore[misc]
+        if done is not NotImplemented:
+            return done
     adapter = adapter_of(a)
     signature = adapter.signature
     mode = get_mode()
@@ -79,6 +112,7 @@ def matmul(
     if found is None:
         found = _resolve(adapter, a, b, out, c, bias, activation, alpha, beta, mode)
         _fast.put(sig, found)
+        _prepared(sig, found, adapter, a, b, out, c, bias, activation, alpha, beta, mode)
     runner = found[0]
     if out is None:
         out = found[3]()
@@ -94,6 +128,86 @@ def matmul(
             adapter.copy_(out, c)  # the failed kernel may have written part of out
         runner(a, b, out, alpha, beta, bias)
     return out
+
+
+def _prepared(
+    sig: tuple[Any, ...],
+    found: _Found,
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    out: Any,
+    c: Any,
+    bias: Any,
+    activation: str | None,
+    alpha: float,
+    beta: float,
+    mode: str,
+) -> None:
+    """After a new signature's first resolution: let a window's winner replace it here,
+    and give torch tensors' plain calls an entry in the native table."""
+    runner = found[0]
+    if isinstance(runner, ConfirmingRunner):
+        runner.on_final.append(lambda final: _fast.put(sig, (final, *found[1:])))
+    if (
+        adapter.kind == "torch"
+        and c is None
+        and bias is None
+        and activation is None
+        and alpha == 1.0
+        and beta == 0.0
+        and a.dim() == b.dim()
+        and (a.dim() == 2 or a.shape[0] == b.shape[0])
+    ):
+        try:
+            _native_put(runner, found[1], a, b, out, mode)
+        except Exception:  # the Python path keeps serving the signature
+            pass
+
+
+def _native_put(runner: Runner, out_shape: tuple[int, ...], a: Any, b: Any, out: Any, mode: str) -> None:
+    """Put the signature's entry into the native API table, when the kernels are built."""
+    global _native_call, _native_types
+    if "unimatmul.torch.native" not in sys.modules and not _native_wanted():
+        return
+    from unimatmul.torch import native  # torch is imported already: a torch tensor is here
+
+    gpu = bool(a.is_cuda)
+    if not native.loaded() and not native.load(gpu, build=False):
+        return
+    if gpu and not native.has_lt():
+        return  # a CPU build cannot make a GPU call
+    call = native.fast_matmul()
+    if call is None:
+        return
+    window = runner if isinstance(runner, ConfirmingRunner) else None
+    kernel = window.kernel if window is not None else runner
+    native_call = None
+    if kernel.candidate != DEFAULT:
+        native_call = kernel.native_call() if hasattr(kernel, "native_call") else None
+        kind = native.kind_of(native_call)
+        if kind == native.PYTHON:
+            return  # no entry: such calls stay on the Python path
+    else:
+        kind = native.DEFAULT
+    if native.size(native.API) >= _fast.maxsize:
+        native.clear(native.API)
+        _native_keep[:] = [[], _native_keep[0]]
+    ident = native.new_id()
+    confirm = window.confirmation.calls if window is not None else 0
+    native.put_api(mode, a, b, out, kind, ident, out_shape, native_call, confirm)
+    if window is not None:
+        native.watch(ident, window.confirmation.conclude)
+    _native_keep[0].append(kernel)
+    _native_call = call
+    _native_types = frozenset({type(a)} | set(_native_types))
+
+
+def _native_wanted() -> bool:
+    """Whether to look for a native build at all (not with UNIMATMUL_TORCH_NATIVE=0)."""
+    from unimatmul.settings import TORCH_NATIVE
+
+    return TORCH_NATIVE.get() != "0"
 
 
 def _fall_back(sig: tuple[Any, ...], found: _Found, adapter: ArrayAdapter, exc: Exception) -> Runner:

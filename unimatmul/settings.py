@@ -240,6 +240,23 @@ GPU_BUDGET_S = declare(
     "measuring time per candidate on a GPU (default 0.004)",
 )
 
+# Confirming tuned choices where they run (unimatmul.tuning.confirm)
+CONFIRM = declare(
+    "UNIMATMUL_CONFIRM",
+    "bool",
+    True,
+    parse_bool,
+    "`0`: keep a tuned choice without confirming it on its first real calls (default `1`: "
+    "alternate it with Default, timed in-stream, and keep it only if it wins there; see `docs/torch.md`)",
+)
+CONFIRM_CALLS = declare(
+    "UNIMATMUL_CONFIRM_CALLS",
+    "int",
+    16,
+    parse_int(4),
+    "timed real calls per candidate (the choice and Default) in a confirmation window (default 16)",
+)
+
 # The unimatmul command (unimatmul.cli)
 DEBUG = declare(
     "UNIMATMUL_DEBUG",

@@ -38,13 +38,19 @@ def fast_settings() -> HarnessSettings:
 
 
 @contextlib.contextmanager
-def isolated_selector(cache_path: str | os.PathLike[str]) -> Iterator[Selector]:
+def isolated_selector(cache_path: str | os.PathLike[str], *, confirm_calls: int = 0) -> Iterator[Selector]:
     """A process-wide Selector over its own cache file and plugin manager, with fast
-    settings, for the duration of the block (the previous one comes back after)."""
+    settings, for the duration of the block (the previous one comes back after).
+
+    Confirmation windows (:mod:`unimatmul.tuning.confirm`) are off unless
+    ``confirm_calls`` asks for them: a backend's tests count its calls and watch them
+    fail one by one, and a window would send half of the first ones to Default.
+    """
     saved = settings.CACHE.raw()
     os.environ[settings.CACHE.name] = str(Path(cache_path))
     plugins = PluginManager()
     selector = Selector(plugins=plugins, settings=fast_settings())
+    selector.confirm_calls = confirm_calls
     old = set_selector(selector)
     # A Selector made inside the block without plugins loads the process-wide manager:
     # let it see the block's environment, not whatever came before.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from typing import Any
 
 import pytest
 
@@ -224,15 +225,30 @@ def test_the_choice_of_keys() -> None:
             os.environ[native.ENV] = old
 
 
-def test_build_native_command() -> None:
+@pytest.mark.slow
+def test_build_native_command_says_it_builds_once(tmp_path: Any) -> None:
+    """A real build in an empty extension folder says on stderr what it does (it takes
+    10-40 s); the next process loads that build and says nothing."""
+    import os
     import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-m", "unimatmul.torch", "--build-native"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "native routing kernels built for the" in done.stdout
+    environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+
+    def build() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "unimatmul.torch", "--build-native"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=environment,
+        )
+
+    first = build()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "native routing kernels built for the" in first.stdout
+    (line,) = [text for text in first.stderr.splitlines() if "building the native routing kernels" in text]
+    assert "once per PyTorch version" in line
+    again = build()
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "building" not in again.stderr

@@ -6,6 +6,8 @@ GPU backend's kernels really run whichever wins), then the model is captured.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -173,7 +175,7 @@ def test_native_kernels_make_the_lt_call(gpu_env: Env, bias: bool) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            on_side = lin(x)  # another stream: not the workspace's; the Python kernel serves it
+            on_side = lin(x)  # another stream: the entry makes a workspace of its own for it
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
     for out in [*outs, on_side]:
@@ -205,3 +207,137 @@ def test_native_kernels_make_the_padded_call(gpu_env: Env) -> None:
     torch.cuda.synchronize()
     for out in outs:
         assert _rel(out, reference) < TOLERANCE[torch.bfloat16]
+
+
+# --- confirmation windows on the GPU ------------------------------------------------------------
+
+
+def _plan_of(op: str) -> Any:
+    from unimatmul.torch import routing
+
+    (plan,) = [p for p in routing._state.plans.values() if p.op == op]
+    return plan
+
+
+@pytest.mark.parametrize("min_gain", [-100.0, 0.99], ids=["kept", "reverted"])
+def test_a_window_on_the_gpu_times_with_events(gpu_env: Env, min_gain: float) -> None:
+    """The window's samples are CUDA events on the caller's stream; the verdict holds."""
+    from unimatmul.torch import native
+    from unimatmul.tuning.harness import HarnessSettings
+
+    if not _gpu_kernels_available(gpu_env):
+        pytest.skip("no GPU backend is available")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 192, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(96, 256, device="cuda", dtype=torch.bfloat16)
+    reference = x.double() @ lin.weight.double().t() + lin.bias.double()
+    _tune_model(gpu_env, lin, x)
+    gpu_env.selector.confirm_calls = 4
+    gpu_env.selector.settings = HarnessSettings(min_gain=min_gain)  # windows only: tuning is done
+    outs = []
+    with torch.no_grad(), ut.enabled():
+        for _ in range(60):  # a full window, and a few calls to read its last events
+            outs.append(lin(x))
+            plan = _plan_of("addmm")
+            if plan.confirmation is not None and plan.confirmation.outcome is not None:
+                break
+        assert plan.confirmation is not None and plan.confirmation.outcome is not None
+        keep = min_gain < 0
+        assert plan.source == ("confirmed" if keep else "reverted")
+        outs.extend(lin(x) for _ in range(3))
+        if plan.native in (native.LT, native.PADDED):
+            assert native.kinds()[plan.ident] == (plan.native if keep else native.DEFAULT)
+        torch.cuda.synchronize()
+    for out in outs:
+        assert _rel(out, reference) < TOLERANCE[torch.bfloat16]
+    found = plan.confirmation.outcome
+    assert found.clock == "cuda-events" and found.calls == 4
+    assert 0 < found.kernel_s < 1e-2 and 0 < found.default_s < 1e-2
+
+
+def test_no_event_is_recorded_while_a_graph_is_captured(gpu_env: Env) -> None:
+    """A window open during capture runs the choice untimed; capture and replay work, and
+    the window ends later on eager calls."""
+    if not _gpu_kernels_available(gpu_env):
+        pytest.skip("no GPU backend is available")
+    torch.manual_seed(0)
+    model = TinyTransformer(dim=64, heads=4).cuda().to(torch.bfloat16)
+    static = torch.randint(0, 64, (2, 16), device="cuda")
+    with torch.no_grad():
+        _tune_model(gpu_env, model, static)
+        gpu_env.selector.confirm_calls = 16
+        with ut.enabled():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = model(static)
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = captured.clone()
+            open_after_capture = ut.stats()["confirm"]["open"]
+            for _ in range(60):
+                eager = model(static)
+            torch.cuda.synchronize()
+            stats = ut.stats()
+    assert open_after_capture > 0  # 2 warm-up calls and a capture do not fill a window of 34
+    assert stats["confirm"]["open"] == 0
+    assert stats["confirm"]["confirmed"] + stats["confirm"]["reverted"] == open_after_capture
+    assert _rel(replayed, eager) < 3e-2
+
+
+@pytest.mark.parametrize("env", ["native"], indirect=True)
+def test_an_lt_entry_serves_other_streams_natively(gpu_env: Env) -> None:
+    """A call on another stream than the entry's gets a workspace of its own in C++ (it
+    used to go through the Python kernel)."""
+    from unimatmul.torch import native
+
+    if not _gpu_kernels_available(gpu_env):
+        pytest.skip("no GPU backend is available")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 192, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(96, 256, device="cuda", dtype=torch.bfloat16)
+    reference = x.double() @ lin.weight.double().t()
+    _tune_model(gpu_env, lin, x)
+    gpu_env.selector.confirm_calls = 0
+    with torch.no_grad(), ut.enabled():
+        lin(x)
+        plan = _plan_of("mm")
+        if plan.native not in (native.LT, native.PADDED):
+            pytest.skip(f"the tuned choice is not an Lt kernel here: {plan.label}")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            outs = [lin(x) for _ in range(3)]
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        assert native.counts().get(plan.ident) == 3
+    for out in outs:
+        assert _rel(out, reference) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("env", ["native"], indirect=True)
+def test_the_api_serves_cuda_tensors_from_the_native_table(gpu_env: Env) -> None:
+    from unimatmul.torch import native
+
+    torch.manual_seed(0)
+    a = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    reference = a.double() @ b.double()
+    out = torch.empty(64, 256, device="cuda", dtype=torch.bfloat16)
+    with unimatmul.mode("tune"):
+        unimatmul.matmul(a, b)
+    unimatmul.matmul(a, b)
+    unimatmul.matmul(a, b, out=out)
+    before = sum(native.counts(table=native.API).values())
+    results = [unimatmul.matmul(a, b) for _ in range(3)]
+    out.fill_(float("nan"))
+    assert unimatmul.matmul(a, b, out=out) is out
+    torch.cuda.synchronize()
+    assert sum(native.counts(table=native.API).values()) == before + 4
+    for result in [*results, out]:
+        assert _rel(result, reference) < TOLERANCE[torch.bfloat16]

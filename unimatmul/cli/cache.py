@@ -32,6 +32,7 @@ from unimatmul.cli import interop, output
 from unimatmul.cli.interop import reader
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
+from unimatmul.tuning import confirm
 from unimatmul.tuning.selector import Selector
 
 
@@ -132,11 +133,12 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
                 fmt_us(record.winner_s),
                 fmt_us(record.default_s),
                 f"{record.speedup:.2f}x",
+                confirm.describe(record),
             ]
         )
     for ns, rows in by_ns.items():
         out.write(f"\n[{ns}]\n")
-        output.table(rows, ["problem", "winner", "us", "default us", "speedup"], out)
+        output.table(rows, ["problem", "winner", "us", "default us", "speedup", "in situ"], out)
     return EXIT_OK
 
 

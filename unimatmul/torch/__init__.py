@@ -43,6 +43,7 @@ __all__ = [
     "reset_stats",
     "scaled_stats",
     "stats",
+    "totals",
     "warmup",
 ]
 
@@ -96,6 +97,13 @@ def stats() -> dict[str, Any]:
     from unimatmul.torch import routing
 
     return routing.stats()
+
+
+def totals() -> dict[str, Any]:
+    """Like :func:`stats`, but never reset (what unimatmul.torch.metrics exports)."""
+    from unimatmul.torch import routing
+
+    return routing.totals()
 
 
 def scaled_stats() -> dict[str, Any]:

@@ -13,37 +13,53 @@ executed from C++ as well (``MatmulPrimitive.native_words``).
 The kernels are built on first use with ``torch.utils.cpp_extension`` (a C++ compiler
 and ninja are needed; the GPU build also needs the CUDA or ROCm headers that PyTorch's
 extension builder finds) and cached in PyTorch's extension directory
-(``TORCH_EXTENSIONS_DIR``). When the build fails, routing uses the Python kernels and
-says why once. ``UNIMATMUL_TORCH_NATIVE`` chooses: ``auto`` (default: native kernels
-at the CPU key and, with a GPU, the CUDA key), ``cuda`` (the CUDA key only), ``0``
-(Python kernels only).
+(``TORCH_EXTENSIONS_DIR``); the first build says so on stderr (it takes 10-40 s). When
+the build fails, routing uses the Python kernels and says why once.
+``UNIMATMUL_TORCH_NATIVE`` chooses: ``auto`` (default: native kernels at the CPU key
+and, with a GPU, the CUDA key), ``cuda`` (the CUDA key only), ``0`` (Python kernels
+only).
+
+The same library holds a second table for ``unimatmul.matmul`` on torch tensors
+(:func:`fast_matmul`), and the confirmation windows of both tables (``CONFIRM``
+entries) hand their samples back here (:func:`watch`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import itertools
 import os
 import shutil
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from unimatmul import settings
+from unimatmul.core import modes
+from unimatmul.tuning.confirm import split
 
 ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
 SOURCE = Path(__file__).with_name("_native.cpp")
 MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
 OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
-# Entry kinds in the native table (_native.cpp).
-DEFAULT, LT, PYTHON, PADDED, ONEDNN = 0, 1, 2, 3, 4
+# Entry kinds in the native table (_native.cpp); CONFIRM: in its confirmation window.
+DEFAULT, LT, PYTHON, PADDED, ONEDNN, CONFIRM = 0, 1, 2, 3, 4, 5
+# The two tables: the aten kernels' (routing), and unimatmul.matmul's.
+ROUTING, API = 0, 1
+API_OPS = {2: 4, 3: 5}  # operand rank -> the API's op code (API_MM, API_BMM)
 
 _lock = threading.Lock()
 _loaded_gpu: bool | None = None  # None: nothing loaded; else whether the GPU build is
+_library_path: str | None = None
 _failures: dict[bool, str] = {}  # GPU build? -> why it failed
+# Entry ids, shared by both tables: a window's verdict finds its owner by id.
+_ids = itertools.count(1)
 
 
 def choice() -> str:
@@ -69,38 +85,87 @@ def _build_name(cuda: bool) -> str:
     return f"unimatmul_native_{'gpu' if cuda else 'cpu'}_{digest.hexdigest()[:12]}"
 
 
-def load(cuda: bool) -> bool:
+def new_id() -> int:
+    """A fresh entry id (the routing plans' and the API's entries draw from one count)."""
+    return next(_ids)
+
+
+def _built_library(cuda: bool) -> Path | None:
+    """The built library for this source and PyTorch, if a build exists (no compiling)."""
+    try:
+        from torch.utils import cpp_extension
+
+        name = _build_name(cuda)
+        folder = Path(cpp_extension._get_build_directory(name, False))
+    except Exception:  # a private helper of PyTorch's: without it, the usual path builds
+        return None
+    suffix = ".pyd" if sys.platform == "win32" else ".so"
+    found = folder / f"{name}{suffix}"
+    return found if found.is_file() else None
+
+
+def load(cuda: bool, *, build: bool = True) -> bool:
     """Build (once per source and PyTorch version) and load the kernels; False if that fails.
 
     ``cuda``: the GPU build, which can make Lt calls itself; the CPU build passes every
     backend kernel to Python. Only one build is loaded per process (both define the
-    same operators); a GPU build serves the CPU key too.
+    same operators); a GPU build serves the CPU key too. ``build=False``: load only a
+    build that already exists (``unimatmul.matmul`` never waits for a compiler).
     """
-    global _loaded_gpu
+    global _loaded_gpu, _library_path
     with _lock:
         if _loaded_gpu is not None:
             return _loaded_gpu or not cuda
         if cuda in _failures:
             return False
-        try:
-            from torch.utils import cpp_extension
-
-            _find_ninja()
-            cpp_extension.load(
-                name=_build_name(cuda),
-                sources=[str(SOURCE)],
-                extra_cflags=["-O2", *(["-DUMM_WITH_CUDA"] if cuda else [])],
-                with_cuda=cuda,
-                is_python_module=False,
-                verbose=False,
-            )
-        except Exception as exc:  # a missing compiler, ninja or header: Python kernels instead
-            _failures[cuda] = (
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-            )
-            return False
+        path = _load_built(cuda)
+        if path is None:
+            if not build:
+                return False
+            try:
+                path = _build(cuda)
+            except Exception as exc:  # a missing compiler, ninja or header: Python kernels instead
+                _failures[cuda] = (
+                    f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                )
+                return False
         _loaded_gpu = cuda
+        _library_path = path
+        _register_confirmed()
         return True
+
+
+def _load_built(cuda: bool) -> str | None:
+    """Load an existing build directly (no ninja run, a few milliseconds); None if none loads."""
+    found = _built_library(cuda)
+    if found is None:
+        return None
+    try:
+        torch.ops.load_library(str(found))
+    except Exception:  # e.g. a build another process is writing now: build (or wait) instead
+        return None
+    return str(found)
+
+
+def _build(cuda: bool) -> str | None:
+    from torch.utils import cpp_extension
+
+    _find_ninja()
+    # 10-40 s of compiler time that would otherwise pass in silence (issue #12).
+    sys.stderr.write(
+        f"unimatmul: building the native routing kernels for the {'GPU' if cuda else 'CPU'} "
+        "(once per PyTorch version, 10-40 s)...\n"
+    )
+    sys.stderr.flush()
+    path = cpp_extension.load(
+        name=_build_name(cuda),
+        sources=[str(SOURCE)],
+        extra_cflags=["-O2", *(["-DUMM_WITH_CUDA"] if cuda else [])],
+        with_cuda=cuda,
+        is_python_module=False,
+        verbose=False,
+    )
+    return path if isinstance(path, str) else None
 
 
 def _find_ninja() -> None:
@@ -139,6 +204,44 @@ def kind_of(call: Any) -> int:
     if call.kind == "lt" and has_lt():
         return PADDED if call.padded else LT
     return PYTHON
+
+
+# --- confirmation windows: the native side hands its samples to Python ---------------------
+
+# Entry id -> what judges its window: (kernel samples, Default samples, clock) -> keep?
+_windows: dict[int, Callable[[list[float], list[float], str], bool]] = {}
+_confirmed_library: list[Any] = []
+
+
+def watch(ident: int, judge: Callable[[list[float], list[float], str], bool]) -> None:
+    """Have ``judge`` decide the window of entry ``ident`` when it is full."""
+    _windows[ident] = judge
+
+
+def _confirmed(samples: torch.Tensor, ident: int, clock: str) -> bool:
+    # Called by a native kernel (unimatmul_native::confirmed) on the thread of the call
+    # that found its window full; never raises into it.
+    judge = _windows.pop(ident, None)
+    if judge is None:
+        return True  # the entry's owner is gone: the harness's choice stands
+    try:
+        kernel_s, default_s = split(samples.tolist())
+        return bool(judge(kernel_s, default_s, clock))
+    except Exception:
+        return True
+
+
+def _register_confirmed() -> None:
+    if _confirmed_library:
+        return
+    library = torch.library.Library("unimatmul_native", "IMPL")
+    library.impl("confirmed", _confirmed, "CPU")
+    _confirmed_library.append(library)
+
+
+def _forget_windows(pairs: list[int]) -> None:
+    for i in range(0, len(pairs), 2):
+        _windows.pop(pairs[i], None)
 
 
 # --- the slow ops: the Python kernels behind the native ones -------------------------------
@@ -206,16 +309,59 @@ def put(
     out_shape: tuple[int, ...],
     form: int,
     call: Any = None,
+    confirm: int = 0,
 ) -> None:
-    """Put the entry for these operands' key; ``call``: a runner's NativeCall (LT, PADDED)."""
+    """Put the routing entry for these operands' key; ``call``: a runner's NativeCall (LT,
+    PADDED, ONEDNN); ``confirm`` > 0: a window of that many timed calls per candidate
+    (its verdict goes to the judge given to :func:`watch` for ``ident``)."""
     accumulate = c is not None
+    _put(ROUTING, OPS[op], -1, a, b, c, bool(accumulate and beta == 0), bool(accumulate and beta == 1),
+         kind, ident, label, out_shape, form, call, confirm)  # fmt: skip
+
+
+def put_api(
+    mode: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    kind: int,
+    ident: int,
+    out_shape: tuple[int, ...],
+    call: Any = None,
+    confirm: int = 0,
+) -> None:
+    """Put ``unimatmul.matmul``'s entry for ``matmul(a, b, out=out)`` in ``mode`` (plain
+    form: 2-D operands, or 3-D ones of one batch)."""
+    _put(API, API_OPS[a.dim()], MODES[mode], a, b, out, False, False, kind, ident,
+         "unimatmul::matmul", out_shape, 0, call, confirm)  # fmt: skip
+
+
+def _put(
+    table: int,
+    op: int,
+    mode: int,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    beta_zero: bool,
+    beta_one: bool,
+    kind: int,
+    ident: int,
+    label: str,
+    out_shape: tuple[int, ...],
+    form: int,
+    call: Any,
+    confirm: int,
+) -> None:
     torch.ops.unimatmul_native.put(
-        OPS[op],
+        table,
+        op,
+        mode,
         a,
         b,
         c,
-        bool(accumulate and beta == 0),
-        bool(accumulate and beta == 1),
+        beta_zero,
+        beta_one,
         kind,
         ident,
         label,
@@ -224,6 +370,7 @@ def put(
         call.words if call is not None else [],
         list(call.buffers) if call is not None and call.padded else [],
         list(call.flags) if call is not None and call.padded else [],
+        confirm,
     )
 
 
@@ -232,18 +379,90 @@ def _pairs(words: list[int]) -> dict[int, int]:
     return {words[i]: words[i + 1] for i in range(0, len(words), 2) if words[i + 1]}
 
 
-def clear() -> dict[int, int]:
-    """Empty the table; the calls each entry made there, by entry id."""
+def clear(table: int = ROUTING) -> dict[int, int]:
+    """Empty a table; the calls each entry made there, by entry id."""
     if not loaded():
         return {}
-    return _pairs(list(torch.ops.unimatmul_native.clear()))
+    words = list(torch.ops.unimatmul_native.clear(table))
+    _forget_windows(words)
+    return _pairs(words)
 
 
-def counts(reset: bool = False) -> dict[int, int]:
+def counts(reset: bool = False, table: int = ROUTING) -> dict[int, int]:
     if not loaded():
         return {}
-    return _pairs(list(torch.ops.unimatmul_native.counts(reset)))
+    return _pairs(list(torch.ops.unimatmul_native.counts(table, reset)))
 
 
-def size() -> int:
-    return int(torch.ops.unimatmul_native.size()) if loaded() else 0
+def kinds(table: int = ROUTING) -> dict[int, int]:
+    """Entry id -> kind (CONFIRM while its window is open)."""
+    if not loaded():
+        return {}
+    words = list(torch.ops.unimatmul_native.kinds(table))
+    return {words[i]: words[i + 1] for i in range(0, len(words), 2)}
+
+
+def size(table: int = ROUTING) -> int:
+    return int(torch.ops.unimatmul_native.size(table)) if loaded() else 0
+
+
+# --- unimatmul.matmul's fast function --------------------------------------------------------
+
+_fast: list[Any] = []  # [the function, or None when it cannot be had]
+
+
+def fast_matmul() -> Callable[..., Any] | None:
+    """``fast_matmul(a, b, out, alpha, beta, c, bias, activation)``: the API table's
+    cached call (``unimatmul.matmul``'s arguments as they are), or None.
+
+    Returns the call's result, or ``NotImplemented`` when Python must take it (another
+    form, a ``unimatmul.mode()`` block, no entry yet). None when no build is loaded or
+    this torch's tensor objects are not laid out as the function reads them (checked
+    on live tensors first).
+    """
+    if _fast:
+        return _fast[0]
+    if not loaded() or _library_path is None:
+        return None
+    with _lock:
+        if not _fast:
+            _fast.append(_make_fast())
+    return _fast[0]
+
+
+def _tensor_offset() -> int | None:
+    """Where a tensor object holds its ``at::Tensor`` (what THPVariable_Unpack reads):
+    the one offset at which every probe's TensorImpl address (``_cdata``) is found."""
+    probes = [torch.empty(3), torch.nn.Parameter(torch.empty(2)), torch.empty(0).t()]
+    found: set[int] | None = None
+    for probe in probes:
+        size = type(probe).__basicsize__
+        here = {
+            off
+            for off in range(ctypes.sizeof(ctypes.c_ssize_t) * 2, size - 7, 8)
+            if ctypes.c_void_p.from_address(id(probe) + off).value == probe._cdata
+        }
+        found = here if found is None else found & here
+    return min(found) if found and len(found) == 1 else None
+
+
+def _make_fast() -> Any:
+    offset = _tensor_offset()
+    if offset is None or _library_path is None:
+        return None
+    try:
+        function = ctypes.PyDLL(_library_path).unimatmul_fast_matmul_function
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.py_object
+    function.argtypes = [
+        ctypes.py_object,
+        ctypes.py_object,
+        ctypes.c_ssize_t,
+        ctypes.py_object,
+        ctypes.c_char_p,
+    ]
+    # The context variable of unimatmul.mode() blocks, and the mode's variable, which the
+    # function reads per call as unimatmul.core.modes does.
+    made = function(torch.Tensor, torch.nn.Parameter, offset, modes._mode, settings.MODE.name.encode())
+    return made if callable(made) else None

@@ -23,11 +23,15 @@ The hot path: a key of the operands (shapes, strides, dtypes, devices, pointer
 alignment, mode) finds a :class:`Plan` in a dict; the plan holds the prepared
 Runner (or None: PyTorch's own kernel, when Default was chosen or the operands are
 not eligible). No Problem is built, nothing is logged, nothing synchronises.
+
+A choice from a record starts in a confirmation window (:mod:`unimatmul.tuning.confirm`):
+its first real calls alternate it with PyTorch's kernel, timed where they run, and the
+verdict either keeps it or turns the plan into PyTorch's kernel (source ``confirmed`` or
+``reverted``). The native kernels run the window of their entries themselves.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import warnings
 from collections import Counter
@@ -42,6 +46,7 @@ from unimatmul.core.arrays import adapter_of
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
+from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
 from unimatmul.tuning.selector import get_selector
 
 DISPATCH_KEYS = ("CPU", "CUDA")
@@ -61,6 +66,7 @@ class Plan:
 
     __slots__ = (
         "calls",
+        "confirmation",
         "form",
         "ident",
         "label",
@@ -70,12 +76,13 @@ class Plan:
         "problem",
         "reason",
         "runner",
+        "saved_s",
         "source",
     )
 
     def __init__(self, op: str) -> None:
         self.op = op
-        self.ident = next(_plan_ids)
+        self.ident = native.new_id()
         self.native = -1  # the kind of its entry in the native table; -1: none
         self.runner: Runner | None = None
         self.problem: Problem | None = None
@@ -85,9 +92,15 @@ class Plan:
         self.out_shape: tuple[int, ...] = ()
         self.form = PLAIN
         self.calls = 0
+        # The choice's window while it is open (its outcome once it is judged).
+        self.confirmation: Confirmation | None = None
+        # Seconds a call saves over PyTorch's kernel, by the in-situ medians (confirmed only).
+        self.saved_s = 0.0
 
-
-_plan_ids = itertools.count(1)
+    @property
+    def confirming(self) -> bool:
+        """Whether the plan's choice is still in its confirmation window."""
+        return self.confirmation is not None and self.confirmation.outcome is None
 
 
 class _Busy(threading.local):
@@ -100,6 +113,12 @@ class _State:
         self.env_mode = "cached"
         self.plans: dict[tuple[Any, ...], Plan] = {}
         self.retired: Counter[tuple[str, str, str]] = Counter()
+        self.retired_saved_s = 0.0  # in-situ time saved by calls of forgotten plans
+        self.verdicts: Counter[str] = Counter()  # windows judged: confirmed, reverted, unjudged
+        # What reset_stats() took out of the counts: the metrics' totals never go down.
+        self.before_reset: Counter[tuple[str, str, str]] = Counter()
+        self.saved_before_reset = 0.0
+        self.verdicts_before_reset: Counter[str] = Counter()
         self.collector: list[tuple[Problem, Target]] | None = None
         self.lock = threading.RLock()
         # Dispatch keys served by the native kernels (native.py), and the runners their
@@ -127,7 +146,8 @@ def is_enabled() -> bool:
 
 
 # Whether float32 products may use TF32: part of the Problem (compute type) on CUDA, so
-# part of the key there too (a user may switch it between calls).
+# part of a float32 key there too (a user may switch it between calls).
+_F32 = torch.float32
 _tf32: Callable[[], bool] = getattr(
     torch._C, "_get_cublas_allow_tf32", lambda: bool(torch.backends.cuda.matmul.allow_tf32)
 )
@@ -152,7 +172,7 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
                 b.stride(),
                 b.dtype,
                 b.data_ptr() & 15,
-                (a.get_device(), b.get_device(), _tf32()) if cuda else None,
+                (a.get_device(), b.get_device(), a.dtype is _F32 and _tf32()) if cuda else None,
             )
             plan = _state.plans.get(key)
             if plan is None:
@@ -175,7 +195,8 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
             c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
         ) -> torch.Tensor:
             mode = _mode_var.get() or _state.env_mode
-            if mode == "off" or _busy.on:
+            if mode == "off" or _busy.on or isinstance(alpha, complex) or isinstance(beta, complex):
+                # A complex scalar is not part of the key: PyTorch takes (and refuses) it.
                 return default(c, a, b, beta, alpha)
             key = (
                 name,
@@ -194,7 +215,9 @@ def _kernels(cuda: bool) -> dict[str, Callable[..., torch.Tensor]]:
                 c.data_ptr() & 15,
                 beta == 0,
                 beta == 1,
-                (a.get_device(), b.get_device(), c.get_device(), _tf32()) if cuda else None,
+                (a.get_device(), b.get_device(), c.get_device(), a.dtype is _F32 and _tf32())
+                if cuda
+                else None,
             )
             plan = _state.plans.get(key)
             if plan is None:
@@ -308,23 +331,35 @@ def _resolve(
 def _native_put(
     plan: Plan, op: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, beta: Any
 ) -> None:
-    """Give the native kernels this key's entry (they call Python for keys they lack)."""
+    """Give the native kernels this key's entry (they call Python for keys they lack).
+
+    A choice in its window: the entry runs the window itself when it can make the
+    kernel's call (the Python plan then holds the bare kernel, for calls that still
+    come through Python); else the entry sends calls to the Python kernel, whose plan
+    runs the window.
+    """
     runner = plan.runner
+    window = runner if isinstance(runner, ConfirmingRunner) else None
+    kernel = window.kernel if window is not None else runner
     call = None
-    if runner is not None and plan.form in (PLAIN, BIAS) and hasattr(runner, "native_call"):
+    if kernel is not None and plan.form in (PLAIN, BIAS) and hasattr(kernel, "native_call"):
         try:
-            call = runner.native_call()
+            call = kernel.native_call()
         except Exception:  # the Python kernel keeps serving the key
             call = None
-    kind = native.kind_of(call) if runner is not None else native.DEFAULT
+    kind = native.kind_of(call) if kernel is not None else native.DEFAULT
+    confirm = window.confirmation.calls if window is not None and kind != native.PYTHON else 0
     try:
-        native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, call)
+        native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, call, confirm)
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
     plan.native = kind
-    if runner is not None:
-        _state.keep[0].append(runner)
+    if window is not None and confirm:
+        native.watch(plan.ident, window.confirmation.conclude)
+        plan.runner = kernel
+    if kernel is not None:
+        _state.keep[0].append(kernel)
 
 
 def _fill_plan(
@@ -338,6 +373,10 @@ def _fill_plan(
     mode: str,
 ) -> None:
     reason = _ineligible(a, b)
+    if not reason and c is not None and (c.dtype is not a.dtype or c.device != a.device):
+        # PyTorch refuses an input of another dtype even when beta == 0 ("self and mat2
+        # must have the same dtype"): its kernel must see the call to say so.
+        reason = f"input of dtype {c.dtype} on {c.device}"
     if reason:
         plan.reason = reason
         return
@@ -395,6 +434,81 @@ def _fill_plan(
     else:
         plan.runner = decision.runner
         plan.label = f"unimatmul::{op} [{candidate.identity}]"
+        if decision.source == "confirmed" and decision.record is not None:
+            plan.saved_s = _saved_per_call(decision.record.settings)
+    if decision.confirmation is not None:
+        if isinstance(plan.runner, ConfirmingRunner):
+            # Inside a dispatcher kernel, Default is PyTorch's kernel through its out= and
+            # in-place forms (torch.matmul(out=...) would refuse operands that require grad).
+            plan.runner.default = _PYTORCH
+        plan.confirmation = decision.confirmation
+        decision.confirmation.listen(lambda outcome: _judged(plan, outcome))
+
+
+class _PyTorchKernel:
+    """PyTorch's own kernel in the runner convention (the Default of a window in the Python
+    kernels), through the out= and in-place forms, which routing never takes over."""
+
+    candidate = DEFAULT
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+    ) -> None:
+        batched = out.dim() == 3
+        if beta != 0.0:  # out holds C
+            if batched:
+                out.baddbmm_(a, b, beta=beta, alpha=alpha)
+            else:
+                out.addmm_(a, b, beta=beta, alpha=alpha)
+        elif bias is not None:
+            torch.addmm(bias, a, b, alpha=alpha, out=out)
+        else:
+            (torch.bmm if batched else torch.mm)(a, b, out=out)
+            if alpha != 1.0:
+                out.mul_(alpha)
+
+
+_PYTORCH = _PyTorchKernel()
+
+
+def _saved_per_call(settings: dict[str, Any]) -> float:
+    found = settings.get("confirm")
+    try:
+        return max(float(found["default_s"]) - float(found["kernel_s"]), 0.0)  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+
+
+def _judged(plan: Plan, outcome: Outcome) -> None:
+    """A window's verdict: the plan keeps its kernel or becomes PyTorch's kernel.
+
+    The calls made so far stay counted under the plan's old source; later ones count
+    under ``confirmed`` or ``reverted``.
+    """
+    runner = plan.runner
+    kernel = runner.kernel if isinstance(runner, ConfirmingRunner) else runner
+    with _state.lock:
+        _state.verdicts[outcome.verdict] += 1
+        if outcome.verdict == UNJUDGED:
+            plan.runner = kernel  # nothing measured: the choice stays, under its old source
+            return
+        _sync_native_counts()
+        if plan.calls:
+            _state.retired[(plan.op, plan.source, plan.label)] += plan.calls
+            plan.calls = 0
+        plan.source = outcome.verdict
+        if outcome.keep:
+            plan.runner = kernel
+            plan.saved_s = outcome.saved_s
+        else:
+            plan.runner = None
+            plan.label = f"unimatmul::{plan.op} [default]"
 
 
 def _ineligible(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -451,6 +565,8 @@ def _retire_plans() -> None:
     for plan in _state.plans.values():
         if plan.calls:
             _state.retired[(plan.op, plan.source, plan.label)] += plan.calls
+            _state.retired_saved_s += plan.calls * plan.saved_s
+            plan.calls = 0  # a verdict that reaches a forgotten plan must not count them again
     _state.plans.clear()
     _state.keep = [[], _state.keep[0]]
 
@@ -534,21 +650,69 @@ def uninstall() -> None:
 # --- what happened ------------------------------------------------------------------------
 
 
+def _counts() -> tuple[Counter[tuple[str, str, str]], float, dict[str, int]]:
+    """(op, source, label) -> calls since the last reset; in-situ seconds saved; windows
+    open now and judged since the last reset (lock held)."""
+    _sync_native_counts()
+    counts: Counter[tuple[str, str, str]] = Counter(_state.retired)
+    saved = _state.retired_saved_s
+    windows = {"open": 0, "confirmed": 0, "reverted": 0, "unjudged": 0, **_state.verdicts}
+    for plan in _state.plans.values():
+        if plan.calls:
+            counts[(plan.op, plan.source, plan.label)] += plan.calls
+            saved += plan.calls * plan.saved_s
+        if plan.confirming:
+            windows["open"] += 1
+    return counts, saved, windows
+
+
 def stats() -> dict[str, Any]:
     """Calls seen by the routed kernels since the last :func:`reset_stats`.
 
     ``routed``: calls unimatmul decided (a kernel or Default); ``kernel``: calls that
     ran a backend's kernel; ``default``: Default chosen; ``passthrough``: operands not
     eligible (PyTorch's kernel, untouched). ``by_op``, ``by_label`` (the profiler's
-    names) and ``by_source`` (the Selector's: cache, bucket, tuned, default, ...) break
-    it down.
+    names) and ``by_source`` (the Selector's: cache, bucket, tuned, default, ...;
+    ``confirmed`` / ``reverted`` once a confirmation window judged the choice) break it
+    down. ``confirm``: confirmation windows ``open`` now, and ``confirmed``,
+    ``reverted`` and ``unjudged`` (nothing measurable) since the reset; ``saved_s``, the
+    kernel time the confirmed choices saved, by their in-situ medians (calls x (Default
+    - choice)). ``tuning_s``: seconds this process's Selector spent tuning.
     """
     with _state.lock:
-        _sync_native_counts()
-        counts: Counter[tuple[str, str, str]] = Counter(_state.retired)
-        for plan in _state.plans.values():
-            if plan.calls:
-                counts[(plan.op, plan.source, plan.label)] += plan.calls
+        counts, saved, windows = _counts()
+    out = _summarise(counts)
+    out["confirm"] = {**windows, "saved_s": saved}
+    out["tuning_s"] = get_selector().stats.tune_s
+    return out
+
+
+def totals() -> dict[str, Any]:
+    """Like :func:`stats`, but never reset (what a metrics exporter's counters need), with
+    ``calls``: ``(op, source, kind, calls)`` rows (kind: kernel, default, passthrough)."""
+    with _state.lock:
+        counts, saved, windows = _counts()
+        counts.update(_state.before_reset)
+        saved += _state.saved_before_reset
+        for verdict, judged in _state.verdicts_before_reset.items():
+            windows[verdict] += judged
+    out = _summarise(counts)
+    out["confirm"] = {**windows, "saved_s": saved}
+    out["tuning_s"] = get_selector().stats.tune_s
+    rows: Counter[tuple[str, str, str]] = Counter()
+    for (op, source, label), calls in counts.items():
+        rows[(op, source, _kind(source, label))] += calls
+    out["calls"] = [(op, source, kind, calls) for (op, source, kind), calls in sorted(rows.items())]
+    return out
+
+
+def _kind(source: str, label: str) -> str:
+    if source == "passthrough":
+        return "passthrough"
+    return "default" if label.endswith("[default]") else "kernel"
+
+
+def _summarise(counts: Counter[tuple[str, str, str]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "routed": 0,
         "kernel": 0,
@@ -560,7 +724,7 @@ def stats() -> dict[str, Any]:
     }
     for (op, source, label), calls in counts.items():
         routed = source != "passthrough"
-        kind = "passthrough" if not routed else ("default" if label.endswith("[default]") else "kernel")
+        kind = _kind(source, label)
         out[kind] += calls
         if routed:
             out["routed"] += calls
@@ -575,8 +739,13 @@ def stats() -> dict[str, Any]:
 
 def reset_stats() -> None:
     with _state.lock:
-        _sync_native_counts()
+        counts, saved, _ = _counts()
+        _state.before_reset.update(counts)
+        _state.saved_before_reset += saved
+        _state.verdicts_before_reset.update(_state.verdicts)
+        _state.verdicts.clear()
         _state.retired.clear()
+        _state.retired_saved_s = 0.0
         for plan in _state.plans.values():
             plan.calls = 0
 

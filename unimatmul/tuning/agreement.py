@@ -109,7 +109,7 @@ def _defer(problem: Problem, target: Target) -> bool:
 def install() -> None:
     """Let the Selector defer tuning on a call to the next :func:`agree` (inert unless
     :func:`active`). ``unimatmul.torch.enable()`` calls it."""
-    set_tuning_gate(_defer)
+    set_tuning_gate(_defer, collective=active)
 
 
 def uninstall() -> None:

@@ -11,9 +11,13 @@ One tuning per key at a time.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
+import weakref
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unimatmul.cache.protocol import CacheStore, open_store
@@ -24,6 +28,7 @@ from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import default_runner
+from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.record_mode import record_problem
@@ -35,8 +40,12 @@ class Decision:
     """What the selector chose for one problem, and why (for ``info``/profiling)."""
 
     runner: Runner
-    source: str  # "tuned", "cache", "bucket", "default", "fallback", "deferred"
+    # "tuned", "cache", "bucket", "default", "fallback", "deferred"; "confirmed" /
+    # "reverted": a record whose choice a confirmation window judged (tuning/confirm.py).
+    source: str
     record: TuningRecord | None = None
+    # Set when ``runner`` is a ConfirmingRunner: the choice's first real calls judge it.
+    confirmation: confirm.Confirmation | None = None
 
 
 @dataclass
@@ -49,6 +58,9 @@ class SelectorStats:
     invalidated: int = 0  # versions changed and the winner is gone: dropped, retuned on demand
     unavailable: int = 0  # the winner's backend is not loaded or not available here: skipped, kept
     fallbacks: int = 0
+    tune_s: float = 0.0  # seconds spent tuning in this process
+    confirmed: int = 0  # windows that kept their choice
+    reverted: int = 0  # windows that sent their key back to Default
     recorded: set[str] = field(default_factory=set)
 
     def summary(self) -> str:
@@ -108,6 +120,14 @@ class Selector:
         self.on_problem: Callable[[Problem, Target], None] | None = record_problem
         # Dynamic shapes: a problem differing from a bucket-tuned one only in m uses its choice.
         self.buckets: Buckets | None = Buckets.from_env()
+        # Timed calls per candidate in a confirmation window; None: UNIMATMUL_CONFIRM[_CALLS].
+        self.confirm_calls: int | None = None
+        # Verdicts are written to the store by a thread of their own: a window ends inside
+        # a user's call, and a cache file write (a locked read-merge-write) must not.
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._jobs_done = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._busy_writing = False
 
     # --- wiring -------------------------------------------------------------------
     @property
@@ -185,8 +205,7 @@ class Selector:
                 record, source = self.tune(problem, target), "tuned"
             if record is None:
                 return Decision(default_runner(problem, target.adapter), "default")
-            runner = self.prepare(problem, Candidate.from_identity(record.winner), target)
-            return Decision(runner, source, record)
+            return self._decided(problem, target, record, source)
         except Exception as exc:
             self.stats.fallbacks += 1
             self.warn_once(
@@ -194,6 +213,112 @@ class Selector:
                 f"using Default for {problem.shape_text} {problem.dtype_a}: {type(exc).__name__}: {exc}",
             )
             return Decision(default_runner(problem, target.adapter), "fallback")
+
+    def _decided(self, problem: Problem, target: Target, record: TuningRecord, source: str) -> Decision:
+        """The Decision for a record's winner: as a window's verdict says, else in a window."""
+        candidate = Candidate.from_identity(record.winner)
+        verdict = confirm.verdict_of(record) if source != "bucket" else None
+        if verdict == confirm.REVERTED:
+            return Decision(default_runner(problem, target.adapter), verdict, record)
+        runner = self.prepare(problem, candidate, target)
+        if candidate == DEFAULT or verdict == confirm.CONFIRMED:
+            return Decision(runner, verdict or source, record)
+        calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
+        collective = _collective
+        if calls <= 0 or problem.is_scaled or (collective is not None and collective()):
+            # Scaled (fp8) runners take their scales as extra arguments, which a window
+            # does not pass on yet; and in a distributed job deciding together every rank
+            # must run the same kernel, which windows judged on each rank alone would not
+            # keep: such choices run unconfirmed.
+            return Decision(runner, source, record)
+        min_gain = self.tuner.settings_for(target).min_gain
+
+        def report(outcome: confirm.Outcome) -> None:
+            self.confirmed(problem, target, record, source, outcome)
+
+        confirmation = confirm.Confirmation(record.winner, calls, min_gain, report)
+        default = default_runner(problem, target.adapter)
+        window = confirm.ConfirmingRunner(runner, default, confirmation, confirm.clock_for(target, 2 * calls))
+        return Decision(window, source, record, confirmation)
+
+    def confirmed(
+        self, problem: Problem, target: Target, record: TuningRecord, source: str, outcome: confirm.Outcome
+    ) -> None:
+        """Keep a window's verdict in the cache, so that other processes use it at once.
+
+        An exact record (found or tuned) gets ``settings["confirm"]``; a bucket's choice
+        that lost at this m gets an exact record of Default for this m (the bucket's
+        other m keep their choice); a bucket's choice that won is not stored (every
+        process confirms it again, a bounded cost). Written by a thread of its own
+        (:meth:`settle` waits for it); never raises: the verdict already holds in this
+        process.
+        """
+        if outcome.keep:
+            self.stats.confirmed += 1
+        else:
+            self.stats.reverted += 1
+        self._in_background(lambda: self._store_verdict(problem, target, record, source, outcome))
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every verdict handed over is in the store; False if ``timeout`` passed first."""
+        with self._jobs_done:
+            return self._jobs_done.wait_for(lambda: not self._jobs and not self._busy_writing, timeout)
+
+    def _in_background(self, job: Callable[[], None]) -> None:
+        with self._jobs_done:
+            self._jobs.append(job)
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(
+                    target=self._write_jobs, name="unimatmul-verdicts", daemon=True
+                )
+                self._writer.start()
+                _live.add(self)
+
+    def _write_jobs(self) -> None:
+        while True:
+            with self._jobs_done:
+                if not self._jobs:
+                    self._writer = None
+                    self._jobs_done.notify_all()
+                    return
+                job = self._jobs.popleft()
+                self._busy_writing = True
+            try:
+                job()
+            finally:
+                with self._jobs_done:
+                    self._busy_writing = False
+                    self._jobs_done.notify_all()
+
+    def _store_verdict(
+        self, problem: Problem, target: Target, record: TuningRecord, source: str, outcome: confirm.Outcome
+    ) -> None:
+        try:
+            platform = self.platform(target)
+            if source == "bucket":
+                if outcome.keep:
+                    return
+                entry = TuningRecord(
+                    problem=problem.key,
+                    winner=DEFAULT.identity,
+                    winner_s=outcome.default_s,
+                    default_s=outcome.default_s,
+                    versions=dict(record.versions),
+                    tuned_at=time.time(),
+                    settings={confirm.KEY: {**outcome.as_settings(), "bucket": record.problem}},
+                    writer=record.writer,
+                )
+                self._store_record(platform, problem.key, entry)
+                return
+            current = self.store.get(platform.namespace, problem.key)
+            if current is None or current.winner != record.winner:
+                return  # tuned again meanwhile: that record has no verdict yet
+            settings = {**current.settings, confirm.KEY: outcome.as_settings()}
+            self.store.put(platform.namespace, problem.key, replace(current, settings=settings))
+        except Exception as exc:
+            self.warn_once(
+                ("confirm", problem.key), f"could not store the verdict on {problem.shape_text}: {exc!r}"
+            )
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
         """A Runner for a Candidate on this target: Default or a backend's kernel."""
@@ -322,6 +447,7 @@ class Selector:
                     return existing
             record = self.tuner.tune(problem, target, versions=dict(platform.versions), progress=progress)
             self.stats.tuned += 1
+            self.stats.tune_s += record.tune_s
             if store:
                 self._store_record(platform, problem.key, record, target)
             return record
@@ -351,6 +477,7 @@ class Selector:
             problem, target, buckets, versions=dict(platform.versions), progress=progress
         )
         self.stats.tuned += 1
+        self.stats.tune_s += record.tune_s
         if store:
             self._store_record(platform, record.problem, record, target)
         return record
@@ -378,6 +505,14 @@ class Selector:
 
 _selector: Selector | None = None
 _selector_lock = threading.Lock()
+# Selectors with verdicts being written: given a few seconds to finish at exit.
+_live: weakref.WeakSet[Selector] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    for selector in list(_live):
+        selector.settle(timeout=5.0)
 
 
 def get_selector() -> Selector:
@@ -404,12 +539,18 @@ def set_selector(selector: Selector | None) -> Selector | None:
 # jobs use it so that no rank decides alone and no collective runs inside a call
 # (unimatmul.tuning.distributed). Process-wide, so that it outlives set_selector().
 _tuning_gate: Callable[[Problem, Target], bool] | None = None
+# Whether the gate's owner decides collectively now (then no rank may judge a choice alone).
+_collective: Callable[[], bool] | None = None
 
 
-def set_tuning_gate(gate: Callable[[Problem, Target], bool] | None) -> None:
-    """Install (or with None remove) the gate that may defer tuning on a call."""
-    global _tuning_gate
+def set_tuning_gate(
+    gate: Callable[[Problem, Target], bool] | None, *, collective: Callable[[], bool] | None = None
+) -> None:
+    """Install (or with None remove) the gate that may defer tuning on a call;
+    ``collective()`` says whether its owner's job decides together right now."""
+    global _tuning_gate, _collective
     _tuning_gate = gate
+    _collective = collective if gate is not None else None
 
 
 # Callers that keep prepared runners in front of the Selector (the API's fast path,

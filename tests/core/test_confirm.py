@@ -1,0 +1,228 @@
+"""Confirmation windows (unimatmul.tuning.confirm) through unimatmul.matmul on NumPy arrays.
+
+A fake backend's kernel is stored as the winner; its first real calls then alternate it
+with Default. A "slow" fake (correct, with a 2 ms sleep) must lose where it runs; with
+``min_gain`` set far below zero, any kernel is kept. Every result of the window is
+checked against a float64 reference.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+import unimatmul
+from unimatmul.cache.record import TuningRecord
+from unimatmul.cli import main
+from unimatmul.core.arrays import CPU, adapter_of
+from unimatmul.core.backend import DEFAULT, Target
+from unimatmul.core.problem import Problem
+from unimatmul.testing import fast_settings
+from unimatmul.tuning import confirm
+from unimatmul.tuning.selector import Selector
+
+CALLS = 4  # timed calls per candidate: the smallest window UNIMATMUL_CONFIRM_CALLS takes
+WINDOW = confirm.WARMUP + 2 * CALLS
+RNG = np.random.default_rng(1313)
+
+
+def _operands() -> tuple[np.ndarray, np.ndarray]:
+    return RNG.standard_normal((24, 40)).astype(np.float32), RNG.standard_normal((40, 16)).astype(np.float32)
+
+
+def _target() -> Target:
+    return Target(adapter_of(np.zeros(1, np.float32)), CPU)
+
+
+def _problem(a: np.ndarray, b: np.ndarray) -> Problem:
+    return Problem.from_operands(adapter_of(a), a, b)[0]
+
+
+def _store_winner(selector: Selector, problem: Problem, winner: str) -> str:
+    namespace = selector.platform(_target()).namespace
+    versions = dict(selector.platform(_target()).versions)
+    selector.store.put(
+        namespace, problem.key, TuningRecord(problem.key, winner, 1e-6, 2e-6, versions=versions)
+    )
+    return namespace
+
+
+def _check(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_the_order_is_kddk_and_split_undoes_it() -> None:
+    assert [confirm.uses_kernel(i) for i in range(8)] == [True, False, False, True] * 2
+    kernel, default = confirm.split([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    assert kernel == [1.0, 4.0, 5.0, 8.0] and default == [2.0, 3.0, 6.0, 7.0]
+
+
+def test_judge_keeps_a_choice_only_when_it_wins_by_min_gain() -> None:
+    k = [1.0, 1.0, 1.0, 50.0]  # one outlier: the median ignores it
+    assert confirm.judge("x/k", k, [1.2, 1.2, 1.2, 1.2], 0.01, "host").keep
+    level = confirm.judge("x/k", [1.0] * 4, [1.005] * 4, 0.01, "host")
+    assert not level.keep and level.verdict == confirm.REVERTED  # level within the noise: Default
+    assert level.kernel_s == 1.0 and level.default_s == 1.005 and level.calls == 4
+    nothing = confirm.judge("x/k", [math.nan] * 4, [1.0] * 4, 0.01, "cuda-events")
+    assert nothing.keep and nothing.verdict == confirm.UNJUDGED  # nothing measured: the choice stays
+
+
+def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
+    isolated: Any, fake_backend: Any
+) -> None:
+    fake = fake_backend("sleepy", "slow", delay_s=2e-3)
+    isolated.selector.confirm_calls = CALLS
+    a, b = _operands()
+    problem = _problem(a, b)
+    namespace = _store_winner(isolated.selector, problem, "sleepy/k0")
+    for i in range(WINDOW):
+        out = unimatmul.matmul(a, b)
+        _check(out, a, b)
+        if i == 0:
+            assert fake.calls == 1  # the window starts with the choice
+    # Warm-up once, then K D D K twice: the choice ran 1 + CALLS times, never more.
+    assert fake.calls == 1 + CALLS
+    assert isolated.selector.settle(timeout=10)  # verdicts are written by a thread of their own
+    record = isolated.selector.store.get(namespace, problem.key)
+    found = record.settings["confirm"]
+    assert found["verdict"] == "reverted" and found["kernel"] == "sleepy/k0"
+    assert found["calls"] == CALLS and found["clock"] == "host"
+    assert found["kernel_s"] >= 2e-3 > found["default_s"] > 0
+    assert isolated.selector.stats.reverted == 1
+    for _ in range(3):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 1 + CALLS  # Default from now on
+    # Another process (a new Selector on the same file) goes to Default without a window.
+    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    decision = other.decide(problem, _target(), "cached")
+    assert decision.source == "reverted" and decision.runner.candidate == DEFAULT
+    assert decision.confirmation is None
+    # `unimatmul cache show` says so, with Default's in-situ time over the choice's.
+    isolated.selector.store.flush()
+    text = io.StringIO()
+    assert main(["cache", "show", "--cache", str(isolated.cache_path)], out=text) == 0
+    (row,) = [line for line in text.getvalue().splitlines() if "sleepy/k0" in line]
+    ratio = found["default_s"] / found["kernel_s"]
+    assert row.split()[-2:] == ["reverted", f"{ratio:.2f}x"]
+
+
+def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any) -> None:
+    fake = fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = CALLS
+    isolated.selector.settings = replace(fast_settings(), min_gain=-100.0)  # any kernel wins
+    a, b = _operands()
+    problem = _problem(a, b)
+    namespace = _store_winner(isolated.selector, problem, "quick/k0")
+    for _ in range(WINDOW + 5):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 1 + CALLS + 5  # the choice alone after the window
+    assert isolated.selector.settle(timeout=10)
+    found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
+    assert found["verdict"] == "confirmed" and found["kernel_s"] > 0 and found["default_s"] > 0
+    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    decision = other.decide(problem, _target(), "cached")
+    assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
+    assert decision.confirmation is None
+
+
+def test_no_window_with_confirmation_off(isolated: Any, fake_backend: Any, monkeypatch: Any) -> None:
+    fake = fake_backend("quick", "correct")
+    monkeypatch.setenv("UNIMATMUL_CONFIRM", "0")
+    isolated.selector.confirm_calls = None  # from the environment
+    a, b = _operands()
+    problem = _problem(a, b)
+    namespace = _store_winner(isolated.selector, problem, "quick/k0")
+    decision = isolated.selector.decide(problem, _target(), "cached")
+    assert decision.confirmation is None and decision.source == "cache"
+    for _ in range(WINDOW):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == WINDOW
+    assert "confirm" not in isolated.selector.store.get(namespace, problem.key).settings
+
+
+def test_a_verdict_for_another_winner_does_not_apply() -> None:
+    record = TuningRecord(
+        "p", "x/k2", 1e-6, 2e-6, settings={"confirm": {"verdict": "reverted", "kernel": "x/k1"}}
+    )
+    assert confirm.verdict_of(record) is None  # tuned again since: the new winner is unjudged
+    record.winner = "x/k1"
+    assert confirm.verdict_of(record) == "reverted"
+
+
+def test_a_bucket_choice_that_loses_stores_default_for_its_m_only(
+    isolated: Any, fake_backend: Any, monkeypatch: Any
+) -> None:
+    fake_backend("sleepy", "slow", delay_s=2e-3)
+    isolated.selector.confirm_calls = CALLS
+    a, b = RNG.standard_normal((5, 40)).astype(np.float32), RNG.standard_normal((40, 16)).astype(np.float32)
+    problem = _problem(a, b)  # m = 5: inside bucket 4 of pow2 (3..5)
+    rep = problem.with_m(4)
+    namespace = isolated.selector.platform(_target()).namespace
+    versions = dict(isolated.selector.platform(_target()).versions)
+    bucket = TuningRecord(
+        rep.key, "sleepy/k0", 1e-6, 2e-6, versions=versions, settings={"bucket": {"lo": 3, "hi": 5}}
+    )
+    isolated.selector.store.put(namespace, rep.key, bucket)
+    assert isolated.selector.decide(problem, _target(), "cached").source == "bucket"
+    for _ in range(WINDOW):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert isolated.selector.settle(timeout=10)
+    exact = isolated.selector.store.get(namespace, problem.key)
+    assert exact is not None and exact.winner == DEFAULT.identity
+    assert exact.settings["confirm"]["verdict"] == "reverted"
+    assert exact.settings["confirm"]["bucket"] == rep.key
+    assert "confirm" not in isolated.selector.store.get(namespace, rep.key).settings  # m = 4 untouched
+    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    assert other.decide(problem, _target(), "cached").source == "reverted"
+
+
+def test_the_window_survives_default_failing_where_the_kernel_runs(isolated: Any, fake_backend: Any) -> None:
+    """A Default that raises where the choice ran ends the window without a verdict."""
+    fake = fake_backend("quick", "correct")
+
+    class Refusing:
+        candidate = DEFAULT
+
+        def __call__(self, *args: Any, **kwargs: Any) -> None:
+            msg = "Default refuses these operands (on purpose)"
+            raise RuntimeError(msg)
+
+    a, b = _operands()
+    problem = _problem(a, b)
+    isolated.selector.confirm_calls = CALLS
+    _store_winner(isolated.selector, problem, "quick/k0")
+    decision = isolated.selector.decide(problem, _target(), "cached")
+    window = decision.runner
+    assert isinstance(window, confirm.ConfirmingRunner)
+    window.default = Refusing()
+    for _ in range(3):
+        out = np.full((24, 16), np.nan, np.float32)
+        window(a, b, out)
+        _check(out, a, b)
+    assert decision.confirmation is not None and decision.confirmation.outcome is not None
+    assert decision.confirmation.outcome.verdict == confirm.UNJUDGED
+    assert fake.calls == 3 and isolated.selector.stats.confirmed == isolated.selector.stats.reverted == 0
+
+
+def test_no_window_while_a_distributed_job_decides_together(isolated: Any, fake_backend: Any) -> None:
+    """Every rank must run the same kernel there: a verdict judged on one rank would split them."""
+    from unimatmul.tuning.selector import set_tuning_gate
+
+    fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = CALLS
+    a, b = _operands()
+    problem = _problem(a, b)
+    _store_winner(isolated.selector, problem, "quick/k0")
+    try:
+        set_tuning_gate(lambda problem, target: False, collective=lambda: True)
+        assert isolated.selector.decide(problem, _target(), "cached").confirmation is None
+        set_tuning_gate(lambda problem, target: False, collective=lambda: False)  # installed, inert
+        assert isolated.selector.decide(problem, _target(), "cached").confirmation is not None
+    finally:
+        set_tuning_gate(None)

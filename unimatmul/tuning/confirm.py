@@ -1,0 +1,419 @@
+"""Confirmation: a tuned choice is kept only if it also wins where it runs.
+
+The harness measures a candidate in isolation: inputs rotated through more memory than
+the last-level cache, CUDA-graph replays, no neighbours. Inside a program the caches,
+the neighbouring kernels, the launch stream and the host's own cost per call differ,
+and a choice that won in isolation can lose there (issue #13: every choice of an H200
+model won in the harness, and the model ran 0.95-0.98x). So when a choice comes from a
+record (tuned now, found in the cache, or a bucket's), its first real calls are a
+*window*: they run the choice and Default alternately, each call timed where it runs
+(CUDA/HIP events on the caller's stream on a GPU, a monotonic clock on the CPU), and
+when the window is full the choice is kept only if it beat Default there by the
+harness's ``min_gain``; otherwise the key goes back to Default. The verdict and both
+in-situ medians are written into the cache record (``settings["confirm"]``), so other
+processes use it without a window of their own. Both candidates passed the numeric
+check, so every call in the window returns a valid result.
+
+What a window is, and why:
+
+- 2 warm-up calls (the choice, then Default), untimed: a first call may initialise
+  something (a workspace on a new stream, cuBLAS's heuristic cache for Default).
+- then ``2 * N`` timed calls (``N`` = ``UNIMATMUL_CONFIRM_CALLS``, default 16) in the
+  order K D D K, K D D K, ...: each candidate is as often first as second of a pair,
+  so a slow drift (clocks, a neighbour starting) and the position in a pair weigh on
+  both alike.
+- verdict: ``median(K) <= (1 - min_gain) * median(D)``. The median, because single
+  calls of a real program have outliers (a preempted host thread, an allocator
+  refill) that a mean would take in; 16 per candidate, because the median of n
+  samples moves by about 1.25 s / sqrt(n) for a spread s of single calls: with 16, a
+  third of s, so single calls spread by up to ~3 % still leave the 1 % of ``min_gain``
+  resolvable, while a window stays 34 calls long (a 64-token decode of a 12-layer model
+  makes 768 calls of each decode product). The rule is one-sided on purpose: when the
+  two are level within the noise, Default stays, which can never be a loss.
+
+On a GPU an event pair around one call measures what that call adds to the program's
+critical path: when the GPU is busy (bound by the device) the start event waits behind
+earlier work and the pair measures the kernel; when the GPU is idle (bound by the
+host) the pair also measures the host's own time between the two records, which is
+where a routed call's host overhead shows. The events are read only when the window
+is full, from a later call (an event query, never a synchronisation), and no event is
+recorded while the stream is being captured into a CUDA graph: a call under capture
+runs the choice (the harness measured it in CUDA graphs) and is not timed.
+
+Outside the window a call costs nothing more: the caller swaps the wrapper for the
+winner (``ConfirmingRunner.on_final``), and the native torch kernels switch their
+table entry (``_native.cpp`` keeps its own window with the same order and hands the
+samples to :meth:`Confirmation.conclude`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from unimatmul import settings
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.backend import DEFAULT, Runner, Target
+
+#: Untimed calls at the start of a window: the choice once, then Default once.
+WARMUP = 2
+CONFIRMED = "confirmed"
+REVERTED = "reverted"
+UNJUDGED = "unjudged"  # nothing could be measured: the choice stays, nothing is stored
+#: The key of a record's settings that holds the verdict.
+KEY = "confirm"
+
+
+def calls_per_candidate() -> int:
+    """Timed calls per candidate in a window; 0 when confirmation is off (``UNIMATMUL_CONFIRM=0``)."""
+    if not settings.CONFIRM.get():
+        return 0
+    return settings.CONFIRM_CALLS.get()
+
+
+def uses_kernel(index: int) -> bool:
+    """Whether timed call ``index`` of a window runs the choice (K D D K order)."""
+    return index % 4 in (0, 3)
+
+
+def split(samples: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Timed samples in call order -> (the choice's, Default's)."""
+    kernel = [s for i, s in enumerate(samples) if uses_kernel(i)]
+    default = [s for i, s in enumerate(samples) if not uses_kernel(i)]
+    return kernel, default
+
+
+def verdict_of(record: TuningRecord | None) -> str | None:
+    """``confirmed`` or ``reverted`` when a window has judged this record's winner, else None."""
+    if record is None:
+        return None
+    found = record.settings.get(KEY)
+    if not isinstance(found, dict):
+        return None
+    verdict = found.get("verdict")
+    if found.get("kernel") == record.winner and verdict in (CONFIRMED, REVERTED):
+        return str(verdict)
+    if verdict == REVERTED and record.winner == DEFAULT.identity:
+        return REVERTED  # a bucket's choice that lost at this m: Default stored for it
+    return None
+
+
+def describe(record: TuningRecord) -> str:
+    """A record's verdict in a few words (``cache show``): ``confirmed 1.08x``, ``reverted
+    0.97x`` (Default's in-situ time over the choice's), or empty when never judged."""
+    found = record.settings.get(KEY)
+    verdict = verdict_of(record)
+    if verdict is None or not isinstance(found, dict):
+        return ""
+    try:
+        ratio = float(found["default_s"]) / float(found["kernel_s"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return verdict
+    return f"{verdict} {ratio:.2f}x" if math.isfinite(ratio) else verdict
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one window found: the verdict and both in-situ medians (seconds per call)."""
+
+    keep: bool
+    kernel: str  # the choice's identity
+    kernel_s: float
+    default_s: float
+    calls: int  # timed calls per candidate
+    clock: str  # "host", "cuda-events", ...
+    at: float
+
+    @property
+    def verdict(self) -> str:
+        if self.calls == 0:
+            return UNJUDGED
+        return CONFIRMED if self.keep else REVERTED
+
+    @property
+    def saved_s(self) -> float:
+        """Time a call of the choice saves over Default, by the in-situ medians (0 if reverted)."""
+        return max(self.default_s - self.kernel_s, 0.0) if self.keep else 0.0
+
+    def as_settings(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "kernel": self.kernel,
+            "kernel_s": self.kernel_s,
+            "default_s": self.default_s,
+            "calls": self.calls,
+            "clock": self.clock,
+            "statistic": "median",
+            "at": self.at,
+        }
+
+
+def judge(
+    kernel: str, kernel_s: Sequence[float], default_s: Sequence[float], min_gain: float, clock: str
+) -> Outcome:
+    """The verdict on a full window (see the module docstring)."""
+    k = [s for s in kernel_s if math.isfinite(s) and s >= 0]
+    d = [s for s in default_s if math.isfinite(s) and s >= 0]
+    if not k or not d:  # nothing usable was measured: keep what the harness chose
+        return Outcome(True, kernel, math.nan, math.nan, 0, clock, time.time())
+    km, dm = statistics.median(k), statistics.median(d)
+    return Outcome(km <= (1.0 - min_gain) * dm, kernel, km, dm, min(len(k), len(d)), clock, time.time())
+
+
+class Confirmation:
+    """The pending judgement of one choice: concluded once, by whichever window fills first.
+
+    ``report`` (the Selector's) stores the outcome; listeners (the callers' plans) learn it.
+    """
+
+    def __init__(
+        self, kernel: str, calls: int, min_gain: float, report: Callable[[Outcome], None] | None = None
+    ) -> None:
+        self.kernel = kernel
+        self.calls = calls
+        self.min_gain = min_gain
+        self.outcome: Outcome | None = None
+        self._report = report
+        self._listeners: list[Callable[[Outcome], None]] = []
+        self._lock = threading.Lock()
+
+    def listen(self, listener: Callable[[Outcome], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def conclude(self, kernel_s: Sequence[float], default_s: Sequence[float], clock: str) -> bool:
+        """Judge the samples (the first window to finish decides); True: keep the choice."""
+        with self._lock:
+            if self.outcome is not None:
+                return self.outcome.keep
+            outcome = judge(self.kernel, kernel_s, default_s, self.min_gain, clock)
+            self.outcome = outcome
+            listeners = list(self._listeners)
+        if self._report is not None and outcome.verdict != UNJUDGED:
+            self._report(outcome)
+        for listener in listeners:
+            listener(outcome)
+        return outcome.keep
+
+    def abandon(self) -> None:
+        """End the window without a verdict (Default cannot run where the choice does):
+        the choice stays, and nothing is stored."""
+        self.conclude([], [], "none")
+
+
+class Clock(Protocol):
+    """Times the calls of one window where they run."""
+
+    name: str
+
+    def capturing(self) -> bool:
+        """Whether the caller's stream is being captured (then nothing may be recorded)."""
+
+    def begin(self, index: int) -> None: ...
+
+    def end(self, index: int) -> None: ...
+
+    def ready(self) -> bool:
+        """Whether every sample can be read without waiting."""
+
+    def seconds(self) -> list[float]: ...
+
+
+class HostClock:
+    """A monotonic clock around each call: CPU kernels return when their work is done."""
+
+    name = "host"
+
+    def __init__(self, samples: int) -> None:
+        self._t = [0.0] * samples
+        self._start = 0.0
+
+    def capturing(self) -> bool:
+        return False
+
+    def begin(self, index: int) -> None:
+        self._start = time.perf_counter()
+
+    def end(self, index: int) -> None:
+        self._t[index] = time.perf_counter() - self._start
+
+    def ready(self) -> bool:
+        return True
+
+    def seconds(self) -> list[float]:
+        return list(self._t)
+
+
+class TorchEventClock:
+    """CUDA/HIP events recorded on the caller's current stream around each call."""
+
+    name = "cuda-events"
+
+    def __init__(self, index: int, samples: int) -> None:
+        import torch  # only for a torch GPU target
+
+        self._torch = torch
+        self._index = index
+        self._samples = samples
+        self._events: list[Any] = []
+        self._stream: Any = None
+
+    def capturing(self) -> bool:
+        return bool(self._torch.cuda.is_current_stream_capturing())
+
+    def begin(self, index: int) -> None:
+        torch = self._torch
+        if not self._events:
+            with torch.cuda.device(self._index):
+                self._events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * self._samples)]
+        # Looked up before the start event, not between the two: on an idle GPU the pair
+        # also times the host, and the lookup is no part of the call.
+        self._stream = torch.cuda.current_stream(self._index)
+        self._events[2 * index].record(self._stream)
+
+    def end(self, index: int) -> None:
+        self._events[2 * index + 1].record(self._stream)
+
+    def ready(self) -> bool:
+        return bool(self._events) and bool(self._events[-1].query())
+
+    def seconds(self) -> list[float]:
+        ev = self._events
+        return [ev[2 * i].elapsed_time(ev[2 * i + 1]) * 1e-3 for i in range(self._samples)]
+
+
+class CupyEventClock:
+    """CUDA/HIP events on CuPy's current stream around each call."""
+
+    name = "cuda-events"
+
+    def __init__(self, index: int, samples: int) -> None:
+        import cupy  # only for a CuPy target
+
+        self._cupy = cupy
+        self._index = index
+        self._samples = samples
+        self._events: list[Any] = []
+
+    def capturing(self) -> bool:
+        stream = self._cupy.cuda.get_current_stream(self._index)
+        return bool(getattr(stream, "is_capturing", lambda: False)())
+
+    def begin(self, index: int) -> None:
+        cupy = self._cupy
+        if not self._events:
+            with cupy.cuda.Device(self._index):
+                self._events = [cupy.cuda.Event() for _ in range(2 * self._samples)]
+        self._events[2 * index].record()
+
+    def end(self, index: int) -> None:
+        self._events[2 * index + 1].record()
+
+    def ready(self) -> bool:
+        return bool(self._events) and bool(self._events[-1].done)
+
+    def seconds(self) -> list[float]:
+        ev, elapsed = self._events, self._cupy.cuda.get_elapsed_time
+        return [float(elapsed(ev[2 * i], ev[2 * i + 1])) * 1e-3 for i in range(self._samples)]
+
+
+def clock_for(target: Target, samples: int) -> Clock:
+    """The clock that times calls on ``target`` where they run."""
+    if target.device.kind == "cpu":
+        return HostClock(samples)
+    if target.array_kind == "torch":
+        return TorchEventClock(target.device.index, samples)
+    if target.array_kind == "cupy":
+        return CupyEventClock(target.device.index, samples)
+    return HostClock(samples)
+
+
+class ConfirmingRunner:
+    """A choice in its window: runs it and Default alternately, timed, then the winner.
+
+    Callers that hold runners (the API's fast path, routing's plans) register
+    ``on_final`` to replace this wrapper by the winner, so that later calls pay nothing
+    for it; until they do, a concluded wrapper forwards to the winner. A call that
+    finds another thread inside the window, or its stream under CUDA-graph capture,
+    runs the choice untimed. A caller whose Default differs from the Selector's (torch
+    routing, inside a dispatcher kernel) sets ``default`` before the first call. If
+    Default raises where the choice ran (e.g. ``torch.matmul(out=...)`` refuses
+    operands that require grad), the window ends without a verdict and the choice
+    stays: it is what the caller got before windows existed.
+    """
+
+    def __init__(self, kernel: Runner, default: Runner, confirmation: Confirmation, clock: Clock) -> None:
+        self.candidate = kernel.candidate
+        self.kernel = kernel
+        self.default = default
+        self.confirmation = confirmation
+        self.final: Runner | None = None
+        self.on_final: list[Callable[[Runner], None]] = []
+        self._clock = clock
+        self._timed = 2 * confirmation.calls
+        self._next = 0
+        self._lock = threading.Lock()
+        confirmation.listen(self._settle)
+
+    def _settle(self, outcome: Outcome) -> None:
+        final = self.kernel if outcome.keep else self.default
+        self.final = final
+        for hook in self.on_final:
+            hook(final)
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        final = self.final
+        if final is not None:
+            final(a, b, out, alpha, beta, bias)
+            return
+        if not self._lock.acquire(blocking=False):
+            self.kernel(a, b, out, alpha, beta, bias)
+            return
+        try:
+            self._window_call(a, b, out, alpha, beta, bias)
+        finally:
+            self._lock.release()
+
+    def _default(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        try:
+            self.default(a, b, out, alpha, beta, bias)
+        except Exception:
+            self._next = WARMUP + self._timed  # no more window calls
+            self.confirmation.abandon()  # settles this wrapper on the choice
+            self.kernel(a, b, out, alpha, beta, bias)
+
+    def _window_call(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        clock = self._clock
+        i = self._next
+        if i >= WARMUP + self._timed or clock.capturing():
+            # The window is full and its last events may still be running (or the stream
+            # is being captured): the choice, untimed; the verdict once the clock can be read.
+            self.kernel(a, b, out, alpha, beta, bias)
+            if i >= WARMUP + self._timed and clock.ready():
+                self.confirmation.conclude(*split(clock.seconds()), clock.name)
+            return
+        self._next = i + 1
+        if i < WARMUP:
+            if i == 0:
+                self.kernel(a, b, out, alpha, beta, bias)
+            else:
+                self._default(a, b, out, alpha, beta, bias)
+            return
+        j = i - WARMUP
+        if uses_kernel(j):
+            clock.begin(j)
+            self.kernel(a, b, out, alpha, beta, bias)
+            clock.end(j)
+        else:
+            clock.begin(j)
+            self._default(a, b, out, alpha, beta, bias)
+            clock.end(j)
+        if j + 1 == self._timed and clock.ready():
+            self.confirmation.conclude(*split(clock.seconds()), clock.name)
