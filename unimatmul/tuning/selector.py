@@ -308,7 +308,7 @@ class Selector:
                     settings={confirm.KEY: {**outcome.as_settings(), "bucket": record.problem}},
                     writer=record.writer,
                 )
-                self._store_record(platform, problem.key, entry)
+                self._store_record(platform, problem.key, entry, target)
                 return
             current = self.store.get(platform.namespace, problem.key)
             if current is None or current.winner != record.winner:
