@@ -40,7 +40,7 @@ for name in "$@"; do
     case $name in
     tests)
         part tests "${TESTS_S:-200}" python3 -m pytest tests/gpu tests/torch tests/conformance/test_conformance_gpu.py \
-            tests/core/test_layout.py -q -rs -p no:cacheprovider --timeout=120 ;;
+            tests/core/test_layout.py tests/core/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ;;
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
@@ -48,7 +48,7 @@ for name in "$@"; do
     hf)
         part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ;;
     confirm)
-        part confirm "${CONFIRM_S:-150}" python3 scripts/gpu_confirm.py --out "$SESSION/confirm" ;;
+        part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;
     esac
 done
