@@ -88,7 +88,7 @@ def run_once(ranks: int, args: list[str], device: str, out: Path, env: dict[str,
         {"rank": int(r), "tuned": int(n), "busy_s": float(b)}
         for r, n, b in re.findall(r"^  rank (\d+): (\d+) tuned, ([\d.]+) s busy", done.stdout, re.M)
     ]
-    store = MsgpackFileStore(cache, read_only=True, quarantine=False)
+    store = MsgpackFileStore(cache, read_only=True)
     keys = [key for _, key, _ in store.items()]
     records = json.loads((out / f"records-{ranks}.json").read_text())
     return {

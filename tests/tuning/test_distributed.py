@@ -92,7 +92,7 @@ def launch_ranks(*args: str, world: int = 2) -> list[tuple[int, dict[str, Any] |
 
 def _keys(path: Path) -> list[str]:
     """Every key of a cache file, each entry decoded (a broken one fails the test)."""
-    store = MsgpackFileStore(path, read_only=True, quarantine=False)
+    store = MsgpackFileStore(path, read_only=True)
     keys = [key for _, key, _ in store.items()]
     assert not store.problems, store.problems
     return keys
