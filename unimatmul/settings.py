@@ -229,6 +229,16 @@ DISABLE_PLUGINS: Setting[frozenset[str]] = declare(
     parse_names,
     "comma-separated entry-point names never to load (e.g. `onednn`)",
 )
+TUNE_MEMORY = declare(
+    "UNIMATMUL_TUNE_MEMORY",
+    "float",
+    4.0,
+    parse_float(1.0),
+    "the most memory tuning one product may take, as a multiple of the product's own operands "
+    "(A, B and C; default 4), or the inputs rotated through the cache and the check if more; "
+    "never over 3/4 of the memory free when it starts. A product that needs more runs Default "
+    "(one warning)",
+)
 GPU_BUDGET_S = declare(
     "UNIMATMUL_GPU_BUDGET_S",
     "float",
