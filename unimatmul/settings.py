@@ -234,10 +234,10 @@ TUNE_MEMORY = declare(
     "float",
     4.0,
     parse_float(1.0),
-    "the most memory tuning one product may take, as a multiple of the product's own operands "
-    "(A, B and C; default 4), or the inputs rotated through the cache and the check if more; "
-    "never over 3/4 of the memory free when it starts. A product that needs more runs Default "
-    "(one warning)",
+    "the most memory tuning a product larger than twice the last-level cache may take: this multiple "
+    "of its own operands (A, B and C; default 4) plus twice that cache (smaller ones: the inputs rotated "
+    "through it and the check); never over 3/4 of the memory free. A product that needs more runs "
+    "Default (one warning)",
 )
 GPU_BUDGET_S = declare(
     "UNIMATMUL_GPU_BUDGET_S",

@@ -145,11 +145,39 @@ def test_torch_defaults_pass_their_bound_in_every_dtype(dtype: str, epilogue: st
     assert not adapter.compare(ops.out, reference, CPU).ok()
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("splits", [8, 32])
+def test_split_k_kernels_that_keep_partial_sums_in_the_output_dtype_pass(dtype: str, splits: int) -> None:
+    # cuBLASLt's split-K reductions may keep partial sums (even the running sum) in a
+    # 16-bit output dtype: a right kernel, which the bound must let through, while one
+    # element of the wrong sign is still caught.
+    pytest.importorskip("torch")
+    adapter = adapter_for_kind("torch")
+    problem = Problem.from_shape(128, 128, 4096, dtype=dtype)
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(5))
+    model = ErrorModel.for_problem(
+        k=4096, dtype_in=dtype, dtype_out=dtype, compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    a, b, step = ops.a.float(), ops.b.float(), 4096 // splits
+    running = None
+    for s in range(splits):
+        part = (a[:, s * step : (s + 1) * step] @ b[s * step : (s + 1) * step]).to(ops.out.dtype)
+        running = part if running is None else (running.float() + part.float()).to(ops.out.dtype)
+    ops.out.copy_(running)
+    assert adapter.compare(ops.out, reference, CPU).ok()
+    flat = ops.out.view(-1)
+    flat[int(flat.float().abs().argmax())] *= -1
+    assert not adapter.compare(ops.out, reference, CPU).ok()
+
+
 def test_tf32_products_get_an_input_rounding_term() -> None:
     f32 = ErrorModel.for_problem(k=4096, dtype_in="f32", dtype_out="f32", compute="f32", activation=None)
     tf32 = ErrorModel.for_problem(k=4096, dtype_in="f32", dtype_out="f32", compute="tf32", activation=None)
     bf16 = ErrorModel.for_problem(k=4096, dtype_in="bf16", dtype_out="bf16", compute="f32", activation=None)
-    assert f32.inputs == 0 and bf16.inputs == 0  # products of f32 (FMA) and bf16 inputs are exact
+    assert f32.inputs == 0  # products of f32 inputs are exact (FMA) and the sums are f32
+    # bf16 products are exact, but partial sums may be kept in bf16 (split-K reductions)
+    assert bf16.inputs == 2 * 4 * 2.0**-8
     assert tf32.inputs == 2 * 4 * 2.0**-11  # 2 lam u_tf32
     assert tf32.u_acc == f32.u_acc == 2.0**-24  # tensor cores sum tf32 products in f32
     assert f32.sqrt_k_acc == pytest.approx((4 * math.sqrt(4096) + 16) * (2.0**-24 + 2.0**-53))
@@ -182,7 +210,9 @@ def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_stil
             lambda: backend.prepare(problem, Candidate.make("fake", "off"), target),
         ),
     ]
-    record = Harness(CpuTimer(), fast_settings()).measure(problem, target, entries)
+    settings = fast_settings()
+    settings.prune_ratio = settings.first_prune_ratio = math.inf  # "same" is Default's kernel
+    record = Harness(CpuTimer(), settings).measure(problem, target, entries)
     assert record.settings["check"]["widen"] > 1.0
     assert _result(record, "same").status == OK
     off = _result(record, "off")

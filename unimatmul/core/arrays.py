@@ -221,7 +221,7 @@ class ArrayAdapter:
         these, so that checking a 1 GB output never makes a 1 GB float64 copy of it.
         On the host, comparisons run fastest on blocks that stay in the cache, and the
         reference's products on larger ones."""
-        return 1 << 22 if reference else 1 << 15
+        return 1 << 18 if reference else 1 << 15
 
     def _math(self) -> Any:
         """The array library's namespace for ``where``, ``isfinite`` and ``sqrt``."""
@@ -670,7 +670,7 @@ class TorchAdapter(ArrayAdapter):
         # A GPU wants few, large launches; the host wants its temporaries small.
         if device.kind == "cpu":
             return super().block_elements(device, reference=reference)
-        return 1 << 24
+        return 1 << 22
 
     def _scalars(self, parts: list[Any]) -> list[float]:
         if not parts:
@@ -808,7 +808,7 @@ class CupyAdapter(ArrayAdapter):
         return self.cupy
 
     def block_elements(self, device: Device, *, reference: bool = False) -> int:
-        return 1 << 24
+        return 1 << 22
 
     def available_bytes(self, device: Device) -> int | None:
         cupy = self.cupy

@@ -102,7 +102,7 @@ class ErrorModel:
 
         c_out * u_out * slope * (w * |ref| + g + |beta C| + |bias|)   rounding to the output dtype
         + u_ref * |ref|                                               the stored reference's rounding
-        + |alpha| * slope * (sqrt_k_acc * r2_i * c2_j + inputs * r4_i * c4_j)
+        + |alpha| * slope * (sqrt_k_acc * r2_i * c2_j + inputs * r4_i * c4_j)   summation, inputs
         + c_acc * u_acc * slope * (|beta C| + |bias|)
 
     where ``r2_i = ||A[i, :]||_2``, ``c2_j = ||B[:, j]||_2`` (their product bounds
@@ -119,6 +119,13 @@ class ErrorModel:
       error is added (it matters for float64 outputs only).
     * Inputs rounded to a narrower compute format (tf32) make independent errors of
       at most ``2 u_in |a b|`` per product: ``2 lam u_in sqrt(sum (a b)^2)``.
+    * Partial sums kept in an output dtype narrower than the accumulator (split-K with
+      cuBLASLt's OUTPUT_TYPE or in-place reductions, reduced-precision reductions) are
+      rounded each by ``u_out`` of its size; for random inputs the sizes' root sum of
+      squares is about ``sqrt(sum (a b)^2)`` whatever the split, and up to ~4x that when
+      the running sum itself is kept in the output dtype (in-place, up to 32 splits):
+      ``2 lam u_out`` more on that term. An element near zero whose partial sums are
+      not is where this matters.
     * ``c_out`` roundings to the output dtype: the final one, the intermediate ones of
       a Default that adds the bias or applies the activation in separate steps, and a
       few partial sums kept in the output dtype (split-K reductions).
@@ -126,7 +133,7 @@ class ErrorModel:
     For random inputs of unit variance this bound sits orders of magnitude above what
     a right kernel does (its summation error grows like sqrt(k), not k), and orders of
     magnitude below a wrong element: at 1024^3 in float32 an element off by 1.0 is
-    ~60x over it.
+    ~100x over it, while numpy's own result uses 1/50 of it.
     """
 
     u_out: float
@@ -134,7 +141,7 @@ class ErrorModel:
     u_in: float
     u_ref: float
     sqrt_k_acc: float  # (lam sqrt(k) + c_acc) (u_acc + u_f64): the summation term's factor
-    inputs: float  # 2 lam u_in
+    inputs: float  # 2 lam u_in + 2 lam u_out (the latter for outputs narrower than the sums)
     slope: float
     weight_ref: float  # w
     absolute: float  # g
@@ -161,13 +168,15 @@ class ErrorModel:
         # Inputs are rounded only where the compute format is narrower than they are.
         u_in = u_compute if u_compute > UNIT_ROUNDOFF.get(dtype_in, 0.0) else 0.0
         c_acc = 64.0 if activation is not None else 16.0
+        u_out = UNIT_ROUNDOFF[dtype_out]
+        partials = 2.0 * lam * u_out if u_out > u_acc else 0.0
         return cls(
-            u_out=UNIT_ROUNDOFF[dtype_out],
+            u_out=u_out,
             u_acc=u_acc,
             u_in=u_in,
             u_ref=0.0 if ref_dtype == "f64" else UNIT_ROUNDOFF[ref_dtype],
             sqrt_k_acc=(lam * math.sqrt(k) + c_acc) * (u_acc + UNIT_ROUNDOFF["f64"]),
-            inputs=2.0 * lam * u_in,
+            inputs=2.0 * lam * u_in + partials,
             slope=ACTIVATION_SLOPE[activation],
             weight_ref=2.0 if activation is not None else 1.0,
             absolute=_ACTIVATION_ABSOLUTE[activation],

@@ -11,10 +11,11 @@ then measured again against Default, sample against sample; a win that does not 
 there, or that is within the spread of the samples, is not stored (Default is), and an
 unstable measurement is marked ``confidence: low`` in the record's settings.
 
-Memory is bounded (``UNIMATMUL_TUNE_MEMORY``): rotated sets and the check's arrays never
-take more than a multiple of the product's own operands (or the rotation target, if
-larger) nor more than 3/4 of the free memory; a product that cannot be tuned within
-that raises :class:`TuningTooLarge` before anything is allocated.
+Memory is bounded (``UNIMATMUL_TUNE_MEMORY``): a product larger than the rotation target
+(twice the last-level cache) may take a multiple of its own operands plus that target,
+a smaller one the sets it rotates through and the check; never more than 3/4 of the free
+memory. A product that cannot be tuned within that raises :class:`TuningTooLarge` before
+anything is allocated.
 
 Device timing lives behind the :class:`Timer` protocol (a CPU clock here; CUDA/HIP
 graphs and events in ``unimatmul.tuning.timers``).
@@ -400,26 +401,30 @@ class Harness:
         per_set = max(operand_bytes(problem), 1)
         check = _check_bytes(problem, beta, adapter.block_elements(device, reference=True))
         factor = settings.memory_factor if settings.memory_factor is not None else env.TUNE_MEMORY.get()
-        rotate = settings.rotate_bytes or 2 * last_level_cache_bytes()
-        wanted = max(
-            1, min(math.ceil(rotate / per_set), settings.max_sets, settings.max_rotation_bytes // per_set)
-        )
+        rotate = min(settings.rotate_bytes or 2 * last_level_cache_bytes(), settings.max_rotation_bytes)
+        wanted = max(1, min(math.ceil(rotate / per_set), settings.max_sets))
         if wanted * per_set < TINY_ROTATION_BYTES:
             # Sets that all fit in one core's L2 are cached whatever their order: more
             # of them only cost the time to fill them. Two still let the check after
             # timing use a set other than the first.
             wanted = min(wanted, 2)
-        # Rotating through the cache (the sets the rotation target needs) is always
-        # allowed: a small product's multiple would not even hold the check. A product
-        # larger than the target (one set) gets its multiple and no more.
-        rotation = wanted * per_set + check if per_set < rotate else 0
-        allowed = max(int(factor * per_set), rotation)
+        if per_set < rotate:
+            # A product smaller than the rotation target gets the sets it rotates through
+            # and the check: its multiple would not even hold the check's blocks.
+            allowed = max(int(factor * per_set), wanted * per_set + check)
+        else:
+            # A larger one (one set) its multiple, plus the rotation target as room for
+            # the check's fixed-size blocks: the multiple is what bounds it.
+            allowed = int(factor * per_set) + rotate
         available = adapter.available_bytes(device)
         if available is not None:
             allowed = min(allowed, int(settings.memory_fraction * available))
         room = (allowed - check) // per_set
         if room < 1:
-            where = f"{factor:g} x the product's {_size(per_set)} ({env.TUNE_MEMORY.name})"
+            where = (
+                f"{factor:g} x the product's {_size(per_set)} ({env.TUNE_MEMORY.name}) "
+                f"+ {_size(rotate)} to rotate inputs through the cache"
+            )
             if available is not None:
                 where += f", and {settings.memory_fraction:.0%} of the {_size(available)} free"
             msg = (
