@@ -400,7 +400,9 @@ class Harness:
         settings = self.settings
         adapter, device = target.adapter, target.device
         per_set = max(operand_bytes(problem), 1)
-        check = _check_bytes(problem, beta, adapter.block_elements(device, reference=True))
+        out_elements = problem.m * problem.n * problem.batch
+        block = adapter.block_elements(device, reference=True, total=out_elements)
+        check = _check_bytes(problem, beta, block)
         factor = settings.memory_factor if settings.memory_factor is not None else env.TUNE_MEMORY.get()
         rotate = min(settings.rotate_bytes or 2 * last_level_cache_bytes(), settings.max_rotation_bytes)
         wanted = max(1, min(math.ceil(rotate / per_set), settings.max_sets))
@@ -651,11 +653,15 @@ class Harness:
         ratios: list[float] = []
         speedup, noise, rounds = 1.0, 0.0, 0
         paired = settle <= 0
+        # As many samples as fit the per-candidate budget, between 2 and confirm_pairs:
+        # a product whose call takes a second gets 2, a small one confirm_pairs.
+        slowest = max(default.median(), best.median())
+        pairs = max(2, min(settings.confirm_pairs, math.ceil(settings.budget_s / max(slowest, 1e-9))))
         try:
             while rounds < max(1, settings.confirm_rounds):
                 rounds += 1
                 if paired:
-                    for i in range(max(2, settings.confirm_pairs)):
+                    for i in range(pairs):
                         order = (default, best) if i % 2 == 0 else (best, default)
                         pair = {}
                         for entry in order:
@@ -672,7 +678,7 @@ class Harness:
                         assert entry.sample is not None
                         time.sleep(settle)
                         entry.sample()  # warm-up after the pause
-                        times.extend(entry.sample() for _ in range(max(2, settings.confirm_pairs)))
+                        times.extend(entry.sample() for _ in range(pairs))
                     speedup = statistics.median(d_times) / statistics.median(w_times)
                     noise = (spread(d_times) + spread(w_times)) / 2
                 if speedup - 1.0 >= max(settings.min_gain, noise):
@@ -724,10 +730,12 @@ def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     out_elements = problem.m * problem.n * problem.batch
     ref = out_elements * (8 if problem.dtype_c == "f64" else 4)
     c0 = out_elements * ITEMSIZE[problem.dtype_c] if beta != 0.0 else 0
-    # Float64 blocks of the reference (A's rows, the product, its activation) and of B,
-    # the row and column norms, and the new inputs written into a set after timing.
+    # Float64 blocks of the reference (A's rows, the product and, with beta, bias or an
+    # activation, a second one) and of B, the row and column norms, and the new inputs
+    # written into a set after timing.
     rows = max(1, min(problem.m, block // max(problem.n, 1)))
-    temps = 3 * min(out_elements, block) * 8 + rows * problem.k * 8 + problem.k * problem.n * 8
+    products = 1 if beta == 0.0 and not problem.has_bias and problem.activation is None else 3
+    temps = products * min(out_elements, block) * 8 + rows * problem.k * 8 + problem.k * problem.n * 8
     norms = 4 * (problem.m + problem.n) * problem.batch * 8
     fresh = operand_bytes(problem) - problem.m * problem.n * problem.batch * ITEMSIZE[problem.dtype_c]
     return ref + c0 + temps + norms + max(fresh, 0)
