@@ -115,6 +115,31 @@ def test_the_bound_has_headroom_for_right_kernels_and_none_for_one_wrong_element
     assert "(511, 7)" in wrong.worst
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_large_output_is_screened_and_still_catches_one_element(kind: str) -> None:
+    # Above SCREEN_ELEMENTS a cheap screen clears most blocks; a block with one wrong
+    # element gets the whole bound, so the element is found all the same.
+    target = _target(kind)
+    adapter = target.adapter
+    problem = Problem.from_shape(2100, 2048, 4)  # 4.3 M elements > SCREEN_ELEMENTS
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(6))
+    model = ErrorModel.for_problem(
+        k=4, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    adapter.matmul(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
+    right_check = adapter.compare(ops.out, reference, CPU)
+    assert right_check.ok() and not right_check.exact
+    assert right_check.rel_error == pytest.approx(
+        adapter.compare(ops.out, reference, CPU, exact=True).rel_error
+    )
+    ops.out[1500, 1000] += 1.0
+    wrong = adapter.compare(ops.out, reference, CPU)
+    assert wrong.bad == 1 and "(1500, 1000)" in wrong.worst
+    ops.out[7, 9] = float("nan")
+    assert adapter.compare(ops.out, reference, CPU).nonfinite == 1
+
+
 @pytest.mark.parametrize(
     ("dtype", "epilogue", "beta"),
     [("bf16", "none", 0.0), ("f16", "bias_gelu", 0.0), ("bf16", "bias_gelu_tanh", 1.0), ("f32", "relu", 0.5)],
