@@ -130,9 +130,8 @@ def test_a_large_output_is_screened_and_still_catches_one_element(kind: str) -> 
     adapter.matmul(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
     right_check = adapter.compare(ops.out, reference, CPU)
     assert right_check.ok() and not right_check.exact
-    assert right_check.rel_error == pytest.approx(
-        adapter.compare(ops.out, reference, CPU, exact=True).rel_error
-    )
+    exact = adapter.compare(ops.out, reference, CPU, exact=True)
+    assert right_check.rel_error == pytest.approx(exact.rel_error, rel=0.01)  # sums of squares in f32
     ops.out[1500, 1000] += 1.0
     wrong = adapter.compare(ops.out, reference, CPU)
     assert wrong.bad == 1 and "(1500, 1000)" in wrong.worst
