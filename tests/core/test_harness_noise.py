@@ -26,6 +26,7 @@ from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Ta
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.testing import registered
+from unimatmul.tuning import harness as harness_module
 from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessSettings, spread
 from unimatmul.tuning.selector import Selector
 
@@ -58,7 +59,10 @@ class ScriptedTimer:
 
 
 def settings(**overrides: Any) -> HarnessSettings:
-    base = HarnessSettings(warmup=1, min_samples=3, max_samples=6, budget_s=10.0, settle_s=0.0, max_sets=1)
+    # The scripted timer is the only source of noise here: this machine's load is not.
+    base = HarnessSettings(
+        warmup=1, min_samples=3, max_samples=6, budget_s=10.0, settle_s=0.0, max_sets=1, busy_load=math.inf
+    )
     for key, value in overrides.items():
         setattr(base, key, value)
     return base
@@ -132,6 +136,26 @@ def test_large_cpu_products_are_confirmed_in_blocks_after_a_pause() -> None:
     assert record.winner == "t/fast"
     assert record.settings["settled"] is True
     assert record.settings["confirm"]["paired"] is False
+
+
+def test_a_busy_cpu_marks_a_confirmed_win_low_confidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Eight runnable threads on two CPUs: whatever the samples say, they say it of the load.
+    monkeypatch.setattr(harness_module, "_cpu_load", lambda: (8.0, 2))
+    record = measure([lambda i: 1e-3, lambda i: 0.5e-3], settings(busy_load=1.0))
+    assert record.winner == "t/fast"
+    assert record.settings["load"] == {"avg1": 8.0, "cpus": 2, "busy": True}
+    assert record.settings["confidence"] == LOW
+
+
+def test_when_the_repeat_claims_more_than_the_first_measurement_the_smaller_claim_is_kept() -> None:
+    # Default was slow only during the repeat (a busy moment then): the record must not
+    # turn that moment into a 24x speedup; it keeps the first measurement's 2x, low.
+    main = 1 + settings().max_samples
+    record = measure([lambda i: 1e-3 if i < main else 24e-3, lambda i: 0.5e-3], settings())
+    assert record.winner == "t/fast"
+    assert record.speedup == pytest.approx(2.0)
+    assert record.settings["confirm"]["speedup"] == pytest.approx(48.0)
+    assert record.settings["confidence"] == LOW
 
 
 def test_spread_is_the_interquartile_range_over_the_median() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -138,6 +139,7 @@ class HarnessSettings:
     confirm_pairs: int = 5  # samples of the winner and of Default, taken in turns, to confirm a win
     confirm_rounds: int = 2  # confirmations before an unconfirmed win is called noise
     noise_spread: float = 0.25  # a relative spread of samples above this is an unstable measurement
+    busy_load: float = 1.0  # CPU: a load average above this many per CPU marks a record low-confidence
     rotate_bytes: int | None = None  # inputs rotated through this much memory
     max_rotation_bytes: int = 1 << 30
     max_sets: int = 16
@@ -363,7 +365,15 @@ class Harness:
             if e is not None
         }
         unstable = any(v > settings.noise_spread for v in noise.values())
-        confidence = LOW if unstable or verdict.get("agree") is False else HIGH
+        # A CPU shared with more runnable threads than it has cores times the load, not
+        # the kernels (a thread pool waits a whole time slice for a descheduled worker).
+        load = _cpu_load() if device.kind == "cpu" else None
+        busy = (
+            load is not None
+            and load[0] > settings.busy_load * load[1]
+            and not math.isinf(settings.noise_spread)
+        )
+        confidence = LOW if unstable or busy or verdict.get("agree") is False else HIGH
 
         record_settings = settings.to_dict()
         record_settings.update(
@@ -376,6 +386,8 @@ class Harness:
             noise=noise,
             confidence=confidence,
         )
+        if load is not None:
+            record_settings["load"] = {"avg1": round(load[0], 2), "cpus": load[1], "busy": busy}
         if verdict:
             record_settings["confirm"] = verdict
         if default_check is not None:
@@ -687,13 +699,16 @@ class Harness:
             best.result.status, best.result.note = FAILED, f"while confirming: {_failure(exc)}"
             return default, {"candidate": best.candidate.identity, "verdict": "failed"}
         confirmed = speedup - 1.0 >= max(settings.min_gain, noise)
-        # The confirmation measured both close together in time: its times are the ones kept.
-        best.times, default.times = w_times, d_times
         # The two measurements agree when neither speedup is off by more than the noise
         # allowance from the other (a busy moment during one block makes them disagree).
         agree = math.isinf(settings.noise_spread) or (
             rounds == 1 and abs(math.log(main_ratio / speedup)) <= math.log1p(settings.noise_spread)
         )
+        # The confirmation measured both close together in time: its times are kept,
+        # unless the two measurements disagree and the first claimed less; then the
+        # record keeps the smaller claim (a busy moment must not become a speedup).
+        if agree or speedup <= main_ratio or not confirmed:
+            best.times, default.times = w_times, d_times
         verdict = {
             "candidate": best.candidate.identity,
             "verdict": "confirmed" if confirmed else "within noise",
@@ -711,6 +726,18 @@ class Harness:
                 f"({speedup:.3g}x, noise {noise:.1%}): Default kept"
             )
         return (best if confirmed else default), verdict
+
+
+def _cpu_load() -> tuple[float, int] | None:
+    """(1-minute load average, CPUs this process may use), where the OS says."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        return os.getloadavg()[0], cpus
+    except (AttributeError, OSError):
+        return None
 
 
 def _size(nbytes: float) -> str:

@@ -168,6 +168,9 @@ class Tuner:
         confirm = record.settings.get("confirm") or {}
         seen = ", ".join(f"{k} {v:.0%}" for k, v in noise.items())
         what = f"spread of samples: {seen}"
+        load = record.settings.get("load") or {}
+        if load.get("busy"):
+            what = f"load average {load['avg1']} on {load['cpus']} CPUs; {what}"
         if confirm:
             what += (
                 f"; {confirm.get('candidate')} measured {confirm.get('main_speedup')}x Default, "
