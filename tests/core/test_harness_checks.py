@@ -32,7 +32,7 @@ from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Ta
 from unimatmul.core.dtypes import ErrorModel
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings, registered
-from unimatmul.tuning.harness import CpuTimer, Harness
+from unimatmul.tuning.harness import MAX_WIDEN, CpuTimer, Harness
 
 KINDS = ["numpy", "torch"]
 
@@ -215,8 +215,9 @@ def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_stil
     problem = Problem.from_shape(64, 64, 256)
 
     def sloppy(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
-        # f32 in, f32 out, but the products of bf16-rounded inputs.
-        out.copy_(a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float())
+        # f32 in, f32 out, but the products of inputs rounded to f16's 10-bit mantissa
+        # (~15x the f32 bound: within MAX_WIDEN; bf16's ~115x is not, and is rejected).
+        out.copy_(a.to(torch.float16).float() @ b.to(torch.float16).float())
 
     def sloppy_and_one_off(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
         sloppy(k, a, b, out, alpha, beta, bias)
@@ -241,6 +242,27 @@ def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_stil
     assert _result(record, "same").status == OK
     off = _result(record, "off")
     assert off.status == REJECTED and "widened" in off.note
+
+
+def test_a_default_far_beyond_the_bound_is_rejected_not_followed() -> None:
+    # Widening stops at MAX_WIDEN: a Default ~115x over (products of bf16-rounded f32
+    # inputs) is wrong for an f32 problem, as the old relative-error rule also said.
+    torch = pytest.importorskip("torch")
+    target = _target("torch")
+    problem = Problem.from_shape(64, 64, 256)
+
+    def bf16ish(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        out.copy_(a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float())
+
+    backend = KernelBackend("fake", {"bf16ish": bf16ish})
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "bf16ish"), target)),
+        (Candidate.make("fake", "right"), lambda: DefaultRunner(target.adapter)),
+    ]
+    record = Harness(CpuTimer(), fast_settings()).measure(problem, target, entries)
+    assert record.result(DEFAULT.identity).status == REJECTED
+    assert record.settings["check"]["widen"] == MAX_WIDEN
+    assert record.winner == "fake/right" and record.default_s is None
 
 
 # --- item 7: right once, wrong after ----------------------------------------------------------

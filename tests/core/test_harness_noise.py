@@ -186,3 +186,17 @@ def test_a_low_confidence_entry_warns_and_shows_in_cache_show_json(tmp_path: Pat
     (shown,) = json.loads(out.getvalue())
     assert shown["settings"]["confidence"] == LOW
     assert shown["settings"]["confirm"]["verdict"] == "within noise"
+
+
+def test_a_busy_cpu_alone_warns_once_not_per_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness_module, "_cpu_load", lambda: (8.0, 2))
+    plugins = PluginManager(load_entry_points=False)
+    s = settings(busy_load=1.0)
+    selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=s)
+    selector.tuner.timer_for = lambda target: ScriptedTimer([lambda i: 1e-3] * 8)  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        records = [selector.tune(Problem.from_shape(m, 16, 8), NUMPY) for m in (8, 9, 10)]
+    messages = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "busy" in messages[0] and "8.0 on 2 CPUs" in messages[0], messages
+    assert all(r.settings["low_because"] == ["busy"] for r in records)

@@ -49,6 +49,8 @@ from unimatmul.tuning.conditions import read_device_state
 #: ``KeyboardInterrupt`` is the user's, and stops tuning (nothing is stored).
 PLUGIN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
+#: The most the element-wise bound is widened to let Default's own error through.
+MAX_WIDEN = 64.0
 #: Rotated sets that together take less than this stay in a core's L2 whatever their order.
 TINY_ROTATION_BYTES = 2 << 20
 
@@ -302,11 +304,12 @@ class Harness:
 
         # Default is what the caller gets anyway: if it is further from the reference
         # than the model allows, the model is too strict here, and every candidate
-        # gets Default's own margin (a wrong element is still orders of magnitude out).
+        # gets Default's own margin (a wrong element is still orders of magnitude out),
+        # up to MAX_WIDEN: a Default further out than that is wrong itself.
         default_check = next((e.check for e in checked if e.candidate == DEFAULT), None)
         widen = 1.0
         if default_check is not None and default_check.nonfinite == 0 and default_check.worst_ratio > 1.0:
-            widen = 2.0 * default_check.worst_ratio
+            widen = min(2.0 * default_check.worst_ratio, MAX_WIDEN)
         measured: list[_Entry] = []
         for entry in checked:
             assert entry.check is not None
@@ -373,7 +376,16 @@ class Harness:
             and load[0] > settings.busy_load * load[1]
             and not math.isinf(settings.noise_spread)
         )
-        confidence = LOW if unstable or busy or verdict.get("agree") is False else HIGH
+        why = [
+            reason
+            for reason, present in (
+                ("spread", unstable),
+                ("disagree", verdict.get("agree") is False),
+                ("busy", busy),
+            )
+            if present
+        ]
+        confidence = LOW if why else HIGH
 
         record_settings = settings.to_dict()
         record_settings.update(
@@ -385,6 +397,7 @@ class Harness:
             settled=settle > 0,
             noise=noise,
             confidence=confidence,
+            low_because=why,
         )
         if load is not None:
             record_settings["load"] = {"avg1": round(load[0], 2), "cpus": load[1], "busy": busy}

@@ -164,27 +164,38 @@ class Tuner:
         return record
 
     def _warn_unstable(self, problem: Problem, record: TuningRecord) -> None:
-        noise = record.settings.get("noise") or {}
-        confirm = record.settings.get("confirm") or {}
-        seen = ", ".join(f"{k} {v:.0%}" for k, v in noise.items())
-        what = f"spread of samples: {seen}"
+        """One warning per problem whose measurements were unstable; a busy CPU alone
+        (the machine's state, not the problem's) warns once."""
+        why = record.settings.get("low_because") or []
         load = record.settings.get("load") or {}
-        if load.get("busy"):
-            what = f"load average {load['avg1']} on {load['cpus']} CPUs; {what}"
-        if confirm:
-            what += (
-                f"; {confirm.get('candidate')} measured {confirm.get('main_speedup')}x Default, "
-                f"then {confirm.get('speedup')}x when repeated ({confirm.get('verdict')})"
+        if why == ["busy"]:
+            key = "unstable:busy-cpu"
+            message = (
+                f"the CPU was busy while tuning (load average {load.get('avg1')} on {load.get('cpus')} "
+                f"CPUs): records tuned now are marked low-confidence, first {problem.shape_text} "
+                f"{problem.dtype_a}. Tune them again on a quieter machine: unimatmul tune --force"
             )
-        message = (
-            f"measurements of {problem.shape_text} {problem.dtype_a} were unstable ({what}); "
-            f"kept {record.winner}, marked confidence 'low' in its record. Tune it again on a "
-            f"quieter machine: unimatmul tune --force"
-        )
-        if self._warn is not None:
-            self._warn(f"unstable:{problem.key}", message)
         else:
-            notices.warn_once(f"unstable:{problem.key}", f"unimatmul: {message}")
+            noise = record.settings.get("noise") or {}
+            confirm = record.settings.get("confirm") or {}
+            what = "spread of samples: " + ", ".join(f"{k} {v:.0%}" for k, v in noise.items())
+            if confirm:
+                what += (
+                    f"; {confirm.get('candidate')} measured {confirm.get('main_speedup')}x Default, "
+                    f"then {confirm.get('speedup')}x when repeated ({confirm.get('verdict')})"
+                )
+            if load.get("busy"):
+                what = f"load average {load['avg1']} on {load['cpus']} CPUs; {what}"
+            key = f"unstable:{problem.key}"
+            message = (
+                f"measurements of {problem.shape_text} {problem.dtype_a} were unstable ({what}); "
+                f"kept {record.winner}, marked low-confidence in its record. Tune it again on a "
+                f"quieter machine: unimatmul tune --force"
+            )
+        if self._warn is not None:
+            self._warn(key, message)
+        else:
+            notices.warn_once(key, f"unimatmul: {message}")
 
     # --- kinds of tuning ----------------------------------------------------------------
     def tune(
