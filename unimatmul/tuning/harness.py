@@ -714,8 +714,8 @@ class Harness:
         confirmed = speedup - 1.0 >= max(settings.min_gain, noise)
         # The two measurements agree when neither speedup is off by more than the noise
         # allowance from the other (a busy moment during one block makes them disagree).
-        agree = math.isinf(settings.noise_spread) or (
-            rounds == 1 and abs(math.log(main_ratio / speedup)) <= math.log1p(settings.noise_spread)
+        agree = math.isinf(settings.noise_spread) or abs(math.log(main_ratio / speedup)) <= math.log1p(
+            settings.noise_spread
         )
         # The confirmation measured both close together in time: its times are kept,
         # unless the two measurements disagree and the first claimed less; then the
