@@ -19,20 +19,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 LOG="$OUT/tests.log"
 
 echo "== GPU tests" | tee -a "$LOG"
-timeout 170 python3 -m pytest tests/gpu tests/torch/test_routing_gpu.py tests/conformance -q -rs \
+timeout 150 python3 -m pytest tests/gpu tests/torch/test_routing_gpu.py tests/conformance -q -rs \
     -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -25
 
 echo "== core tests (the harness's own, on this host's CPU)" | tee -a "$LOG"
-timeout 100 python3 -m pytest tests/core -q -rs -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -15
+timeout 80 python3 -m pytest tests/core -q -rs -p no:cacheprovider 2>&1 | tee -a "$LOG" | tail -15
 
 echo "== conformance, cublaslt, full matrix, element-wise bound" | tee -a "$LOG"
-timeout 100 python3 -m unimatmul.cli conformance --backend cublaslt --device cuda:0 \
+timeout 80 python3 -m unimatmul.cli conformance --backend cublaslt --device cuda:0 \
     --json "$OUT/conformance-cublaslt.json" 2>&1 | tail -20 | tee -a "$LOG"
 
 echo "== harness checks" | tee -a "$LOG"
-timeout 180 python3 scripts/gpu_harness_check.py --out "$OUT" --device cuda:0 --budget-s 150 2>&1 | tail -60
+timeout 150 python3 scripts/gpu_harness_check.py --out "$OUT" --device cuda:0 --budget-s 120 2>&1 | tail -60
 
 echo "== small-problem tuning cost on this host's CPU" | tee -a "$LOG"
-UNIMATMUL_TORCH_NATIVE=0 timeout 60 python3 benchmarks/tune_cost_small.py --repeat 3 --label gpuhost \
+UNIMATMUL_TORCH_NATIVE=0 timeout 50 python3 benchmarks/tune_cost_small.py --repeat 3 --label gpuhost \
     --out "$OUT" 2>&1 | grep -v Warning | tail -5 | tee -a "$LOG"
 ls -la "$OUT"

@@ -89,11 +89,14 @@ HEADROOM = [
 ]
 
 
-def headroom(target: Target, selector: Selector, tf32: bool | None) -> list[dict[str, Any]]:
+def headroom(target: Target, selector: Selector, tf32: bool | None, deadline: float) -> list[dict[str, Any]]:
     adapter, device = target.adapter, target.device
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m, n, k, dtype, epilogue, beta_flag in HEADROOM:
         if tf32 is not None and dtype != "f32":
+            continue
+        if time.perf_counter() > deadline:
+            rows.append({"stopped": "time budget", "shape": f"{m}x{n}x{k}", "dtype": dtype})
             continue
         beta = 1.0 if beta_flag else 0.0
         problem = problem_of(m, n, k, dtype, epilogue, beta_flag)
@@ -163,6 +166,7 @@ def summarize_headroom(rows: list[dict[str, Any]]) -> dict[str, Any]:
             by_dtype.setdefault(key, []).append(r["worst_ratio"])
     return {
         "kernels": len(rows),
+        "stopped": [r for r in rows if "stopped" in r],
         "errors": [r for r in rows if "error" in r],
         "largest_ratio_accepted": {k: max(v) for k, v in by_dtype.items()},
         "median_ratio_accepted": {k: statistics.median(v) for k, v in by_dtype.items()},
@@ -478,12 +482,13 @@ def main() -> int:
         save()
 
     def run_headroom() -> None:
-        rows = headroom(target, selector, None)
+        until = started + 0.4 * args.budget_s
+        rows = headroom(target, selector, None, until)
         if device.kind != "cpu":
             saved = torch.backends.cuda.matmul.allow_tf32
             for flag in (True, False):
                 torch.backends.cuda.matmul.allow_tf32 = flag
-                rows += headroom(target, selector, flag)
+                rows += headroom(target, selector, flag, until)
             torch.backends.cuda.matmul.allow_tf32 = saved
         data["headroom"] = rows
         data["headroom_summary"] = summarize_headroom(rows)
@@ -505,7 +510,7 @@ def main() -> int:
         data["wrong_kernels"] = rows
 
     def run_tuning() -> None:
-        rows = tuning(target, deadline - 60)
+        rows = tuning(target, deadline - 0.2 * args.budget_s)
         data["tuning"] = rows
         data["tuning_summary"] = summarize_tuning(rows)
 
