@@ -41,13 +41,24 @@ with warnings.catch_warnings(record=True) as seen:
         out = unimatmul.matmul(a, b)
 wall = time.perf_counter() - t0
 records = [r for _, _, r in get_selector().store.items()]
+plan = None
+try:  # what the harness planned to allow (harnesses before the plan had none)
+    from unimatmul.core.arrays import CPU, adapter_for_kind
+    from unimatmul.core.backend import Target
+    from unimatmul.core.problem import Problem
+    from unimatmul.tuning.harness import CpuTimer, Harness
+    target = Target(adapter_for_kind(array), CPU)
+    plan = Harness(CpuTimer(), get_selector().tuner.settings_for(target)).plan_memory(
+        Problem.from_shape(m, n, k), target, 0.0).to_dict()
+except (AttributeError, ImportError):
+    pass
 print(json.dumps({
     "mode": mode,
     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     "rss_before_call_bytes": before * 1024,
     "wall_s": wall,
     "winner": records[0].winner if records else None,
-    "memory_plan": records[0].settings.get("memory") if records else None,
+    "memory_plan": plan,
     "warnings": [str(w.message) for w in seen],
 }))
 """

@@ -385,7 +385,9 @@ def memory(target: Target) -> list[dict[str, Any]]:
                 "tune_peak_bytes": tuned,
                 "tune_wall_s": wall,
                 "winner": record.winner if record else None,
-                "memory_plan": record.settings.get("memory") if record else None,
+                "memory_plan": Harness(selector.tuner.timer_for(target), selector.tuner.settings_for(target))
+                .plan_memory(Problem.from_shape(20000, 20000, 8, dtype=dtype), target, 0.0)
+                .to_dict(),
                 "error": error,
             }
         )

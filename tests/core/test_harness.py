@@ -220,10 +220,10 @@ def test_interleaved_rounds_prune_too() -> None:
     assert record.winner == fast.identity
     assert results[loser.identity].status == PRUNED
     assert results[close.identity].samples == settings.max_samples
-    # The winner's time is that of its repeat against Default, pair by pair.
-    assert record.settings["confirm"]["verdict"] == "confirmed" and record.settings["confirm"]["paired"]
-    # (as many pairs as fit the 1 s budget at these scripted 0.5-1 s samples: the least, 2)
-    assert results[fast.identity].samples == record.settings["confirm"]["samples"] == 2
+    # The winner's time is that of its repeat against Default, pair by pair (as many
+    # pairs as fit the 1 s budget at these scripted 0.5-1 s samples: the least, 2).
+    assert record.settings["confirm"]["verdict"] == "confirmed"
+    assert results[fast.identity].samples == 2
 
 
 def test_inputs_rotate_through_more_memory_than_the_cache() -> None:

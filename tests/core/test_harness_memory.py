@@ -29,9 +29,9 @@ WIDE = Problem.from_shape(2048, 2048, 8)
 
 def test_tuning_a_wide_product_stays_within_its_multiple(isolated: Any) -> None:
     # numpy registers its arrays with tracemalloc: the peak is what tuning allocated.
-    isolated.selector.settings = HarnessSettings(
-        **{**fast_settings().to_dict(), "rotate_bytes": 1 << 20, "memory_factor": 4.0}
-    )
+    settings = HarnessSettings(**{**fast_settings().to_dict(), "rotate_bytes": 1 << 20, "memory_factor": 4.0})
+    isolated.selector.settings = settings
+    plan = Harness(CpuTimer(), settings).plan_memory(WIDE, NUMPY, beta=0.0)
     footprint = operand_bytes(WIDE)
     tracemalloc.start()
     try:
@@ -39,8 +39,8 @@ def test_tuning_a_wide_product_stays_within_its_multiple(isolated: Any) -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert record.settings["memory"]["sets"] == 1
-    assert peak <= record.settings["memory"]["allowed"]
+    assert record.settings["sets"] == plan.sets == 1
+    assert peak <= plan.allowed
     # One set, a float32 reference and small float64 blocks; the old harness took ~7x.
     assert peak <= 2.6 * footprint, f"peak {peak / footprint:.2f}x the operands"
 

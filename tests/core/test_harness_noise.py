@@ -102,8 +102,10 @@ def test_a_real_win_is_confirmed_and_kept_with_high_confidence() -> None:
     record = measure([lambda i: 1e-3, lambda i: 0.5e-3], settings())
     assert record.winner == "t/fast"
     assert record.speedup == pytest.approx(2.0)
-    assert record.settings["confirm"]["verdict"] == "confirmed" and record.settings["confirm"]["rounds"] == 1
+    # A high-confidence record keeps the short form (the cache file shares one copy).
+    assert record.settings["confirm"] == {"verdict": "confirmed"}
     assert record.settings["confidence"] == HIGH
+    assert "noise" not in record.settings and "low_because" not in record.settings
 
 
 def test_a_win_smaller_than_the_spread_of_the_pairs_is_noise() -> None:
@@ -118,7 +120,7 @@ def test_a_win_smaller_than_the_spread_of_the_pairs_is_noise() -> None:
     record = measure([lambda i: 1e-3, fast], settings(min_gain=0.01))
     assert record.winner == DEFAULT.identity
     assert record.settings["confirm"]["verdict"] == "within noise"
-    assert record.settings["confirm"]["noise"] > 0.03
+    assert record.result("t/fast").note.startswith("its 1.11x over Default did not hold")
 
 
 def test_a_wide_spread_of_defaults_samples_marks_the_record_low_confidence() -> None:
@@ -129,13 +131,15 @@ def test_a_wide_spread_of_defaults_samples_marks_the_record_low_confidence() -> 
     assert record.settings["confidence"] == LOW
 
 
-def test_large_cpu_products_are_confirmed_in_blocks_after_a_pause() -> None:
+def test_large_cpu_products_are_confirmed_in_blocks_after_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     # Products big enough to run on several threads are measured again block by block,
     # each after the settling pause (a pool spinning after Default would slow the next).
+    pauses: list[float] = []
+    monkeypatch.setattr(harness_module.time, "sleep", pauses.append)
     record = measure([lambda i: 1e-3, lambda i: 0.5e-3], settings(settle_s=1e-3, settle_min_macs=1))
     assert record.winner == "t/fast"
     assert record.settings["settled"] is True
-    assert record.settings["confirm"]["paired"] is False
+    assert len(pauses) == 2 + 2  # before each timing block, and before each confirmation block
 
 
 def test_a_busy_cpu_marks_a_confirmed_win_low_confidence(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -387,22 +387,27 @@ class Harness:
         ]
         confidence = LOW if why else HIGH
 
+        # Every record carries these. A cache file stores one copy of each distinct
+        # settings map, so a high-confidence record keeps no numbers of its own here
+        # (its times are the confirmation's already); what explains a low-confidence
+        # one is kept in full.
         record_settings = settings.to_dict()
         record_settings.update(
             timer=self.timer.name,
             sets=len(sets),
             tolerance=tolerance(problem.dtype_c, problem.compute),
-            check={"model": "elementwise", **model.to_dict(), "widen": round(widen, 4), "calls": 4},
-            memory=plan.to_dict(),
+            check={"model": "elementwise", "calls": 4},
             settled=settle > 0,
-            noise=noise,
             confidence=confidence,
-            low_because=why,
         )
-        if load is not None:
-            record_settings["load"] = {"avg1": round(load[0], 2), "cpus": load[1], "busy": busy}
+        if widen != 1.0:
+            record_settings["check"]["widen"] = round(widen, 3)
         if verdict:
-            record_settings["confirm"] = verdict
+            record_settings["confirm"] = verdict if why else {"verdict": verdict["verdict"]}
+        if why:
+            record_settings.update(low_because=why, noise=noise)
+            if load is not None:
+                record_settings["load"] = {"avg1": round(load[0], 2), "cpus": load[1], "busy": busy}
         if default_check is not None:
             record_settings["default_error"] = default_check.rel_error
         return TuningRecord(
