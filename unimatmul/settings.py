@@ -232,6 +232,16 @@ DISABLE_PLUGINS: Setting[frozenset[str]] = declare(
     parse_names,
     "comma-separated entry-point names never to load (e.g. `onednn`)",
 )
+TUNE_MEMORY = declare(
+    "UNIMATMUL_TUNE_MEMORY",
+    "float",
+    4.0,
+    parse_float(1.0),
+    "the most memory tuning a product larger than twice the last-level cache may take: this multiple "
+    "of its own operands (A, B and C; default 4) plus twice that cache (smaller ones: the inputs rotated "
+    "through it and the check); never over 3/4 of the memory free. A product that needs more runs "
+    "Default (one warning)",
+)
 GPU_BUDGET_S = declare(
     "UNIMATMUL_GPU_BUDGET_S",
     "float",

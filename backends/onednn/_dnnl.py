@@ -32,7 +32,6 @@ Objects here are not thread-safe: one stream is shared by all primitives.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import importlib.metadata
@@ -1038,9 +1037,12 @@ class MatmulPrimitive:
             self._pd = None
 
     def __del__(self) -> None:
-        # Never raise from a finalizer (e.g. at interpreter shutdown).
-        with contextlib.suppress(Exception):
+        # Never raise from a finalizer. No module global here: at interpreter exit they
+        # may already be None (contextlib.suppress failed so, after oneDNN had won).
+        try:
             self.close()
+        except Exception:
+            pass
 
     def __enter__(self) -> Self:
         return self

@@ -1,13 +1,16 @@
 """The float64 reference and the two ways an output is compared with it.
 
 The whole output must be within the dtype's tolerance in relative Frobenius norm
-(:func:`unimatmul.core.dtypes.tolerance`, the same rule the Harness uses), and every
-element within that tolerance of its own error scale ``|alpha| |A| @ |B| + |beta C|
-+ |bias|``: a norm alone hides one wrong element in a large matrix.
+(:func:`unimatmul.core.dtypes.tolerance`), and every element within its own error
+bound (:class:`unimatmul.core.dtypes.ErrorModel`, from k, the dtypes and the inputs'
+magnitudes: the same bound the Harness holds every candidate to): a norm alone hides
+one wrong element in a large matrix.
 
 A scaled (fp8) case compares with the float64 product of the dequantised inputs,
 ``(scale_a * A) @ (scale_b * B) + bias``, at the scaled tolerance
-(:func:`unimatmul.core.dtypes.scaled_tolerance`); its runner takes the scales last.
+(:func:`unimatmul.core.dtypes.scaled_tolerance`), element by element within the bound
+of that product (:func:`unimatmul.core.scaled.scaled_error_model`); its runner takes
+the scales last.
 """
 
 from __future__ import annotations
@@ -19,13 +22,10 @@ from typing import Any
 import numpy as np
 
 from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
-from unimatmul.core.dtypes import scaled_tolerance, tolerance
+from unimatmul.core.dtypes import ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import make_scaled_operands
+from unimatmul.core.scaled import make_scaled_operands, scaled_error_model
 from unimatmul_conformance.guards import host64
-
-# Largest slope of each activation: an input error grows by at most this much.
-_SLOPE = {None: 1.0, "relu": 1.0, "gelu": 1.13, "gelu_tanh": 1.13}
 
 
 @dataclass
@@ -41,7 +41,7 @@ class CaseData:
     c64: np.ndarray
     bias64: np.ndarray | None
     reference: np.ndarray
-    scale: np.ndarray  # per-element error scale (see module docstring)
+    bound: np.ndarray  # per-element error bound (see module docstring)
     tolerance: float
     # A scaled (fp8) case: the scales on the device and their float64 host copies.
     scale_a: Any = None
@@ -84,12 +84,23 @@ def make_case_data(
     reference = np.asarray(
         adapter_for_kind("numpy").reference(a64, b64, c64, alpha, beta, bias64, problem.activation)
     )
-    scale = abs(alpha) * (np.abs(a64) @ np.abs(b64))
-    if beta != 0.0:
-        scale = scale + abs(beta) * np.abs(c64)
-    if bias64 is not None:
-        scale = scale + np.abs(bias64)
-    scale = scale * _SLOPE[problem.activation]
+    model = ErrorModel.for_problem(
+        k=problem.k,
+        dtype_in=problem.dtype_a,
+        dtype_out=problem.dtype_c,
+        compute=problem.compute,
+        activation=problem.activation,
+    )
+    bound = model.bound(
+        reference,
+        np.sqrt((a64 * a64).sum(axis=-1)),
+        np.sqrt((b64 * b64).sum(axis=-2)),
+        np.sqrt(np.sqrt(((a64 * a64) ** 2).sum(axis=-1))),
+        np.sqrt(np.sqrt(((b64 * b64) ** 2).sum(axis=-2))),
+        alpha=alpha,
+        beta_c=abs(beta) * np.abs(c64) if beta != 0.0 else None,
+        bias=bias64,
+    )
     return CaseData(
         a=ops.a,
         b=ops.b,
@@ -100,7 +111,7 @@ def make_case_data(
         c64=c64,
         bias64=bias64,
         reference=reference,
-        scale=scale,
+        bound=np.broadcast_to(bound, reference.shape),
         tolerance=tolerance(problem.dtype_c, problem.compute),
     )
 
@@ -113,10 +124,18 @@ def _scaled_case_data(problem: Problem, adapter: ArrayAdapter, device: Device, r
     # Dequantised inputs: a [m, 1] / [1, n] scale broadcasts over rows / columns, one value over all.
     da, db = a64 * sa64, b64 * sb64
     reference = da @ db
-    scale = np.abs(da) @ np.abs(db)
     if bias64 is not None:
         reference = reference + bias64
-        scale = scale + np.abs(bias64)
+    bound = scaled_error_model(problem).bound(
+        reference,
+        np.sqrt((da * da).sum(axis=-1)),
+        np.sqrt((db * db).sum(axis=-2)),
+        np.sqrt(np.sqrt(((da * da) ** 2).sum(axis=-1))),
+        np.sqrt(np.sqrt(((db * db) ** 2).sum(axis=-2))),
+        alpha=1.0,
+        beta_c=None,
+        bias=bias64,
+    )
     return CaseData(
         a=ops.a,
         b=ops.b,
@@ -127,7 +146,7 @@ def _scaled_case_data(problem: Problem, adapter: ArrayAdapter, device: Device, r
         c64=c64,
         bias64=bias64,
         reference=reference,
-        scale=scale,
+        bound=np.broadcast_to(bound, reference.shape),
         tolerance=scaled_tolerance(problem.dtype_c, problem.fast_accum),
         scale_a=ops.scale_a,
         scale_b=ops.scale_b,
@@ -158,7 +177,7 @@ def compare(out64: np.ndarray, data: CaseData, written: np.ndarray) -> Compariso
     den = float(np.linalg.norm(ref))
     num = float(np.linalg.norm(np.where(np.isfinite(diff), diff, np.inf)))
     rel = num / den if den > 0 else num
-    bound = data.tolerance * data.scale[written] + 1e-30
+    bound = data.bound[written] + 1e-30
     bad = ~(diff <= bound)  # NaN counts as bad
     worst = ""
     if bad.any():

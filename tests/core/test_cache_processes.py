@@ -58,7 +58,9 @@ def _child(cache: Path, mode: str, shape: str = "3x40x24x56", **extra_env: str) 
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    warned = [line for line in done.stderr.splitlines() if "Warning" in line]
+    # A tuning on a busy machine is marked low-confidence, with a warning: this machine's
+    # load is not the test's to decide, so that warning is not counted.
+    warned = [line for line in done.stderr.splitlines() if "Warning" in line and "low-confidence" not in line]
     # The only warning allowed is the one saying that a read-only cache keeps new results in memory.
     assert all("read-only" in line for line in warned), done.stderr
     if extra_env.get("UNIMATMUL_CACHE_READONLY") != "1":

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from unimatmul.core.dtypes import ITEMSIZE, canonical
+from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, canonical
 from unimatmul.core.problem import Problem
 
 
@@ -42,6 +43,74 @@ class Operands:
     b: Any
     out: Any
     bias: Any = None
+
+
+@dataclass
+class Reference:
+    """The float64 reference of one operand set, and what the error bound needs.
+
+    ``ref`` has the output's shape (kept in float32 when the output is no wider: its
+    rounding is part of the bound); ``r2``/``r4`` are ``[batch, m]`` norms of A's rows
+    and ``c2``/``c4`` ``[batch, n]`` norms of B's columns (float64; r4/c4 are None when
+    the model has no input-rounding term); ``c0`` is C's value before the call (beta
+    != 0), in the output's layout. Everything lives on the operands' device.
+    """
+
+    ref: Any
+    r2: Any
+    c2: Any
+    r4: Any
+    c4: Any
+    c0: Any
+    bias: Any
+    alpha: float
+    beta: float
+    model: ErrorModel
+    host: bool = False  # kept in NumPy arrays on the host (a small product: see make_reference)
+    sumsq: float = 0.0  # ||ref||^2, for the relative error
+
+
+@dataclass
+class Check:
+    """How one output compares with a :class:`Reference`, element by element."""
+
+    rel_error: float  # ||out - ref|| / ||ref|| (inf with a NaN or an inf)
+    # The largest error / bound over the elements (inf: a NaN or an inf). Where a large
+    # output passed the cheap screen (see ArrayAdapter.compare), only "<= 1" is known
+    # of those elements, and they count as 1.0 (``exact`` is then False).
+    worst_ratio: float
+    bad: int  # elements over their bound (NaN and inf included)
+    nonfinite: int  # NaN or inf where the reference is finite
+    worst: str = ""  # the worst element, when one is over its bound
+    exact: bool = True
+
+    def ok(self, widen: float = 1.0) -> bool:
+        """Whether every element is within ``widen`` times its bound."""
+        return self.nonfinite == 0 and self.worst_ratio <= widen
+
+    def describe(self, widen: float = 1.0) -> str:
+        """One line for a rejected candidate's note."""
+        what = f"{self.bad} element(s) over the error bound"
+        if widen != 1.0:
+            what += f" (widened {widen:.3g}x to Default's own error)"
+        if self.nonfinite:
+            what += f", {self.nonfinite} NaN/inf where the reference is finite"
+        return f"{what}; {self.worst}; relative error {self.rel_error:.3g}"
+
+
+def host_available_bytes() -> int | None:
+    """Memory the host can still give without swapping (Linux ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class ArrayAdapter:
@@ -93,7 +162,10 @@ class ArrayAdapter:
         device: Device,
         rng: np.random.Generator,
         offset: int = 0,
+        *,
+        fill: bool = True,
     ) -> Any:
+        """Standard-normal values (``fill=False``: uninitialised) at the given strides."""
         raise NotImplementedError
 
     def to_float64(self, x: Any) -> Any:
@@ -143,6 +215,256 @@ class ArrayAdapter:
         """The caller's current stream handle on ``device`` (0 on the CPU)."""
         return 0
 
+    def available_bytes(self, device: Device) -> int | None:
+        """Memory that arrays on ``device`` can still take (None: unknown)."""
+        return host_available_bytes()
+
+    # --- the numeric check: reference and comparison, block by block on the device ---
+
+    def block_elements(self, device: Device, *, reference: bool = False, total: int = 0) -> int:
+        """Output elements per block of the check (``total``: the output's): its float64
+        temporaries are a few of these, so that checking a 1 GB output never makes a
+        1 GB float64 copy of it. On the host, comparisons run fastest on blocks that
+        stay in the cache, and the reference's products on larger ones: up to 1/32 of a
+        large output, since each BLAS call wakes a thread pool."""
+        if reference:
+            return min(max(1 << 20, total // 32), 1 << 23)
+        return 1 << 15 if total <= SCREEN_ELEMENTS else 1 << 17
+
+    def _math(self) -> Any:
+        """The array library's namespace for ``where``, ``isfinite`` and ``sqrt``."""
+        raise NotImplementedError
+
+    def _sum(self, x: Any, axis: int) -> Any:
+        return x.sum(axis=axis)
+
+    def _amax(self, x: Any, axis: int) -> Any:
+        """Largest element along ``axis``; NaN if there is one."""
+        return x.max(axis=axis)
+
+    def _sumsq(self, x: Any) -> Any:
+        return (x * x).sum()
+
+    def _like(self, x: Any, like: Any) -> Any:
+        """``x`` in ``like``'s dtype (no copy if it is already)."""
+        return x.astype(like.dtype, copy=False)
+
+    def _blocks(self, shape: tuple[int, ...], elements: int) -> Iterator[tuple[slice, slice]]:
+        """(batch range, row range) blocks of about ``elements`` of a ``[batch, m, n]`` output."""
+        batch, m, n = shape
+        per_block = max(1, elements // max(n, 1))
+        if per_block >= m:
+            step = max(1, per_block // m)
+            for i in range(0, batch, step):
+                yield slice(i, min(i + step, batch)), slice(0, m)
+        else:
+            for i in range(batch):
+                for r in range(0, m, per_block):
+                    yield slice(i, i + 1), slice(r, min(r + per_block, m))
+
+    def make_reference(
+        self,
+        ops: Operands,
+        c0: Any,
+        alpha: float,
+        beta: float,
+        activation: str | None,
+        model: ErrorModel,
+        device: Device,
+    ) -> Reference:
+        """The float64 reference of ``ops`` (C from ``c0`` when beta != 0), kept for
+        :meth:`compare`; computed block by block on the operands' device.
+
+        A small product's is computed and kept on the host instead: a few dozen tiny
+        launches and their synchronisations would cost more than copying it there.
+        """
+        out_shape = self.shape(ops.out)
+        shape3 = (1, *out_shape) if len(out_shape) == 2 else out_shape
+        ref_dtype = "f64" if self.dtype(ops.out) == "f64" else "f32"
+        if self.kind != "numpy" and _operand_elements(ops, self) <= HOST_CHECK_ELEMENTS:
+            host = adapter_for_kind("numpy")
+            moved = Operands(
+                self.to_numpy(ops.a),
+                self.to_numpy(ops.b),
+                host.empty(out_shape, ref_dtype, CPU),
+                self.to_numpy(ops.bias) if ops.bias is not None else None,
+            )
+            c0_host = self.to_numpy(c0) if beta != 0.0 else None
+            found = host.make_reference(moved, c0_host, alpha, beta, activation, model, CPU)
+            found.host = True
+            return found
+        a3, b3 = _as3(ops.a), _as3(ops.b)
+        batch, m, n = shape3
+        ref = self.empty(shape3, ref_dtype, device)
+        xp = self._math()
+        r2 = self.empty((batch, m), "f64", device)
+        r4 = self.empty((batch, m), "f64", device) if model.inputs else None
+        c2 = self.empty((batch, n), "f64", device)
+        c4 = self.empty((batch, n), "f64", device) if model.inputs else None
+        c3 = _as3(c0) if beta != 0.0 else None
+        bias64 = self.to_float64(ops.bias) if ops.bias is not None else None
+        b_done, b64 = slice(-1, -1), None  # B in float64 and its norms: once per batch range
+        sumsq: list[Any] = []
+        block = self.block_elements(device, reference=True, total=math.prod(shape3))
+        for bs, rs in self._blocks(shape3, block):
+            a64 = self.to_float64(_pick(a3, bs, batch)[:, rs])
+            if bs != b_done:
+                b64 = self.to_float64(_pick(b3, bs, batch))
+                c2[bs] = xp.sqrt(self._sum(b64 * b64, -2))
+                if c4 is not None:
+                    c4[bs] = xp.sqrt(xp.sqrt(self._sum((b64 * b64) ** 2, -2)))
+                b_done = bs
+            pre = a64 @ b64
+            if alpha != 1.0:
+                pre = pre * alpha
+            if c3 is not None:
+                pre = pre + self.to_float64(c3[bs, rs]) * beta
+            if bias64 is not None:
+                pre = pre + bias64
+            done = self._activate64(pre, activation)
+            ref[bs, rs] = done
+            sumsq.append(self._sumsq(done))
+            r2[bs, rs] = xp.sqrt(self._sum(a64 * a64, -1))
+            if r4 is not None:
+                r4[bs, rs] = xp.sqrt(xp.sqrt(self._sum((a64 * a64) ** 2, -1)))
+            del pre, done  # before the next block's: one block of float64 at a time
+        found = Reference(ref, r2, c2, r4, c4, c3, bias64, alpha, beta, model)
+        found.sumsq = sum(self._scalars(sumsq))
+        return found
+
+    def compare(self, out: Any, reference: Reference, device: Device, *, exact: bool | None = None) -> Check:
+        """Compare ``out`` with ``reference`` element by element, on the device.
+
+        Only a handful of scalars come back to the host; NaN and inf where the
+        reference is finite count as over the bound. A large output (over
+        ``SCREEN_ELEMENTS``, unless ``exact``) is first screened in the reference's own
+        precision against a part of the bound that costs two passes (the output
+        rounding and the summation term with the block's smallest column norm); only
+        blocks where some element is not clearly within it get the whole bound.
+        """
+        if reference.host and self.kind != "numpy":
+            return adapter_for_kind("numpy").compare(self.to_numpy(out), reference, CPU, exact=exact)
+        out3 = _as3(out)
+        ref3 = reference.ref
+        blocks = list(
+            self._blocks(tuple(ref3.shape), self.block_elements(device, total=math.prod(ref3.shape)))
+        )
+        if exact is None:
+            exact = math.prod(ref3.shape) <= SCREEN_ELEMENTS
+        if exact:
+            full = list(range(len(blocks)))
+            sq_err: list[float] = []
+            screened: list[int] = []
+        else:
+            full, sq_err = self._screen(out3, reference, blocks)
+            screened = [i for i in range(len(blocks)) if i not in set(full)]
+        totals = self._full(out3, reference, [blocks[i] for i in full])
+        err = math.sqrt(sum(totals[0]) + sum(sq_err))
+        den = math.sqrt(reference.sumsq)
+        rel = (err / den if den > 0 else err) if math.isfinite(err) else math.inf
+        worst_ratio = max(totals[3] + ([1.0] if screened else []), default=0.0)
+        check = Check(rel, worst_ratio, int(sum(totals[1])), int(sum(totals[2])), exact=not screened)
+        if check.bad:
+            index = max(range(len(full)), key=lambda i: totals[3][i])
+            check.worst = self._worst(out3, reference, *blocks[full[index]])
+        return check
+
+    def _screen(
+        self, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]
+    ) -> tuple[list[int], list[float]]:
+        """The blocks not clearly within their bound, and every block's squared error."""
+        model = reference.model
+        a_out = model.c_out * model.u_out * model.slope * model.weight_ref + model.u_ref
+        kappa = abs(reference.alpha) * model.slope * model.sqrt_k_acc
+        c2min = self._amax(-reference.c2, -1)  # minus the smallest column norm of each matrix
+        screen, sq = [], []
+        for bs, rs in blocks:
+            ref = reference.ref[bs, rs]
+            diff = abs(self._like(out3[bs, rs], ref) - ref)
+            sq.append(self._sumsq(diff))
+            excess = self._amax(diff - abs(ref) * a_out, -1)
+            low = reference.r2[bs, rs] * (-c2min[bs])[:, None] * kappa + 1e-300
+            screen.append((excess / low).max())
+        values = self._scalars(screen)  # NaN reads as inf: such a block is looked at fully
+        return [i for i, v in enumerate(values) if not v <= 1.0], self._scalars(sq)
+
+    def _full(self, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]) -> list[list[float]]:
+        """Squared errors, elements over the bound, NaN/inf, worst ratio: per block."""
+        xp = self._math()
+        sq_err, bad, nonfinite, worst = [], [], [], []
+        for bs, rs in blocks:
+            ref = self.to_float64(reference.ref[bs, rs])
+            diff = abs(self.to_float64(out3[bs, rs]) - ref)
+            bound = self._bound(reference, ref, bs, rs)
+            finite = xp.isfinite(diff)
+            ratio = xp.where(finite, diff / (bound + 1e-300), math.inf)
+            sq_err.append(self._sumsq(xp.where(finite, diff, math.inf)))
+            bad.append((~(diff <= bound)).sum())
+            nonfinite.append((~finite & xp.isfinite(ref)).sum())
+            worst.append(ratio.max())
+        # One transfer of a few scalars per block, at the end (one sync on a GPU).
+        return [self._scalars(x) for x in (sq_err, bad, nonfinite, worst)]
+
+    def _bound(self, reference: Reference, ref: Any, bs: slice, rs: slice) -> Any:
+        beta_c = None
+        if reference.c0 is not None:
+            beta_c = abs(self.to_float64(reference.c0[bs, rs])) * abs(reference.beta)
+        r4 = reference.r4[bs, rs] if reference.r4 is not None else None
+        c4 = reference.c4[bs] if reference.c4 is not None else None
+        return reference.model.bound(
+            ref,
+            reference.r2[bs, rs],
+            reference.c2[bs],
+            r4,
+            c4,
+            alpha=reference.alpha,
+            beta_c=beta_c,
+            bias=reference.bias,
+        )
+
+    def _scalars(self, parts: list[Any]) -> list[float]:
+        """Python floats of 0-d arrays of this library (NaN read as inf)."""
+        values = [float(x) for x in parts]
+        return [v if v == v else math.inf for v in values]
+
+    def _worst(self, out3: Any, reference: Reference, bs: slice, rs: slice) -> str:
+        """The element furthest over its bound in one block, as text."""
+        ref = self.to_numpy(reference.ref[bs, rs]).astype(np.float64)
+        got = self.to_numpy(out3[bs, rs]).astype(np.float64)
+        bound = self.to_numpy(self._bound(reference, self.to_float64(reference.ref[bs, rs]), bs, rs))
+        diff = np.abs(got - ref)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where(np.isfinite(diff), diff / (bound + 1e-300), np.inf)
+        i, r, j = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        where = (bs.start + int(i), rs.start + int(r), int(j))
+        where_text = str(where[1:]) if reference.ref.shape[0] == 1 else str(where)
+        return (
+            f"worst element {where_text}: got {float(got[i, r, j])!r}, expected {float(ref[i, r, j])!r} "
+            f"(error {diff[i, r, j]:.3g} > bound {bound[i, r, j]:.3g})"
+        )
+
+
+#: Products with at most this many elements of A, B and C together are checked on the
+#: host (see ArrayAdapter.make_reference).
+HOST_CHECK_ELEMENTS = 1 << 16
+#: Outputs with more elements are screened before the whole bound is computed
+#: (see ArrayAdapter.compare).
+SCREEN_ELEMENTS = 1 << 22
+
+
+def _operand_elements(ops: Operands, adapter: ArrayAdapter) -> int:
+    return sum(math.prod(adapter.shape(x)) for x in (ops.a, ops.b, ops.out))
+
+
+def _as3(x: Any) -> Any:
+    """A ``[batch, rows, cols]`` view of a 2-D or 3-D array (a 2-D one is a batch of one)."""
+    return x[None] if len(x.shape) == 2 else x
+
+
+def _pick(x3: Any, bs: slice, batch: int) -> Any:
+    """Batch range ``bs`` of an operand that may be broadcast (one matrix for all)."""
+    return x3 if x3.shape[0] == 1 and batch > 1 else x3[bs]
+
 
 def _erf64(x: np.ndarray) -> np.ndarray:
     # NumPy has no erf; math.erf vectorised is exact and fast enough for references.
@@ -177,10 +499,18 @@ class NumpyAdapter(ArrayAdapter):
         device: Device,
         rng: np.random.Generator,
         offset: int = 0,
+        *,
+        fill: bool = True,
     ) -> Any:
         npdt = _numpy_dtype(dtype)
         size = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
-        base = rng.standard_normal(size).astype(npdt)
+        # Drawn in float32 (float64 only for float64): a float64 draw of a 1 GB float32
+        # operand would need 2 GB more while it is converted.
+        draw = np.float64 if npdt == np.float64 else np.float32
+        if fill:
+            base = rng.standard_normal(size, dtype=draw).astype(npdt, copy=False)
+        else:
+            base = np.empty(size, dtype=npdt)
         return np.lib.stride_tricks.as_strided(
             base[offset:], shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
         )
@@ -214,6 +544,13 @@ class NumpyAdapter(ArrayAdapter):
 
     def _activate64(self, x: Any, activation: str | None) -> Any:
         return _activate_numpy(x, activation)
+
+    def _math(self) -> Any:
+        return np
+
+    def _sumsq(self, x: Any) -> Any:
+        flat = np.ravel(x)
+        return np.dot(flat, flat)
 
     def rel_error(self, out: Any, ref: Any) -> float:
         diff = np.asarray(out, dtype=np.float64) - ref
@@ -323,9 +660,14 @@ class TorchAdapter(ArrayAdapter):
         device: Device,
         rng: np.random.Generator,
         offset: int = 0,
+        *,
+        fill: bool = True,
     ) -> Any:
         torch = self.torch
         size = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        if not fill:
+            base = torch.empty(size, dtype=self.torch_dtype(dtype), device=self.torch_device(device))
+            return base.as_strided(shape, strides, offset)
         gen = torch.Generator(device=self.torch_device(device))
         gen.manual_seed(int(rng.integers(0, 2**62)))
         base = torch.randn(size, generator=gen, dtype=torch.float32, device=self.torch_device(device))
@@ -392,6 +734,45 @@ class TorchAdapter(ArrayAdapter):
             self._activate_(x, activation)
         return x
 
+    def _math(self) -> Any:
+        return self.torch
+
+    def _amax(self, x: Any, axis: int) -> Any:
+        if axis == -1 and x.dim() > 2:
+            # On the CPU, torch reduces [1, r, n] over its last dimension some 2000x slower
+            # than the same [r, n] (torch 2.13): flatten the leading dimensions first.
+            return x.reshape(-1, x.shape[-1]).amax(dim=-1).reshape(x.shape[:-1])
+        return x.amax(dim=axis)
+
+    def _like(self, x: Any, like: Any) -> Any:
+        return x.to(like.dtype)
+
+    def block_elements(self, device: Device, *, reference: bool = False, total: int = 0) -> int:
+        # A GPU wants few, large launches; on the host, torch's comparisons stay below its
+        # parallel grain (32768 elements): on a busy machine each parallel region waits
+        # milliseconds for a descheduled thread.
+        if device.kind == "cpu":
+            return super().block_elements(device, reference=True, total=total) if reference else 1 << 14
+        return 1 << 22
+
+    def _scalars(self, parts: list[Any]) -> list[float]:
+        if not parts:
+            return []
+        values = self.torch.stack([x.to(self.torch.float64) for x in parts]).tolist()
+        return [v if v == v else math.inf for v in values]
+
+    def available_bytes(self, device: Device) -> int | None:
+        if device.kind == "cpu":
+            return host_available_bytes()
+        cuda = self.torch.cuda
+        try:
+            free, _ = cuda.mem_get_info(device.index)
+            # Memory torch's caching allocator holds but no tensor uses is ours to take too.
+            cached = cuda.memory_reserved(device.index) - cuda.memory_allocated(device.index)
+        except Exception:
+            return None
+        return int(free) + max(0, int(cached))
+
     def rel_error(self, out: Any, ref: Any) -> float:
         diff = out.to(self.torch.float64) - ref
         num = float(self.torch.linalg.vector_norm(diff))
@@ -444,13 +825,18 @@ class CupyAdapter(ArrayAdapter):
         device: Device,
         rng: np.random.Generator,
         offset: int = 0,
+        *,
+        fill: bool = True,
     ) -> Any:
         cupy = self.cupy
         npdt = _numpy_dtype(dtype)
         size = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
         with cupy.cuda.Device(device.index):
-            gen = cupy.random.default_rng(int(rng.integers(0, 2**62)))
-            base = gen.standard_normal(size, dtype=np.float32).astype(npdt)
+            if fill:
+                gen = cupy.random.default_rng(int(rng.integers(0, 2**62)))
+                base = gen.standard_normal(size, dtype=np.float32).astype(npdt, copy=False)
+            else:
+                base = cupy.empty(size, dtype=npdt)
             return cupy.lib.stride_tricks.as_strided(
                 base[offset:], shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
             )
@@ -500,6 +886,22 @@ class CupyAdapter(ArrayAdapter):
             msg = f"unknown activation {activation!r}"
             raise ValueError(msg)
         return y.astype(x.dtype)
+
+    def _math(self) -> Any:
+        return self.cupy
+
+    def block_elements(self, device: Device, *, reference: bool = False, total: int = 0) -> int:
+        return 1 << 22
+
+    def available_bytes(self, device: Device) -> int | None:
+        cupy = self.cupy
+        try:
+            with cupy.cuda.Device(device.index):
+                free, _ = cupy.cuda.runtime.memGetInfo()
+                pooled = cupy.get_default_memory_pool().free_bytes()
+        except Exception:
+            return None
+        return int(free) + int(pooled)
 
     def rel_error(self, out: Any, ref: Any) -> float:
         cupy = self.cupy
@@ -573,17 +975,46 @@ def operand_layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[
     }
 
 
-def make_operands(
-    problem: Problem, adapter: ArrayAdapter, device: Device, rng: np.random.Generator
-) -> Operands:
-    """Random (never zero) operands in the problem's exact layout and pointer alignment."""
-    layouts = operand_layouts(problem)
-    out: dict[str, Any] = {}
+def operand_bytes(problem: Problem) -> int:
+    """Bytes one set of operands of ``problem`` takes as :func:`make_operands` allocates
+    it (A, B and C at their strides, their alignment offsets, and the bias)."""
+    total = 0
     for name, dtype in (("a", problem.dtype_a), ("b", problem.dtype_b), ("c", problem.dtype_c)):
+        shape, strides = operand_layouts(problem)[name]
+        offset = problem.align // ITEMSIZE[dtype] if problem.align < 16 else 0
+        elements = offset + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        total += elements * ITEMSIZE[dtype]
+    if problem.has_bias:
+        total += problem.n * ITEMSIZE[problem.dtype_bias or problem.dtype_c]
+    return total
+
+
+def make_operands(
+    problem: Problem,
+    adapter: ArrayAdapter,
+    device: Device,
+    rng: np.random.Generator,
+    *,
+    fill_out: bool = True,
+    with_out: bool = True,
+) -> Operands:
+    """Random (never zero) operands in the problem's exact layout and pointer alignment.
+
+    ``fill_out=False`` leaves the output uninitialised: when beta is 0 it is never
+    read, and drawing random numbers for a large output costs seconds.
+    ``with_out=False`` makes no output at all (``out`` is None): new values for inputs
+    that already have one.
+    """
+    layouts = operand_layouts(problem)
+    out: dict[str, Any] = {"c": None}
+    for name, dtype in (("a", problem.dtype_a), ("b", problem.dtype_b), ("c", problem.dtype_c)):
+        if name == "c" and not with_out:
+            continue
         shape, strides = layouts[name]
         # Reproduce a misaligned caller (e.g. a view at an odd offset) where the problem says so.
         offset = problem.align // ITEMSIZE[dtype] if problem.align < 16 else 0
-        out[name] = adapter.random_strided(shape, strides, dtype, device, rng, offset)
+        fill = fill_out or name != "c"
+        out[name] = adapter.random_strided(shape, strides, dtype, device, rng, offset, fill=fill)
     bias = None
     if problem.has_bias:
         bias = adapter.random_strided((problem.n,), (1,), problem.dtype_bias or problem.dtype_c, device, rng)

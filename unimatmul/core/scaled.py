@@ -29,7 +29,7 @@ import numpy as np
 
 from unimatmul.core.arrays import ArrayAdapter, Device, Operands
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
-from unimatmul.core.dtypes import FP8, canonical
+from unimatmul.core.dtypes import FP8, ErrorModel, canonical
 from unimatmul.core.problem import SCALE_MODES, SCALED_OUTPUTS, Problem, matrix_layout, pointer_alignment
 
 #: Pairs of (scale_a, scale_b) modes a scaled GEMM takes: torch._scaled_mm's TensorWise
@@ -319,6 +319,31 @@ def make_scaled_operands(
     scale_a = scales((m, 1) if problem.scale_a == "rowwise" else ())
     scale_b = scales((1, n) if problem.scale_b == "rowwise" else ())
     return ScaledOperands(a, b, out, bias, scale_a, scale_b)
+
+
+def scaled_error_model(problem: Problem) -> ErrorModel:
+    """The element-wise error bound of a scaled product, stated for its dequantised inputs
+    ``scale_a * A`` and ``scale_b * B`` (exact in float64): the products are summed in
+    fp32, or, with fast accumulation, in a narrower accumulator (bounded as tf32's)."""
+    return ErrorModel.for_problem(
+        k=problem.k,
+        dtype_in="f32",
+        dtype_out=problem.dtype_c,
+        compute="tf32" if problem.fast_accum else "f32",
+        activation=None,
+        ref_dtype="f32",  # the reference is kept as the harness keeps it (scaled outputs are never f64)
+    )
+
+
+def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> Operands:
+    """The scaled operands as float32 ``scale_a * A`` and ``scale_b * B`` (the numeric
+    check's reference is the plain product of these; fp8 values times a float32 scale
+    lose at most one float32 rounding, far below any fp8 output's bound)."""
+    torch = _torch(adapter)
+    f32 = torch.float32
+    a = ops.a.to(f32) * ops.scale_a.to(f32)
+    b = ops.b.to(f32) * ops.scale_b.to(f32)
+    return Operands(a, b, ops.out, ops.bias)
 
 
 def scaled_reference(adapter: ArrayAdapter, a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any) -> Any:

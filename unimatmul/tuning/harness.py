@@ -1,16 +1,31 @@
 """The Harness: measures candidates fairly and never lets a wrong kernel win.
 
-For each Candidate of a Problem it prepares a Runner, checks its output against a
-float64 reference on poisoned memory, then times it on inputs rotated through more
-memory than the last-level cache, in interleaved rounds, pruning clear losers early,
-within a time budget, and keeps the median. Device timing lives behind the
-:class:`Timer` protocol (a CPU clock here; CUDA/HIP events in ``unimatmul.tuning.timers``).
+For each Candidate of a Problem it prepares a Runner and checks its output, element by
+element, against a float64 reference (:class:`unimatmul.core.dtypes.ErrorModel`): twice
+on poisoned memory before it is timed, and once more after timing on an input set
+whose values were replaced in place, so that a kernel that is right only on its first
+call, or that returns a stale result for the same pointers, is caught. Survivors are
+timed on inputs rotated through more memory than the last-level cache, pruning clear
+losers early, within a time budget, and the median is kept. A winner over Default is
+then measured again against Default, sample against sample; a win that does not hold
+there, or that is within the spread of the samples, is not stored (Default is), and an
+unstable measurement is marked ``confidence: low`` in the record's settings.
+
+Memory is bounded (``UNIMATMUL_TUNE_MEMORY``): a product larger than the rotation target
+(twice the last-level cache) may take a multiple of its own operands plus that target,
+a smaller one the sets it rotates through and the check; never more than 3/4 of the free
+memory. A product that cannot be tuned within that raises :class:`TuningTooLarge` before
+anything is allocated.
+
+Device timing lives behind the :class:`Timer` protocol (a CPU clock here; CUDA/HIP
+graphs and events in ``unimatmul.tuning.timers``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -19,15 +34,39 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from unimatmul import settings as env
 from unimatmul._version import __version__
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
-from unimatmul.core.arrays import Operands, make_operands
+from unimatmul.core.arrays import Check, Operands, Reference, make_operands, operand_bytes
 from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
-from unimatmul.core.dtypes import scaled_tolerance, tolerance
-from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
+from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import ScaledOperands, make_scaled_operands, scaled_reference
+from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
 from unimatmul.tuning.conditions import read_device_state
+
+#: What a plugin's code may raise that makes its candidate FAILED. ``SystemExit`` from a
+#: kernel is the plugin's failure, not a request to end the user's program;
+#: ``KeyboardInterrupt`` is the user's, and stops tuning (nothing is stored).
+PLUGIN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+#: The most the element-wise bound is widened to let Default's own error through.
+MAX_WIDEN = 64.0
+#: Rotated sets that together take less than this stay in a core's L2 whatever their order.
+TINY_ROTATION_BYTES = 2 << 20
+
+# Confidence of a record (settings["confidence"]).
+HIGH, LOW = "high", "low"
+
+
+class TuningTooLarge(UnimatmulError):
+    """Tuning this Problem would take more memory than it may (see the module docstring)."""
+
+    def __init__(self, msg: str, *, problem: Problem, needed: int, allowed: int) -> None:
+        super().__init__(msg)
+        self.problem = problem
+        self.needed = needed
+        self.allowed = allowed
 
 
 class Timer(Protocol):
@@ -48,27 +87,38 @@ class CpuTimer:
 
     name = "cpu-perf-counter"
 
-    def __init__(self, min_sample_s: float = 2e-3) -> None:
+    def __init__(self, min_sample_s: float = 1e-4) -> None:
+        # 0.1 ms is a thousand ticks of perf_counter (~0.1 us) and short enough that a
+        # small product's 20 samples cost 2 ms; a sample is the median's unit, and the
+        # median of 20 shrugs off the one a timer interrupt lands in.
         self.min_sample_s = min_sample_s
 
     def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
-        # One call calibrates how many calls a sample needs to outlast clock noise;
-        # successive samples continue through the rotated sets where the last stopped.
-        t0 = time.perf_counter()
-        calls[0]()
-        once = max(time.perf_counter() - t0, 1e-9)
-        per_sample = max(1, math.ceil(self.min_sample_s / once))
+        # The first call pays for first touches and lazy set-up: it is not timed. A
+        # sample runs calls, cycling through the sets where the last one stopped, until
+        # it has lasted min_sample_s (one call at least). Reading the clock after every
+        # call costs ~0.1 us, the same for every candidate; a count calibrated from one
+        # call instead overshoots badly when that call happened to be quick (a thread
+        # pool on a busy machine: 5 us once, 130 us after).
         count = len(calls)
+        calls[0]()
         position = [1 % count]
+        min_sample_s = self.min_sample_s
+        clock = time.perf_counter
 
         def sample() -> float:
-            start = position[0]
-            t0 = time.perf_counter()
-            for i in range(start, start + per_sample):
-                calls[i % count]()
-            elapsed = time.perf_counter() - t0
-            position[0] = (start + per_sample) % count
-            return elapsed / per_sample
+            i = position[0]
+            done = 0
+            t0 = clock()
+            while True:
+                calls[i]()
+                i = i + 1 if i + 1 < count else 0
+                done += 1
+                elapsed = clock() - t0
+                if elapsed >= min_sample_s:
+                    break
+            position[0] = i
+            return elapsed / done
 
         return sample
 
@@ -79,16 +129,25 @@ class HarnessSettings:
 
     warmup: int = 2
     min_samples: int = 5
-    max_samples: int = 100
+    max_samples: int = 20
     budget_s: float = 0.25  # measuring time per candidate, after the numeric check
     prune_ratio: float = 1.3  # a candidate this much slower than the best stops early
     first_prune_ratio: float = 5.0  # ... and this much slower on its first timed call, at once
     interleave: bool = False  # GPU: rounds across candidates; CPU: one block each (see _time)
     settle_s: float = 0.2  # CPU: pause before each block so other pools' threads stop spinning
+    # ... only for products of at least this many multiply-adds: smaller ones run on one
+    # thread in OpenBLAS, MKL and oneDNN alike, so no pool is left spinning.
+    settle_min_macs: int = 1 << 18
     min_gain: float = 0.01  # a winner must beat Default by this fraction, else Default
+    confirm_pairs: int = 5  # samples of the winner and of Default, taken in turns, to confirm a win
+    confirm_rounds: int = 2  # confirmations before an unconfirmed win is called noise
+    noise_spread: float = 0.25  # a relative spread of samples above this is an unstable measurement
+    busy_load: float = 1.0  # CPU: a load average above this many per CPU marks a record low-confidence
     rotate_bytes: int | None = None  # inputs rotated through this much memory
     max_rotation_bytes: int = 1 << 30
     max_sets: int = 16
+    memory_factor: float | None = None  # None: UNIMATMUL_TUNE_MEMORY
+    memory_fraction: float = 0.75  # of the memory free when tuning starts
     seed: int = 0x5EED
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,9 +179,54 @@ class _Entry:
     sample: Callable[[], float] | None = None
     times: list[float] = field(default_factory=list)
     spent_s: float = 0.0
+    check: Check | None = None
 
     def median(self) -> float:
         return statistics.median(self.times) if self.times else math.inf
+
+
+def spread(values: Sequence[float]) -> float:
+    """Relative spread of samples: interquartile range over the median (0 for < 4 samples)."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if len(finite) < 4:
+        return 0.0
+
+    def quantile(q: float) -> float:  # linear between order statistics ("inclusive")
+        at = q * (len(finite) - 1)
+        low = int(at)
+        high = min(low + 1, len(finite) - 1)
+        return finite[low] + (finite[high] - finite[low]) * (at - low)
+
+    mid = quantile(0.5)
+    return (quantile(0.75) - quantile(0.25)) / mid if mid > 0 else math.inf
+
+
+@dataclass
+class _LateCheck:
+    """The check made after timing: a rotated set whose inputs got new values in place."""
+
+    ops: Operands
+    c0: Any
+    reference: Reference
+    alpha: float
+    beta: float
+    widen: float
+    target: Target
+
+
+@dataclass
+class MemoryPlan:
+    """What one tuning run of a Problem may allocate, and how many input sets that allows."""
+
+    per_set: int
+    check: int
+    allowed: int
+    sets: int
+    available: int | None
+    factor: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class Harness:
@@ -132,6 +236,7 @@ class Harness:
         self.timer = timer
         self.settings = settings or HarnessSettings()
 
+    # --- the whole run --------------------------------------------------------------------
     def measure(
         self,
         problem: Problem,
@@ -143,30 +248,34 @@ class Harness:
         versions: dict[str, str] | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> TuningRecord:
-        """Check and time each (candidate, prepare) pair; Default must be among them."""
+        """Check and time each (candidate, prepare) pair; Default must be among them.
+
+        Raises :class:`TuningTooLarge` (before allocating anything) when the product
+        cannot be tuned within the memory bound.
+        """
         started = time.perf_counter()
         settings = self.settings
-        adapter = target.adapter
+        adapter, device = target.adapter, target.device
         rng = np.random.default_rng(settings.seed)
         if beta == 0.0 and not problem.beta_zero:
             beta = 1.0
-        sets = self._operand_sets(problem, target, rng)
+        plan = self.plan_memory(problem, target, beta)
+        sets = self._operand_sets(problem, target, rng, plan.sets, beta)
         first = sets[0]
-        c_input = adapter.empty(tuple(adapter.shape(first.out)), problem.dtype_c, target.device)
-        adapter.copy_(c_input, first.out)
-        if isinstance(first, ScaledOperands):
-            # The float64 product of the dequantised inputs (core/scaled.py).
-            reference = scaled_reference(adapter, first.a, first.b, first.scale_a, first.scale_b, first.bias)
-            tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
-        else:
-            reference = adapter.reference(
-                first.a, first.b, c_input, alpha, beta, first.bias, problem.activation
-            )
-            tol = tolerance(problem.dtype_c, problem.compute)
+        model = _error_model(problem)
+        c0 = None
+        if beta != 0.0:
+            c0 = adapter.empty(tuple(adapter.shape(first.out)), problem.dtype_c, device)
+            adapter.copy_(c0, first.out)
+        reference = adapter.make_reference(
+            _reference_operands(adapter, first), c0, alpha, beta, problem.activation, model, device
+        )
 
-        measured: list[_Entry] = []
+        # 1. Prepare every candidate and check it twice on poisoned memory: a kernel that
+        #    does nothing on its second call must not be timed (it would look fastest
+        #    and prune the right ones).
+        checked: list[_Entry] = []
         results: list[CandidateResult] = []
-        default_error: float | None = None
         for candidate, prepare in entries:
             entry = _Entry(candidate)
             entry.result = CandidateResult(candidate.identity, OK)
@@ -175,52 +284,132 @@ class Harness:
                 progress(candidate.identity)
             try:
                 entry.runner = prepare()
-                # Poison the output (C copied in when beta != 0), run once, compare.
-                if beta != 0.0:
-                    adapter.copy_(first.out, c_input)
-                else:
-                    adapter.fill_nan(first.out)
-                _bind(entry.runner, first, alpha, beta)()
-                adapter.synchronize(target.device)
-                error = adapter.rel_error(first.out, reference)
+                for _ in range(2):
+                    found = self._check_call(entry.runner, first, c0, reference, alpha, beta, target)
+                    entry.check = found if entry.check is None else _worse(entry.check, found)
             except UnsupportedProblem as exc:
                 entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"
                 continue
-            except Exception as exc:
-                entry.result.status, entry.result.note = FAILED, f"{type(exc).__name__}: {exc}"
+            except PLUGIN_FAILURES as exc:
+                entry.result.status, entry.result.note = FAILED, _failure(exc)
                 continue
-            entry.result.error = error
-            if candidate == DEFAULT:
-                default_error = error
-            if not error <= tol:
+            assert entry.check is not None
+            entry.result.error = entry.check.rel_error
+            checked.append(entry)
+
+        # Default is what the caller gets anyway: if it is further from the reference
+        # than the model allows, the model is too strict here, and every candidate
+        # gets Default's own margin (a wrong element is still orders of magnitude out),
+        # up to MAX_WIDEN: a Default further out than that is wrong itself.
+        default_check = next((e.check for e in checked if e.candidate == DEFAULT), None)
+        widen = 1.0
+        if default_check is not None and default_check.nonfinite == 0 and default_check.worst_ratio > 1.0:
+            widen = min(2.0 * default_check.worst_ratio, MAX_WIDEN)
+        measured: list[_Entry] = []
+        for entry in checked:
+            assert entry.check is not None
+            if entry.check.ok(widen):
+                measured.append(entry)
+            else:
                 entry.result.status = REJECTED
-                entry.result.note = f"relative error {error:.3g} > tolerance {tol:.3g}"
-                continue
-            measured.append(entry)
+                entry.result.note = entry.check.describe(widen)
 
-        self._time(measured, sets, target, alpha, beta)
+        # 2. Time the survivors; each is checked again right after its timing, on a set
+        #    whose inputs got new values in place (before its times can prune anyone).
+        del reference, c0
+        late = (
+            self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen) if measured else None
+        )
+        settle = settings.settle_s if _macs(problem) >= settings.settle_min_macs else 0.0
+        self._time(measured, sets, target, alpha, beta, settle, late)
         # Read right after the last sample, while clocks still reflect the load.
-        device_state = read_device_state(target.device)
+        device_state = read_device_state(device)
 
+        # 3. Once every candidate has been timed, new values in the same memory again:
+        #    a kernel that remembers results by address has seen the last ones.
+        del late
+        survivors = [e for e in measured if e.result.status == OK]
+        if survivors:
+            final = self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen)
+            for entry in survivors:
+                self._late_check(entry, final, "after all timing")
+            del final
+
+        # 4. Choose, and confirm a win against Default.
+        default_entry = next((e for e in measured if e.candidate == DEFAULT and e.result.status == OK), None)
+        verdict: dict[str, Any] = {}
+        winner, winner_s = DEFAULT.identity, math.inf
         ok = [e for e in measured if e.result.status == OK and e.times]
-        default_entry = next((e for e in measured if e.candidate == DEFAULT), None)
-        default_s = default_entry.median() if default_entry and default_entry.times else None
         if ok:
             best = min(ok, key=lambda e: e.median())
-            if (
-                default_s is not None
-                and best.candidate != DEFAULT
-                and best.median() > default_s * (1.0 - settings.min_gain)
-            ):
-                assert default_entry is not None
-                best = default_entry  # not a clear win: keep what the user would have had
+            if default_entry is not None and best is not default_entry:
+                if best.median() > default_entry.median() * (1.0 - settings.min_gain):
+                    best = default_entry  # not a clear win: keep what the user would have had
+                else:
+                    best, verdict = self._confirm(best, default_entry, settle)
             winner, winner_s = best.candidate.identity, best.median()
-        else:
-            winner, winner_s = DEFAULT.identity, default_s if default_s is not None else math.inf
+        default_s = default_entry.median() if default_entry is not None else None
+        for entry in measured:
+            entry.result.samples = len(entry.times)
+            if entry.times:
+                entry.result.median_s = entry.median()
+        if default_entry is None:
+            # Default failed or was rejected: what it measured, if anything, is not a baseline.
+            default_s = None
+
+        noise = {
+            e.candidate.identity: round(spread(e.times), 4)
+            for e in (default_entry, next((e for e in ok if e.candidate.identity == winner), None))
+            if e is not None
+        }
+        unstable = any(v > settings.noise_spread for v in noise.values())
+        # A CPU shared with more runnable threads than it has cores times the load, not
+        # the kernels (a thread pool waits a whole time slice for a descheduled worker).
+        load = _cpu_load() if device.kind == "cpu" else None
+        busy = (
+            load is not None
+            and load[0] > settings.busy_load * load[1]
+            and not math.isinf(settings.noise_spread)
+        )
+        why = [
+            reason
+            for reason, present in (
+                ("spread", unstable),
+                ("disagree", verdict.get("agree") is False),
+                ("busy", busy),
+            )
+            if present
+        ]
+        confidence = LOW if why else HIGH
+
+        # Every record carries these. A cache file stores one copy of each distinct
+        # settings map, so a high-confidence record keeps no numbers of its own here
+        # (its times are the confirmation's already); what explains a low-confidence
+        # one is kept in full.
         record_settings = settings.to_dict()
-        record_settings.update(timer=self.timer.name, sets=len(sets), tolerance=tol)
-        if default_error is not None:
-            record_settings["default_error"] = default_error
+        record_settings.update(
+            timer=self.timer.name,
+            sets=len(sets),
+            tolerance=(
+                scaled_tolerance(problem.dtype_c, problem.fast_accum)
+                if problem.is_scaled
+                else tolerance(problem.dtype_c, problem.compute)
+            ),
+            check={"model": "elementwise", "calls": 4},
+            settled=settle > 0,
+            confidence=confidence,
+        )
+        if widen != 1.0:
+            record_settings["check"]["widen"] = round(widen, 3)
+        if verdict:
+            # "repeat", not "confirm": that key is the in-situ verdict (unimatmul.tuning.confirm).
+            record_settings["repeat"] = verdict if why else {"verdict": verdict["verdict"]}
+        if why:
+            record_settings.update(low_because=why, noise=noise)
+            if load is not None:
+                record_settings["load"] = {"avg1": round(load[0], 2), "cpus": load[1], "busy": busy}
+        if default_check is not None:
+            record_settings["default_error"] = default_check.rel_error
         return TuningRecord(
             problem=problem.key,
             winner=winner,
@@ -235,53 +424,200 @@ class Harness:
             device_state=device_state,
         )
 
-    def _operand_sets(self, problem: Problem, target: Target, rng: np.random.Generator) -> list[Operands]:
+    # --- memory ---------------------------------------------------------------------------
+    def plan_memory(self, problem: Problem, target: Target, beta: float) -> MemoryPlan:
+        """How many input sets fit the memory bound; TuningTooLarge if not even one does."""
         settings = self.settings
-        rotate = settings.rotate_bytes or 2 * last_level_cache_bytes()
-        per_set = max(problem.min_bytes, 1)
-        count = math.ceil(rotate / per_set)
-        count = max(1, min(count, settings.max_sets, settings.max_rotation_bytes // per_set or 1))
-        make = make_scaled_operands if problem.is_scaled else make_operands
-        return [make(problem, target.adapter, target.device, rng) for _ in range(count)]
+        adapter, device = target.adapter, target.device
+        per_set = max(operand_bytes(problem), 1)
+        out_elements = problem.m * problem.n * problem.batch
+        block = adapter.block_elements(device, reference=True, total=out_elements)
+        check = _check_bytes(problem, beta, block)
+        factor = settings.memory_factor if settings.memory_factor is not None else env.TUNE_MEMORY.get()
+        rotate = min(settings.rotate_bytes or 2 * last_level_cache_bytes(), settings.max_rotation_bytes)
+        wanted = max(1, min(math.ceil(rotate / per_set), settings.max_sets))
+        if wanted * per_set < TINY_ROTATION_BYTES:
+            # Sets that all fit in one core's L2 are cached whatever their order: more
+            # of them only cost the time to fill them. Two still let the check after
+            # timing use a set other than the first.
+            wanted = min(wanted, 2)
+        if per_set < rotate:
+            # A product smaller than the rotation target gets the sets it rotates through
+            # and the check: its multiple would not even hold the check's blocks.
+            allowed = max(int(factor * per_set), wanted * per_set + check)
+        else:
+            # A larger one (one set) its multiple, plus the rotation target as room for
+            # the check's fixed-size blocks: the multiple is what bounds it.
+            allowed = int(factor * per_set) + rotate
+        available = adapter.available_bytes(device)
+        if available is not None:
+            allowed = min(allowed, int(settings.memory_fraction * available))
+        room = (allowed - check) // per_set
+        if room < 1:
+            where = (
+                f"{factor:g} x the product's {_size(per_set)} ({env.TUNE_MEMORY.name}) "
+                f"+ {_size(rotate)} to rotate inputs through the cache"
+            )
+            if available is not None:
+                where += f", and {settings.memory_fraction:.0%} of the {_size(available)} free"
+            msg = (
+                f"tuning {problem.shape_text} {problem.dtype_a} needs {_size(per_set + check)} "
+                f"(one set of operands {_size(per_set)}, the numeric check {_size(check)}), "
+                f"more than the {_size(max(allowed, 0))} it may take: {where}"
+            )
+            raise TuningTooLarge(msg, problem=problem, needed=per_set + check, allowed=allowed)
+        count = min(wanted, room)
+        return MemoryPlan(per_set, check, allowed, count, available, factor)
 
+    def _operand_sets(
+        self,
+        problem: Problem,
+        target: Target,
+        rng: np.random.Generator,
+        count: int | None = None,
+        beta: float = 1.0,
+    ) -> list[Operands]:
+        if count is None:
+            count = self.plan_memory(problem, target, beta).sets
+        if problem.is_scaled:
+            return [make_scaled_operands(problem, target.adapter, target.device, rng) for _ in range(count)]
+        # With beta = 0 the output is never read: no random numbers for it.
+        return [
+            make_operands(problem, target.adapter, target.device, rng, fill_out=beta != 0.0)
+            for _ in range(count)
+        ]
+
+    # --- the numeric check ------------------------------------------------------------------
+    def _check_call(
+        self,
+        runner: Runner,
+        ops: Operands,
+        c0: Any,
+        reference: Reference,
+        alpha: float,
+        beta: float,
+        target: Target,
+    ) -> Check:
+        """Poison the output (C copied in when beta != 0), run once, compare."""
+        adapter = target.adapter
+        if beta != 0.0:
+            adapter.copy_(ops.out, c0)
+        else:
+            adapter.fill_nan(ops.out)
+        _bind(runner, ops, alpha, beta)()
+        adapter.synchronize(target.device)
+        return adapter.compare(ops.out, reference, target.device)
+
+    def _late_check_set(
+        self,
+        problem: Problem,
+        target: Target,
+        sets: list[Operands],
+        rng: np.random.Generator,
+        alpha: float,
+        beta: float,
+        model: ErrorModel,
+        widen: float,
+    ) -> _LateCheck:
+        """A rotated set with new values written into its inputs, and their reference:
+        the same pointers the kernels are timed on, new numbers, so that a kernel that
+        returns a stale result (or one remembered by address) is caught."""
+        adapter, device = target.adapter, target.device
+        ops = sets[1 % len(sets)]
+        fresh: Operands
+        if problem.is_scaled:
+            fresh = make_scaled_operands(problem, adapter, device, rng)
+            assert isinstance(ops, ScaledOperands) and isinstance(fresh, ScaledOperands)
+            adapter.copy_(ops.scale_a, fresh.scale_a)
+            adapter.copy_(ops.scale_b, fresh.scale_b)
+        else:
+            fresh = make_operands(problem, adapter, device, rng, with_out=beta != 0.0)
+        # An operand broadcast over the batch (batch stride 0) is one matrix in memory.
+        broadcast_a = problem.batch > 1 and problem.stride_a == 0
+        broadcast_b = problem.batch > 1 and problem.stride_b == 0
+        adapter.copy_(ops.a[0] if broadcast_a else ops.a, fresh.a[0] if broadcast_a else fresh.a)
+        adapter.copy_(ops.b[0] if broadcast_b else ops.b, fresh.b[0] if broadcast_b else fresh.b)
+        if ops.bias is not None:
+            adapter.copy_(ops.bias, fresh.bias)
+        c0 = fresh.out if beta != 0.0 else None
+        del fresh
+        adapter.synchronize(device)
+        reference = adapter.make_reference(
+            _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, device
+        )
+        return _LateCheck(ops, c0, reference, alpha, beta, widen, target)
+
+    def _late_check(self, entry: _Entry, late: _LateCheck, when: str = "after timing") -> bool:
+        """Check ``entry`` on the late set; False (and REJECTED or FAILED) if it fails."""
+        assert entry.runner is not None
+        try:
+            found = self._check_call(
+                entry.runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target
+            )
+        except PLUGIN_FAILURES as exc:
+            entry.result.status, entry.result.note = FAILED, f"{when}: {_failure(exc)}"
+            return False
+        entry.check = _worse(entry.check, found) if entry.check is not None else found
+        entry.result.error = entry.check.rel_error
+        if not found.ok(late.widen):
+            entry.result.status = REJECTED
+            entry.result.note = f"wrong {when}, on new inputs: {found.describe(late.widen)}"
+            return False
+        return True
+
+    # --- timing ---------------------------------------------------------------------------
     def _time(
-        self, entries: list[_Entry], sets: list[Operands], target: Target, alpha: float, beta: float
+        self,
+        entries: list[_Entry],
+        sets: list[Operands],
+        target: Target,
+        alpha: float,
+        beta: float,
+        settle: float = 0.0,
+        late: _LateCheck | None = None,
     ) -> None:
         """Take samples of every checked candidate; the median is kept.
 
         On a CPU each candidate is measured in one block after its own warm-up:
         another library's worker threads still spinning after their last call would
-        otherwise slow whoever runs next. On a GPU (``interleave``) candidates take
-        turns sample by sample, so that clock drift hits them all alike.
+        otherwise slow whoever runs next (``settle``: a pause before each block, for
+        products large enough to run on several threads). On a GPU (``interleave``)
+        candidates take turns sample by sample, so that clock drift hits them all alike.
         """
         settings = self.settings
-        best_first = math.inf
+        firsts: dict[int, float] = {}  # first timed sample of each entry, for early pruning
         for entry in entries:
             runner = entry.runner
             assert runner is not None
+            best_first = min(
+                (firsts[id(e)] for e in entries if id(e) in firsts and e.result.status == OK),
+                default=math.inf,
+            )
             calls = [_bind(runner, s, alpha, beta) for s in sets]
-            if settings.settle_s > 0:
+            if settle > 0:
                 # BLAS thread pools (OpenBLAS, OpenMP) spin for a while after their last
                 # call; on a small machine they would steal the cores of the next kernel.
-                time.sleep(settings.settle_s)
+                time.sleep(settle)
             try:
                 entry.sample = self.timer.prepare(calls)
                 first = math.inf
                 for _ in range(max(1, settings.warmup)):
                     first = entry.sample()
-            except Exception as exc:
-                entry.result.status, entry.result.note = FAILED, f"{type(exc).__name__}: {exc}"
+            except PLUGIN_FAILURES as exc:
+                entry.result.status, entry.result.note = FAILED, _failure(exc)
                 continue
             if entry.candidate != DEFAULT and first > best_first * settings.first_prune_ratio:
                 entry.result.status = PRUNED
                 entry.result.note = f"{first / best_first:.1f}x the best on its first timed call"
                 entry.times.append(first)
                 continue
-            best_first = min(best_first, first)
+            firsts[id(entry)] = first
             if not settings.interleave:
                 self._sample_block(entry, entries)
+                if late is not None and entry.result.status == OK:
+                    self._late_check(entry, late)
         if settings.interleave:
-            self._sample_rounds([e for e in entries if e.result.status == OK])
+            self._sample_rounds([e for e in entries if e.result.status == OK], late)
         for entry in entries:
             entry.result.samples = len(entry.times)
             if entry.times:
@@ -292,8 +628,8 @@ class Harness:
         t0 = time.perf_counter()
         try:
             entry.times.append(entry.sample())
-        except Exception as exc:
-            entry.result.status, entry.result.note = FAILED, f"{type(exc).__name__}: {exc}"
+        except PLUGIN_FAILURES as exc:
+            entry.result.status, entry.result.note = FAILED, _failure(exc)
         entry.spent_s += time.perf_counter() - t0
 
     def _prune(self, entry: _Entry, best: float) -> bool:
@@ -314,12 +650,16 @@ class Harness:
             if len(entry.times) >= settings.min_samples and entry.spent_s >= settings.budget_s:
                 return
 
-    def _sample_rounds(self, live: list[_Entry]) -> None:
+    def _sample_rounds(self, live: list[_Entry], late: _LateCheck | None = None) -> None:
         settings = self.settings
         for _ in range(settings.min_samples):
             for entry in live:
                 if entry.result.status == OK:
                     self._take(entry)
+        if late is not None:
+            for entry in live:
+                if entry.result.status == OK:
+                    self._late_check(entry, late)
         live = [e for e in live if e.result.status == OK]
         if live:
             best = min(e.median() for e in live)
@@ -334,6 +674,136 @@ class Harness:
                 and e.spent_s < settings.budget_s
                 and len(e.times) < settings.max_samples
             ]
+
+    # --- confirmation of a win --------------------------------------------------------------
+    def _confirm(self, best: _Entry, default: _Entry, settle: float) -> tuple[_Entry, dict[str, Any]]:
+        """Measure ``best`` against Default again; the entry that wins, and what was seen.
+
+        Where no pool may be left spinning (small products, GPUs) the two take turns
+        sample by sample and each pair gives one ratio; on a CPU product large enough
+        to need the settling pause, each is measured again in one block after it. The
+        win stands if the ratio beats Default by ``min_gain`` and by more than the
+        noise (half the relative interquartile range); else it is measured once more
+        (``confirm_rounds``), with all samples pooled, and if it still does not stand,
+        Default is kept. Both entries' times become those of the confirmation.
+        """
+        settings = self.settings
+        main_ratio = default.median() / best.median()
+        w_times: list[float] = []
+        d_times: list[float] = []
+        ratios: list[float] = []
+        speedup, noise, rounds = 1.0, 0.0, 0
+        paired = settle <= 0
+        # As many samples as fit the per-candidate budget, between 2 and confirm_pairs:
+        # a product whose call takes a second gets 2, a small one confirm_pairs.
+        slowest = max(default.median(), best.median())
+        pairs = max(2, min(settings.confirm_pairs, math.ceil(settings.budget_s / max(slowest, 1e-9))))
+        try:
+            while rounds < max(1, settings.confirm_rounds):
+                rounds += 1
+                if paired:
+                    for i in range(pairs):
+                        order = (default, best) if i % 2 == 0 else (best, default)
+                        pair = {}
+                        for entry in order:
+                            assert entry.sample is not None
+                            pair[id(entry)] = entry.sample()
+                        d, w = pair[id(default)], pair[id(best)]
+                        d_times.append(d)
+                        w_times.append(w)
+                        ratios.append(d / w if w > 0 else math.inf)
+                    speedup = statistics.median(ratios)
+                    noise = spread(ratios) / 2
+                else:
+                    for entry, times in ((default, d_times), (best, w_times)):
+                        assert entry.sample is not None
+                        time.sleep(settle)
+                        entry.sample()  # warm-up after the pause
+                        times.extend(entry.sample() for _ in range(pairs))
+                    speedup = statistics.median(d_times) / statistics.median(w_times)
+                    noise = (spread(d_times) + spread(w_times)) / 2
+                if speedup - 1.0 >= max(settings.min_gain, noise):
+                    break
+        except PLUGIN_FAILURES as exc:
+            best.result.status, best.result.note = FAILED, f"while confirming: {_failure(exc)}"
+            return default, {"candidate": best.candidate.identity, "verdict": "failed"}
+        confirmed = speedup - 1.0 >= max(settings.min_gain, noise)
+        # The two measurements agree when neither speedup is off by more than the noise
+        # allowance from the other (a busy moment during one block makes them disagree).
+        agree = math.isinf(settings.noise_spread) or abs(math.log(main_ratio / speedup)) <= math.log1p(
+            settings.noise_spread
+        )
+        # The confirmation measured both close together in time: its times are kept,
+        # unless the two measurements disagree and the first claimed less; then the
+        # record keeps the smaller claim (a busy moment must not become a speedup).
+        if agree or speedup <= main_ratio or not confirmed:
+            best.times, default.times = w_times, d_times
+        verdict = {
+            "candidate": best.candidate.identity,
+            "verdict": "confirmed" if confirmed else "within noise",
+            "speedup": round(speedup, 4),
+            "main_speedup": round(main_ratio, 4),
+            "noise": round(noise, 4),
+            "rounds": rounds,
+            "samples": len(w_times),
+            "paired": paired,
+            "agree": agree,
+        }
+        if not confirmed:
+            best.result.note = (
+                f"its {main_ratio:.3g}x over Default did not hold when measured again "
+                f"({speedup:.3g}x, noise {noise:.1%}): Default kept"
+            )
+        return (best if confirmed else default), verdict
+
+
+def _cpu_load() -> tuple[float, int] | None:
+    """(1-minute load average, CPUs this process may use), where the OS says."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        return os.getloadavg()[0], cpus
+    except (AttributeError, OSError):
+        return None
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.2f} GiB"
+
+
+def _macs(problem: Problem) -> int:
+    return problem.m * problem.n * problem.k * problem.batch
+
+
+def _check_bytes(problem: Problem, beta: float, block: int) -> int:
+    """Bytes the numeric check allocates at most at one time (see ArrayAdapter.make_reference)."""
+    out_elements = problem.m * problem.n * problem.batch
+    ref = out_elements * (8 if problem.dtype_c == "f64" else 4)
+    c0 = out_elements * ITEMSIZE[problem.dtype_c] if beta != 0.0 else 0
+    # Float64 blocks of the reference (A's rows, the product and, with beta, bias or an
+    # activation, a second one) and of B, the row and column norms, and the new inputs
+    # written into a set after timing.
+    rows = max(1, min(problem.m, block // max(problem.n, 1)))
+    products = 1 if beta == 0.0 and not problem.has_bias and problem.activation is None else 3
+    temps = products * min(out_elements, block) * 8 + rows * problem.k * 8 + problem.k * problem.n * 8
+    norms = 4 * (problem.m + problem.n) * problem.batch * 8
+    fresh = operand_bytes(problem) - problem.m * problem.n * problem.batch * ITEMSIZE[problem.dtype_c]
+    return ref + c0 + temps + norms + max(fresh, 0)
+
+
+def _worse(a: Check, b: Check) -> Check:
+    """The less favourable of two checks of one candidate (what the record reports)."""
+    return a if (a.worst_ratio, a.nonfinite) >= (b.worst_ratio, b.nonfinite) else b
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[[], None]:
@@ -352,3 +822,22 @@ def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[
         runner(a, b, out, alpha, beta, bias)
 
     return call
+
+
+def _error_model(problem: Problem) -> ErrorModel:
+    """The element-wise bound every candidate of ``problem`` is held to."""
+    if problem.is_scaled:
+        return scaled_error_model(problem)
+    return ErrorModel.for_problem(
+        k=problem.k,
+        dtype_in=problem.dtype_a,
+        dtype_out=problem.dtype_c,
+        compute=problem.compute,
+        activation=problem.activation,
+        ref_dtype="f64" if problem.dtype_c == "f64" else "f32",
+    )
+
+
+def _reference_operands(adapter: Any, ops: Operands) -> Operands:
+    """What the float64 reference is the plain product of (a scaled problem's dequantised inputs)."""
+    return dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else ops

@@ -22,17 +22,28 @@ from dataclasses import replace
 from typing import Any
 
 from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.core import notices
 from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
-from unimatmul.core.errors import UnknownCandidate, UnsupportedProblem
+from unimatmul.core.errors import UnimatmulError, UnknownCandidate, UnsupportedProblem
 from unimatmul.core.plugins import PluginManager, get_plugin_manager
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import default_runner
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
-from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, Timer
+from unimatmul.tuning.harness import LOW, CpuTimer, Harness, HarnessSettings, Timer
 from unimatmul.tuning.timers import device_settings, device_timer
 
 Entry = tuple[Candidate, Callable[[], Runner]]
 Progress = Callable[[str], None] | None
+
+
+class PluginExit(UnimatmulError):
+    """A backend's code raised ``SystemExit``: a failure of that backend, which every
+    ``except Exception`` on the way treats as one, not the end of the user's program."""
+
+    def __init__(self, backend: str, exc: SystemExit) -> None:
+        super().__init__(f"backend {backend!r} raised SystemExit({exc.code!r})")
+        self.backend = backend
+        self.code = exc.code
 
 
 class Tuner:
@@ -100,7 +111,10 @@ class Tuner:
         if reason is not None:
             msg = f"backend {backend.name!r} is unavailable: {reason}"
             raise UnknownCandidate(msg, identity=candidate.identity)
-        return backend.prepare(problem, candidate, target)
+        try:
+            return backend.prepare(problem, candidate, target)
+        except SystemExit as exc:
+            raise PluginExit(backend.name, exc) from exc
 
     def applies(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         """Whether a stored (non-Default) Candidate still exists and checks for ``problem`` here."""
@@ -109,7 +123,7 @@ class Tuner:
             return False
         try:
             return backend.check(problem, candidate, target)
-        except Exception:
+        except (Exception, SystemExit):  # a backend's SystemExit is its failure (see PluginExit)
             return False
 
     # --- how to measure -------------------------------------------------------------
@@ -150,7 +164,7 @@ class Tuner:
                 offered = backend.candidates(problem, target)
             except UnsupportedProblem:
                 continue
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a backend's SystemExit is its failure
                 if self._warn is not None:
                     self._warn(
                         f"candidates:{backend.name}",
@@ -170,7 +184,44 @@ class Tuner:
         progress: Progress = None,
     ) -> TuningRecord:
         harness = Harness(self.timer_for(target), self.settings_for(target))
-        return harness.measure(problem, target, entries, versions=versions, progress=progress)
+        record = harness.measure(problem, target, entries, versions=versions, progress=progress)
+        if record.settings.get("confidence") == LOW:
+            self._warn_unstable(problem, record)
+        return record
+
+    def _warn_unstable(self, problem: Problem, record: TuningRecord) -> None:
+        """One warning per problem whose measurements were unstable; a busy CPU alone
+        (the machine's state, not the problem's) warns once."""
+        why = record.settings.get("low_because") or []
+        load = record.settings.get("load") or {}
+        if why == ["busy"]:
+            key = "unstable:busy-cpu"
+            message = (
+                f"the CPU was busy while tuning (load average {load.get('avg1')} on {load.get('cpus')} "
+                f"CPUs): records tuned now are marked low-confidence, first {problem.shape_text} "
+                f"{problem.dtype_a}. Tune them again on a quieter machine: unimatmul tune --force"
+            )
+        else:
+            noise = record.settings.get("noise") or {}
+            confirm = record.settings.get("confirm") or {}
+            what = "spread of samples: " + ", ".join(f"{k} {v:.0%}" for k, v in noise.items())
+            if confirm:
+                what += (
+                    f"; {confirm.get('candidate')} measured {confirm.get('main_speedup')}x Default, "
+                    f"then {confirm.get('speedup')}x when repeated ({confirm.get('verdict')})"
+                )
+            if load.get("busy"):
+                what = f"load average {load['avg1']} on {load['cpus']} CPUs; {what}"
+            key = f"unstable:{problem.key}"
+            message = (
+                f"measurements of {problem.shape_text} {problem.dtype_a} were unstable ({what}); "
+                f"kept {record.winner}, marked low-confidence in its record. Tune it again on a "
+                f"quieter machine: unimatmul tune --force"
+            )
+        if self._warn is not None:
+            self._warn(key, message)
+        else:
+            notices.warn_once(key, f"unimatmul: {message}")
 
     # --- kinds of tuning ----------------------------------------------------------------
     def tune(

@@ -1,0 +1,160 @@
+"""Kernels that misbehave in the ways the harness must catch, and a backend that offers them.
+
+Each kernel computes with the array library's own matmul (so it is as fast as Default,
+or faster where it skips work) and then does one wrong thing: one element off, a NaN,
+nothing on later calls, a stale result, an exit. ``KernelBackend`` offers one kernel
+per name; ``calls`` counts every call, so a test can tell checks from timing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from unimatmul.core.arrays import ArrayAdapter, adapter_for_kind
+from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.problem import Problem
+
+Kernel = Callable[["FakeKernel", Any, Any, Any, float, float, Any], None]
+
+
+def _first(x: Any) -> tuple[int, ...]:
+    return (0,) * len(x.shape)
+
+
+class FakeKernel:
+    """One candidate's Runner: ``behave(self, a, b, out, alpha, beta, bias)``."""
+
+    def __init__(
+        self, backend: KernelBackend, candidate: Candidate, adapter: ArrayAdapter, behave: Kernel
+    ) -> None:
+        self.backend = backend
+        self.candidate = candidate
+        self.adapter = adapter
+        self.behave = behave
+        self.calls = 0
+        self.state: dict[str, Any] = {}
+
+    def right(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        self.adapter.matmul(a, b, out, alpha, beta, bias, None)
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+    ) -> None:
+        self.calls += 1
+        with self.backend.lock:
+            self.backend.calls += 1
+        self.behave(self, a, b, out, alpha, beta, bias)
+
+
+class KernelBackend(Backend):
+    """A backend whose kernels are the given behaviours (``{name: behave}``)."""
+
+    device_kinds = frozenset({"cpu"})
+    array_kinds = frozenset({"numpy", "torch"})
+
+    def __init__(
+        self, name: str, kernels: dict[str, Kernel], *, prepare_raises: BaseException | None = None
+    ) -> None:
+        self.name = name  # type: ignore[misc]
+        self.kernels = kernels
+        self.prepare_raises = prepare_raises
+        self.calls = 0
+        self.lock = threading.Lock()
+        self.runners: list[FakeKernel] = []
+
+    def availability(self) -> str | None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {self.name: "1.0"}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        return [Candidate.make(self.name, kernel) for kernel in self.kernels]
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> FakeKernel:
+        if self.prepare_raises is not None:
+            raise self.prepare_raises
+        if candidate.name not in self.kernels:
+            raise UnsupportedProblem(f"{self.name} has no kernel {candidate.name!r}")
+        runner = FakeKernel(self, candidate, target.adapter, self.kernels[candidate.name])
+        self.runners.append(runner)
+        return runner
+
+
+# --- behaviours -------------------------------------------------------------------------
+
+
+def right(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    k.right(a, b, out, alpha, beta, bias)
+
+
+def one_off(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right everywhere but one element, which is off by +1.0 (issue #18, item 6)."""
+    k.right(a, b, out, alpha, beta, bias)
+    out[_first(out)] += 1.0
+
+
+def one_nan(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    k.right(a, b, out, alpha, beta, bias)
+    out[_first(out)] = float("nan")
+
+
+def one_inf(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    k.right(a, b, out, alpha, beta, bias)
+    out[_first(out)] = float("inf")
+
+
+def first_call_only(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right on its first call; every later call returns at once, writing nothing."""
+    if k.calls == 1:
+        k.right(a, b, out, alpha, beta, bias)
+
+
+def stale(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Computes once, then copies that first result out on every call, whatever the inputs."""
+    if "result" not in k.state:
+        k.right(a, b, out, alpha, beta, bias)
+        k.state["result"] = out.copy() if isinstance(out, np.ndarray) else out.clone()
+        return
+    k.adapter.copy_(out, k.state["result"])
+
+
+def memo_by_pointer(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Remembers each (A, B, out) address triple's result: wrong once inputs change in place."""
+    key = (k.adapter.ptr(a), k.adapter.ptr(b), k.adapter.ptr(out))
+    found = k.state.get(key)
+    if found is None:
+        k.right(a, b, out, alpha, beta, bias)
+        k.state[key] = out.copy() if isinstance(out, np.ndarray) else out.clone()
+        return
+    k.adapter.copy_(out, found)
+
+
+def exits_on_call(n: int, code: Any = 3) -> Kernel:
+    """A kernel that raises SystemExit on its n-th call (right before that)."""
+
+    def behave(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        if k.calls >= n:
+            raise SystemExit(code)
+        k.right(a, b, out, alpha, beta, bias)
+
+    return behave
+
+
+def interrupted_on_call(n: int) -> Kernel:
+    """A kernel during whose n-th call the user presses Ctrl-C."""
+
+    def behave(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        if k.calls == n:
+            raise KeyboardInterrupt
+        k.right(a, b, out, alpha, beta, bias)
+
+    return behave
+
+
+NUMPY = adapter_for_kind("numpy")

@@ -1,0 +1,374 @@
+"""The numeric check: element by element, on every call it makes, before and after timing.
+
+Issue #18: a kernel right but for one element off by +1.0 passed the old whole-matrix
+relative error at 1024^3 and was chosen (item 6); a kernel right on its first call
+and wrong after was chosen, because the check ran once (item 7). Each test here
+fails against the old check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from harness_fakes import (
+    KernelBackend,
+    first_call_only,
+    memo_by_pointer,
+    one_inf,
+    one_nan,
+    one_off,
+    right,
+    stale,
+)
+
+import unimatmul
+from unimatmul.cache.record import OK, REJECTED, TuningRecord
+from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
+from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.dtypes import ErrorModel
+from unimatmul.core.problem import Problem
+from unimatmul.testing import fast_settings, registered
+from unimatmul.tuning.harness import MAX_WIDEN, CpuTimer, Harness
+
+KINDS = ["numpy", "torch"]
+
+
+def _target(kind: str) -> Target:
+    if kind == "torch":
+        pytest.importorskip("torch")
+    return Target(adapter_for_kind(kind), CPU)
+
+
+def _measure(problem: Problem, kind: str, kernels: dict[str, Any], **overrides: Any) -> TuningRecord:
+    """Default and the given fake kernels, measured by the harness with fast settings."""
+    target = _target(kind)
+    backend = KernelBackend("fake", kernels)
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
+    ]
+    for name in kernels:
+        candidate = Candidate.make("fake", name)
+        entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
+    settings = fast_settings()
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return Harness(CpuTimer(), settings).measure(problem, target, entries)
+
+
+def _result(record: TuningRecord, name: str) -> Any:
+    found = record.result(f"fake/{name}")
+    assert found is not None
+    return found
+
+
+# --- item 6: one wrong element ------------------------------------------------------------
+
+
+def test_one_element_off_by_one_at_1024_cubed_is_rejected() -> None:
+    # The issue's case: the whole-matrix relative error of this output is ~3e-5, under
+    # f32's 1e-4, so the old check passed it in 4 of 4 runs.
+    record = _measure(Problem.from_shape(1024, 1024, 1024), "numpy", {"off": one_off}, max_sets=1)
+    result = _result(record, "off")
+    assert result.error < 1e-4  # what the old check looked at: it would have passed
+    assert result.status == REJECTED
+    assert "1 element(s) over the error bound" in result.note and "worst element (0, 0)" in result.note
+    assert record.winner != "fake/off"
+    assert record.result(DEFAULT.identity).status == OK
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("behave", "says"), [(one_off, "over the error bound"), (one_nan, "NaN/inf"), (one_inf, "NaN/inf")]
+)
+def test_one_wrong_element_is_rejected(kind: str, behave: Any, says: str) -> None:
+    record = _measure(
+        Problem.from_shape(96, 80, 200, batch=3),
+        kind,
+        {"bad": behave, "good": right},
+        prune_ratio=math.inf,  # "good" is Default's kernel: on a busy machine noise could prune it
+        first_prune_ratio=math.inf,
+    )
+    bad, good = _result(record, "bad"), _result(record, "good")
+    assert bad.status == REJECTED and says in bad.note, bad
+    assert good.status == OK
+    assert record.winner != "fake/bad"
+
+
+def test_the_bound_has_headroom_for_right_kernels_and_none_for_one_wrong_element() -> None:
+    adapter = adapter_for_kind("numpy")
+    problem = Problem.from_shape(1024, 1024, 1024)
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(3))
+    model = ErrorModel.for_problem(
+        k=1024, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    np.matmul(ops.a, ops.b, out=ops.out)
+    right_check = adapter.compare(ops.out, reference, CPU)
+    assert right_check.ok() and right_check.worst_ratio < 0.05  # 20x headroom for numpy's own f32
+    ops.out[511, 7] += 1.0
+    wrong = adapter.compare(ops.out, reference, CPU)
+    assert not wrong.ok() and wrong.bad == 1 and wrong.worst_ratio > 50
+    assert "(511, 7)" in wrong.worst
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_large_output_is_screened_and_still_catches_one_element(kind: str) -> None:
+    # Above SCREEN_ELEMENTS a cheap screen clears most blocks; a block with one wrong
+    # element gets the whole bound, so the element is found all the same.
+    target = _target(kind)
+    adapter = target.adapter
+    problem = Problem.from_shape(2100, 2048, 4)  # 4.3 M elements > SCREEN_ELEMENTS
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(6))
+    model = ErrorModel.for_problem(
+        k=4, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    adapter.matmul(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
+    right_check = adapter.compare(ops.out, reference, CPU)
+    assert right_check.ok() and not right_check.exact
+    exact = adapter.compare(ops.out, reference, CPU, exact=True)
+    assert right_check.rel_error == pytest.approx(exact.rel_error, rel=0.01)  # sums of squares in f32
+    ops.out[1500, 1000] += 1.0
+    wrong = adapter.compare(ops.out, reference, CPU)
+    assert wrong.bad == 1 and "(1500, 1000)" in wrong.worst
+    ops.out[7, 9] = float("nan")
+    assert adapter.compare(ops.out, reference, CPU).nonfinite == 1
+
+
+@pytest.mark.parametrize(
+    ("dtype", "epilogue", "beta"),
+    [("bf16", "none", 0.0), ("f16", "bias_gelu", 0.0), ("bf16", "bias_gelu_tanh", 1.0), ("f32", "relu", 0.5)],
+)
+def test_torch_defaults_pass_their_bound_in_every_dtype(dtype: str, epilogue: str, beta: float) -> None:
+    # Default (torch's own kernels, which round the bias and activation steps to the
+    # output dtype one by one) must pass: it is what the user has without tuning.
+    torch = pytest.importorskip("torch")
+    adapter = adapter_for_kind("torch")
+    problem = Problem.from_shape(64, 96, 700, dtype=dtype, epilogue=epilogue)
+    if beta:
+        problem = Problem(**{**problem.__dict__, "beta_zero": False})
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(4))
+    c0 = ops.out.clone()
+    model = ErrorModel.for_problem(
+        k=problem.k,
+        dtype_in=dtype,
+        dtype_out=dtype,
+        compute=problem.compute,
+        activation=problem.activation,
+        ref_dtype="f32",
+    )
+    reference = adapter.make_reference(ops, c0, 1.0, beta, problem.activation, model, CPU)
+    adapter.matmul(ops.a, ops.b, ops.out, 1.0, beta, ops.bias, problem.activation)
+    check = adapter.compare(ops.out, reference, CPU)
+    assert check.ok(), check
+    ops.out[0, 0] = torch.nan
+    assert not adapter.compare(ops.out, reference, CPU).ok()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("splits", [8, 32])
+def test_split_k_kernels_that_keep_partial_sums_in_the_output_dtype_pass(dtype: str, splits: int) -> None:
+    # cuBLASLt's split-K reductions may keep partial sums (even the running sum) in a
+    # 16-bit output dtype: a right kernel, which the bound must let through, while one
+    # element of the wrong sign is still caught.
+    pytest.importorskip("torch")
+    adapter = adapter_for_kind("torch")
+    problem = Problem.from_shape(128, 128, 4096, dtype=dtype)
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(5))
+    model = ErrorModel.for_problem(
+        k=4096, dtype_in=dtype, dtype_out=dtype, compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    a, b, step = ops.a.float(), ops.b.float(), 4096 // splits
+    running = None
+    for s in range(splits):
+        part = (a[:, s * step : (s + 1) * step] @ b[s * step : (s + 1) * step]).to(ops.out.dtype)
+        running = part if running is None else (running.float() + part.float()).to(ops.out.dtype)
+    ops.out.copy_(running)
+    assert adapter.compare(ops.out, reference, CPU).ok()
+    flat = ops.out.view(-1)
+    flat[int(flat.float().abs().argmax())] *= -1
+    assert not adapter.compare(ops.out, reference, CPU).ok()
+
+
+def test_tf32_products_get_an_input_rounding_term() -> None:
+    f32 = ErrorModel.for_problem(k=4096, dtype_in="f32", dtype_out="f32", compute="f32", activation=None)
+    tf32 = ErrorModel.for_problem(k=4096, dtype_in="f32", dtype_out="f32", compute="tf32", activation=None)
+    bf16 = ErrorModel.for_problem(k=4096, dtype_in="bf16", dtype_out="bf16", compute="f32", activation=None)
+    assert f32.inputs == 0  # products of f32 inputs are exact (FMA) and the sums are f32
+    # bf16 products are exact, but partial sums may be kept in bf16 (split-K reductions)
+    assert bf16.inputs == 2 * 4 * 2.0**-8
+    assert tf32.inputs == 2 * 4 * 2.0**-11  # 2 lam u_tf32
+    assert tf32.u_acc == f32.u_acc == 2.0**-24  # tensor cores sum tf32 products in f32
+    assert f32.sqrt_k_acc == pytest.approx((4 * math.sqrt(4096) + 16) * (2.0**-24 + 2.0**-53))
+
+
+def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_still_fails() -> None:
+    # If Default itself is further from float64 than the model allows, the model is too
+    # strict on this platform: candidates as accurate as Default must not be rejected.
+    torch = pytest.importorskip("torch")
+    target = _target("torch")
+    problem = Problem.from_shape(64, 64, 256)
+
+    def sloppy(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        # f32 in, f32 out, but the products of inputs rounded to f16's 10-bit mantissa
+        # (~15x the f32 bound: within MAX_WIDEN; bf16's ~115x is not, and is rejected).
+        out.copy_(a.to(torch.float16).float() @ b.to(torch.float16).float())
+
+    def sloppy_and_one_off(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        sloppy(k, a, b, out, alpha, beta, bias)
+        out[0, 0] += 1.0
+
+    backend = KernelBackend("fake", {"same": sloppy, "off": sloppy_and_one_off})
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "same"), target)),
+        (
+            Candidate.make("fake", "same"),
+            lambda: backend.prepare(problem, Candidate.make("fake", "same"), target),
+        ),
+        (
+            Candidate.make("fake", "off"),
+            lambda: backend.prepare(problem, Candidate.make("fake", "off"), target),
+        ),
+    ]
+    settings = fast_settings()
+    settings.prune_ratio = settings.first_prune_ratio = math.inf  # "same" is Default's kernel
+    record = Harness(CpuTimer(), settings).measure(problem, target, entries)
+    assert record.settings["check"]["widen"] > 1.0
+    assert _result(record, "same").status == OK
+    off = _result(record, "off")
+    assert off.status == REJECTED and "widened" in off.note
+
+
+def test_a_default_far_beyond_the_bound_is_rejected_not_followed() -> None:
+    # Widening stops at MAX_WIDEN: a Default ~115x over (products of bf16-rounded f32
+    # inputs) is wrong for an f32 problem, as the old relative-error rule also said.
+    torch = pytest.importorskip("torch")
+    target = _target("torch")
+    problem = Problem.from_shape(64, 64, 256)
+
+    def bf16ish(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        out.copy_(a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float())
+
+    backend = KernelBackend("fake", {"bf16ish": bf16ish})
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "bf16ish"), target)),
+        (Candidate.make("fake", "right"), lambda: DefaultRunner(target.adapter)),
+    ]
+    record = Harness(CpuTimer(), fast_settings()).measure(problem, target, entries)
+    assert record.result(DEFAULT.identity).status == REJECTED
+    assert record.settings["check"]["widen"] == MAX_WIDEN
+    assert record.winner == "fake/right" and record.default_s is None
+
+
+# --- item 7: right once, wrong after ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kernel_that_does_nothing_after_its_first_call_is_never_timed(kind: str) -> None:
+    record = _measure(Problem.from_shape(128, 128, 128), kind, {"lazy": first_call_only})
+    lazy = _result(record, "lazy")
+    assert lazy.status == REJECTED and "NaN/inf" in lazy.note  # the poison was left in place
+    assert lazy.samples == 0 and lazy.median_s is None
+    assert record.result(DEFAULT.identity).status == OK  # it pruned nobody
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("behave", [stale, memo_by_pointer], ids=["stale", "memo-by-pointer"])
+def test_a_kernel_wrong_on_new_inputs_is_rejected_after_timing(kind: str, behave: Any) -> None:
+    # Right twice on the first set (the same inputs), fast because it only copies: it is
+    # timed, then checked on a set whose values were replaced in place, and rejected.
+    # (Nothing is pruned here: a cheat slowed by a busy moment must not escape the check.)
+    record = _measure(
+        Problem.from_shape(192, 160, 256),
+        kind,
+        {"cheat": behave, "good": right},
+        prune_ratio=math.inf,
+        first_prune_ratio=math.inf,
+    )
+    cheat = _result(record, "cheat")
+    assert cheat.status == REJECTED, cheat
+    assert cheat.note.startswith("wrong after"), cheat.note
+    assert cheat.samples > 0  # it was timed: the pre-timing checks could not see it
+    assert record.winner != "fake/cheat"
+    assert _result(record, "good").status == OK
+
+
+class _Clock:
+    current = 0.0
+
+
+class _ScriptedTimer:
+    """Each sample is the cost of whichever kernel ran last (see test_harness.py)."""
+
+    name = "scripted"
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def prepare(self, calls: Any) -> Callable[[], float]:
+        def sample() -> float:
+            calls[0]()
+            return self.clock.current
+
+        return sample
+
+
+def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> None:
+    # Timed in the order Default (1.0), cheat (0.1: it only copies), good (0.5). Checked
+    # right after its own block, the cheat is out before good is compared with it; else
+    # good (0.5 > 1.3 x 0.1) would be pruned as a loser and Default would win.
+    clock = _Clock()
+    target = _target("numpy")
+    problem = Problem.from_shape(48, 40, 32)
+    backend = KernelBackend("fake", {})
+
+    def costed(behave: Any, cost: float) -> Any:
+        def run(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+            behave(k, a, b, out, alpha, beta, bias)
+            clock.current = cost
+
+        return run
+
+    backend.kernels = {"default": costed(right, 1.0), "cheat": costed(stale, 0.1), "good": costed(right, 0.5)}
+    entries = [
+        (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "default"), target)),
+        (
+            Candidate.make("fake", "cheat"),
+            lambda: backend.prepare(problem, Candidate.make("fake", "cheat"), target),
+        ),
+        (
+            Candidate.make("fake", "good"),
+            lambda: backend.prepare(problem, Candidate.make("fake", "good"), target),
+        ),
+    ]
+    settings = fast_settings()
+    settings.prune_ratio = 1.3
+    record = Harness(_ScriptedTimer(clock), settings).measure(problem, target, entries)
+    assert _result(record, "cheat").status == REJECTED
+    assert _result(record, "good").status == OK
+    assert record.winner == "fake/good"
+
+
+@pytest.fixture
+def cheat_backend(isolated: Any) -> Iterator[KernelBackend]:
+    backend = KernelBackend("cheat", {"stale": stale})
+    with registered(isolated.plugins, backend):
+        yield backend
+
+
+def test_the_api_never_serves_a_stale_kernel(isolated: Any, cheat_backend: KernelBackend) -> None:
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((200, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 250)).astype(np.float32)
+    with unimatmul.mode("tune"):
+        first = unimatmul.matmul(a, b)
+        second = unimatmul.matmul(-a, b)
+    np.testing.assert_allclose(second, -first, rtol=1e-5, atol=1e-4)
+    (_, _, record), *_ = list(isolated.selector.store.items())
+    assert record.result("cheat/stale").status == REJECTED
+    assert record.winner != "cheat/stale"

@@ -1,0 +1,93 @@
+"""Tuning memory is bounded: a multiple of the product's own operands, and what is free.
+
+Issue #12, item 8: ``(20000,8)@(8,20000)`` f32 peaked at 9.4 GB in tune mode against
+1.6 GB untuned. The rotated sets and the check's arrays now stay within
+``UNIMATMUL_TUNE_MEMORY`` times the operands (or the rotation target, if larger), and a
+product that cannot be tuned within that runs Default with one warning.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+import unimatmul
+from unimatmul.core.arrays import CPU, adapter_for_kind, operand_bytes
+from unimatmul.core.backend import Target
+from unimatmul.core.problem import Problem
+from unimatmul.testing import fast_settings
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, TuningTooLarge
+
+NUMPY = Target(adapter_for_kind("numpy"), CPU)
+# C dominates, as in the issue: 16 MiB of output from 64 KiB of inputs.
+WIDE = Problem.from_shape(2048, 2048, 8)
+
+
+def test_tuning_a_wide_product_stays_within_its_multiple(isolated: Any) -> None:
+    # numpy registers its arrays with tracemalloc: the peak is what tuning allocated.
+    settings = HarnessSettings(**{**fast_settings().to_dict(), "rotate_bytes": 1 << 20, "memory_factor": 4.0})
+    isolated.selector.settings = settings
+    plan = Harness(CpuTimer(), settings).plan_memory(WIDE, NUMPY, beta=0.0)
+    footprint = operand_bytes(WIDE)
+    tracemalloc.start()
+    try:
+        record = isolated.selector.tune(WIDE, NUMPY)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert record.settings["sets"] == plan.sets == 1
+    assert peak <= plan.allowed
+    # One set, a float32 reference and small float64 blocks; the old harness took ~7x.
+    assert peak <= 2.6 * footprint, f"peak {peak / footprint:.2f}x the operands"
+
+
+def test_the_plan_counts_sets_and_the_check_within_the_bound() -> None:
+    settings = HarnessSettings(rotate_bytes=1 << 20, memory_factor=4.0)
+    plan = Harness(CpuTimer(), settings).plan_memory(WIDE, NUMPY, beta=0.0)
+    assert plan.per_set == operand_bytes(WIDE)
+    assert plan.sets * plan.per_set + plan.check <= plan.allowed <= 4 * plan.per_set + (1 << 20)
+    # beta != 0: C's values are kept for every check call, the check needs more.
+    settings.memory_factor = 6.0
+    with_c = Harness(CpuTimer(), settings).plan_memory(WIDE, NUMPY, beta=1.0)
+    assert with_c.check > plan.check + WIDE.m * WIDE.n * 4
+
+
+def test_small_products_still_rotate_through_the_cache() -> None:
+    # 4 x a 48 KiB product would not even hold the check: the rotation target decides.
+    settings = HarnessSettings(rotate_bytes=8 << 20, max_sets=256, memory_factor=1.0)
+    plan = Harness(CpuTimer(), settings).plan_memory(Problem.from_shape(64, 64, 64), NUMPY, beta=0.0)
+    assert plan.sets == -(-(8 << 20) // plan.per_set)
+
+
+def test_free_memory_bounds_tuning_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NUMPY.adapter, "available_bytes", lambda device: 20 << 20)  # 20 MiB free
+    with pytest.raises(TuningTooLarge, match=r"75% of the 20\.0 MiB free"):
+        Harness(CpuTimer(), HarnessSettings(memory_factor=100.0)).plan_memory(WIDE, NUMPY, beta=0.0)
+
+
+def test_a_product_too_large_to_tune_runs_default_with_one_warning(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "1.5")
+    isolated.selector.settings = HarnessSettings(**{**fast_settings().to_dict(), "rotate_bytes": 1 << 20})
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2048, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 2048)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with unimatmul.mode("tune"):
+            first = unimatmul.matmul(a, b)
+            second = unimatmul.matmul(a, b, out=np.empty_like(first))
+            third = unimatmul.matmul(a[:, :8], b)
+    messages = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    assert "TuningTooLarge" in messages[0] and "UNIMATMUL_TUNE_MEMORY" in messages[0]
+    assert "2048x2048x8" in messages[0]
+    expected = a.astype(np.float64) @ b
+    for out in (first, second, third):
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert isolated.store_count() == 0  # nothing measured, nothing stored
