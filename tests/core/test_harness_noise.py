@@ -189,7 +189,7 @@ def test_a_low_confidence_entry_warns_and_shows_in_cache_show_json(tmp_path: Pat
     assert cli_main(["cache", "show", "--json", "--cache", str(cache)], out) == 0
     (shown,) = json.loads(out.getvalue())
     assert shown["settings"]["confidence"] == LOW
-    assert shown["settings"]["confirm"]["verdict"] == "within noise"
+    assert shown["settings"]["repeat"]["verdict"] == "within noise"
 
 
 def test_a_busy_cpu_alone_warns_once_not_per_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,6 +201,11 @@ def test_a_busy_cpu_alone_warns_once_not_per_problem(tmp_path: Path, monkeypatch
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         records = [selector.tune(Problem.from_shape(m, 16, 8), NUMPY) for m in (8, 9, 10)]
-    messages = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    # (No backend is registered: that gets a warning of its own, once; not counted here.)
+    messages = [
+        str(w.message)
+        for w in seen
+        if issubclass(w.category, RuntimeWarning) and "no backend serves" not in str(w.message)
+    ]
     assert len(messages) == 1 and "busy" in messages[0] and "8.0 on 2 CPUs" in messages[0], messages
     assert all(r.settings["low_because"] == ["busy"] for r in records)

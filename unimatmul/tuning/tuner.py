@@ -203,7 +203,7 @@ class Tuner:
             )
         else:
             noise = record.settings.get("noise") or {}
-            confirm = record.settings.get("confirm") or {}
+            confirm = record.settings.get("repeat") or {}
             what = "spread of samples: " + ", ".join(f"{k} {v:.0%}" for k, v in noise.items())
             if confirm:
                 what += (
