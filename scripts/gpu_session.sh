@@ -13,16 +13,17 @@
 # Carry .whl (nvmath-python) with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/.gpu-out}
+RESULTS=${OUT:-$PWD/.gpu-out}  # what comes back: one packed file
 SESSION=/tmp/unimatmul-session
-rm -rf "$SESSION"; mkdir -p "$SESSION" "$OUT"
+rm -rf "$SESSION"; mkdir -p "$SESSION" "$RESULTS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 started=$SECONDS
-OUT=$SESSION . scripts/gpu_install.sh
+OUT=$SESSION
+. scripts/gpu_install.sh  # (a sourced script: OUT set for it stays set)
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e plugins/unimatmul-triton >>"$SESSION/install.log" 2>&1 \
     || echo "triton plugin: editable install failed (see install.log)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$SESSION/env.log"
@@ -34,6 +35,8 @@ part() {  # part NAME SECONDS COMMAND...
     local t0=$SECONDS
     OUT=$SESSION/$name timeout --kill-after=10 "$limit" "$@" >"$SESSION/$name/console.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - t0))s" | tee -a "$SESSION/parts.log"
+    # Packed after every part: a call cut short still brings back what finished.
+    tar -czf "$RESULTS/session.tar.gz" -C "$SESSION" . 2>/dev/null
 }
 
 for name in "$@"; do
@@ -52,8 +55,8 @@ for name in "$@"; do
     *) echo "unknown part $name" ;;
     esac
 done
-tar -czf "$OUT/session.tar.gz" -C "$SESSION" . 2>/dev/null
-ls -la "$OUT"
+tar -czf "$RESULTS/session.tar.gz" -C "$SESSION" . 2>/dev/null
+ls -la "$RESULTS"
 for name in "$@"; do
     echo "==================== $name"
     tail -n 25 "$SESSION/$name/console.log" 2>/dev/null
