@@ -235,10 +235,10 @@ DISABLE_PLUGINS: Setting[frozenset[str]] = declare(
 TUNE_MEMORY = declare(
     "UNIMATMUL_TUNE_MEMORY",
     "float",
-    4.0,
+    8.0,
     parse_float(1.0),
     "the most memory tuning a product larger than twice the last-level cache may take: this multiple "
-    "of its own operands (A, B and C; default 4) plus twice that cache (smaller ones: the inputs rotated "
+    "of its own operands (A, B and C; default 8: the check keeps B in float64, 4x a bf16 weight) plus twice that cache (smaller ones: the inputs rotated "
     "through it and the check); never over 3/4 of the memory free. A product that needs more runs "
     "Default (one warning)",
 )

@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from unimatmul.backend import UnsupportedProblem
 from unimatmul_backends.lt.abi import LtABI, signatures_for
 from unimatmul_backends.lt.layout import LtGemm, LtMatrix
 
@@ -523,8 +524,10 @@ class LtDriver:
         key = DATATYPES.get(dtype)
         value = self.abi.datatype.get(key) if key else None
         if value is None:
+            # The protocol's "no" (a dtype this library version has no name for, e.g. the
+            # fnuz fp8 types on cuBLASLt): the caller moves on, nothing crashed.
             msg = f"{self.abi.label} has no data type for {dtype}"
-            raise KeyError(msg)
+            raise UnsupportedProblem(msg)
         return value
 
     def compute_type(self, key: str) -> int:

@@ -20,7 +20,7 @@ from scaled_fakes import ScaledFakeBackend
 
 import unimatmul
 from unimatmul.cache.protocol import open_store
-from unimatmul.cache.record import OK, REJECTED, CandidateResult, TuningRecord
+from unimatmul.cache.record import OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
 from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.dtypes import scaled_tolerance
@@ -302,7 +302,9 @@ def test_tuning_measures_the_candidates_and_stores_a_scaled_record(isolated: Any
     by_id = {r.identity: r for r in record.results}
     assert set(by_id) == {DEFAULT.identity, "fake-scaled/dequantise"}
     for result in by_id.values():  # both checked against the dequantised float64 product
-        assert result.status == OK and result.error is not None and result.error <= scaled_tolerance("bf16")
+        # (then timed: a clear loser may be pruned early by the timing, not by the check)
+        assert result.status in (OK, PRUNED), result
+        assert result.error is not None and result.error <= scaled_tolerance("bf16")
     assert record.settings["tolerance"] == scaled_tolerance("bf16")
 
 

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unimatmul.core.arrays import Device, adapter_for_kind, make_operands  # noqa: E402
-from unimatmul.core.backend import DEFAULT, Candidate, Target  # noqa: E402
+from unimatmul.core.backend import Candidate, Target  # noqa: E402
 from unimatmul.core.dtypes import tolerance  # noqa: E402
 from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
@@ -362,5 +362,7 @@ def test_bad_input_gives_clear_errors_or_default(front_door: Any) -> None:
         )
     assert out64.dtype == torch.float64 and torch.isfinite(out64).all()
     assert gelu.dtype == torch.bfloat16 and torch.isfinite(gelu).all()
+    # cuBLASLt offers nothing for these (another kernel source, e.g. the Triton plugin
+    # where it is installed, may win the bf16 one).
     winners = {r.winner for _, _, r in front_door.store.items()}
-    assert winners == {DEFAULT.identity}
+    assert winners and not any(w.startswith("cublaslt/") for w in winners), winners

@@ -27,7 +27,19 @@ from unimatmul.torch import scaled_routing
 torch = pytest.importorskip("torch")
 
 
+def _cpu_rowwise() -> str | None:
+    """Why this torch's own CPU ``_scaled_mm`` cannot take row-wise scales, or None."""
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError as exc:
+        return f"torch {torch.__version__}'s CPU _scaled_mm takes per-tensor scales only ({str(exc)[:80]})"
+    return None
+
+
 def _operands(m: int, n: int, k: int, scales: str, seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    if scales == "rowwise" and (why := _cpu_rowwise()) is not None:
+        pytest.skip(why)  # torch 2.11 on the GPU machine; torch 2.13 takes them
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
     w = torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn)
