@@ -77,6 +77,7 @@ class Run:
         self.out = out
         self.budget_s = budget_s
         self.quick = quick
+        self.m_values: tuple[int, ...] = ()
         self.gpu = device != "cpu"
         self.started = time.perf_counter()
         self.adapter = adapter_for_kind("torch")
@@ -265,6 +266,8 @@ class Run:
 
     def bench(self) -> None:
         m_values = (1, 16, 128) if self.quick or not self.gpu else M_VALUES
+        if self.m_values:
+            m_values = self.m_values
         layers = LAYERS if self.gpu else [("tiny", "x", 64, 64)]
         for scales in ("tensor", "rowwise"):
             for model, layer, n, k in layers:
@@ -529,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tests-timeout-s", type=float, default=170.0)
     parser.add_argument("--quick", action="store_true", help="m = 1, 16, 128 only")
+    parser.add_argument(
+        "--m", default=None, help="comma-separated m values to benchmark (default: all, or --quick's)"
+    )
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument(
@@ -544,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: use --device cpu for a smoke test of this script")
         return 3
     run = Run(out, args.budget_s, args.device, args.quick)
+    if args.m:
+        run.m_values = tuple(int(x) for x in args.m.split(","))
     run.environment()
     if not args.skip_tests:
         run.tests(args.tests_timeout_s)

@@ -9,7 +9,8 @@
 #   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py)
 # Every part writes under $SESSION/<part>; at the end everything is packed into
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
-# Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S.
+# Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
+# (default --quick) and HF_ARGS (e.g. --rows REGEX) go to those parts' scripts.
 # Carry .whl (nvmath-python) with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,9 +48,9 @@ for name in "$@"; do
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
-        part fp8 "${FP8_S:-200}" env BENCH_BUDGET_S=$(( ${FP8_S:-200} - 110 )) bash scripts/gpu_fp8.sh --quick ;;
+        part fp8 "${FP8_S:-200}" env BENCH_BUDGET_S=$(( ${FP8_S:-200} - 110 )) bash scripts/gpu_fp8.sh ${FP8_ARGS:---quick} ;;
     hf)
-        part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ;;
+        part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ${HF_ARGS:-} ;;
     confirm)
         part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;
