@@ -7,6 +7,7 @@
 #   fp8      fp8 tests, the benchmark against torch._scaled_mm, the fp8 stack
 #   hf       the Hugging Face model benchmark (routing off vs on)
 #   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py)
+#   conformance  the full conformance matrix of one backend (CONFORMANCE_BACKEND, default triton)
 # Every part writes under $SESSION/<part>; at the end everything is packed into
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
 # Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
@@ -51,6 +52,9 @@ for name in "$@"; do
         part fp8 "${FP8_S:-200}" env BENCH_BUDGET_S=$(( ${FP8_S:-200} - 110 )) bash scripts/gpu_fp8.sh ${FP8_ARGS:---quick} ;;
     hf)
         part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ${HF_ARGS:-} ;;
+    conformance)
+        part conformance "${CONFORMANCE_S:-240}" python3 -m unimatmul conformance --backend "${CONFORMANCE_BACKEND:-triton}" \
+            --device cuda:0 --json "$SESSION/conformance/report.json" ;;
     confirm)
         part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;
