@@ -91,12 +91,11 @@ def make_case_data(
         compute=problem.compute,
         activation=problem.activation,
     )
-    bound = model.bound(
+    bound = _bound(
+        model,
         reference,
-        np.sqrt((a64 * a64).sum(axis=-1)),
-        np.sqrt((b64 * b64).sum(axis=-2)),
-        np.sqrt(np.sqrt(((a64 * a64) ** 2).sum(axis=-1))),
-        np.sqrt(np.sqrt(((b64 * b64) ** 2).sum(axis=-2))),
+        a64,
+        b64,
         alpha=alpha,
         beta_c=abs(beta) * np.abs(c64) if beta != 0.0 else None,
         bias=bias64,
@@ -116,6 +115,31 @@ def make_case_data(
     )
 
 
+def _bound(
+    model: ErrorModel,
+    reference: np.ndarray,
+    a64: np.ndarray,
+    b64: np.ndarray,
+    *,
+    alpha: float,
+    beta_c: np.ndarray | None,
+    bias: np.ndarray | None,
+) -> np.ndarray:
+    """Each element's error bound: the model's, from the inputs' row and column norms."""
+    return np.asarray(
+        model.bound(
+            reference,
+            np.sqrt((a64 * a64).sum(axis=-1)),
+            np.sqrt((b64 * b64).sum(axis=-2)),
+            np.sqrt(np.sqrt(((a64 * a64) ** 2).sum(axis=-1))),
+            np.sqrt(np.sqrt(((b64 * b64) ** 2).sum(axis=-2))),
+            alpha=alpha,
+            beta_c=beta_c,
+            bias=bias,
+        )
+    )
+
+
 def _scaled_case_data(problem: Problem, adapter: ArrayAdapter, device: Device, rng: Any) -> CaseData:
     ops = make_scaled_operands(problem, adapter, device, rng)
     a64, b64, c64 = host64(adapter, ops.a), host64(adapter, ops.b), host64(adapter, ops.out)
@@ -126,16 +150,7 @@ def _scaled_case_data(problem: Problem, adapter: ArrayAdapter, device: Device, r
     reference = da @ db
     if bias64 is not None:
         reference = reference + bias64
-    bound = scaled_error_model(problem).bound(
-        reference,
-        np.sqrt((da * da).sum(axis=-1)),
-        np.sqrt((db * db).sum(axis=-2)),
-        np.sqrt(np.sqrt(((da * da) ** 2).sum(axis=-1))),
-        np.sqrt(np.sqrt(((db * db) ** 2).sum(axis=-2))),
-        alpha=1.0,
-        beta_c=None,
-        bias=bias64,
-    )
+    bound = _bound(scaled_error_model(problem), reference, da, db, alpha=1.0, beta_c=None, bias=bias64)
     return CaseData(
         a=ops.a,
         b=ops.b,
