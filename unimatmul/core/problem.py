@@ -299,7 +299,108 @@ class Problem:
         (:func:`unimatmul.core.arrays.adapter_of`). Bad input raises ``ValueError`` or
         ``TypeError`` with a message that names the operand, in NumPy's style.
         """
-        return _from_operands(cls, adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
+        if not adapter.same_library(b):
+            msg = f"matmul: a and b must come from the same array library, got {type(a).__name__} and {type(b).__name__}"
+            raise TypeError(msg)
+        a_shape, b_shape = adapter.shape(a), adapter.shape(b)
+        for name, shape in (("a", a_shape), ("b", b_shape)):
+            if len(shape) not in (2, 3):
+                msg = f"matmul: {name} must be 2-D or 3-D (batched), got a {len(shape)}-D array of shape {shape}"
+                raise ValueError(msg)
+        device = adapter.device(a)
+        for name, x in (("b", b), ("out", out), ("c", c), ("bias", bias)):
+            if x is not None:
+                if not adapter.same_library(x):
+                    msg = f"matmul: {name} is a {type(x).__name__}, but a is a {type(a).__name__}"
+                    raise TypeError(msg)
+                if adapter.device(x) != device:
+                    msg = f"matmul: a is on {device} but {name} is on {adapter.device(x)}: all operands must be on one device"
+                    raise ValueError(msg)
+        dtype = adapter.dtype(a)
+        if adapter.dtype(b) != dtype:
+            msg = f"matmul: a is {dtype} but b is {adapter.dtype(b)}; both operands must have one dtype"
+            raise TypeError(msg)
+        m, n, k = product_dims(a_shape, b_shape, "matmul")
+        batch_a = a_shape[0] if len(a_shape) == 3 else 1
+        batch_b = b_shape[0] if len(b_shape) == 3 else 1
+        if batch_a != batch_b and 1 not in (batch_a, batch_b):
+            msg = f"matmul: batch sizes {batch_a} (a) and {batch_b} (b) differ and neither is 1"
+            raise ValueError(msg)
+        batch = max(batch_a, batch_b)
+        batched = len(a_shape) == 3 or len(b_shape) == 3
+        out_shape = (batch, m, n) if batched else (m, n)
+        for name, x in (("out", out), ("c", c)):
+            if x is not None:
+                if adapter.shape(x) != out_shape:
+                    msg = f"matmul: {name} has shape {adapter.shape(x)}, expected {out_shape}"
+                    raise ValueError(msg)
+                if adapter.dtype(x) != dtype:
+                    msg = f"matmul: {name} is {adapter.dtype(x)}, expected {dtype} like a and b"
+                    raise TypeError(msg)
+        if bias is not None:
+            if adapter.shape(bias) != (n,):
+                msg = f"matmul: bias must have shape ({n},), got {adapter.shape(bias)}"
+                raise ValueError(msg)
+            if adapter.dtype(bias) != dtype:
+                msg = f"matmul: bias is {adapter.dtype(bias)}, expected {dtype}"
+                raise TypeError(msg)
+            if n > 1 and adapter.strides(bias)[0] != 1:
+                # Kernels read the bias as n consecutive values; the key has no stride for it.
+                msg = f"matmul: bias must be contiguous, got stride {adapter.strides(bias)[0]}; pass a contiguous copy"
+                raise ValueError(msg)
+        if activation is not None and activation not in ACTIVATIONS:
+            msg = f"matmul: unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}"
+            raise ValueError(msg)
+        if beta != 0.0 and c is None and out is None:
+            msg = "matmul: beta != 0 needs c, or out holding C"
+            raise ValueError(msg)
+
+        a_strides, b_strides = adapter.strides(a), adapter.strides(b)
+        trans_a, lda = matrix_layout(a_shape, a_strides, "a")
+        trans_b, ldb = matrix_layout(b_shape, b_strides, "b")
+        ldc, stride_c = n, m * n
+        if out is not None:
+            o_strides = adapter.strides(out)
+            o_trans, ldc = matrix_layout(out_shape, o_strides, "out")
+            if o_trans and m > 1 and n > 1:
+                msg = f"matmul: out must be row-major (unit stride in its last dimension), got strides {o_strides}"
+                raise ValueError(msg)
+            stride_c = o_strides[0] if batched else 0
+        stride_a = a_strides[0] if len(a_shape) == 3 and batch_a > 1 else 0
+        stride_b = b_strides[0] if len(b_shape) == 3 and batch_b > 1 else 0
+        if batch == 1:
+            stride_a = stride_b = stride_c = 0
+        ptrs = [adapter.ptr(a), adapter.ptr(b)]
+        if out is not None:
+            ptrs.append(adapter.ptr(out))
+        epilogue = "none"
+        if bias is not None:
+            epilogue = "bias" if activation is None else f"bias_{activation}"
+            ptrs.append(adapter.ptr(bias))
+        elif activation is not None:
+            epilogue = activation
+        problem = cls(
+            m=m,
+            n=n,
+            k=k,
+            batch=batch,
+            dtype_a=dtype,
+            dtype_b=dtype,
+            dtype_c=dtype,
+            compute=adapter.compute_type(dtype, device),
+            trans_a=trans_a,
+            trans_b=trans_b,
+            lda=lda,
+            ldb=ldb,
+            ldc=ldc,
+            stride_a=stride_a,
+            stride_b=stride_b,
+            stride_c=stride_c if batch > 1 else 0,
+            beta_zero=beta == 0.0,
+            epilogue=epilogue,
+            align=pointer_alignment(*ptrs),
+        )
+        return problem, out_shape
 
 
 def _scaled_fields_error(p: Problem) -> str:
@@ -353,6 +454,24 @@ def matrix_layout(shape: tuple[int, ...], strides: tuple[int, ...], what: str) -
     raise ValueError(msg)
 
 
+def product_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str) -> tuple[int, int, int]:
+    """(m, n, k) of ``a @ b`` from the operands' last two dimensions; ValueError (its
+    message starting with ``what``, the function the user called) when k differs or a
+    dimension is empty."""
+    m, k = a_shape[-2], a_shape[-1]
+    k2, n = b_shape[-2], b_shape[-1]
+    if k != k2:
+        msg = (
+            f"{what}: mismatch in the contracted dimension: a has shape {a_shape} and b has shape "
+            f"{b_shape} (size {k} is different from {k2})"
+        )
+        raise ValueError(msg)
+    if min(m, n, k) < 1:
+        msg = f"{what}: empty operands (m={m}, n={n}, k={k}) are not supported"
+        raise ValueError(msg)
+    return m, n, k
+
+
 def pointer_alignment(*ptrs: int) -> int:
     """The largest power of two, at most 16, dividing every pointer (in bytes)."""
     align = 16
@@ -360,132 +479,3 @@ def pointer_alignment(*ptrs: int) -> int:
         while align > 1 and ptr % align:
             align //= 2
     return align
-
-
-def _from_operands(
-    cls: type[Problem],
-    adapter: Any,
-    a: Any,
-    b: Any,
-    *,
-    out: Any = None,
-    c: Any = None,
-    bias: Any = None,
-    activation: str | None = None,
-    beta: float = 0.0,
-) -> tuple[Problem, tuple[int, ...]]:
-    """The Problem for these operands and the output's shape; clear errors for bad input."""
-    if not adapter.same_library(b):
-        msg = f"matmul: a and b must come from the same array library, got {type(a).__name__} and {type(b).__name__}"
-        raise TypeError(msg)
-    a_shape, b_shape = adapter.shape(a), adapter.shape(b)
-    for name, shape in (("a", a_shape), ("b", b_shape)):
-        if len(shape) not in (2, 3):
-            msg = f"matmul: {name} must be 2-D or 3-D (batched), got a {len(shape)}-D array of shape {shape}"
-            raise ValueError(msg)
-    device = adapter.device(a)
-    for name, x in (("b", b), ("out", out), ("c", c), ("bias", bias)):
-        if x is not None:
-            if not adapter.same_library(x):
-                msg = f"matmul: {name} is a {type(x).__name__}, but a is a {type(a).__name__}"
-                raise TypeError(msg)
-            if adapter.device(x) != device:
-                msg = f"matmul: a is on {device} but {name} is on {adapter.device(x)}: all operands must be on one device"
-                raise ValueError(msg)
-    dtype = adapter.dtype(a)
-    if adapter.dtype(b) != dtype:
-        msg = f"matmul: a is {dtype} but b is {adapter.dtype(b)}; both operands must have one dtype"
-        raise TypeError(msg)
-    m, k = a_shape[-2], a_shape[-1]
-    k2, n = b_shape[-2], b_shape[-1]
-    if k != k2:
-        msg = (
-            f"matmul: mismatch in the contracted dimension: a has shape {a_shape} and b has shape "
-            f"{b_shape} (size {k} is different from {k2})"
-        )
-        raise ValueError(msg)
-    if min(m, n, k) < 1:
-        msg = f"matmul: empty operands (m={m}, n={n}, k={k}) are not supported"
-        raise ValueError(msg)
-    batch_a = a_shape[0] if len(a_shape) == 3 else 1
-    batch_b = b_shape[0] if len(b_shape) == 3 else 1
-    if batch_a != batch_b and 1 not in (batch_a, batch_b):
-        msg = f"matmul: batch sizes {batch_a} (a) and {batch_b} (b) differ and neither is 1"
-        raise ValueError(msg)
-    batch = max(batch_a, batch_b)
-    batched = len(a_shape) == 3 or len(b_shape) == 3
-    out_shape = (batch, m, n) if batched else (m, n)
-    for name, x in (("out", out), ("c", c)):
-        if x is not None:
-            if adapter.shape(x) != out_shape:
-                msg = f"matmul: {name} has shape {adapter.shape(x)}, expected {out_shape}"
-                raise ValueError(msg)
-            if adapter.dtype(x) != dtype:
-                msg = f"matmul: {name} is {adapter.dtype(x)}, expected {dtype} like a and b"
-                raise TypeError(msg)
-    if bias is not None:
-        if adapter.shape(bias) != (n,):
-            msg = f"matmul: bias must have shape ({n},), got {adapter.shape(bias)}"
-            raise ValueError(msg)
-        if adapter.dtype(bias) != dtype:
-            msg = f"matmul: bias is {adapter.dtype(bias)}, expected {dtype}"
-            raise TypeError(msg)
-        if n > 1 and adapter.strides(bias)[0] != 1:
-            # Kernels read the bias as n consecutive values; the key has no stride for it.
-            msg = f"matmul: bias must be contiguous, got stride {adapter.strides(bias)[0]}; pass a contiguous copy"
-            raise ValueError(msg)
-    if activation is not None and activation not in ACTIVATIONS:
-        msg = f"matmul: unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)}"
-        raise ValueError(msg)
-    if beta != 0.0 and c is None and out is None:
-        msg = "matmul: beta != 0 needs c, or out holding C"
-        raise ValueError(msg)
-
-    a_strides, b_strides = adapter.strides(a), adapter.strides(b)
-    trans_a, lda = matrix_layout(a_shape, a_strides, "a")
-    trans_b, ldb = matrix_layout(b_shape, b_strides, "b")
-    ldc, stride_c = n, m * n
-    if out is not None:
-        o_strides = adapter.strides(out)
-        o_trans, ldc = matrix_layout(out_shape, o_strides, "out")
-        if o_trans and m > 1 and n > 1:
-            msg = (
-                f"matmul: out must be row-major (unit stride in its last dimension), got strides {o_strides}"
-            )
-            raise ValueError(msg)
-        stride_c = o_strides[0] if batched else 0
-    stride_a = a_strides[0] if len(a_shape) == 3 and batch_a > 1 else 0
-    stride_b = b_strides[0] if len(b_shape) == 3 and batch_b > 1 else 0
-    if batch == 1:
-        stride_a = stride_b = stride_c = 0
-    ptrs = [adapter.ptr(a), adapter.ptr(b)]
-    if out is not None:
-        ptrs.append(adapter.ptr(out))
-    epilogue = "none"
-    if bias is not None:
-        epilogue = "bias" if activation is None else f"bias_{activation}"
-        ptrs.append(adapter.ptr(bias))
-    elif activation is not None:
-        epilogue = activation
-    problem = cls(
-        m=m,
-        n=n,
-        k=k,
-        batch=batch,
-        dtype_a=dtype,
-        dtype_b=dtype,
-        dtype_c=dtype,
-        compute=adapter.compute_type(dtype, device),
-        trans_a=trans_a,
-        trans_b=trans_b,
-        lda=lda,
-        ldb=ldb,
-        ldc=ldc,
-        stride_a=stride_a,
-        stride_b=stride_b,
-        stride_c=stride_c if batch > 1 else 0,
-        beta_zero=beta == 0.0,
-        epilogue=epilogue,
-        align=pointer_alignment(*ptrs),
-    )
-    return problem, out_shape

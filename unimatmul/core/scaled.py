@@ -30,7 +30,14 @@ import numpy as np
 from unimatmul.core.arrays import ArrayAdapter, Device, Operands
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import FP8, ErrorModel, canonical
-from unimatmul.core.problem import SCALE_MODES, SCALED_OUTPUTS, Problem, matrix_layout, pointer_alignment
+from unimatmul.core.problem import (
+    SCALE_MODES,
+    SCALED_OUTPUTS,
+    Problem,
+    matrix_layout,
+    pointer_alignment,
+    product_dims,
+)
 
 #: Pairs of (scale_a, scale_b) modes a scaled GEMM takes: torch._scaled_mm's TensorWise
 #: and RowWise pairs. Its other modes (block-wise 1x128 / 128x128 with f32 scales, MX
@@ -169,17 +176,7 @@ def scaled_problem_of(
         if dtype not in FP8:
             msg = f"scaled_matmul: {name} is {dtype}; a and b must be fp8 ({', '.join(sorted(FP8))})"
             raise TypeError(msg)
-    m, k = a_shape
-    k2, n = b_shape
-    if k != k2:
-        msg = (
-            f"scaled_matmul: mismatch in the contracted dimension: a has shape {a_shape} and b has "
-            f"shape {b_shape} (size {k} is different from {k2})"
-        )
-        raise ValueError(msg)
-    if min(m, n, k) < 1:
-        msg = f"scaled_matmul: empty operands (m={m}, n={n}, k={k}) are not supported"
-        raise ValueError(msg)
+    m, n, k = product_dims(a_shape, b_shape, "scaled_matmul")
     out_dtype = canonical(out_dtype)
     if out_dtype not in SCALED_OUTPUTS:
         msg = f"scaled_matmul: out_dtype {out_dtype} is not one of {', '.join(SCALED_OUTPUTS)}"
