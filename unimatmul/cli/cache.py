@@ -32,6 +32,7 @@ from unimatmul.cli import interop, output
 from unimatmul.cli.interop import reader
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
+from unimatmul.core.notices import size_text
 from unimatmul.tuning import confirm
 from unimatmul.tuning.selector import Selector
 
@@ -40,14 +41,6 @@ def _date(seconds: Any) -> str:
     if not is_date(seconds) or not seconds:
         return "-"
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
 
 
 def _read_or_exit(path: Path, *, verify: bool = True) -> Snapshot:
@@ -217,7 +210,9 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
     else:
         header = snapshot.header
         per = f", {data['bytes_per_entry']} bytes per entry" if count else ""
-        out.write(f"file:     {_size(size)}{per}, schema {snapshot.schema}, by {header.get('writer', '?')}\n")
+        out.write(
+            f"file:     {size_text(size)}{per}, schema {snapshot.schema}, by {header.get('writer', '?')}\n"
+        )
         out.write(
             f"dates:    created {_date(header.get('created'))}, updated {_date(header.get('updated'))}\n"
         )

@@ -20,6 +20,7 @@ from unimatmul.cache.errors import CacheWriteError
 from unimatmul.cli import output
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
+from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
 from unimatmul.interop.tunableop_cache import untuned_problems
 from unimatmul.tuning.buckets import Buckets
@@ -159,8 +160,8 @@ def check_jobs(jobs: list[TuneJob]) -> None:
         need, have = output.operand_bytes(problem), free[target]
         if have is not None and need > have:
             msg = (
-                f"{problem.shape_text}:{problem.dtype_a} needs {output.fmt_bytes(need)} for its operands "
-                f"alone; {target.device} has {output.fmt_bytes(have)} free"
+                f"{problem.shape_text}:{problem.dtype_a} needs {size_text(need)} for its operands "
+                f"alone; {target.device} has {size_text(have)} free"
             )
             raise CliError(msg, EXIT_UNAVAILABLE)
 

@@ -32,3 +32,12 @@ def forget() -> None:
     """Forget every process-wide warning given (tests that expect one again)."""
     with _lock:
         _seen.clear()
+
+
+def size_text(nbytes: float) -> str:
+    """A byte count as people read it, in binary units: ``512 B``, ``1.5 MiB``, ``106.6 PiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} PiB"

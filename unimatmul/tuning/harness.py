@@ -41,6 +41,7 @@ from unimatmul.core.arrays import Check, Operands, Reference, make_operands, ope
 from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
+from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
 from unimatmul.tuning.conditions import read_device_state
@@ -455,15 +456,15 @@ class Harness:
         room = (allowed - check) // per_set
         if room < 1:
             where = (
-                f"{factor:g} x the product's {_size(per_set)} ({env.TUNE_MEMORY.name}) "
-                f"+ {_size(rotate)} to rotate inputs through the cache"
+                f"{factor:g} x the product's {size_text(per_set)} ({env.TUNE_MEMORY.name}) "
+                f"+ {size_text(rotate)} to rotate inputs through the cache"
             )
             if available is not None:
-                where += f", and {settings.memory_fraction:.0%} of the {_size(available)} free"
+                where += f", and {settings.memory_fraction:.0%} of the {size_text(available)} free"
             msg = (
-                f"tuning {problem.shape_text} {problem.dtype_a} needs {_size(per_set + check)} "
-                f"(one set of operands {_size(per_set)}, the numeric check {_size(check)}), "
-                f"more than the {_size(max(allowed, 0))} it may take: {where}"
+                f"tuning {problem.shape_text} {problem.dtype_a} needs {size_text(per_set + check)} "
+                f"(one set of operands {size_text(per_set)}, the numeric check {size_text(check)}), "
+                f"more than the {size_text(max(allowed, 0))} it may take: {where}"
             )
             raise TuningTooLarge(msg, problem=problem, needed=per_set + check, allowed=allowed)
         count = min(wanted, room)
@@ -767,14 +768,6 @@ def _cpu_load() -> tuple[float, int] | None:
         return os.getloadavg()[0], cpus
     except (AttributeError, OSError):
         return None
-
-
-def _size(nbytes: float) -> str:
-    for unit in ("bytes", "KiB", "MiB"):
-        if nbytes < 1024:
-            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.2f} GiB"
 
 
 def _macs(problem: Problem) -> int:
