@@ -1,6 +1,10 @@
 # Sourced by the device scripts, from the repository root, with $OUT set: installs
 # unimatmul so that its entry points exist there ("built-ins through the front door"),
 # and logs the versions found.
+# Sourced again by a part of scripts/gpu_session.sh: installed once per checkout already.
+if [ "${GPU_INSTALLED_AT:-}" = "$PWD" ]; then
+    return 0
+fi
 # The package, installed for its entry points ("built-ins through the front door").
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
     # No usable setuptools offline: a dist-info by hand gives the same entry points.

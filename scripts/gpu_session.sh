@@ -28,6 +28,7 @@ OUT=$SESSION
 . scripts/gpu_install.sh  # (a sourced script: OUT set for it stays set)
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e plugins/unimatmul-triton >>"$SESSION/install.log" 2>&1 \
     || echo "triton plugin: editable install failed (see install.log)"
+export GPU_INSTALLED_AT=$PWD  # the parts' own scripts source gpu_install.sh: not again
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$SESSION/env.log"
 
 part() {  # part NAME SECONDS COMMAND...
