@@ -58,9 +58,6 @@ class Setting(Generic[T]):
         text = text.strip()
         return text or None
 
-    def is_set(self) -> bool:
-        return self.raw() is not None
-
     def get(self) -> T:
         """The parsed value, or the default when unset; SettingError for a bad value."""
         text = self.raw()

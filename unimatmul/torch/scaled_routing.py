@@ -260,10 +260,6 @@ def clear_plans() -> None:
 # --- installing ---------------------------------------------------------------------------
 
 
-def is_installed() -> bool:
-    return _state.library is not None
-
-
 def install() -> None:
     """Register the kernel at the CPU and CUDA keys (idempotent); :func:`uninstall` undoes it."""
     with _state.lock:
