@@ -252,3 +252,42 @@ def test_build_native_command_says_it_builds_once(tmp_path: Any) -> None:
     again = build()
     assert again.returncode == 0, again.stderr[-2000:]
     assert "building" not in again.stderr
+
+
+@NATIVE
+def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
+    """A NativeCall "launch" becomes a LAUNCH entry only in the GPU build, for GPU tensors,
+    with words that hold together; anything else is refused when put, never at a call."""
+    from unimatmul.core.backend import NativeCall
+
+    ut.enable()
+    words = [1, 2, 3, 4, 8, 1, 1, 128, 0, 0, 0, 3, 1, 8, 0, 2, 8, 0, 3, 8, 0]
+    call = NativeCall("launch", words)
+    assert native.kind_of(call) == (native.LAUNCH if native.has_lt() else native.PYTHON)
+    a, b = torch.randn(4, 8), torch.randn(8, 2)
+    with pytest.raises(RuntimeError, match=r"LAUNCH entry (needs the GPU build|is for GPU tensors)"):
+        native.put("mm", a, b, None, 0, native.LAUNCH, native.new_id(), "x", (4, 2), 0, call)
+    if torch.cuda.is_available():
+        a, b = a.cuda(), b.cuda()
+        for bad, why in (
+            (words[:-1], "LAUNCH data of 20 words for 3 parameters"),
+            ([*words[:12], 9, 8, 0, *words[15:]], "parameter role 9"),
+            ([*words[:12], 1, 4, 0, *words[15:]], "pointer of 4 bytes"),
+            ([*words[:15], 1, 8, 0, *words[18:]], "role 1 twice"),
+            ([*words[:12], 0, 8, 0, *words[15:]], "without its a, b and out"),
+        ):
+            with pytest.raises(RuntimeError, match=why):
+                native.put(
+                    "mm",
+                    a,
+                    b,
+                    None,
+                    0,
+                    native.LAUNCH,
+                    native.new_id(),
+                    "x",
+                    (4, 2),
+                    0,
+                    NativeCall("launch", bad),
+                )
+    assert native.size() == 0

@@ -115,8 +115,15 @@ class NativeCall:
 
     A runner may offer ``native_call() -> NativeCall | None`` (torch routing's C++
     kernels take it; ``unimatmul/torch/_native.cpp`` reads the words). ``kind``: ``"lt"``
-    (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words) or
-    ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``). For the padded
+    (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words),
+    ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``) or ``"launch"``
+    (one driver-API launch of a compiled GPU function: the addresses of
+    ``cuLaunchKernel``/``hipModuleLaunchKernel`` and ``cuCtxSetCurrent``/``hipCtxSetCurrent``,
+    the device's primary context, the function, grid x/y/z, block x, dynamic shared bytes,
+    the stream of a split-K workspace and whether the kernel is bound to it, the number
+    of parameters, then ``(role, bytes, value)`` per parameter in order: role 0 a constant
+    ``value``, 1-4 the a, b, out and bias pointers, 5-6 alpha and beta as fp32; the
+    Triton plugin's ``CompiledRunner.native_call`` makes them). For the padded
     Lt runner, ``buffers`` holds the A, B and C buffers and their corner views (None
     where that operand is not copied) and ``flags`` (a_first, b_first): a
     batch-broadcast operand is copied as its first matrix. Whatever the words point

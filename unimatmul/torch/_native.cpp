@@ -9,6 +9,9 @@
 //   DEFAULT  PyTorch's own kernel, through the out= form (which unimatmul never takes over);
 //   LT       one cuBLASLt/hipBLASLt call, from descriptors, an algo and a workspace that
 //            Python built once (the same call the Python LtRunner makes);
+//   LAUNCH   one kernel launch through the driver API (cuLaunchKernel / hipModuleLaunchKernel)
+//            of a function that a backend compiled (a Triton runner's), its parameters laid
+//            out by Python once and its operand pointers and scalars written per call;
 //   PYTHON   the Python kernel (padded candidates, CPU backends, addmm's full-C form).
 //   CONFIRM  a choice in its confirmation window (unimatmul/tuning/confirm.py): the entry
 //            runs its kernel and PyTorch's alternately on the first real calls, each timed
@@ -77,7 +80,7 @@ PyObject* THPVariable_Wrap(const at::TensorBase& var);
 namespace {
 
 enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3, API_MM = 4, API_BMM = 5 };
-enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3, ONEDNN = 4, CONFIRM = 5 };
+enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3, ONEDNN = 4, CONFIRM = 5, LAUNCH = 6 };
 enum Form : int { PLAIN = 0, BIAS = 1 };
 enum Table : int64_t { ROUTING = 0, API = 1 };
 constexpr int64_t MODE_OFF = 0;
@@ -90,6 +93,15 @@ using SetAttrFn = int (*)(void*, int, const void*, size_t);
 using DnnlSetHandleFn = int (*)(void*, void*);
 using DnnlExecuteFn = int (*)(void*, void*, int, const void*);
 using DnnlWaitFn = int (*)(void*);
+// cuLaunchKernel / hipModuleLaunchKernel (one signature: function, grid x/y/z, block x/y/z,
+// dynamic shared bytes, stream, kernel parameters, extra), and cuCtxSetCurrent /
+// hipCtxSetCurrent.
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                         void**);
+using SetContextFn = int (*)(void*);
+// The roles of a LAUNCH entry's parameters (NativeCall "launch" in unimatmul/core/backend.py).
+enum Role : int64_t { CONSTANT = 0, ARG_A = 1, ARG_B = 2, ARG_OUT = 3, ARG_BIAS = 4, ARG_ALPHA = 5, ARG_BETA = 6 };
+constexpr int INVALID_CONTEXT = 201;  // CUDA_ERROR_INVALID_CONTEXT, hipErrorInvalidContext
 
 constexpr int KEY_WORDS = 24;
 using Key = std::array<int64_t, KEY_WORDS>;
@@ -202,6 +214,21 @@ struct Entry {
   const void* dnnl_args = nullptr;
   void* dnnl_mem[4] = {nullptr, nullptr, nullptr, nullptr};  // src, weights, dst, bias
   float* dnnl_alpha = nullptr;
+  // LAUNCH: the function and its launch geometry; each parameter has an 8-byte slot of
+  // `slots` (constants written once, the operands and scalars per call, under `lock`), and
+  // `args` points at them in order. A split-K kernel's workspace belongs to `stream`: a
+  // call on another stream goes to Python (whose runner has one per stream).
+  LaunchFn launch = nullptr;
+  SetContextFn set_context = nullptr;
+  void* context = nullptr;
+  void* function = nullptr;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block = 1;
+  unsigned shared = 0;
+  bool stream_bound = false;
+  std::vector<uint64_t> slots;
+  std::vector<void*> args;
+  int slot_of[7] = {-1, -1, -1, -1, -1, -1, -1};  // by Role: the slot of that argument
 };
 
 using EntryMap = std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
@@ -594,11 +621,80 @@ at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
   return out;
 }
 
-// Runs a backend kernel entry of `kind` (LT, PADDED, ONEDNN); an undefined tensor when it
-// could not run here (the caller goes to Python, which counts it).
+// Runs a LAUNCH entry: one driver-API launch on the caller's stream; an undefined tensor
+// when it cannot run here (a bias the kernel lacks or lacks one, a split-K kernel on a
+// stream other than its workspace's, or the driver refused): the caller goes to Python.
+at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
+                      const at::Tensor* given) {
+#ifdef UMM_WITH_CUDA
+  if ((bias != nullptr) != (e.slot_of[ARG_BIAS] >= 0)) {
+    return at::Tensor();
+  }
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
+  if (e.stream_bound && reinterpret_cast<intptr_t>(stream) != e.stream) {
+    return at::Tensor();
+  }
+  at::Tensor out = given != nullptr ? *given : at::cuda::empty(e.out_shape, a.options());
+  int status = 0;
+  {
+    std::lock_guard<std::mutex> guard(e.lock);  // the slots are the entry's: one call at a time
+    auto pointer = [&e](Role role, const void* p) {
+      e.slots[static_cast<size_t>(e.slot_of[role])] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
+    };
+    pointer(ARG_A, a.data_ptr());
+    pointer(ARG_B, b.data_ptr());
+    pointer(ARG_OUT, out.data_ptr());
+    if (bias != nullptr) {
+      pointer(ARG_BIAS, bias->data_ptr());
+    }
+    const float scalars[2] = {static_cast<float>(alpha), 0.0f};
+    for (int i = 0; i < 2; ++i) {
+      const int slot = e.slot_of[ARG_ALPHA + i];
+      if (slot >= 0) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &scalars[i], sizeof(bits));
+        e.slots[static_cast<size_t>(slot)] = bits;
+      }
+    }
+    auto launch = [&] {
+      return e.launch(e.function, e.grid[0], e.grid[1], e.grid[2], e.block, 1, 1, e.shared, stream, e.args.data(),
+                      nullptr);
+    };
+    status = launch();
+    if (status == INVALID_CONTEXT && e.set_context != nullptr && e.context != nullptr) {
+      // A thread that has not used the device yet has no current context: the device's
+      // primary one, as Triton's own launcher would make current.
+      status = e.set_context(e.context) == 0 ? launch() : status;
+    }
+  }
+  if (status != 0) {
+    e.kind.store(PYTHON, std::memory_order_relaxed);  // the Python kernel reports and falls back
+    return at::Tensor();
+  }
+  return out;
+#else
+  (void)e;
+  (void)a;
+  (void)b;
+  (void)bias;
+  (void)alpha;
+  (void)given;
+  return at::Tensor();
+#endif
+}
+
+// Runs a backend kernel entry of `kind` (LT, PADDED, ONEDNN, LAUNCH); an undefined tensor
+// when it could not run here (the caller goes to Python, which counts it).
 at::Tensor run_kernel(Entry& e, int kind, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
                       double alpha, const at::Tensor* given = nullptr) {
-  return kind == ONEDNN ? run_onednn(e, a, b, bias, alpha, given) : run_lt(e, a, b, bias, alpha, given);
+  switch (kind) {
+    case ONEDNN:
+      return run_onednn(e, a, b, bias, alpha, given);
+    case LAUNCH:
+      return run_launch(e, a, b, bias, alpha, given);
+    default:
+      return run_lt(e, a, b, bias, alpha, given);
+  }
 }
 
 // --- confirmation windows ---------------------------------------------------------------------
@@ -1057,6 +1153,59 @@ void set_busy(bool on) {
   busy = on;
 }
 
+// A LAUNCH entry's words (NativeCall "launch"): the launch and set-context function
+// addresses, the device's context, the function, grid x/y/z, block x, dynamic shared
+// bytes, the stream of the workspace, whether the kernel is bound to it (split-K), the
+// number of parameters, then (role, size in bytes, value) for each parameter in order.
+void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
+  TORCH_CHECK(built_with_cuda(), "unimatmul_native.put: a LAUNCH entry needs the GPU build");
+  TORCH_CHECK(!a.device().is_cpu(), "unimatmul_native.put: a LAUNCH entry is for GPU tensors");
+  constexpr size_t fixed = 12;
+  TORCH_CHECK(w.size() >= fixed, "unimatmul_native.put: LAUNCH data of ", w.size(), " words");
+  const int64_t count = w[11];
+  TORCH_CHECK(count > 0 && count <= 256 && w.size() == fixed + 3 * static_cast<size_t>(count),
+              "unimatmul_native.put: LAUNCH data of ", w.size(), " words for ", count, " parameters");
+  auto ptr = [&](size_t i) { return reinterpret_cast<void*>(static_cast<intptr_t>(w[i])); };
+  e.launch = reinterpret_cast<LaunchFn>(ptr(0));
+  e.set_context = reinterpret_cast<SetContextFn>(ptr(1));
+  e.context = ptr(2);
+  e.function = ptr(3);
+  for (size_t i = 0; i < 3; ++i) {
+    TORCH_CHECK(w[4 + i] > 0 && w[4 + i] <= INT32_MAX, "unimatmul_native.put: LAUNCH grid of ", w[4 + i]);
+    e.grid[i] = static_cast<unsigned>(w[4 + i]);
+  }
+  TORCH_CHECK(w[7] > 0 && w[7] <= 1024 && w[8] >= 0 && w[8] <= INT32_MAX,
+              "unimatmul_native.put: LAUNCH block of ", w[7], " threads, ", w[8], " shared bytes");
+  e.block = static_cast<unsigned>(w[7]);
+  e.shared = static_cast<unsigned>(w[8]);
+  e.stream = static_cast<intptr_t>(w[9]);
+  e.stream_bound = w[10] != 0;
+  TORCH_CHECK(e.launch != nullptr && e.function != nullptr, "unimatmul_native.put: a LAUNCH entry with a null function");
+  e.slots.assign(static_cast<size_t>(count), 0);
+  e.args.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t role = w[fixed + 3 * i];
+    const int64_t bytes = w[fixed + 3 * i + 1];
+    const int64_t value = w[fixed + 3 * i + 2];
+    TORCH_CHECK(role >= CONSTANT && role <= ARG_BETA, "unimatmul_native.put: LAUNCH parameter role ", role);
+    TORCH_CHECK(bytes == 4 || bytes == 8, "unimatmul_native.put: LAUNCH parameter of ", bytes, " bytes");
+    TORCH_CHECK(role == CONSTANT || e.slot_of[role] < 0, "unimatmul_native.put: LAUNCH role ", role, " twice");
+    TORCH_CHECK(role == CONSTANT || (role >= ARG_ALPHA) == (bytes == 4),
+                "unimatmul_native.put: LAUNCH ", role >= ARG_ALPHA ? "scalar" : "pointer", " of ", bytes, " bytes");
+    // Little-endian: a 4-byte parameter is the low half of its slot, where args point.
+    e.slots[static_cast<size_t>(i)] =
+        bytes == 4 ? static_cast<uint64_t>(static_cast<uint32_t>(value)) : static_cast<uint64_t>(value);
+    if (role != CONSTANT) {
+      e.slot_of[role] = static_cast<int>(i);
+    }
+  }
+  for (size_t i = 0; i < e.slots.size(); ++i) {
+    e.args[i] = &e.slots[i];
+  }
+  TORCH_CHECK(e.slot_of[ARG_A] >= 0 && e.slot_of[ARG_B] >= 0 && e.slot_of[ARG_OUT] >= 0,
+              "unimatmul_native.put: a LAUNCH entry without its a, b and out parameters");
+}
+
 // Puts the entry for the key that these operands make into `table`. `mode`: the mode code
 // of the key (-1: the environment's, for the aten kernels). `c`: addmm's input, or the
 // API's out. lt holds, for kinds LT and PADDED: the matmul and set-attribute function
@@ -1076,7 +1225,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   const int64_t key_mode = mode < 0 ? state().mode.load() : mode;
   TORCH_CHECK(make_key(key, op, key_mode, cp, a, b, beta_zero, beta_one),
               "unimatmul_native.put: operands of more than 3-D");
-  TORCH_CHECK(kind >= DEFAULT && kind <= ONEDNN, "unimatmul_native.put: unknown kind ", kind);
+  TORCH_CHECK(kind >= DEFAULT && kind <= LAUNCH && kind != CONFIRM, "unimatmul_native.put: unknown kind ", kind);
   auto entry = std::make_shared<Entry>();
   entry->kind.store(static_cast<int>(kind));
   entry->id = id;
@@ -1142,6 +1291,9 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
     TORCH_CHECK(entry->dnnl_set_handle && entry->dnnl_execute && entry->dnnl_wait && entry->dnnl_prim &&
                     entry->dnnl_mem[0] && entry->dnnl_mem[1] && entry->dnnl_mem[2],
                 "unimatmul_native.put: a ONEDNN entry with a null handle");
+  }
+  if (kind == LAUNCH) {
+    put_launch(*entry, a, lt);
   }
   if (confirm > 0 && kind != DEFAULT && kind != PYTHON) {
     TORCH_CHECK(confirm <= 4096, "unimatmul_native.put: a window of ", confirm, " calls per candidate");

@@ -8,7 +8,9 @@ or the cuBLASLt/hipBLASLt call of an :class:`~unimatmul_backends.lt.runner.LtRun
 met for the first time, a padded candidate, a CPU backend's kernel) goes to the Python
 kernel through the ``unimatmul_native::slow_*`` ops, and the Python kernel puts the
 key's entry into the native table once it has decided. A oneDNN runner's primitive is
-executed from C++ as well (``MatmulPrimitive.native_words``).
+executed from C++ as well (``MatmulPrimitive.native_words``), and so is a compiled GPU
+kernel that a runner describes as a driver-API launch (``NativeCall`` "launch": the
+Triton plugin's kernels).
 
 The kernels are built on first use with ``torch.utils.cpp_extension`` (a C++ compiler
 and ninja are needed; the GPU build also needs the CUDA or ROCm headers that PyTorch's
@@ -49,7 +51,7 @@ SOURCE = Path(__file__).with_name("_native.cpp")
 MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
 OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 # Entry kinds in the native table (_native.cpp); CONFIRM: in its confirmation window.
-DEFAULT, LT, PYTHON, PADDED, ONEDNN, CONFIRM = 0, 1, 2, 3, 4, 5
+DEFAULT, LT, PYTHON, PADDED, ONEDNN, CONFIRM, LAUNCH = 0, 1, 2, 3, 4, 5, 6
 # The two tables: the aten kernels' (routing), and unimatmul.matmul's.
 ROUTING, API = 0, 1
 API_OPS = {2: 4, 3: 5}  # operand rank -> the API's op code (API_MM, API_BMM)
@@ -196,13 +198,15 @@ def has_lt() -> bool:
 
 def kind_of(call: Any) -> int:
     """The table entry for a runner's NativeCall (None: the runner offers none): PYTHON
-    where the loaded build cannot make that call (an Lt call needs the GPU build)."""
+    where the loaded build cannot make that call (Lt calls and launches need the GPU build)."""
     if call is None:
         return PYTHON
     if call.kind == "onednn":
         return ONEDNN
     if call.kind == "lt" and has_lt():
         return PADDED if call.padded else LT
+    if call.kind == "launch" and has_lt():
+        return LAUNCH
     return PYTHON
 
 

@@ -381,9 +381,63 @@ def part_host(budget: Budget, results: Results) -> None:
     }
     with unimatmul.mode("off"):
         part["unimatmul_matmul_off_us"] = per_call(lambda: unimatmul.matmul(x, wt, out=out))
+    part.update(_routed_host(per_call, x, wt))
     results.data["parts"]["host"] = part
-    budget.note("host us/call: " + ", ".join(f"{k}={v:.2f}" for k, v in part.items() if k.endswith("_us")))
+    budget.note("host us/call: " + ", ".join(f"{k}={v:.2f}" for k, v in part.items() if isinstance(v, float)))
     results.save()
+
+
+def _routed_host(per_call: Any, x: Any, wt: Any) -> dict[str, Any]:
+    """Host time of a routed ``torch.mm`` and of ``unimatmul.matmul`` whose cached choice is
+    a Triton kernel: the cache holds the problem's best Triton candidate as its winner (the
+    measured times kept), so the native routing kernels launch it (NativeCall "launch")."""
+    import math
+    import tempfile
+    from dataclasses import replace
+
+    import torch
+
+    import unimatmul
+    import unimatmul.torch as ut
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import isolated_selector
+    from unimatmul.torch import native, routing
+    from unimatmul.torch.model_tuning import collecting
+
+    found: dict[str, Any] = {}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        isolated_selector(Path(folder) / "cache.msgpack") as selector,
+    ):
+        ut.disable()
+        with ut.enabled(), collecting() as met:
+            torch.mm(x, wt)
+        (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
+        record = selector.tune(problem, target, force=True)
+        kernels = [r for r in record.results if r.status in (OK, PRUNED) and r.identity.startswith("triton/")]
+        if not kernels:
+            return {"routed_error": "no Triton candidate passed the check"}
+        best = min(kernels, key=lambda r: r.median_s or math.inf)
+        selector.store.put(
+            selector.platform(target).namespace,
+            problem.key,
+            replace(record, winner=best.identity, winner_s=best.median_s or math.inf),
+        )
+        found["routed_candidate"] = best.identity
+        ut.clear_plans()
+        try:
+            with ut.enabled():
+                found["routed_triton_us"] = per_call(lambda: torch.mm(x, wt))
+                kinds = {p.label: p.native for p in routing._state.plans.values()}
+                found["routed_native_kind"] = "LAUNCH" if native.LAUNCH in kinds.values() else str(kinds)
+        finally:
+            ut.disable()
+        found["api_triton_us"] = per_call(lambda: unimatmul.matmul(x, wt))
+        found["api_native_kind"] = (
+            "LAUNCH" if native.LAUNCH in native.kinds(native.API).values() else str(native.kinds(native.API))
+        )
+    found["torch_mm_alloc_us"] = per_call(lambda: torch.mm(x, wt))
+    return found
 
 
 # --- parts 4 and 5: tests and conformance (child processes) ------------------------------------
@@ -470,7 +524,7 @@ def markdown(data: dict[str, Any]) -> str:
     host = parts.get("host")
     if host:
         lines += ["## Host time per call", ""] + [
-            f"- {k}: {v:.2f}" for k, v in host.items() if k.endswith("_us")
+            f"- {k}: {v:.2f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in host.items()
         ]
         lines.append("")
     for name in ("pytest", "conformance-quick", "conformance-full"):

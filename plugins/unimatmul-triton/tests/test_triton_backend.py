@@ -391,3 +391,155 @@ def test_launch_info_describes_the_launch(backend: TritonBackend) -> None:
     assert constants["N"] == 512 and constants["K"] == 1024 and "stride_bk" not in constants
     # The workspace slots point at this stream's (zeroed) buffers.
     assert params[4]["value"] != 0 and params[5]["value"] != 0
+
+
+# --- the native launch: NativeCall "launch" ---------------------------------------------------
+
+
+def _info(**changes: object) -> dict[str, object]:
+    """A launch_info dict as CompiledRunner gives it (a split-K skinny kernel with bias)."""
+    params = [
+        {"name": "a_ptr", "type": "CUdeviceptr", "size": 8, "role": "a"},
+        {"name": "b_ptr", "type": "CUdeviceptr", "size": 8, "role": "b"},
+        {"name": "c_ptr", "type": "CUdeviceptr", "size": 8, "role": "out"},
+        {"name": "bias_ptr", "type": "CUdeviceptr", "size": 8, "role": "bias"},
+        {"name": "ws_ptr", "type": "CUdeviceptr", "size": 8, "role": "workspace", "value": 0x7000},
+        {"name": "cnt_ptr", "type": "CUdeviceptr", "size": 8, "role": "counters", "value": 0x8000},
+        {"name": "M", "type": "int32_t", "size": 4, "role": "constant", "value": 4},
+        {"name": "K", "type": "int64_t", "size": 8, "role": "constant", "value": 2**33},
+        {"name": "alpha", "type": "float", "size": 4, "role": "alpha"},
+        {"name": "beta", "type": "float", "size": 4, "role": "beta"},
+        {
+            "name": "global_scratch",
+            "type": "CUdeviceptr",
+            "size": 8,
+            "role": "hidden",
+            "value": 0,
+            "bytes_needed": 0,
+        },
+        {
+            "name": "profile_scratch",
+            "type": "CUdeviceptr",
+            "size": 8,
+            "role": "hidden",
+            "value": 0,
+            "bytes_needed": 0,
+        },
+    ]
+    info: dict[str, object] = {
+        "function": 0x1234,
+        "grid": (8, 4, 1),
+        "block": (128, 1, 1),
+        "shared_mem_bytes": 49152,
+        "cluster_dims": (1, 1, 1),
+        "cooperative": False,
+        "pdl": False,
+        "stream": 0x99,
+        "params": params,
+    }
+    info.update(changes)
+    return info
+
+
+def test_launch_words_lay_out_the_parameters_by_role() -> None:
+    from unimatmul_triton.runner import launch_words
+
+    words = launch_words(_info(), (11, 12, 13))
+    assert words is not None
+    assert words[:12] == [11, 12, 13, 0x1234, 8, 4, 1, 128, 49152, 0x99, 1, 12]
+    triples = [tuple(words[12 + 3 * i : 15 + 3 * i]) for i in range(12)]
+    assert triples == [
+        (1, 8, 0),  # a, b, out, bias: written per call
+        (2, 8, 0),
+        (3, 8, 0),
+        (4, 8, 0),
+        (0, 8, 0x7000),  # the stream's workspace and counters: constants of the entry
+        (0, 8, 0x8000),
+        (0, 4, 4),
+        (0, 8, 2**33),
+        (5, 4, 0),  # alpha, beta: per call
+        (6, 4, 0),
+        (0, 8, 0),  # the two hidden scratch pointers: NULL
+        (0, 8, 0),
+    ]
+    # Without split-K slots the kernel is not bound to a stream.
+    unsplit = [p for p in _info()["params"] if p["role"] not in ("workspace", "counters")]  # type: ignore[attr-defined]
+    words = launch_words(_info(params=unsplit), (11, 12, 13))
+    assert words is not None and words[10] == 0 and words[11] == 10
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"cooperative": True},
+        {"pdl": True},
+        {"cluster_dims": (2, 1, 1)},
+    ],
+    ids=["cooperative", "pdl", "cluster"],
+)
+def test_launch_words_refuse_what_the_native_caller_does_not_do(change: dict[str, object]) -> None:
+    from unimatmul_triton.runner import launch_words
+
+    assert launch_words(_info(**change), (1, 2, 3)) is None
+    needs_scratch = _info()
+    needs_scratch["params"][-2]["bytes_needed"] = 256  # type: ignore[index]
+    assert launch_words(needs_scratch, (1, 2, 3)) is None
+
+
+@gpu
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "bias"])
+def test_a_routed_triton_choice_is_launched_natively(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, bias: bool
+) -> None:
+    """A Triton winner in the cache is served by the native routing kernels (LAUNCH): the
+    calls after the first never enter Python, on the entry's stream; another stream (a
+    split-K workspace of its own) goes through Python, still right."""
+    import math
+    from dataclasses import replace
+
+    import unimatmul.torch as ut
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import isolated_selector
+    from unimatmul.torch import native, routing
+
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "auto")
+    monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
+    if not native.load(cuda=True):
+        pytest.skip(f"native kernels did not build: {native.failure(True)}")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1024, 512, bias=bias, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    reference = x.double() @ lin.weight.double().t() + (lin.bias.double() if bias else 0.0)
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:  # type: ignore[operator]
+        from unimatmul.torch.model_tuning import collecting
+
+        ut.disable()
+        with ut.enabled(), collecting() as met, torch.no_grad():
+            lin(x)
+        (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
+        record = selector.tune(problem, target, force=True)
+        triton_results = [
+            r for r in record.results if r.status in (OK, PRUNED) and r.identity.startswith("triton/")
+        ]
+        assert triton_results, [r.identity for r in record.results]
+        best = min(triton_results, key=lambda r: r.median_s or math.inf)
+        record = replace(record, winner=best.identity, winner_s=best.median_s or math.inf)
+        selector.store.put(selector.platform(target).namespace, problem.key, record)
+        ut.clear_plans()
+        try:
+            with torch.no_grad(), ut.enabled():
+                outs = [lin(x) for _ in range(5)]
+                plans = [p for p in routing._state.plans.values() if p.native == native.LAUNCH]
+                assert plans, [(p.label, p.native, p.reason) for p in routing._state.plans.values()]
+                assert native.counts().get(plans[0].ident) == 4  # the first call went through Python
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    on_side = lin(x)
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+        finally:
+            ut.disable()
+    for out in [*outs, on_side]:
+        rel = float((out.double() - reference).norm() / reference.norm())
+        assert rel < 3e-2

@@ -5,7 +5,8 @@ problem; a call reads the pointers and the current stream, picks this stream's
 split-K workspace and makes one launcher call: no allocation (except a workspace the
 first time a new stream calls), no synchronisation, no logging, so it can be captured
 in a CUDA graph. :meth:`CompiledRunner.launch_info` describes that launch for a native
-caller (see the README).
+caller (see the README), and :meth:`CompiledRunner.native_call` hands it to unimatmul's
+native routing kernels, which then make the launch themselves (no Python per call).
 
 :class:`InterpretedRunner` runs the same kernel source through Triton's interpreter on
 CPU torch tensors (the test mode, ``UNIMATMUL_TRITON_INTERPRET=1``). The interpreter
@@ -14,10 +15,12 @@ keeps global state, so its calls are serialised.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
 from unimatmul import Candidate
+from unimatmul.backend import NativeCall
 from unimatmul_triton.launch import LaunchPlan
 
 _INTERPRETER_LOCK = threading.Lock()
@@ -26,6 +29,8 @@ _INTERPRETER_LOCK = threading.Lock()
 # backends/nvidia/driver.py: pointers are CUdeviceptr, fp32 scalars go as their bits).
 _CTYPES = {"ptr": "CUdeviceptr", "i32": "int32_t", "i64": "int64_t", "fp32": "float"}
 _SIZES = {"ptr": 8, "i32": 4, "i64": 8, "fp32": 4}
+# NativeCall "launch": the role code of each parameter (the rest are constants).
+_ROLE_CODES = {"a": 1, "b": 2, "out": 3, "bias": 4, "alpha": 5, "beta": 6}
 
 
 class CompiledRunner:
@@ -169,10 +174,99 @@ class CompiledRunner:
             "triton_version": str(getattr(meta, "triton_version", "")),
         }
 
+    def native_call(self) -> NativeCall | None:
+        """This launch for unimatmul's native routing kernels (``NativeCall`` "launch"):
+        the driver's launch function, the parameters with their roles, the current
+        stream's split-K workspace. None when the launch needs what the native caller
+        does not do (see :func:`launch_words`) or the driver library is not found."""
+        driver = _Driver.words(self.device_index, _is_hip())
+        if driver is None:
+            return None
+        words = launch_words(self.launch_info(), driver)
+        return None if words is None else NativeCall("launch", words)
+
+
+class _Driver:
+    """The driver API's launch and set-context functions (CUDA, or HIP on ROCm) and each
+    device's primary context, for :meth:`CompiledRunner.native_call`."""
+
+    _lock = threading.Lock()
+    _loaded: list[Any] = []  # [(library, names)] or [None] when unavailable
+
+    @classmethod
+    def functions(cls, hip: bool) -> tuple[Any, tuple[str, str, str, str]] | None:
+        with cls._lock:
+            if not cls._loaded:
+                names = (
+                    ("hipModuleLaunchKernel", "hipCtxSetCurrent", "hipDeviceGet", "hipDevicePrimaryCtxRetain")
+                    if hip
+                    else ("cuLaunchKernel", "cuCtxSetCurrent", "cuDeviceGet", "cuDevicePrimaryCtxRetain")
+                )
+                try:
+                    library = ctypes.CDLL("libamdhip64.so" if hip else "libcuda.so.1")
+                    for name in names:
+                        getattr(library, name)
+                    cls._loaded.append((library, names))
+                except (OSError, AttributeError):
+                    cls._loaded.append(None)
+            return cls._loaded[0]
+
+    @classmethod
+    def words(cls, device_index: int, hip: bool) -> tuple[int, int, int] | None:
+        """(launch function, set-context function, the device's primary context) addresses."""
+        found = cls.functions(hip)
+        if found is None:
+            return None
+        library, (launch, set_context, device_get, retain) = found
+        device = ctypes.c_int(0)
+        context = ctypes.c_void_p(0)
+        if getattr(library, device_get)(ctypes.byref(device), ctypes.c_int(device_index)) != 0:
+            return None
+        # A reference the process keeps: the primary context lives as long as it anyway.
+        if getattr(library, retain)(ctypes.byref(context), device) != 0 or not context.value:
+            return None
+        address = ctypes.cast(getattr(library, launch), ctypes.c_void_p).value
+        set_address = ctypes.cast(getattr(library, set_context), ctypes.c_void_p).value
+        if not address or not set_address:
+            return None
+        return address, set_address, context.value
+
+
+def launch_words(info: dict[str, Any], driver: tuple[int, int, int]) -> list[int] | None:
+    """:meth:`CompiledRunner.launch_info` as the words of a NativeCall "launch", or None
+    for a launch the native caller does not make (clusters, cooperative or PDL launches,
+    scratch buffers)."""
+    params = info["params"]
+    if info["cooperative"] or info["pdl"] or tuple(info["cluster_dims"]) != (1, 1, 1):
+        return None
+    if any(p.get("bytes_needed") for p in params):
+        return None
+    split = any(p["role"] in ("workspace", "counters") for p in params)
+    words = [
+        *driver,
+        int(info["function"]),
+        *(int(g) for g in info["grid"]),
+        int(info["block"][0]),
+        int(info["shared_mem_bytes"]),
+        int(info["stream"]),
+        int(split),
+        len(params),
+    ]
+    for p in params:
+        role = _ROLE_CODES.get(p["role"], 0)
+        words += [role, int(p["size"]), 0 if role else int(p.get("value") or 0)]
+    return words
+
 
 def _first_fixed(plan: LaunchPlan) -> int:
     """Index of the first argument after the pointer slots (M)."""
     return next(i for i, p in enumerate(plan.params) if p.name == "M")
+
+
+def _is_hip() -> bool:
+    import torch
+
+    return bool(getattr(torch.version, "hip", None))
 
 
 def _launcher(compiled: Any) -> Any:
