@@ -7,7 +7,8 @@ that the core can be reorganised without breaking plugins. What each name is:
   :data:`DEFAULT`, :class:`DefaultRunner`, :class:`NativeCall`: the protocol.
 * :class:`Problem`, :func:`matrix_layout`: what a backend is asked to run.
 * :class:`Device`, :class:`ArrayAdapter`, :func:`adapter_for_kind`,
-  :func:`operand_layouts`, :func:`make_operands`: arrays of the caller's library.
+  :func:`operand_layouts`, :func:`make_operands`: arrays of the caller's library;
+  :func:`kept_torch_buffer` for a torch GPU buffer a runner keeps across calls.
 * :data:`ITEMSIZE`, :func:`canonical`, :func:`tolerance`: dtype names and the numeric
   check's tolerance.
 * :class:`UnsupportedProblem`, :class:`BackendUnavailable`, :class:`UnknownCandidate`:
@@ -24,7 +25,14 @@ says whether a backend is right.
 from __future__ import annotations
 
 from unimatmul.cache.lru import LRU
-from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands, operand_layouts
+from unimatmul.core.arrays import (
+    ArrayAdapter,
+    Device,
+    adapter_for_kind,
+    kept_torch_buffer,
+    make_operands,
+    operand_layouts,
+)
 from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, NativeCall, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
 from unimatmul.core.errors import BackendUnavailable, UnknownCandidate, UnsupportedProblem
@@ -50,6 +58,7 @@ __all__ = [
     "adapter_for_kind",
     "canonical",
     "hookimpl",
+    "kept_torch_buffer",
     "make_operands",
     "matrix_layout",
     "operand_layouts",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from unimatmul.backend import Candidate, NativeCall, Problem, Target, operand_layouts
+from unimatmul.backend import Candidate, NativeCall, Problem, Target, kept_torch_buffer, operand_layouts
 from unimatmul_backends.lt.driver import LtAlgo, LtPlan, function_addresses
 
 
@@ -42,7 +42,8 @@ def array_hooks(target: Target) -> ArrayHooks:
         tdevice = torch.device("cuda", index)
 
         def torch_empty(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
-            return torch.empty_strided(shape, strides, dtype=tdtypes.get(dtype, torch.uint8), device=tdevice)
+            # Workspaces and padded buffers outlive the call: never from a graph tree's pool.
+            return kept_torch_buffer(shape, strides, tdtypes.get(dtype, torch.uint8), tdevice)
 
         # The raw-stream getter costs a fraction of torch.cuda.current_stream(); on ROCm
         # torch keeps the same name for its HIP stream.

@@ -341,3 +341,30 @@ def test_the_api_serves_cuda_tensors_from_the_native_table(gpu_env: Env) -> None
     assert sum(native.counts(table=native.API).values()) == before + 4
     for result in [*results, out]:
         assert _rel(result, reference) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("env", ["native", "python"], indirect=True)
+def test_cuda_graph_trees_take_routed_kernels(gpu_env: Env) -> None:
+    """torch.compile(mode="reduce-overhead"): Inductor's CUDA graph trees warm up and record
+    on a stream of their own, whose allocations go to the trees' pool. A routed kernel's
+    workspaces and padded buffers for that stream are made outside it (kept_torch_buffer,
+    and kept_buffer in C++); before, the trees refused them ("tensors in the cudagraph
+    pool not tracked as outputs")."""
+    if not _gpu_kernels_available(gpu_env):
+        pytest.skip("no GPU backend is available")
+    torch.manual_seed(0)
+    model = TinyTransformer(dim=64, heads=4).cuda().to(torch.bfloat16).eval()
+    tokens = torch.randint(0, 64, (2, 16), device="cuda")
+    with torch.no_grad():
+        expected = model(tokens).double()
+    _tune_model(gpu_env, model, tokens)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, mode="reduce-overhead")
+        with torch.no_grad(), ut.enabled():
+            outs = [compiled(tokens).clone() for _ in range(4)]  # warm-up, record, replays
+            torch.cuda.synchronize()
+    finally:
+        torch._dynamo.reset()
+    for out in outs:
+        assert _rel(out, expected) < 3e-2

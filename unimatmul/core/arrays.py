@@ -113,6 +113,29 @@ def host_available_bytes() -> int | None:
         return None
 
 
+def kept_torch_buffer(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    """A torch GPU buffer that a runner keeps across calls (a workspace, padded copies).
+
+    Made on the device's default stream and recorded for the current one, so that it never
+    comes from a CUDA-graph memory pool being filled: torch.compile's CUDA graph trees
+    send the allocations of their stream to a private pool while they warm up and record,
+    and refuse any buffer there that outlives the run ("tensors in the cudagraph pool not
+    tracked as outputs"). Under a stream capture it is allocated as anything else is (the
+    capture's pool, where the captured graph keeps it). ``dtype`` and ``device`` are
+    torch's; the native routing kernels make theirs the same way (``_native.cpp``).
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    current = torch.cuda.current_stream(device)
+    with torch.cuda.stream(torch.cuda.default_stream(device)):
+        made = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    made.record_stream(current)  # freed (with its entry) only once this stream is done with it
+    return made
+
+
 class ArrayAdapter:
     """What unimatmul needs to know about, and do with, one library's arrays."""
 

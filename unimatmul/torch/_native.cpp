@@ -52,7 +52,9 @@
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
 #include <ATen/ops/bmm_cuda_dispatch.h>
 #include <ATen/ops/empty_cuda_dispatch.h>
+#include <ATen/ops/empty_strided_cuda_dispatch.h>
 #include <ATen/ops/mm_cuda_dispatch.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -448,6 +450,25 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// A buffer an entry keeps across calls (a workspace, padded copies) for `stream`: made on
+// the device's default stream and recorded for `stream`, so that it never comes from a
+// CUDA-graph memory pool being filled (torch.compile's CUDA graph trees send their stream's
+// allocations to a private pool while they warm up, and refuse buffers there that outlive
+// the run); as kept_torch_buffer does in Python (unimatmul/core/arrays.py). Never called
+// under capture.
+at::Tensor kept_buffer(c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options,
+                       cudaStream_t stream) {
+  const c10::DeviceIndex device = options.device().index();
+  at::Tensor made;
+  {
+    c10::cuda::CUDAStreamGuard guard(c10::cuda::getDefaultCUDAStream(device));
+    made = at::cuda::empty_strided(sizes, strides, options);
+  }
+  c10::cuda::CUDACachingAllocator::recordStream(made.storage().data_ptr(),
+                                                c10::cuda::getStreamFromExternal(stream, device));
+  return made;
+}
+
 // The workspace for `stream` (allocated on its first call when it is not the entry's own);
 // false when there is none and none may be allocated now (under graph capture).
 bool workspace_for(Entry& e, intptr_t stream, const at::Tensor& like, void** out) {
@@ -464,8 +485,8 @@ bool workspace_for(Entry& e, intptr_t stream, const at::Tensor& like, void** out
   if (capturing(reinterpret_cast<cudaStream_t>(stream))) {
     return false;
   }
-  at::Tensor buffer =
-      at::cuda::empty({static_cast<int64_t>(std::max<size_t>(e.workspace_size, 256))}, like.options().dtype(at::kByte));
+  const int64_t bytes = static_cast<int64_t>(std::max<size_t>(e.workspace_size, 256));
+  at::Tensor buffer = kept_buffer({bytes}, {1}, like.options().dtype(at::kByte), reinterpret_cast<cudaStream_t>(stream));
   e.workspaces.emplace_back(stream, buffer);
   *out = buffer.data_ptr();
   return true;
@@ -485,12 +506,12 @@ PadBuffers* pads_for(Entry& e, intptr_t stream) {
   const PadBuffers& first = e.pads.front();
   PadBuffers made;
   made.stream = stream;
-  auto twin = [](const at::Tensor& buf, const at::Tensor& view, at::Tensor& new_buf, at::Tensor& new_view) {
+  auto twin = [stream](const at::Tensor& buf, const at::Tensor& view, at::Tensor& new_buf, at::Tensor& new_view) {
     if (!buf.defined()) {
       return;
     }
-    new_buf = buf.new_empty_strided(buf.sizes(), buf.strides());
-    new_buf.zero_();
+    new_buf = kept_buffer(buf.sizes(), buf.strides(), buf.options(), reinterpret_cast<cudaStream_t>(stream));
+    new_buf.zero_();  // on `stream`, the current one
     new_view = new_buf.as_strided(view.sizes(), view.strides(), view.storage_offset());
   };
   twin(first.a_buf, first.a_view, made.a_buf, made.a_view);

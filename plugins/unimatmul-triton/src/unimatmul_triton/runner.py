@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from unimatmul import Candidate
-from unimatmul.backend import NativeCall
+from unimatmul.backend import NativeCall, kept_torch_buffer
 from unimatmul_triton.launch import LaunchPlan
 
 _INTERPRETER_LOCK = threading.Lock()
@@ -109,8 +109,11 @@ class CompiledRunner:
             if found is None:
                 torch = self._torch
                 if self._split:
-                    ws = torch.zeros(self.plan.workspace_elems, dtype=torch.float32, device=self._device)
-                    cnt = torch.zeros(self.plan.counter_elems, dtype=torch.int32, device=self._device)
+                    # Kept across calls: never from a CUDA graph tree's pool (kept_torch_buffer).
+                    ws = kept_torch_buffer((self.plan.workspace_elems,), (1,), torch.float32, self._device)
+                    cnt = kept_torch_buffer((self.plan.counter_elems,), (1,), torch.int32, self._device)
+                    ws.zero_()
+                    cnt.zero_()
                     found = (ws, cnt, int(ws.data_ptr()), int(cnt.data_ptr()))
                 else:
                     found = (None, None, 0, 0)
