@@ -12,6 +12,7 @@
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
 # Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
 # (default --quick) and HF_ARGS (e.g. --rows REGEX) go to those parts' scripts.
+# TRITON_SKIP (e.g. decode,conformance) skips parts of the Triton check.
 # Carry .whl (nvmath-python) with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
