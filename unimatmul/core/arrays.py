@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,26 +115,37 @@ def host_available_bytes() -> int | None:
         return None
 
 
+_keeper: list[Any] = []  # [the thread that makes kept buffers]
+_keeper_lock = threading.Lock()
+
+
 def kept_torch_buffer(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, device: Any) -> Any:
     """A torch GPU buffer that a runner keeps across calls (a workspace, padded copies).
 
-    Made on the device's default stream and recorded for the current one, so that it never
-    comes from a CUDA-graph memory pool being filled: torch.compile's CUDA graph trees
-    send the allocations of their stream to a private pool while they warm up and record,
-    and refuse any buffer there that outlives the run ("tensors in the cudagraph pool not
-    tracked as outputs"). Under a stream capture it is allocated as anything else is (the
-    capture's pool, where the captured graph keeps it). ``dtype`` and ``device`` are
-    torch's; the native routing kernels make theirs the same way (``_native.cpp``).
+    Made by a thread of its own and recorded for the caller's current stream, so that it
+    never comes from a CUDA-graph memory pool being filled: torch.compile's CUDA graph
+    trees send every allocation of the thread that runs them to a private pool while
+    they warm up, and refuse any buffer there that outlives the run ("tensors in the
+    cudagraph pool not tracked as outputs"). Under a stream capture it is allocated as
+    anything else is (the capture's pool, where the captured graph keeps it). ``dtype``
+    and ``device`` are torch's; the native routing kernels make theirs the same way
+    (``kept_buffer`` in ``_native.cpp``).
     """
     import torch
 
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    current = torch.cuda.current_stream(device)
-    with torch.cuda.stream(torch.cuda.default_stream(device)):
-        made = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    made.record_stream(current)  # freed (with its entry) only once this stream is done with it
+
+    def make() -> Any:
+        with torch.cuda.device(device):
+            return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+    with _keeper_lock:
+        if not _keeper:
+            _keeper.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="unimatmul-kept-buffers"))
+    made = _keeper[0].submit(make).result()
+    made.record_stream(torch.cuda.current_stream(device))  # freed only once this stream is done with it
     return made
 
 

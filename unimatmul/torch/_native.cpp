@@ -68,16 +68,24 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 // From libtorch_python, as torch/csrc/autograd/python_variable.h declares it (since
 // PyTorch 1.10); that header's pybind11 includes would double this file's build time.
 PyObject* THPVariable_Wrap(const at::TensorBase& var);
+
+// TORCH_CHECK with the message made here and handed to PyTorch as a C string: in the GPU
+// build on the H200 (torch 2.11), a refusal whose message TORCH_CHECK formats (numbers
+// after the text) crashed the process instead of raising, while one with a plain text
+// message raised; the cause was not found, the C-string form is what raised there.
+#define UMM_CHECK(cond, ...) TORCH_CHECK(cond, (std::string() + ::c10::str(__VA_ARGS__)).c_str())
 
 namespace {
 
@@ -450,19 +458,36 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// A buffer an entry keeps across calls (a workspace, padded copies) for `stream`: made on
-// the device's default stream and recorded for `stream`, so that it never comes from a
-// CUDA-graph memory pool being filled (torch.compile's CUDA graph trees send their stream's
-// allocations to a private pool while they warm up, and refuse buffers there that outlive
-// the run); as kept_torch_buffer does in Python (unimatmul/core/arrays.py). Never called
-// under capture.
+// A buffer an entry keeps across calls (a workspace, padded copies) for `stream`: made by a
+// thread of its own and recorded for `stream`, so that it never comes from a CUDA-graph
+// memory pool being filled (torch.compile's CUDA graph trees send every allocation of the
+// thread that runs them to a private pool while they warm up, and refuse buffers there
+// that outlive the run); as kept_torch_buffer does in Python (unimatmul/core/arrays.py).
+// Never called under capture. Only an entry's first call on a new stream gets here.
 at::Tensor kept_buffer(c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options,
                        cudaStream_t stream) {
   const c10::DeviceIndex device = options.device().index();
+  const std::vector<int64_t> size_v = sizes.vec();
+  const std::vector<int64_t> stride_v = strides.vec();
   at::Tensor made;
-  {
-    c10::cuda::CUDAStreamGuard guard(c10::cuda::getDefaultCUDAStream(device));
-    made = at::cuda::empty_strided(sizes, strides, options);
+  std::exception_ptr failed;
+  std::thread maker([&] {
+    try {
+      c10::cuda::CUDAGuard guard(device);
+      made = at::cuda::empty_strided(size_v, stride_v, options);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  // The allocator may call back into Python (memory history with Python stacks): the
+  // maker must not wait for this thread's GIL.
+  PyThreadState* saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  maker.join();
+  if (saved != nullptr) {
+    PyEval_RestoreThread(saved);
+  }
+  if (failed) {
+    std::rethrow_exception(failed);
   }
   c10::cuda::CUDACachingAllocator::recordStream(made.storage().data_ptr(),
                                                 c10::cuda::getStreamFromExternal(stream, device));
@@ -1142,7 +1167,7 @@ void install(bool cpu, bool cuda) {
   }
   Quiet quiet;
   c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
-  TORCH_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install: the CUDA key needs the GPU build");
+  UMM_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install: the CUDA key needs the GPU build");
   if (cpu) {
     s.libraries.push_back(kernels_at<false>(c10::DispatchKey::CPU));
   }
@@ -1179,12 +1204,12 @@ void set_busy(bool on) {
 // bytes, the stream of the workspace, whether the kernel is bound to it (split-K), the
 // number of parameters, then (role, size in bytes, value) for each parameter in order.
 void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
-  TORCH_CHECK(built_with_cuda(), "unimatmul_native.put: a LAUNCH entry needs the GPU build");
-  TORCH_CHECK(!a.device().is_cpu(), "unimatmul_native.put: a LAUNCH entry is for GPU tensors");
+  UMM_CHECK(built_with_cuda(), "unimatmul_native.put: a LAUNCH entry needs the GPU build");
+  UMM_CHECK(!a.device().is_cpu(), "unimatmul_native.put: a LAUNCH entry is for GPU tensors");
   constexpr size_t fixed = 12;
-  TORCH_CHECK(w.size() >= fixed, "unimatmul_native.put: LAUNCH data of ", w.size(), " words");
+  UMM_CHECK(w.size() >= fixed, "unimatmul_native.put: LAUNCH data of ", w.size(), " words");
   const int64_t count = w[11];
-  TORCH_CHECK(count > 0 && count <= 256 && w.size() == fixed + 3 * static_cast<size_t>(count),
+  UMM_CHECK(count > 0 && count <= 256 && w.size() == fixed + 3 * static_cast<size_t>(count),
               "unimatmul_native.put: LAUNCH data of ", w.size(), " words for ", count, " parameters");
   auto ptr = [&](size_t i) { return reinterpret_cast<void*>(static_cast<intptr_t>(w[i])); };
   e.launch = reinterpret_cast<LaunchFn>(ptr(0));
@@ -1192,26 +1217,26 @@ void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
   e.context = ptr(2);
   e.function = ptr(3);
   for (size_t i = 0; i < 3; ++i) {
-    TORCH_CHECK(w[4 + i] > 0 && w[4 + i] <= INT32_MAX, "unimatmul_native.put: LAUNCH grid of ", w[4 + i]);
+    UMM_CHECK(w[4 + i] > 0 && w[4 + i] <= INT32_MAX, "unimatmul_native.put: LAUNCH grid of ", w[4 + i]);
     e.grid[i] = static_cast<unsigned>(w[4 + i]);
   }
-  TORCH_CHECK(w[7] > 0 && w[7] <= 1024 && w[8] >= 0 && w[8] <= INT32_MAX,
+  UMM_CHECK(w[7] > 0 && w[7] <= 1024 && w[8] >= 0 && w[8] <= INT32_MAX,
               "unimatmul_native.put: LAUNCH block of ", w[7], " threads, ", w[8], " shared bytes");
   e.block = static_cast<unsigned>(w[7]);
   e.shared = static_cast<unsigned>(w[8]);
   e.stream = static_cast<intptr_t>(w[9]);
   e.stream_bound = w[10] != 0;
-  TORCH_CHECK(e.launch != nullptr && e.function != nullptr, "unimatmul_native.put: a LAUNCH entry with a null function");
+  UMM_CHECK(e.launch != nullptr && e.function != nullptr, "unimatmul_native.put: a LAUNCH entry with a null function");
   e.slots.assign(static_cast<size_t>(count), 0);
   e.args.resize(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const int64_t role = w[fixed + 3 * i];
     const int64_t bytes = w[fixed + 3 * i + 1];
     const int64_t value = w[fixed + 3 * i + 2];
-    TORCH_CHECK(role >= CONSTANT && role <= ARG_BETA, "unimatmul_native.put: LAUNCH parameter role ", role);
-    TORCH_CHECK(bytes == 4 || bytes == 8, "unimatmul_native.put: LAUNCH parameter of ", bytes, " bytes");
-    TORCH_CHECK(role == CONSTANT || e.slot_of[role] < 0, "unimatmul_native.put: LAUNCH role ", role, " twice");
-    TORCH_CHECK(role == CONSTANT || (role >= ARG_ALPHA) == (bytes == 4),
+    UMM_CHECK(role >= CONSTANT && role <= ARG_BETA, "unimatmul_native.put: LAUNCH parameter role ", role);
+    UMM_CHECK(bytes == 4 || bytes == 8, "unimatmul_native.put: LAUNCH parameter of ", bytes, " bytes");
+    UMM_CHECK(role == CONSTANT || e.slot_of[role] < 0, "unimatmul_native.put: LAUNCH role ", role, " twice");
+    UMM_CHECK(role == CONSTANT || (role >= ARG_ALPHA) == (bytes == 4),
                 "unimatmul_native.put: LAUNCH ", role >= ARG_ALPHA ? "scalar" : "pointer", " of ", bytes, " bytes");
     // Little-endian: a 4-byte parameter is the low half of its slot, where args point.
     e.slots[static_cast<size_t>(i)] =
@@ -1223,7 +1248,7 @@ void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
   for (size_t i = 0; i < e.slots.size(); ++i) {
     e.args[i] = &e.slots[i];
   }
-  TORCH_CHECK(e.slot_of[ARG_A] >= 0 && e.slot_of[ARG_B] >= 0 && e.slot_of[ARG_OUT] >= 0,
+  UMM_CHECK(e.slot_of[ARG_A] >= 0 && e.slot_of[ARG_B] >= 0 && e.slot_of[ARG_OUT] >= 0,
               "unimatmul_native.put: a LAUNCH entry without its a, b and out parameters");
 }
 
@@ -1241,12 +1266,12 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
          const c10::List<std::optional<at::Tensor>>& buffers, c10::IntArrayRef flags, int64_t confirm) {
   Key key;
   const at::Tensor* cp = c.has_value() ? &*c : nullptr;
-  TORCH_CHECK(table == ROUTING || table == API, "unimatmul_native.put: unknown table ", table);
-  TORCH_CHECK(op >= MM && op <= API_BMM, "unimatmul_native.put: unknown op ", op);
+  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.put: unknown table ", table);
+  UMM_CHECK(op >= MM && op <= API_BMM, "unimatmul_native.put: unknown op ", op);
   const int64_t key_mode = mode < 0 ? state().mode.load() : mode;
-  TORCH_CHECK(make_key(key, op, key_mode, cp, a, b, beta_zero, beta_one),
+  UMM_CHECK(make_key(key, op, key_mode, cp, a, b, beta_zero, beta_one),
               "unimatmul_native.put: operands of more than 3-D");
-  TORCH_CHECK(kind >= DEFAULT && kind <= LAUNCH && kind != CONFIRM, "unimatmul_native.put: unknown kind ", kind);
+  UMM_CHECK(kind >= DEFAULT && kind <= LAUNCH && kind != CONFIRM, "unimatmul_native.put: unknown kind ", kind);
   auto entry = std::make_shared<Entry>();
   entry->kind.store(static_cast<int>(kind));
   entry->id = id;
@@ -1254,9 +1279,9 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   entry->out_shape = out_shape.vec();
   entry->form = static_cast<int>(form);
   if (kind == LT || kind == PADDED) {
-    TORCH_CHECK(built_with_cuda(), "unimatmul_native.put: an LT entry needs the GPU build");
+    UMM_CHECK(built_with_cuda(), "unimatmul_native.put: an LT entry needs the GPU build");
     constexpr int fixed = 12;
-    TORCH_CHECK(lt.size() > fixed && lt.size() - fixed <= sizeof(entry->algo) / 8,
+    UMM_CHECK(lt.size() > fixed && lt.size() - fixed <= sizeof(entry->algo) / 8,
                 "unimatmul_native.put: LT data of ", lt.size(), " words");
     entry->matmul = reinterpret_cast<MatmulFn>(static_cast<intptr_t>(lt[0]));
     entry->set_attr = reinterpret_cast<SetAttrFn>(static_cast<intptr_t>(lt[1]));
@@ -1270,8 +1295,8 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
     entry->workspace_size = static_cast<size_t>(lt[9]);
     entry->stream = static_cast<intptr_t>(lt[10]);
     entry->scale_bytes = static_cast<int>(lt[11]);
-    TORCH_CHECK(entry->matmul != nullptr && entry->desc != nullptr, "unimatmul_native.put: null LT function");
-    TORCH_CHECK(entry->scale_bytes == 4 || entry->scale_bytes == 8, "unimatmul_native.put: scale of ",
+    UMM_CHECK(entry->matmul != nullptr && entry->desc != nullptr, "unimatmul_native.put: null LT function");
+    UMM_CHECK(entry->scale_bytes == 4 || entry->scale_bytes == 8, "unimatmul_native.put: scale of ",
                 entry->scale_bytes, " bytes");
     for (size_t w = fixed; w < lt.size(); ++w) {
       const int64_t word = lt[w];
@@ -1279,7 +1304,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
     }
   }
   if (kind == PADDED) {
-    TORCH_CHECK(buffers.size() == 6 && flags.size() == 2, "unimatmul_native.put: PADDED needs 6 buffers, 2 flags");
+    UMM_CHECK(buffers.size() == 6 && flags.size() == 2, "unimatmul_native.put: PADDED needs 6 buffers, 2 flags");
     PadBuffers first;
     first.stream = entry->stream;
     at::Tensor* slots[6] = {&first.a_buf, &first.a_view, &first.b_buf, &first.b_view, &first.c_buf, &first.c_view};
@@ -1295,8 +1320,8 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
     entry->b_first = flags[1] != 0;
   }
   if (kind == ONEDNN) {
-    TORCH_CHECK(lt.size() == 12, "unimatmul_native.put: a ONEDNN entry takes 12 words, not ", lt.size());
-    TORCH_CHECK(a.device().is_cpu(), "unimatmul_native.put: a ONEDNN entry is for CPU tensors");
+    UMM_CHECK(lt.size() == 12, "unimatmul_native.put: a ONEDNN entry takes 12 words, not ", lt.size());
+    UMM_CHECK(a.device().is_cpu(), "unimatmul_native.put: a ONEDNN entry is for CPU tensors");
     auto ptr = [&](size_t i) { return reinterpret_cast<void*>(static_cast<intptr_t>(lt[i])); };
     entry->dnnl_set_handle = reinterpret_cast<DnnlSetHandleFn>(ptr(0));
     entry->dnnl_execute = reinterpret_cast<DnnlExecuteFn>(ptr(1));
@@ -1309,7 +1334,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
       entry->dnnl_mem[i] = ptr(7 + i);
     }
     entry->dnnl_alpha = static_cast<float*>(ptr(11));
-    TORCH_CHECK(entry->dnnl_set_handle && entry->dnnl_execute && entry->dnnl_wait && entry->dnnl_prim &&
+    UMM_CHECK(entry->dnnl_set_handle && entry->dnnl_execute && entry->dnnl_wait && entry->dnnl_prim &&
                     entry->dnnl_mem[0] && entry->dnnl_mem[1] && entry->dnnl_mem[2],
                 "unimatmul_native.put: a ONEDNN entry with a null handle");
   }
@@ -1317,7 +1342,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
     put_launch(*entry, a, lt);
   }
   if (confirm > 0 && kind != DEFAULT && kind != PYTHON) {
-    TORCH_CHECK(confirm <= 4096, "unimatmul_native.put: a window of ", confirm, " calls per candidate");
+    UMM_CHECK(confirm <= 4096, "unimatmul_native.put: a window of ", confirm, " calls per candidate");
     auto window = std::make_unique<Window>();
     window->kernel_kind = static_cast<int>(kind);
     window->timed = static_cast<int>(2 * confirm);
@@ -1332,7 +1357,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
 
 // Empties a table; the calls each entry counted, as (id, calls) pairs.
 std::vector<int64_t> clear(int64_t table) {
-  TORCH_CHECK(table == ROUTING || table == API, "unimatmul_native.clear: unknown table ", table);
+  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.clear: unknown table ", table);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
   std::vector<int64_t> out;
@@ -1346,7 +1371,7 @@ std::vector<int64_t> clear(int64_t table) {
 
 // (id, calls) pairs of a table's live entries; with reset, the counts start again at zero.
 std::vector<int64_t> counts(int64_t table, bool reset) {
-  TORCH_CHECK(table == ROUTING || table == API, "unimatmul_native.counts: unknown table ", table);
+  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.counts: unknown table ", table);
   State& s = state();
   std::shared_lock<std::shared_mutex> guard(s.table_lock);
   std::vector<int64_t> out;
@@ -1359,7 +1384,7 @@ std::vector<int64_t> counts(int64_t table, bool reset) {
 
 // (id, kind) pairs of a table's live entries (CONFIRM while a window is open).
 std::vector<int64_t> kinds(int64_t table) {
-  TORCH_CHECK(table == ROUTING || table == API, "unimatmul_native.kinds: unknown table ", table);
+  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.kinds: unknown table ", table);
   State& s = state();
   std::shared_lock<std::shared_mutex> guard(s.table_lock);
   std::vector<int64_t> out;
@@ -1371,7 +1396,7 @@ std::vector<int64_t> kinds(int64_t table) {
 }
 
 int64_t size(int64_t table) {
-  TORCH_CHECK(table == ROUTING || table == API, "unimatmul_native.size: unknown table ", table);
+  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.size: unknown table ", table);
   State& s = state();
   std::shared_lock<std::shared_mutex> guard(s.table_lock);
   return static_cast<int64_t>(s.tables[table].size());
