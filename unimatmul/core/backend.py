@@ -115,8 +115,12 @@ class NativeCall:
 
     A runner may offer ``native_call() -> NativeCall | None`` (torch routing's C++
     kernels take it; ``unimatmul/torch/_native.cpp`` reads the words). ``kind``: ``"lt"``
-    (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words) or
-    ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``). For the padded
+    (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words),
+    ``"scaled_lt"`` (a scaled, fp8, call: three words first, the descriptor attribute ids
+    of the library's A and B scale pointers and 1 when the library's C pointer is the
+    output (hipBLASLt) or 0 when it is the caller's B (cuBLASLt), then the ``"lt"``
+    words; ``ScaledLtRunner.native_call``) or ``"onednn"`` (a oneDNN primitive:
+    ``MatmulPrimitive.native_words``). For the padded
     Lt runner, ``buffers`` holds the A, B and C buffers and their corner views (None
     where that operand is not copied) and ``flags`` (a_first, b_first): a
     batch-broadcast operand is copied as its first matrix. Whatever the words point
