@@ -254,7 +254,6 @@ class ScaledLtRunner(LtRunner):
     caller's B, so its A scale is ``scale_b``. C is never read (beta is 0); on cuBLASLt
     its pointer is the library's A, as torch passes it (torch: "cuBLAS can't use
     nullptr or result_ptr" there), on hipBLASLt the output, as torch passes it there.
-    No native call: the native routing kernels do not pass scales.
     """
 
     def __init__(self, plan: LtPlan, algo: LtAlgo, candidate: Candidate, hooks: ArrayHooks) -> None:
@@ -311,7 +310,20 @@ class ScaledLtRunner(LtRunner):
             )
 
     def native_call(self) -> NativeCall | None:
-        return None
+        """The call for a native caller, as :meth:`LtRunner.native_call` (its descriptor copy
+        has this plan's scale modes), kind ``"scaled_lt"``: the words start with the
+        descriptor attribute ids of the library's A and B scale pointers and whether C is D
+        (hipBLASLt) rather than the library's A (cuBLASLt), then the LT words. None when
+        the library's function addresses or scale-pointer attributes are unknown."""
+        abi = self.plan.driver.abi
+        try:
+            scale_attrs = (abi.desc_attr("A_SCALE_POINTER")[0], abi.desc_attr("B_SCALE_POINTER")[0])
+        except KeyError:
+            return None
+        inner = super().native_call()
+        if inner is None:
+            return None
+        return NativeCall("scaled_lt", [*scale_attrs, int(self._c_is_d), *inner.words])
 
 
 class PaddedRunner:

@@ -111,6 +111,43 @@ def test_candidates_see_scale_pointers_and_no_padding() -> None:
     assert backend.check(ROWWISE_BIAS, found[0], _target())
 
 
+def test_scaled_runner_native_call_words() -> None:
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    backend = FakeLtBackend(lib)
+    runner = backend.prepare(ROWWISE_BIAS, backend.candidates(ROWWISE_BIAS, _target())[0], _target())
+    assert isinstance(runner, ScaledLtRunner)
+    assert runner.native_call() is None  # this fake library has no C functions to hand over
+    lib.function_address = {"Matmul": 0x7000, "MatmulDescSetAttribute": 0x7100}.get  # type: ignore[attr-defined]
+    call = runner.native_call()
+    assert call is not None and call.kind == "scaled_lt" and not call.padded
+    abi = CUBLASLT_13
+    # The library's A and B scale-pointer attributes (the native caller sets the caller's
+    # B and A scales there), and C is not D: on cuBLASLt it is the library's A.
+    assert call.words[:3] == [abi.desc_attr("A_SCALE_POINTER")[0], abi.desc_attr("B_SCALE_POINTER")[0], 0]
+    words = call.words[3:]
+    assert words[:2] == [0x7000, 0x7100] and words[3] == runner.plan.driver.handle
+    # A descriptor of its own, with this plan's scale modes, fast accumulation and epilogue.
+    desc = words[4]
+    assert desc != runner.plan.desc
+    mine, native = lib.objects[runner.plan.desc]["attrs"], lib.objects[desc]["attrs"]
+    for key in ("A_SCALE_MODE", "B_SCALE_MODE", "FAST_ACCUM", "EPILOGUE", "BIAS_DATA_TYPE"):
+        attr = abi.desc_attr(key)[0]
+        assert attr in native and native[attr] == mine[attr], key
+    algo = b"".join(w.to_bytes(8, "little", signed=True) for w in words[12:])
+    assert algo[: len(runner.algo.data)] == runner.algo.data
+
+
+def test_hipblaslt_scaled_native_call_writes_c_as_d() -> None:
+    fake = FakeHipblaslt(100100, [3, 17])
+    problem = scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32")
+    runner = make_backend(fake).prepare(problem, solution_candidate(17), TARGET)
+    call = runner.native_call()
+    assert call is not None and call.kind == "scaled_lt"
+    abi = fake.abi
+    assert call.words[:3] == [abi.desc_attr("A_SCALE_POINTER")[0], abi.desc_attr("B_SCALE_POINTER")[0], 1]
+    assert all(call.words[3:5])  # the library's own function addresses
+
+
 def test_runner_passes_swapped_operands_and_scales() -> None:
     lib = RecordingLtLibrary(CUBLASLT_13)
     backend = FakeLtBackend(lib)

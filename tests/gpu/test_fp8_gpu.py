@@ -1,4 +1,5 @@
-"""Scaled (fp8) GEMMs on a real NVIDIA GPU: cuBLASLt candidates, the API, routing, graphs.
+"""Scaled (fp8) GEMMs on a real NVIDIA GPU: cuBLASLt candidates, the API, routing, graphs,
+and the native (C++) ``_scaled_mm`` kernel.
 
 Marked ``gpu`` and skipped, with the reason, without a CUDA device with fp8 (compute
 capability 8.9 or 9.x). ``scripts/gpu_fp8.sh`` runs this file and the benchmark in one
@@ -161,12 +162,13 @@ def test_a_scaled_runner_is_captured_in_a_cuda_graph(backend: Any, target: Targe
 # --- the API and routing ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def selector(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def _isolated_selector(monkeypatch: pytest.MonkeyPatch, native_kernels: str) -> Iterator[Any]:
+    """A Selector over a memory store, routing off and its counts reset afterwards."""
     from unimatmul.cache.protocol import MemoryStore
     from unimatmul.tuning.selector import Selector, set_selector
 
-    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0")
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", native_kernels)
+    monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
     found = Selector(store=MemoryStore())
     old = set_selector(found)
     try:
@@ -175,7 +177,14 @@ def selector(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         import unimatmul.torch as ut
 
         ut.disable()
+        ut.reset_stats()
         set_selector(old)
+
+
+@pytest.fixture
+def selector(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The Python kernels only."""
+    yield from _isolated_selector(monkeypatch, "0")
 
 
 def _linear(m: int, n: int, k: int, scales: str, seed: int = 0) -> tuple[Any, ...]:
@@ -218,17 +227,8 @@ def test_routed_scaled_mm_runs_tuned_kernels_and_graphs(selector: Any) -> None:
     ut.enable()
     with unimatmul.mode("tune"):
         torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
-    (record,) = [r for _, _, r in selector.store.items(None)]
-    if record.winner == DEFAULT.identity:
-        # Routing must be seen running a kernel: store the fastest checked cuBLASLt one.
-        best = min(
-            (r for r in record.results if r.identity.startswith("cublaslt/") and r.median_s),
-            key=lambda r: r.median_s or 1.0,
-        )
-        record = replace(record, winner=best.identity)
-        (namespace,) = {ns for ns, _, _ in selector.store.items(None)}
-        selector.store.put(namespace, record.problem, record)
-        ut.clear_plans()
+    _store_a_kernel(selector)
+    ut.clear_plans()
     ut.reset_stats()
     out = torch.empty(128, 2048, device="cuda", dtype=torch.bfloat16)
     static = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
@@ -250,6 +250,20 @@ def test_routed_scaled_mm_runs_tuned_kernels_and_graphs(selector: Any) -> None:
     assert float((out.double() - ref).norm() / ref.norm()) <= scaled_tolerance("bf16")
     stats = ut.scaled_stats()
     assert stats["kernel"] == 2, stats  # the eager call and the captured one
+
+
+def _store_a_kernel(selector: Any) -> None:
+    """Routing must be seen running a kernel: when Default won the one tuned problem, store
+    the fastest checked cuBLASLt candidate as its winner."""
+    (record,) = [r for _, _, r in selector.store.items(None)]
+    if record.winner == DEFAULT.identity:
+        best = min(
+            (r for r in record.results if r.identity.startswith("cublaslt/") and r.median_s),
+            key=lambda r: r.median_s or 1.0,
+        )
+        record = replace(record, winner=best.identity)
+        (namespace,) = {ns for ns, _, _ in selector.store.items(None)}
+        selector.store.put(namespace, record.problem, record)
 
 
 def test_torch_compile_keeps_scaled_mm_routed(selector: Any) -> None:
@@ -284,3 +298,129 @@ def test_conformance_of_cublaslt_on_scaled_problems(monkeypatch: pytest.MonkeyPa
     print(f"conformance, scaled cases: {counts}")
     assert counts["passed"] > 50
     assert not failed, failed[:5]
+
+
+# --- the native _scaled_mm kernel -----------------------------------------------------------------
+
+
+@pytest.fixture
+def native_selector(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Like ``selector``, with the native kernels on (their GPU build: a failed build fails)."""
+    from unimatmul.torch import native
+
+    assert native.load(cuda=True), f"the native kernels' GPU build failed: {native.failure(True)}"
+    yield from _isolated_selector(monkeypatch, "auto")
+
+
+def _rel(out: Any, ref: Any) -> float:
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def _native_kernel_entry(selector: Any, a: Any, b: Any, sa: Any, sb: Any, bias: Any) -> Any:
+    """Tune the call, make a cuBLASLt kernel its choice, and return its plan once the native
+    table holds its SCALED_LT entry (made by the first call after, in Python)."""
+    import unimatmul.torch as ut
+    from unimatmul.torch import native, scaled_routing
+
+    ut.enable()
+    assert scaled_routing._state.native_keys == ("CUDA",) and native.has_lt()
+    with unimatmul.mode("tune"):
+        torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    _store_a_kernel(selector)
+    ut.clear_plans()
+    ut.reset_stats()
+    torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    (plan,) = scaled_routing._state.plans.values()
+    assert plan.native == native.SCALED_LT, (plan.label, plan.native, plan.reason)
+    return plan
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
+@pytest.mark.parametrize("scales", ["tensor", "rowwise"])
+def test_native_scaled_mm_makes_the_lt_call(native_selector: Any, scales: str, bias: bool) -> None:
+    """A tuned cuBLASLt kernel is called from C++ (counted by the SCALED table), with fresh
+    scale tensors of other values on every call: the scale pointers follow them."""
+    import unimatmul.torch as ut
+    from unimatmul.torch import native
+
+    a, b, sa, sb = _linear(128, 2048, 1024, scales)
+    bias_t = torch.randn(2048, device="cuda").to(torch.bfloat16) if bias else None
+    # All alive at once, so at other addresses; other values, so a stale pointer shows.
+    fresh = [(sa * (1.0 + 0.25 * i), sb * (1.5 - 0.2 * i)) for i in range(6)]
+    expected = [torch._scaled_mm(a, b, x, y, bias=bias_t, out_dtype=torch.bfloat16) for x, y in fresh]
+    plan = _native_kernel_entry(native_selector, a, b, sa, sb, bias_t)
+    outs = [torch._scaled_mm(a, b, x, y, bias=bias_t, out_dtype=torch.bfloat16) for x, y in fresh]
+    torch.cuda.synchronize()
+    assert native.counts(table=native.SCALED) == {plan.ident: len(fresh)}
+    tol = scaled_tolerance("bf16")
+    adapter = adapter_for_kind("torch")
+    for (x, y), out, want in zip(fresh, outs, expected, strict=True):
+        ref = scaled_reference(adapter, a, b, x, y, bias_t)
+        assert out.dtype == torch.bfloat16 and out.shape == want.shape
+        assert _rel(out, ref) <= tol and _rel(want, ref) <= tol
+        assert _rel(out, want.double()) <= 2 * tol
+    stats = ut.scaled_stats()
+    assert (stats["kernel"], stats["routed"]) == (len(fresh) + 1, len(fresh) + 1), stats
+
+
+def test_native_scaled_lt_call_on_another_stream_and_in_a_graph(native_selector: Any) -> None:
+    import unimatmul.torch as ut
+    from unimatmul.torch import native
+
+    a, b, sa, sb = _linear(128, 2048, 1024, "rowwise")
+    plan = _native_kernel_entry(native_selector, a, b, sa, sb, None)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)  # a workspace of its own
+    torch.cuda.current_stream().wait_stream(side)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(capture):
+        # Warm-up on the capture stream: its workspace cannot be allocated under capture.
+        static = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        graph.capture_begin()
+        static = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(capture)
+    adapter = adapter_for_kind("torch")
+    first = scaled_reference(adapter, a, b, sa, sb, None)
+    new = _linear(128, 2048, 1024, "rowwise", seed=9)
+    for dst, src in zip((a, b, sa, sb), new, strict=True):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    tol = scaled_tolerance("bf16")
+    assert _rel(on_side, first) <= tol
+    assert _rel(static, scaled_reference(adapter, *new, None)) <= tol
+    assert native.counts(table=native.SCALED) == {plan.ident: 3}  # side, warm-up, captured
+    assert ut.scaled_stats()["kernel"] == 4
+
+
+def test_native_scaled_mm_keeps_pytorch_s_kernel_and_errors(native_selector: Any) -> None:
+    """Nothing tuned: PyTorch's kernel, called from C++; a call it refuses raises its error."""
+    import unimatmul.torch as ut
+    from unimatmul.torch import native, scaled_routing
+
+    a, b, sa, sb = _linear(64, 1024, 512, "rowwise")
+    expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    fp8_out = torch._scaled_mm(a, b, sa.new_ones(()), sb.new_ones(()))  # an fp8 output: not described
+    with pytest.raises(RuntimeError) as own_error:
+        torch._scaled_mm(a, b[:256], sa, sb, out_dtype=torch.bfloat16)
+    ut.enable()
+    for _ in range(3):
+        assert torch.equal(torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16), expected)
+        fp8 = torch._scaled_mm(a, b, sa.new_ones(()), sb.new_ones(()))
+        assert torch.equal(fp8.float(), fp8_out.float())
+        with pytest.raises(RuntimeError) as routed_error:
+            torch._scaled_mm(a, b[:256], sa, sb, out_dtype=torch.bfloat16)
+        assert str(routed_error.value) == str(own_error.value)
+    kinds = native.kinds(native.SCALED)
+    assert len(kinds) == 3 and set(kinds.values()) == {native.DEFAULT}
+    assert sum(native.counts(table=native.SCALED).values()) == 2 + 2  # the calls torch ran, after the first
+    stats = ut.scaled_stats()
+    # The refused call counts once: the Python kernel counts before PyTorch raises, the native
+    # kernel counts the calls that return.
+    assert (stats["default"], stats["passthrough"]) == (3, 3 + 1)
+    assert len(scaled_routing.plans()) == 3

@@ -225,6 +225,47 @@ def test_the_choice_of_keys() -> None:
             os.environ[native.ENV] = old
 
 
+def test_a_runner_s_native_call_picks_the_entry_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unimatmul.core.backend import NativeCall
+
+    lt = NativeCall("lt", [1] * 13)
+    padded = NativeCall("lt", [1] * 13, (None,) * 6, (0, 0))
+    scaled = NativeCall("scaled_lt", [1] * 16)
+    onednn = NativeCall("onednn", [1] * 12)
+    calls = (lt, padded, scaled, onednn, None)
+    monkeypatch.setattr(native, "_loaded_gpu", True)
+    assert [native.kind_of(c) for c in calls] == [
+        native.LT,
+        native.PADDED,
+        native.SCALED_LT,
+        native.ONEDNN,
+        native.PYTHON,
+    ]
+    monkeypatch.setattr(native, "_loaded_gpu", False)  # the CPU build makes no Lt call
+    assert [native.kind_of(c) for c in calls] == [native.PYTHON] * 3 + [native.ONEDNN, native.PYTHON]
+
+
+@NATIVE
+def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
+    from unimatmul.core.backend import NativeCall
+
+    if native.has_lt():
+        pytest.skip("the GPU build is loaded")
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+    # Scale attributes and C-is-D, then an Lt call's 12 words and one word of algo.
+    call = NativeCall("scaled_lt", [17, 18, 0, 0x7000, 0x7100, 1, 1, 1, 1, 1, 1, 1, 0, 0, 4, 0])
+    with pytest.raises(RuntimeError, match="needs the GPU build"):
+        native.put_scaled(
+            a, a.t(), one, one, None, torch.bfloat16, False, native.SCALED_LT, native.new_id(), "x", (16, 16), call
+        )  # fmt: skip
+    with pytest.raises(RuntimeError, match="unknown kind"):
+        native.put_scaled(
+            a, a.t(), one, one, None, torch.bfloat16, False, native.LT, native.new_id(), "x", (16, 16)
+        )
+    assert native.size(native.SCALED) == 0
+
+
 @pytest.mark.slow
 def test_build_native_command_says_it_builds_once(tmp_path: Any) -> None:
     """A real build in an empty extension folder says on stderr what it does (it takes

@@ -3,8 +3,11 @@
 torch's CPU build has fp8 tensors and a ``_scaled_mm``, which is the Default here; the
 kernel source is ``scaled_fakes.ScaledFakeBackend`` (dequantises in float64), since no
 fp8 GPU kernel can run on this machine. Every test runs with the Python and the native
-kernels at the CPU key (the ``env`` fixture): ``_scaled_mm`` itself has only a Python
-kernel, but tuning from inside it must pass the native ``mm`` kernels through too.
+kernels at the CPU key (the ``env`` fixture). With the native ones, the native
+``_scaled_mm`` kernel serves the CPU key too (it serves only CUDA outside these tests:
+``scaled_routing.NATIVE_KEYS``), so that its table, its way back to the Python kernel
+and PyTorch's errors are checked here; its cuBLASLt call runs on the GPU only
+(``tests/gpu/test_fp8_gpu.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,18 @@ from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.scaled import scaled_problem_of, scaled_reference
 from unimatmul.testing import registered
-from unimatmul.torch import scaled_routing
+from unimatmul.torch import native, routing, scaled_routing
 
 torch = pytest.importorskip("torch")
+
+NATIVE = pytest.mark.parametrize("env", ["native"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _native_scaled_at_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("env") == "native":
+        monkeypatch.setattr(scaled_routing, "NATIVE_KEYS", ("CPU", "CUDA"))
 
 
 def _cpu_rowwise() -> str | None:
@@ -131,10 +143,11 @@ def test_what_torch_accepts_and_unimatmul_does_not_describe_is_torchs(env: Env) 
     with pytest.raises(RuntimeError) as own_error:
         torch._scaled_mm(a, b[:16], sa, sb, out_dtype=torch.bfloat16)
     ut.enable()
-    assert torch.equal(torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.float32), own)
-    with pytest.raises(RuntimeError) as routed_error:
-        torch._scaled_mm(a, b[:16], sa, sb, out_dtype=torch.bfloat16)
-    assert str(routed_error.value) == str(own_error.value)
+    for _ in range(2):  # the second call meets the key's entry where the native kernel serves
+        assert torch.equal(torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.float32), own)
+        with pytest.raises(RuntimeError) as routed_error:
+            torch._scaled_mm(a, b[:16], sa, sb, out_dtype=torch.bfloat16)
+        assert str(routed_error.value) == str(own_error.value)
     reasons = sorted(p.reason for p in scaled_routing.plans())
     assert "bias must be bf16 or f16" in reasons[0] and "contracted dimension" in reasons[1]
 
@@ -190,3 +203,124 @@ def test_the_inductor_pass_rewrites_scaled_mm_nodes() -> None:
     targets = [n.target for n in graph.nodes if n.op == "call_function"]
     assert torch.ops.unimatmul.scaled_mm.default in targets
     assert torch.ops.aten._scaled_mm.default in targets
+
+
+# --- the native kernel ---------------------------------------------------------------------------
+
+
+def _scaled_counts() -> dict[int, int]:
+    return native.counts(table=native.SCALED)
+
+
+@NATIVE
+def test_a_known_scaled_key_is_served_without_python(env: Env) -> None:
+    a, b, _, _ = _operands(24, 32, 48, "tensor")
+    # A fresh scale tensor per call, each of another value: the key stays, the scales do not.
+    scales = [(torch.tensor(0.25 * (i + 1)), torch.tensor(1.5 - 0.25 * i)) for i in range(5)]
+    expected = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for sa, sb in scales]
+    ut.enable()
+    assert scaled_routing._state.native_keys == ("CPU",)
+    outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for sa, sb in scales]
+    (plan,) = scaled_routing._state.plans.values()
+    assert plan.native == native.DEFAULT
+    # The first call went through Python (which put the entry); the native table counted the rest.
+    assert _scaled_counts() == {plan.ident: 4}
+    stats = ut.scaled_stats()
+    assert (stats["routed"], stats["default"], stats["kernel"]) == (5, 5, 0)
+    for out, want in zip(outs, expected, strict=True):
+        assert torch.equal(out, want)
+    ut.disable()
+    torch._scaled_mm(a, b, *scales[0], out_dtype=torch.bfloat16)
+    assert ut.scaled_stats()["routed"] == 5  # PyTorch's own kernel again: nothing counted
+
+
+@NATIVE
+def test_each_scaled_call_form_is_its_own_entry(env: Env) -> None:
+    a, b, sa, sb = _operands(16, 32, 32, "tensor")
+    bias = torch.randn(32).to(torch.bfloat16)
+    forms = [
+        {"out_dtype": torch.bfloat16},
+        {"out_dtype": torch.float32},
+        {"out_dtype": torch.bfloat16, "use_fast_accum": True},
+        {"out_dtype": torch.bfloat16, "bias": bias},
+    ]
+    ut.enable()
+    for _ in range(2):
+        for form in forms:
+            torch._scaled_mm(a, b, sa, sb, **form)
+    torch._scaled_mm(a, b, sa.reshape(1, 1), sb, out_dtype=torch.bfloat16)  # a scale of another shape
+    assert sorted(_scaled_counts().values()) == [1] * len(forms)  # each form's second call
+    assert native.size(native.SCALED) == len(scaled_routing.plans()) == len(forms) + 1
+    assert ut.scaled_stats()["routed"] == 2 * len(forms) + 1
+
+
+@NATIVE
+def test_a_python_only_kernel_is_reached_through_the_slow_op(env: Env) -> None:
+    fake = ScaledFakeBackend("fake-scaled")  # its runner offers no native call
+    a, b, sa, sb = _operands(16, 48, 32, "tensor")
+    with registered(env.selector.plugins, fake):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-scaled")
+        ut.enable()
+        outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for _ in range(3)]
+    (plan,) = scaled_routing.plans()
+    assert native.kinds(native.SCALED) == {plan.ident: native.PYTHON}
+    assert fake.calls == 3 and not _scaled_counts()
+    assert ut.scaled_stats()["kernel"] == 3
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    for out in outs:
+        assert float((out.double() - ref).norm() / ref.norm()) < 3e-2
+
+
+@NATIVE
+def test_a_mode_block_and_scale_result_go_to_python(env: Env) -> None:
+    a, b, sa, sb = _operands(16, 32, 32, "tensor")
+    ut.enable()
+    torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    (plan,) = scaled_routing.plans()
+    with unimatmul.mode("cached"):  # the key's own mode, but a block: Python reads it
+        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert not _scaled_counts() and plan.calls == 2
+    torch._scaled_mm(a, b, sa, sb, scale_result=torch.tensor(2.0), out_dtype=torch.bfloat16)
+    torch._scaled_mm(a, b, sa, sb, scale_result=torch.tensor(2.0), out_dtype=torch.bfloat16)
+    assert native.size(native.SCALED) == 1  # no entry for scale_result
+    stats = ut.scaled_stats()
+    assert (stats["default"], stats["passthrough"]) == (2, 2)
+
+
+@NATIVE
+def test_a_failing_kernel_s_entry_becomes_pytorch_s(env: Env) -> None:
+    broken = ScaledFakeBackend("fake-broken", "raise_run")
+    a, b, sa, sb = _operands(8, 16, 32, "tensor")
+    expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    with registered(env.selector.plugins, broken):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-broken")
+        ut.enable()
+        with pytest.warns(RuntimeWarning, match="fake-broken/dequantise failed"):
+            torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for _ in range(2)]
+    (plan,) = scaled_routing._state.plans.values()
+    assert native.kinds(native.SCALED) == {plan.ident: native.DEFAULT}
+    assert _scaled_counts() == {plan.ident: 2} and broken.calls == 1
+    assert all(torch.equal(out, expected) for out in outs)
+
+
+@NATIVE
+def test_scaled_and_routing_plans_clear_apart(env: Env) -> None:
+    a, b, sa, sb = _operands(16, 32, 32, "tensor")
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    ut.enable()
+    for _ in range(3):
+        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+        torch.mm(x, w)
+    assert native.size(native.SCALED) == 1 and native.size(native.ROUTING) >= 1
+    routing.clear_plans()
+    assert native.size(native.ROUTING) == 0 and native.size(native.SCALED) == 1
+    assert ut.scaled_stats()["routed"] == 3  # the native counts of the scaled entry are intact
+    products = ut.stats()["by_op"]["mm"]  # (torch's CPU _scaled_mm makes an aten::mm call too)
+    scaled_routing.clear_plans()
+    assert native.size(native.SCALED) == 0
+    assert ut.scaled_stats()["routed"] == 3  # moved to the retired counts
+    assert ut.stats()["by_op"]["mm"] == products
+    torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert ut.scaled_stats()["routed"] == 5 and native.size(native.SCALED) == 1

@@ -116,7 +116,11 @@ class NativeCall:
     A runner may offer ``native_call() -> NativeCall | None`` (torch routing's C++
     kernels take it; ``unimatmul/torch/_native.cpp`` reads the words). ``kind``: ``"lt"``
     (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words),
-    ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``) or ``"launch"``
+    ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``), ``"scaled_lt"``
+    (a scaled, fp8, call: three words first, the descriptor attribute ids of the library's
+    A and B scale pointers and 1 when the library's C pointer is the output (hipBLASLt)
+    or 0 when it is the caller's B (cuBLASLt), then the ``"lt"`` words;
+    ``ScaledLtRunner.native_call``) or ``"launch"``
     (one driver-API launch of a compiled GPU function: the addresses of
     ``cuLaunchKernel``/``hipModuleLaunchKernel`` and ``cuCtxSetCurrent``/``hipCtxSetCurrent``,
     the device's primary context, the function, grid x/y/z, block x, dynamic shared bytes,

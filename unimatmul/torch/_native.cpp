@@ -22,6 +22,14 @@
 // entry here. Python reaches these kernels through the unimatmul_native::slow_* ops,
 // whose implementations are the Python kernels.
 //
+// aten::_scaled_mm (fp8 with scales) has a kernel of the same kind (scaled_mm below), with a
+// table of its own (SCALED: scaled_routing.py keeps its plans apart from routing.py's) and
+// one more entry kind:
+//   SCALED_LT  the LT call of a scaled runner (ScaledLtRunner in Python): the scale
+//              addresses live in the descriptor, like the bias address, and are set only
+//              when they change.
+// scale_result (an fp8 output's scale) always goes to the Python kernel.
+//
 // A second table serves unimatmul.matmul on torch tensors (the plain form: no bias, C or
 // activation, alpha 1): fast_matmul below is a CPython function that reads the tensors
 // out of their Python objects, finds the entry and runs it without the interpreter or
@@ -37,6 +45,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_scaled_mm_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
@@ -48,6 +57,7 @@
 
 #ifdef UMM_WITH_CUDA
 #include <ATen/Context.h>
+#include <ATen/ops/_scaled_mm_cuda_dispatch.h>
 #include <ATen/ops/addmm_cuda_dispatch.h>
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
 #include <ATen/ops/bmm_cuda_dispatch.h>
@@ -69,6 +79,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -89,10 +100,11 @@ PyObject* THPVariable_Wrap(const at::TensorBase& var);
 
 namespace {
 
-enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3, API_MM = 4, API_BMM = 5 };
-enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3, ONEDNN = 4, CONFIRM = 5, LAUNCH = 6 };
+enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3, API_MM = 4, API_BMM = 5, SCALED_MM = 6 };
+enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3, ONEDNN = 4, CONFIRM = 5, LAUNCH = 6, SCALED_LT = 7 };
 enum Form : int { PLAIN = 0, BIAS = 1 };
-enum Table : int64_t { ROUTING = 0, API = 1 };
+enum Table : int64_t { ROUTING = 0, API = 1, SCALED = 2 };
+constexpr int64_t TABLES = 3;
 constexpr int64_t MODE_OFF = 0;
 
 // cublasLtMatmul / hipblasLtMatmul, and their MatmulDescSetAttribute.
@@ -113,7 +125,8 @@ using SetContextFn = int (*)(void*);
 enum Role : int64_t { CONSTANT = 0, ARG_A = 1, ARG_B = 2, ARG_OUT = 3, ARG_BIAS = 4, ARG_ALPHA = 5, ARG_BETA = 6 };
 constexpr int INVALID_CONTEXT = 201;  // CUDA_ERROR_INVALID_CONTEXT, hipErrorInvalidContext
 
-constexpr int KEY_WORDS = 24;
+// A head word, then 7 words per operand: up to five (_scaled_mm's a, b, bias and two scales).
+constexpr int KEY_WORDS = 40;
 using Key = std::array<int64_t, KEY_WORDS>;
 
 struct KeyHash {
@@ -206,6 +219,15 @@ struct Entry {
   double alpha_d = 1.0, beta_d = 0.0;
   float alpha_f = 1.0f, beta_f = 0.0f;
   const void* bias_ptr = nullptr;
+  // The library's C pointer: the output (d), or else the caller's B (the library's A), which
+  // cuBLASLt's fp8 kernels want there (beta is 0: C is never read).
+  bool c_is_d = true;
+  at::ScalarType out_dtype = at::ScalarType::Undefined;  // Undefined: A's dtype
+  // SCALED_LT: the descriptor attributes of the library's A and B scale pointers (the
+  // caller's B and A scales), and the addresses set there last (guarded by `lock`).
+  int scale_a_attr = 0;
+  int scale_b_attr = 0;
+  const void* scale_ptrs[2] = {nullptr, nullptr};
   // PADDED: the Lt call runs on aligned copies (PaddedRunner in Python): the operands are
   // copied into the top-left corner (the view) of zeroed buffers, the product is written
   // to the C buffer when there is one, and its corner is copied into the output. The
@@ -245,11 +267,12 @@ using EntryMap = std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
 
 struct State {
   std::shared_mutex table_lock;
-  EntryMap tables[2];                   // ROUTING (the aten kernels), API (unimatmul.matmul)
+  EntryMap tables[TABLES];              // ROUTING (the aten kernels), API (unimatmul.matmul), SCALED
   std::atomic<int64_t> mode{1};         // the environment's mode, as a code from Python
   std::atomic<int64_t> python_only{0};  // mode() blocks open anywhere: every call to Python
   std::mutex install_lock;
   std::vector<std::unique_ptr<torch::Library>> libraries;
+  std::vector<std::unique_ptr<torch::Library>> scaled_libraries;  // aten::_scaled_mm's
 };
 
 State& state() {
@@ -297,20 +320,37 @@ inline int64_t head(int64_t op, int64_t mode, [[maybe_unused]] const at::Tensor&
   return op | (mode << 8) | (tf32 << 16);
 }
 
-// The key of a call. `c`: addmm/baddbmm's input, or the API's `out` (nullptr: none given).
+// The key of a call. `c`: addmm/baddbmm's input, the API's `out` or _scaled_mm's bias
+// (nullptr: none given); `more`: further operands (_scaled_mm's scales), `flags`: more of the
+// call in the head word (_scaled_mm's output dtype and fast accumulation).
 bool make_key(Key& key, int64_t op, int64_t mode, const at::Tensor* c, const at::Tensor& a,
-              const at::Tensor& b, bool beta_zero, bool beta_one) {
+              const at::Tensor& b, bool beta_zero, bool beta_one,
+              std::initializer_list<const at::Tensor*> more = {}, int64_t flags = 0) {
   key.fill(0);
   int i = 0;
   key[i++] = head(op, mode, a) | (static_cast<int64_t>(beta_zero) << 20) |
-             (static_cast<int64_t>(beta_one) << 21) | (static_cast<int64_t>(c != nullptr) << 22);
+             (static_cast<int64_t>(beta_one) << 21) | (static_cast<int64_t>(c != nullptr) << 22) | (flags << 24);
   if (!put_operand(key, i, a) || !put_operand(key, i, b)) {
     return false;
   }
   if (c != nullptr && !put_operand(key, i, *c)) {
     return false;
   }
+  for (const at::Tensor* t : more) {
+    if (!put_operand(key, i, *t)) {
+      return false;
+    }
+  }
   return true;
+}
+
+// The key of a _scaled_mm call (scale_result aside: such a call never gets an entry).
+bool make_scaled_key(Key& key, int64_t mode, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                     const at::Tensor& scale_b, const at::Tensor* bias, std::optional<at::ScalarType> out_dtype,
+                     bool use_fast_accum) {
+  const int64_t dtype = out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) + 1 : 0;
+  return make_key(key, SCALED_MM, mode, bias, a, b, false, false, {&scale_a, &scale_b},
+                  (dtype & 0xFF) | (static_cast<int64_t>(use_fast_accum) << 8));
 }
 
 std::shared_ptr<Entry> find(int64_t table, const Key& key) {
@@ -369,12 +409,28 @@ at::Tensor default_api(int64_t op, const at::Tensor& a, const at::Tensor& b, con
   return default_product<false>(mm ? MM : BMM, a, b);
 }
 
+template <bool GPU>
+at::Tensor default_scaled(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                          const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& scale_result, std::optional<at::ScalarType> out_dtype,
+                          bool use_fast_accum) {
+#ifdef UMM_WITH_CUDA
+  if constexpr (GPU) {
+    return at::cuda::_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+  }
+#endif
+  return at::cpu::_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+}
+
 // --- the Python kernels, through the slow ops ---------------------------------------------
 
 using ProductFn = at::Tensor(const at::Tensor&, const at::Tensor&);
 using AccumulateFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const c10::Scalar&,
                                 const c10::Scalar&);
 using ConfirmedFn = bool(const at::Tensor&, int64_t, c10::string_view);
+using ScaledFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                            std::optional<at::ScalarType>, bool);
 
 at::Tensor slow_product(int64_t op, const at::Tensor& a, const at::Tensor& b) {
   static auto mm = c10::Dispatcher::singleton().findSchemaOrThrow("unimatmul_native::slow_mm", "").typed<ProductFn>();
@@ -390,6 +446,14 @@ at::Tensor slow_accumulate(int64_t op, const at::Tensor& c, const at::Tensor& a,
   static auto baddbmm =
       c10::Dispatcher::singleton().findSchemaOrThrow("unimatmul_native::slow_baddbmm", "").typed<AccumulateFn>();
   return op == ADDMM ? addmm.call(c, a, b, beta, alpha) : baddbmm.call(c, a, b, beta, alpha);
+}
+
+at::Tensor slow_scaled(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                       const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale_result,
+                       std::optional<at::ScalarType> out_dtype, bool use_fast_accum) {
+  static auto scaled =
+      c10::Dispatcher::singleton().findSchemaOrThrow("unimatmul_native::slow_scaled_mm", "").typed<ScaledFn>();
+  return scaled.call(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
 }
 
 // --- the library call -----------------------------------------------------------------------
@@ -549,13 +613,18 @@ PadBuffers* pads_for(Entry& e, intptr_t stream) {
 
 // Runs an LT entry; an undefined tensor when it cannot run here (a new stream under graph
 // capture, or the library refused): the caller goes to Python. `given`: the output to
-// write (the API's out=), else one is allocated.
+// write (the API's out=), else one is allocated. `scale_a`, `scale_b`: a SCALED_LT entry's
+// scales (the caller's), else null.
 at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
-                  const at::Tensor* given) {
+                  const at::Tensor* given, const at::Tensor* scale_a = nullptr,
+                  const at::Tensor* scale_b = nullptr) {
 #ifdef UMM_WITH_CUDA
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   const intptr_t stream_id = reinterpret_cast<intptr_t>(stream);
-  at::Tensor out = given != nullptr ? *given : at::cuda::empty(e.out_shape, a.options());
+  at::Tensor out = given != nullptr ? *given
+                   : e.out_dtype == at::ScalarType::Undefined
+                       ? at::cuda::empty(e.out_shape, a.options())
+                       : at::cuda::empty(e.out_shape, a.options().dtype(e.out_dtype));
   void* d = out.data_ptr();
   const void* a_ptr = a.data_ptr();
   const void* b_ptr = b.data_ptr();
@@ -606,11 +675,24 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
         e.bias_ptr = status == 0 ? bias_ptr : nullptr;
       }
     }
+    if (status == 0 && scale_a != nullptr && scale_b != nullptr) {
+      // The library's A is the caller's B: its A scale is scale_b (ScaledLtRunner's order).
+      const void* lib_a = scale_b->data_ptr();
+      const void* lib_b = scale_a->data_ptr();
+      if (lib_a != e.scale_ptrs[0] || lib_b != e.scale_ptrs[1]) {
+        status = e.set_attr(e.desc, e.scale_a_attr, &lib_a, sizeof(lib_a));
+        if (status == 0) {
+          status = e.set_attr(e.desc, e.scale_b_attr, &lib_b, sizeof(lib_b));
+        }
+        e.scale_ptrs[0] = status == 0 ? lib_a : nullptr;
+        e.scale_ptrs[1] = status == 0 ? lib_b : nullptr;
+      }
+    }
     if (status == 0) {
       // The caller's B goes in as the library's A (row-major C = A @ B is column-major
       // C^T = B^T @ A^T), as in the Python LtRunner.
-      status = e.matmul(e.handle, e.desc, alpha_ptr, b_ptr, e.adesc, a_ptr, e.bdesc, beta_ptr, d, e.cdesc, d,
-                        e.cdesc, e.algo, workspace, e.workspace_size, stream);
+      status = e.matmul(e.handle, e.desc, alpha_ptr, b_ptr, e.adesc, a_ptr, e.bdesc, beta_ptr, e.c_is_d ? d : b_ptr,
+                        e.cdesc, d, e.cdesc, e.algo, workspace, e.workspace_size, stream);
     }
     if (status == 0 && pads != nullptr && pads->c_buf.defined()) {
       copy_into(out, pads->c_view, stream);
@@ -628,6 +710,8 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
   (void)bias;
   (void)alpha;
   (void)given;
+  (void)scale_a;
+  (void)scale_b;
   return at::Tensor();
 #endif
 }
@@ -967,6 +1051,31 @@ at::Tensor accumulate(const at::Tensor& c, const at::Tensor& a, const at::Tensor
   return out.defined() ? out : slow_accumulate(OP, c, a, b, beta, alpha);
 }
 
+template <bool GPU>
+at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale_result,
+                     std::optional<at::ScalarType> out_dtype, bool use_fast_accum) {
+  State& s = state();
+  const int64_t mode = s.mode.load(std::memory_order_relaxed);
+  if (busy || mode == MODE_OFF) {
+    return default_scaled<GPU>(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+  }
+  Key key;
+  const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  if (scale_result.has_value() || s.python_only.load(std::memory_order_relaxed) != 0 ||
+      !make_scaled_key(key, mode, a, b, scale_a, scale_b, bias_ptr, out_dtype, use_fast_accum)) {
+    return slow_scaled(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+  }
+  std::shared_ptr<Entry> entry = find(SCALED, key);
+  if (!entry) {
+    return slow_scaled(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+  }
+  at::Tensor out = serve(
+      *entry, a, [&](int) { return run_lt(*entry, a, b, bias_ptr, 1.0, nullptr, &scale_a, &scale_b); },
+      [&] { return default_scaled<GPU>(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum); });
+  return out.defined() ? out : slow_scaled(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+}
+
 // --- unimatmul.matmul's fast path -------------------------------------------------------------
 // A CPython function (METH_FASTCALL) that Python gets through ctypes from
 // unimatmul_fast_matmul_function below: fast_matmul(a, b, out, alpha, beta, c, bias,
@@ -1184,6 +1293,40 @@ void uninstall() {
   s.libraries.clear();
 }
 
+template <bool GPU>
+std::unique_ptr<torch::Library> scaled_kernel_at(c10::DispatchKey key) {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  lib->impl("_scaled_mm", TORCH_FN(scaled_mm<GPU>));
+  return lib;
+}
+
+// aten::_scaled_mm's kernel at the CPU and/or CUDA key, apart from the products' (scaled_routing.py
+// installs and removes it with its Python kernel).
+void install_scaled(bool cpu, bool cuda) {
+  State& s = state();
+  std::lock_guard<std::mutex> guard(s.install_lock);
+  if (!s.scaled_libraries.empty()) {
+    return;
+  }
+  Quiet quiet;
+  c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
+  UMM_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install_scaled: the CUDA key needs the GPU build");
+  if (cpu) {
+    s.scaled_libraries.push_back(scaled_kernel_at<false>(c10::DispatchKey::CPU));
+  }
+#ifdef UMM_WITH_CUDA
+  if (cuda) {
+    s.scaled_libraries.push_back(scaled_kernel_at<true>(c10::DispatchKey::CUDA));
+  }
+#endif
+}
+
+void uninstall_scaled() {
+  State& s = state();
+  std::lock_guard<std::mutex> guard(s.install_lock);
+  s.scaled_libraries.clear();
+}
+
 bool installed() {
   State& s = state();
   std::lock_guard<std::mutex> guard(s.install_lock);
@@ -1252,6 +1395,33 @@ void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
               "unimatmul_native.put: a LAUNCH entry without its a, b and out parameters");
 }
 
+// An LT entry's call, from the words of a NativeCall (LtRunner.native_call lists them).
+void set_lt(Entry& e, c10::IntArrayRef lt) {
+  UMM_CHECK(built_with_cuda(), "unimatmul_native.put: an LT entry needs the GPU build");
+  constexpr int fixed = 12;
+  UMM_CHECK(lt.size() > fixed && lt.size() - fixed <= sizeof(e.algo) / 8,
+              "unimatmul_native.put: LT data of ", lt.size(), " words");
+  e.matmul = reinterpret_cast<MatmulFn>(static_cast<intptr_t>(lt[0]));
+  e.set_attr = reinterpret_cast<SetAttrFn>(static_cast<intptr_t>(lt[1]));
+  e.bias_attr = static_cast<int>(lt[2]);
+  e.handle = reinterpret_cast<void*>(static_cast<intptr_t>(lt[3]));
+  e.desc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[4]));
+  e.adesc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[5]));
+  e.bdesc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[6]));
+  e.cdesc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[7]));
+  e.workspace = reinterpret_cast<void*>(static_cast<intptr_t>(lt[8]));
+  e.workspace_size = static_cast<size_t>(lt[9]);
+  e.stream = static_cast<intptr_t>(lt[10]);
+  e.scale_bytes = static_cast<int>(lt[11]);
+  UMM_CHECK(e.matmul != nullptr && e.desc != nullptr, "unimatmul_native.put: null LT function");
+  UMM_CHECK(e.scale_bytes == 4 || e.scale_bytes == 8, "unimatmul_native.put: scale of ",
+              e.scale_bytes, " bytes");
+  for (size_t w = fixed; w < lt.size(); ++w) {
+    const int64_t word = lt[w];
+    std::memcpy(e.algo + 8 * (w - fixed), &word, 8);
+  }
+}
+
 // Puts the entry for the key that these operands make into `table`. `mode`: the mode code
 // of the key (-1: the environment's, for the aten kernels). `c`: addmm's input, or the
 // API's out. lt holds, for kinds LT and PADDED: the matmul and set-attribute function
@@ -1279,29 +1449,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   entry->out_shape = out_shape.vec();
   entry->form = static_cast<int>(form);
   if (kind == LT || kind == PADDED) {
-    UMM_CHECK(built_with_cuda(), "unimatmul_native.put: an LT entry needs the GPU build");
-    constexpr int fixed = 12;
-    UMM_CHECK(lt.size() > fixed && lt.size() - fixed <= sizeof(entry->algo) / 8,
-                "unimatmul_native.put: LT data of ", lt.size(), " words");
-    entry->matmul = reinterpret_cast<MatmulFn>(static_cast<intptr_t>(lt[0]));
-    entry->set_attr = reinterpret_cast<SetAttrFn>(static_cast<intptr_t>(lt[1]));
-    entry->bias_attr = static_cast<int>(lt[2]);
-    entry->handle = reinterpret_cast<void*>(static_cast<intptr_t>(lt[3]));
-    entry->desc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[4]));
-    entry->adesc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[5]));
-    entry->bdesc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[6]));
-    entry->cdesc = reinterpret_cast<void*>(static_cast<intptr_t>(lt[7]));
-    entry->workspace = reinterpret_cast<void*>(static_cast<intptr_t>(lt[8]));
-    entry->workspace_size = static_cast<size_t>(lt[9]);
-    entry->stream = static_cast<intptr_t>(lt[10]);
-    entry->scale_bytes = static_cast<int>(lt[11]);
-    UMM_CHECK(entry->matmul != nullptr && entry->desc != nullptr, "unimatmul_native.put: null LT function");
-    UMM_CHECK(entry->scale_bytes == 4 || entry->scale_bytes == 8, "unimatmul_native.put: scale of ",
-                entry->scale_bytes, " bytes");
-    for (size_t w = fixed; w < lt.size(); ++w) {
-      const int64_t word = lt[w];
-      std::memcpy(entry->algo + 8 * (w - fixed), &word, 8);
-    }
+    set_lt(*entry, lt);
   }
   if (kind == PADDED) {
     UMM_CHECK(buffers.size() == 6 && flags.size() == 2, "unimatmul_native.put: PADDED needs 6 buffers, 2 flags");
@@ -1355,9 +1503,42 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   s.tables[table][key] = std::move(entry);
 }
 
+// Puts the entry for a _scaled_mm call's key into the SCALED table (`mode` as for put).
+// kind: DEFAULT, PYTHON or SCALED_LT; lt holds, for SCALED_LT, the library's A and B
+// scale-pointer attributes and whether C is D, then an LT entry's words (put).
+void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
+                std::optional<at::ScalarType> out_dtype, bool use_fast_accum, int64_t kind, int64_t id,
+                c10::string_view label, c10::IntArrayRef out_shape, c10::IntArrayRef lt) {
+  Key key;
+  const int64_t key_mode = mode < 0 ? state().mode.load() : mode;
+  const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  UMM_CHECK(make_scaled_key(key, key_mode, a, b, scale_a, scale_b, bias_ptr, out_dtype, use_fast_accum),
+              "unimatmul_native.put_scaled: operands of more than 3-D");
+  UMM_CHECK(kind == DEFAULT || kind == PYTHON || kind == SCALED_LT, "unimatmul_native.put_scaled: unknown kind ",
+              kind);
+  auto entry = std::make_shared<Entry>();
+  entry->kind.store(static_cast<int>(kind));
+  entry->id = id;
+  entry->label = std::string(label);
+  entry->out_shape = out_shape.vec();
+  entry->out_dtype = out_dtype.value_or(a.scalar_type());
+  if (kind == SCALED_LT) {
+    constexpr size_t scaled_words = 3;
+    UMM_CHECK(lt.size() > scaled_words, "unimatmul_native.put_scaled: SCALED_LT data of ", lt.size(), " words");
+    entry->scale_a_attr = static_cast<int>(lt[0]);
+    entry->scale_b_attr = static_cast<int>(lt[1]);
+    entry->c_is_d = lt[2] != 0;
+    set_lt(*entry, lt.slice(scaled_words));
+  }
+  State& s = state();
+  std::unique_lock<std::shared_mutex> guard(s.table_lock);
+  s.tables[SCALED][key] = std::move(entry);
+}
+
 // Empties a table; the calls each entry counted, as (id, calls) pairs.
 std::vector<int64_t> clear(int64_t table) {
-  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.clear: unknown table ", table);
+  UMM_CHECK(table >= ROUTING && table < TABLES, "unimatmul_native.clear: unknown table ", table);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
   std::vector<int64_t> out;
@@ -1371,7 +1552,7 @@ std::vector<int64_t> clear(int64_t table) {
 
 // (id, calls) pairs of a table's live entries; with reset, the counts start again at zero.
 std::vector<int64_t> counts(int64_t table, bool reset) {
-  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.counts: unknown table ", table);
+  UMM_CHECK(table >= ROUTING && table < TABLES, "unimatmul_native.counts: unknown table ", table);
   State& s = state();
   std::shared_lock<std::shared_mutex> guard(s.table_lock);
   std::vector<int64_t> out;
@@ -1384,7 +1565,7 @@ std::vector<int64_t> counts(int64_t table, bool reset) {
 
 // (id, kind) pairs of a table's live entries (CONFIRM while a window is open).
 std::vector<int64_t> kinds(int64_t table) {
-  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.kinds: unknown table ", table);
+  UMM_CHECK(table >= ROUTING && table < TABLES, "unimatmul_native.kinds: unknown table ", table);
   State& s = state();
   std::shared_lock<std::shared_mutex> guard(s.table_lock);
   std::vector<int64_t> out;
@@ -1396,7 +1577,7 @@ std::vector<int64_t> kinds(int64_t table) {
 }
 
 int64_t size(int64_t table) {
-  UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.size: unknown table ", table);
+  UMM_CHECK(table >= ROUTING && table < TABLES, "unimatmul_native.size: unknown table ", table);
   State& s = state();
   std::shared_lock<std::shared_mutex> guard(s.table_lock);
   return static_cast<int64_t>(s.tables[table].size());
@@ -1429,10 +1610,15 @@ TORCH_LIBRARY(unimatmul_native, m) {
   m.def("slow_bmm(Tensor a, Tensor b) -> Tensor");
   m.def("slow_addmm(Tensor c, Tensor a, Tensor b, Scalar beta, Scalar alpha) -> Tensor");
   m.def("slow_baddbmm(Tensor c, Tensor a, Tensor b, Scalar beta, Scalar alpha) -> Tensor");
+  m.def(
+      "slow_scaled_mm(Tensor self, Tensor mat2, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
+      "Tensor? scale_result=None, ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
   // A full window's samples (seconds, in call order) -> keep the choice? (Python judges.)
   m.def("confirmed(Tensor samples, int id, str clock) -> bool");
   m.def("install(bool cpu, bool cuda) -> ()", &install);
   m.def("uninstall() -> ()", &uninstall);
+  m.def("install_scaled(bool cpu, bool cuda) -> ()", &install_scaled);
+  m.def("uninstall_scaled() -> ()", &uninstall_scaled);
   m.def("installed() -> bool", &installed);
   m.def("configure(int mode, int python_only) -> ()", &configure);
   m.def("set_busy(bool on) -> ()", &set_busy);
@@ -1440,6 +1626,10 @@ TORCH_LIBRARY(unimatmul_native, m) {
       "put(int table, int op, int mode, Tensor a, Tensor b, Tensor? c, bool beta_zero, bool beta_one, int kind, "
       "int id, str label, int[] out_shape, int form, int[] lt, Tensor?[] buffers, int[] flags, int confirm) -> ()",
       &put);
+  m.def(
+      "put_scaled(int mode, Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, ScalarType? out_dtype, "
+      "bool use_fast_accum, int kind, int id, str label, int[] out_shape, int[] lt) -> ()",
+      &put_scaled);
   m.def("clear(int table) -> int[]", &clear);
   m.def("counts(int table, bool reset) -> int[]", &counts);
   m.def("kinds(int table) -> int[]", &kinds);

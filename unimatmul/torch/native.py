@@ -23,7 +23,10 @@ only).
 
 The same library holds a second table for ``unimatmul.matmul`` on torch tensors
 (:func:`fast_matmul`), and the confirmation windows of both tables (``CONFIRM``
-entries) hand their samples back here (:func:`watch`).
+entries) hand their samples back here (:func:`watch`). A third table serves
+``aten::_scaled_mm`` (:mod:`unimatmul.torch.scaled_routing`, :func:`install_scaled`):
+PyTorch's kernel, the cuBLASLt/hipBLASLt call of a ``ScaledLtRunner`` (``SCALED_LT``,
+the scale addresses set in its descriptor when they change), or the Python kernel.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ MODES = {"off": 0, "cached": 1, "tune": 2, "record": 3}
 OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 # Entry kinds in the native table (_native.cpp); CONFIRM: in its confirmation window.
 DEFAULT, LT, PYTHON, PADDED, ONEDNN, CONFIRM, LAUNCH = 0, 1, 2, 3, 4, 5, 6
-# The two tables: the aten kernels' (routing), and unimatmul.matmul's.
-ROUTING, API = 0, 1
+SCALED_LT = 7  # a ScaledLtRunner's call (SCALED table only)
+# The tables: the aten kernels' (routing), unimatmul.matmul's, and aten::_scaled_mm's.
+ROUTING, API, SCALED = 0, 1, 2
 API_OPS = {2: 4, 3: 5}  # operand rank -> the API's op code (API_MM, API_BMM)
 
 _lock = threading.Lock()
@@ -207,6 +211,8 @@ def kind_of(call: Any) -> int:
         return PADDED if call.padded else LT
     if call.kind == "launch" and has_lt():
         return LAUNCH
+    if call.kind == "scaled_lt" and has_lt():
+        return SCALED_LT
     return PYTHON
 
 
@@ -292,6 +298,27 @@ def uninstall() -> None:
         torch.ops.unimatmul_native.uninstall()
 
 
+_slow_scaled_library: list[Any] = []
+
+
+def install_scaled(keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
+    """Serve ``aten::_scaled_mm`` at ``keys`` with the native kernel; ``python_kernel`` takes
+    the keys the SCALED table does not know yet (and every call with ``scale_result``)."""
+    if not _slow_scaled_library:  # registered once per process, like the products' slow ops
+        library = torch.library.Library("unimatmul_native", "IMPL")
+        for key in ("CPU", "CUDA"):
+            library.impl("slow_scaled_mm", python_kernel, key)
+        _slow_scaled_library.append(library)
+    ops = torch.ops.unimatmul_native
+    ops.configure(MODES[mode], overrides)
+    ops.install_scaled("CPU" in keys, "CUDA" in keys)
+
+
+def uninstall_scaled() -> None:
+    if loaded():
+        torch.ops.unimatmul_native.uninstall_scaled()
+
+
 def configure(mode: str, overrides: int) -> None:
     if loaded():
         torch.ops.unimatmul_native.configure(MODES[mode], overrides)
@@ -375,6 +402,39 @@ def _put(
         list(call.buffers) if call is not None and call.padded else [],
         list(call.flags) if call is not None and call.padded else [],
         confirm,
+    )
+
+
+def put_scaled(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    use_fast_accum: bool,
+    kind: int,
+    ident: int,
+    label: str,
+    out_shape: tuple[int, ...],
+    call: Any = None,
+) -> None:
+    """Put the SCALED entry for a ``_scaled_mm`` call's key (without ``scale_result``, in the
+    environment's mode); ``call``: a ``ScaledLtRunner``'s NativeCall (``SCALED_LT``)."""
+    torch.ops.unimatmul_native.put_scaled(
+        -1,
+        a,
+        b,
+        scale_a,
+        scale_b,
+        bias,
+        out_dtype,
+        use_fast_accum,
+        kind,
+        ident,
+        label,
+        list(out_shape),
+        call.words if call is not None and kind == SCALED_LT else [],
     )
 
 

@@ -15,9 +15,15 @@ candidate (``core/scaled.py``, the same call). While the Selector decides or tun
 call runs inside ``unimatmul.mode("off")``, so the harness's own products (its float64
 reference goes through ``aten::mm``) pass through every routed kernel, native ones too.
 
-There are no native (C++) kernels for ``_scaled_mm``: every routed call runs this Python
-kernel (a dict lookup and the runner, a few microseconds of host time), which CUDA
-graphs remove. ``torch.compile`` keeps the calls routed through ``unimatmul::scaled_mm``
+Where the native (C++) kernels build for the GPU (``native.py``, ``UNIMATMUL_TORCH_NATIVE``),
+the CUDA key is served by the native ``_scaled_mm`` kernel instead, and this Python kernel
+by way of it (the ``unimatmul_native::slow_scaled_mm`` op) for keys it does not know
+yet: once a plan is resolved here, the key's entry goes into the native SCALED table
+(PyTorch's kernel, the scaled runner's cuBLASLt/hipBLASLt call, or this kernel), so the
+cached call costs no Python host time. A call with ``scale_result`` always comes here.
+Elsewhere (the CPU key, or no native build) every routed call runs this kernel (a dict
+lookup and the runner, a few microseconds of host time), which CUDA graphs remove.
+``torch.compile`` keeps the calls routed through ``unimatmul::scaled_mm``
 (``compiled.py``).
 """
 
@@ -36,9 +42,13 @@ from unimatmul.core.arrays import adapter_of
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import scaled_problem_of
+from unimatmul.torch import native
 from unimatmul.tuning.selector import get_selector
 
 DISPATCH_KEYS = ("CPU", "CUDA")
+# The keys the native kernel may serve (where the native build does): CUDA, where fp8
+# GEMMs run and host time decides; the tests add CPU to exercise it without a GPU.
+NATIVE_KEYS = ("CUDA",)
 # Plans for this many distinct operand keys; a workload with ever-new shapes starts over.
 MAX_PLANS = 4096
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
@@ -48,9 +58,22 @@ _DEVICES = frozenset({"cpu", "cuda"})
 class ScaledPlan:
     """What to do with one operand key: a scaled runner, or None for PyTorch's kernel."""
 
-    __slots__ = ("calls", "label", "out_dtype", "out_shape", "problem", "reason", "runner", "source")
+    __slots__ = (
+        "calls",
+        "ident",
+        "label",
+        "native",
+        "out_dtype",
+        "out_shape",
+        "problem",
+        "reason",
+        "runner",
+        "source",
+    )
 
     def __init__(self) -> None:
+        self.ident = native.new_id()
+        self.native = -1  # the kind of its entry in the native SCALED table; -1: none
         self.runner: Runner | None = None
         self.problem: Problem | None = None
         self.source = "passthrough"  # or the Selector's Decision.source
@@ -68,6 +91,11 @@ class _State:
         self.plans: dict[tuple[Any, ...], ScaledPlan] = {}
         self.retired: Counter[tuple[str, str]] = Counter()
         self.lock = threading.RLock()
+        # Keys served by the native kernel, and the runners its table points into: kept
+        # for one generation after the table is emptied, so that a native call in flight
+        # on another thread never meets a freed descriptor (as routing.py does).
+        self.native_keys: tuple[str, ...] = ()
+        self.keep: list[list[Any]] = [[], []]
 
 
 _state = _State()
@@ -156,6 +184,10 @@ def _scaled_mm(
         plan.source = "fallback"
         plan.label = "unimatmul::scaled_mm [default]"
         get_selector().fall_back(plan.problem, runner.candidate, exc, adapter_of(a))
+        if plan.native != -1:
+            with _state.lock:
+                if _state.plans.get(key) is plan:  # the native entry too: PyTorch's kernel
+                    _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
         return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     return out
 
@@ -186,7 +218,41 @@ def _resolve(
             # Keys resolved before may hold Default for the problem just tuned: start over.
             _retire()
         _state.plans[key] = plan
+        if scale_result is None and a.device.type.upper() in _state.native_keys and _mode_var.get() is None:
+            _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
     return plan
+
+
+def _native_put(
+    plan: ScaledPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    use_fast_accum: bool,
+) -> None:
+    """Give the native kernel this key's entry (it calls this module's kernel for keys it lacks)."""
+    runner = plan.runner
+    call = None
+    if runner is not None and hasattr(runner, "native_call"):
+        try:
+            call = runner.native_call()
+        except Exception:  # the Python kernel keeps serving the key
+            call = None
+    kind = native.kind_of(call) if runner is not None else native.DEFAULT
+    try:
+        native.put_scaled(
+            a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, kind, plan.ident, plan.label,
+            plan.out_shape, call,
+        )  # fmt: skip
+    except Exception as exc:
+        plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
+        return
+    plan.native = kind
+    if runner is not None:
+        _state.keep[0].append(runner)
 
 
 def _fill(
@@ -244,11 +310,22 @@ def _fill(
         plan.label = f"unimatmul::scaled_mm [{candidate.identity}]"
 
 
+def _sync_native_counts(clear: bool = False) -> None:
+    """Add the calls the native kernel counted to their plans (lock held)."""
+    if not _state.native_keys:
+        return
+    counted = native.clear(native.SCALED) if clear else native.counts(reset=True, table=native.SCALED)
+    for plan in _state.plans.values():
+        plan.calls += counted.get(plan.ident, 0)
+
+
 def _retire() -> None:
+    _sync_native_counts(clear=True)
     for plan in _state.plans.values():
         if plan.calls:
             _state.retired[(plan.source, plan.label)] += plan.calls
     _state.plans.clear()
+    _state.keep = [[], _state.keep[0]]
 
 
 def clear_plans() -> None:
@@ -261,30 +338,58 @@ def clear_plans() -> None:
 
 
 def install() -> None:
-    """Register the kernel at the CPU and CUDA keys (idempotent); :func:`uninstall` undoes it."""
+    """Register the kernel at the CPU and CUDA keys (idempotent); :func:`uninstall` undoes it.
+
+    Where the native build serves a key (:data:`NATIVE_KEYS`), its kernel is registered
+    there instead, with this one behind it.
+    """
     with _state.lock:
         if _state.library is not None:
             return
         _state.env_mode = _config.env_mode()
+        native_keys = _native_keys()
         library = torch.library.Library("aten", "IMPL")
         try:
             with warnings.catch_warnings():
                 # PyTorch warns that a kernel is overridden: that is the point here.
                 warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
                 for key in DISPATCH_KEYS:
-                    library.impl("_scaled_mm", _scaled_mm, key)
+                    if key not in native_keys:
+                        library.impl("_scaled_mm", _scaled_mm, key)
+                if native_keys:
+                    native.install_scaled(native_keys, _state.env_mode, _config.overrides(), _scaled_mm)
         except Exception:
             library._destroy()
             raise
         _state.library = library
+        _state.native_keys = native_keys
+        if native_keys:
+            _config.on_overrides(_native_overrides)
+
+
+def _native_keys() -> tuple[str, ...]:
+    """The keys the native kernel takes: those of :data:`NATIVE_KEYS` that the native
+    build serves (routing.py warns once when it does not build)."""
+    keys = tuple(key for key in native.wanted_keys() if key in NATIVE_KEYS)
+    if not keys or not native.load("CUDA" in keys):
+        return ()
+    return keys
+
+
+def _native_overrides(count: int) -> None:
+    native.configure(_state.env_mode, count)
 
 
 def uninstall() -> None:
     with _state.lock:
+        if _state.native_keys:
+            native.uninstall_scaled()
+            _config.on_overrides(_native_overrides, remove=True)
         if _state.library is not None:
             _state.library._destroy()
             _state.library = None
         _retire()
+        _state.native_keys = ()
 
 
 # --- what happened ------------------------------------------------------------------------
@@ -298,6 +403,7 @@ def stats() -> dict[str, Any]:
     ``by_label`` / ``by_source`` as in :func:`unimatmul.torch.routing.stats`.
     """
     with _state.lock:
+        _sync_native_counts()
         counts: Counter[tuple[str, str]] = Counter(_state.retired)
         for plan in _state.plans.values():
             if plan.calls:
@@ -323,6 +429,7 @@ def stats() -> dict[str, Any]:
 
 def reset_stats() -> None:
     with _state.lock:
+        _sync_native_counts()
         _state.retired.clear()
         for plan in _state.plans.values():
             plan.calls = 0
@@ -331,4 +438,5 @@ def reset_stats() -> None:
 def plans() -> list[ScaledPlan]:
     """The live plans (for inspection and tests)."""
     with _state.lock:
+        _sync_native_counts()
         return list(_state.plans.values())
