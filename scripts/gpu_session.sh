@@ -12,7 +12,7 @@
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
 # Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
 # (default --quick) and HF_ARGS (e.g. --rows REGEX) go to those parts' scripts.
-# TRITON_SKIP (e.g. decode,conformance) skips parts of the Triton check.
+# TRITON_SKIP (e.g. decode,conformance) skips parts of the Triton check; TESTS_ARGS go to pytest.
 # Carry .whl (nvmath-python) with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ for name in "$@"; do
     case $name in
     tests)
         part tests "${TESTS_S:-200}" python3 -m pytest tests/gpu tests/torch tests/conformance/test_conformance_gpu.py \
-            tests/core/test_layout.py tests/core/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ;;
+            tests/core/test_layout.py tests/core/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
