@@ -368,3 +368,27 @@ def test_cuda_graph_trees_take_routed_kernels(gpu_env: Env) -> None:
         torch._dynamo.reset()
     for out in outs:
         assert _rel(out, expected) < 3e-2
+
+
+@pytest.mark.parametrize("capture_mode", ["global", "thread_local"])
+def test_kept_buffers_stay_out_of_graph_pools(capture_mode: str) -> None:
+    """A buffer a runner keeps, made during a capture (a runner prepared there), is not in
+    the capture's pool: the check CUDA graph trees make after recording passes."""
+    from unimatmul.core.arrays import kept_torch_buffer
+
+    pool = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    x = torch.ones(256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with (
+        torch.cuda.stream(side),
+        torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode=capture_mode),
+    ):
+        y = x * 2
+        kept = kept_torch_buffer((1 << 16,), (1,), torch.float32, "cuda")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert kept.shape == (1 << 16,) and torch.equal(y, x * 2)
+    live = {y.untyped_storage().data_ptr()}
+    assert torch._C._cuda_checkPoolLiveAllocations(torch.cuda.current_device(), pool, live)

@@ -115,35 +115,59 @@ def host_available_bytes() -> int | None:
         return None
 
 
-_keeper: list[Any] = []  # [the thread that makes kept buffers]
+_keeper: list[Any] = []  # [the thread that makes kept buffers, whether it may allocate during a capture]
 _keeper_lock = threading.Lock()
+
+
+def _relax_capture_mode() -> bool:
+    """Let this thread allocate while another thread captures a CUDA/HIP graph (the driver's
+    relaxed capture mode for the thread, as PyTorch's allocator sets for its event queries).
+    False when the driver's function cannot be had."""
+    import ctypes
+
+    import torch
+
+    hip = bool(getattr(torch.version, "hip", None))
+    try:
+        library = ctypes.CDLL("libamdhip64.so" if hip else "libcuda.so.1")
+        exchange = getattr(
+            library, "hipThreadExchangeStreamCaptureMode" if hip else "cuThreadExchangeStreamCaptureMode"
+        )
+    except (OSError, AttributeError):
+        return False
+    mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED = hipStreamCaptureModeRelaxed = 2
+    return bool(exchange(ctypes.byref(mode)) == 0)
 
 
 def kept_torch_buffer(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, device: Any) -> Any:
     """A torch GPU buffer that a runner keeps across calls (a workspace, padded copies).
 
-    Made by a thread of its own and recorded for the caller's current stream, so that it
-    never comes from a CUDA-graph memory pool being filled: torch.compile's CUDA graph
-    trees send every allocation of the thread that runs them to a private pool while
-    they warm up, and refuse any buffer there that outlives the run ("tensors in the
-    cudagraph pool not tracked as outputs"). Under a stream capture it is allocated as
-    anything else is (the capture's pool, where the captured graph keeps it). ``dtype``
-    and ``device`` are torch's; the native routing kernels make theirs the same way
-    (``kept_buffer`` in ``_native.cpp``).
+    Made by a thread of its own (in the relaxed capture mode) and recorded for the
+    caller's current stream, so that it never comes from a CUDA-graph memory pool:
+    torch.compile's CUDA graph trees send every allocation of the thread that runs them
+    to a private pool while they warm up and record, and refuse any buffer there that
+    outlives the run ("tensors in the cudagraph pool not tracked as outputs"); a runner
+    first prepared during a capture would otherwise put its workspace there. Where the
+    relaxed mode cannot be set, a buffer wanted during a capture is allocated as anything
+    else is (the capture's pool). ``dtype`` and ``device`` are torch's; the native routing
+    kernels make theirs the same way (``kept_buffer`` in ``_native.cpp``).
     """
     import torch
 
     device = torch.device(device)
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda":
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    with _keeper_lock:
+        if not _keeper:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unimatmul-kept-buffers")
+            _keeper.extend([pool, pool.submit(_relax_capture_mode).result()])
+    if not _keeper[1] and torch.cuda.is_current_stream_capturing():
         return torch.empty_strided(shape, strides, dtype=dtype, device=device)
 
     def make() -> Any:
         with torch.cuda.device(device):
             return torch.empty_strided(shape, strides, dtype=dtype, device=device)
 
-    with _keeper_lock:
-        if not _keeper:
-            _keeper.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="unimatmul-kept-buffers"))
     made = _keeper[0].submit(make).result()
     made.record_stream(torch.cuda.current_stream(device))  # freed only once this stream is done with it
     return made

@@ -537,6 +537,7 @@ at::Tensor kept_buffer(c10::IntArrayRef sizes, c10::IntArrayRef strides, const a
   std::exception_ptr failed;
   std::thread maker([&] {
     try {
+      RelaxedCapture relaxed;  // another thread may be capturing a graph (never this buffer)
       c10::cuda::CUDAGuard guard(device);
       made = at::cuda::empty_strided(size_v, stride_v, options);
     } catch (...) {
