@@ -833,6 +833,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=None, help="torch.set_num_threads (CPU; also OMP_NUM_THREADS)"
     )
     p.add_argument("--note", default="", help="a line for the report (conditions of the run)")
+    p.add_argument(
+        "--tree-history",
+        action="store_true",
+        help="CUDA graph trees record where each allocation came from (their errors then name it)",
+    )
     args = p.parse_args(argv)
     gpu = args.gpu
     args.device = "cuda" if gpu else "cpu"
@@ -849,6 +854,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--phases takes prefill, generate; --variants takes eager, compiled")
     args.compile = gpu if args.compile is None else args.compile
     args.compile_mode = args.compile_mode or ("reduce-overhead" if gpu else "default")
+    if args.tree_history:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.cudagraph_trees_history_recording = True
     args.seq = args.seq or (512 if gpu else 64)
     args.prompt = args.prompt or (128 if gpu else 32)
     args.new_tokens = args.new_tokens or (64 if gpu else 16)
