@@ -253,6 +253,7 @@ def test_two_ranks_tune_a_preset_once_and_report_the_same_choices(tmp_path: Path
 
 
 def test_a_rank_that_dies_leaves_a_valid_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_unless_offered("f32")  # the ranks tune CPU problems: without a CPU backend they refuse to start
     (code0, result0, err0), (code1, result1, _) = launch_ranks("die", str(tmp_path))
     assert code1 == 17 and result1 is None
     assert code0 == 0 and result0 is not None, err0
@@ -310,6 +311,7 @@ def test_two_ranks_of_a_tensor_parallel_stack_run_the_same_kernels(tmp_path: Pat
 
 
 def test_torchrun_runs_the_command_on_two_ranks(tmp_path: Path) -> None:
+    skip_unless_offered("f32")  # CPU shapes: every rank needs a CPU backend
     cache, report = tmp_path / "cache.msgpack", tmp_path / "records.json"
     shapes = ["--shape", "64x96x64", "--shape", "48x64x80", "--shape", "4x32x32x48"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
