@@ -321,13 +321,17 @@ class OwnStreamRunner(TorchRunner):
 
         super().__init__(problem, candidate, target)
         self.torch = torch
-        self.stream = torch.cuda.Stream()
+        # PyTorch hands out its streams round-robin from a pool of 32: two, so that one of
+        # them is never the caller's (a graph capture's side stream may be either).
+        self.streams = (torch.cuda.Stream(), torch.cuda.Stream())
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
     ) -> None:
         # Ignores the caller's stream: a graph cannot capture it, and it races the caller.
-        with self.torch.cuda.stream(self.stream):
+        current = self.torch.cuda.current_stream()
+        own = self.streams[0] if self.streams[0] != current else self.streams[1]
+        with self.torch.cuda.stream(own):
             super().__call__(a, b, out, alpha, beta, bias)
 
 

@@ -219,7 +219,7 @@ def test_a_known_scaled_key_is_served_without_python(env: Env) -> None:
     scales = [(torch.tensor(0.25 * (i + 1)), torch.tensor(1.5 - 0.25 * i)) for i in range(5)]
     expected = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for sa, sb in scales]
     ut.enable()
-    assert scaled_routing._state.native_keys == ("CPU",)
+    assert "CPU" in scaled_routing._state.native_keys  # the test mode: native at the CPU key too
     outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for sa, sb in scales]
     (plan,) = scaled_routing._state.plans.values()
     assert plan.native == native.DEFAULT

@@ -84,6 +84,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -92,11 +93,35 @@
 // PyTorch 1.10); that header's pybind11 includes would double this file's build time.
 PyObject* THPVariable_Wrap(const at::TensorBase& var);
 
-// TORCH_CHECK with the message made here and handed to PyTorch as a C string: in the GPU
-// build on the H200 (torch 2.11), a refusal whose message TORCH_CHECK formats (numbers
-// after the text) crashed the process instead of raising, while one with a plain text
-// message raised; the cause was not found, the C-string form is what raised there.
-#define UMM_CHECK(cond, ...) TORCH_CHECK(cond, (std::string() + ::c10::str(__VA_ARGS__)).c_str())
+// TORCH_CHECK with a message made without iostreams. On the H200 machine (torch 2.11, its
+// compiler), writing an integer into a std::ostream inside this library crashed the process
+// (a SIGSEGV in std::ostream::_M_insert<unsigned long>: the library's inline copy of the
+// stream code and the libstdc++ loaded in the process disagree), so every refusal with a
+// number in its message crashed instead of raising. c10::str streams its arguments: this
+// joins text and std::to_string of numbers (vsnprintf underneath, no locale facets).
+inline void umm_append(std::string& out, const char* text) {
+  out += text;
+}
+inline void umm_append(std::string& out, const std::string& text) {
+  out += text;
+}
+template <typename T, std::enable_if_t<std::is_integral_v<T> || std::is_enum_v<T>, int> = 0>
+inline void umm_append(std::string& out, T value) {
+  if constexpr (std::is_enum_v<T>) {
+    out += std::to_string(static_cast<long long>(value));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out += value ? "true" : "false";
+  } else {
+    out += std::to_string(value);
+  }
+}
+template <typename... Args>
+std::string umm_message(const Args&... args) {
+  std::string out;
+  (umm_append(out, args), ...);
+  return out;
+}
+#define UMM_CHECK(cond, ...) TORCH_CHECK(cond, umm_message(__VA_ARGS__).c_str())
 
 namespace {
 
