@@ -324,3 +324,49 @@ def test_scaled_and_routing_plans_clear_apart(env: Env) -> None:
     torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
     torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
     assert ut.scaled_stats()["routed"] == 5 and native.size(native.SCALED) == 1
+
+
+@pytest.mark.parametrize("min_gain", [-100.0, 0.99], ids=["kept", "reverted"])
+def test_a_stored_scaled_choice_is_confirmed_where_it_runs(env: Env, min_gain: float) -> None:
+    """A scaled choice from the cache starts in a confirmation window (its scales passed on
+    to both candidates); the verdict keeps it or turns the plan into PyTorch's kernel."""
+    from dataclasses import replace
+
+    from torch_helpers import FAST
+
+    from unimatmul.tuning.confirm import WARMUP
+
+    calls_per_candidate = 4
+    fake = ScaledFakeBackend("fake-scaled")
+    a, b, sa, sb = _operands(16, 48, 32, "tensor")
+    expected = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    env.selector.confirm_calls = calls_per_candidate
+    env.selector.settings = replace(FAST, min_gain=min_gain)
+    keep = min_gain < 0
+    with registered(env.selector.plugins, fake):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-scaled")
+        ut.enable()
+        calls = 0
+        for calls in range(1, 100):
+            # A fresh scale tensor per call, of the same value: both candidates get the call's.
+            out = torch._scaled_mm(a, b, sa.clone(), sb.clone(), out_dtype=torch.bfloat16)
+            assert float((out.double() - expected).norm() / expected.norm()) < 3e-2
+            (plan,) = scaled_routing.plans()
+            if plan.source in ("confirmed", "reverted"):
+                break
+        assert plan.source == ("confirmed" if keep else "reverted")
+        assert calls == WARMUP + 2 * calls_per_candidate  # the first call is the window's own first
+        # The kernel ran for the window's first call and half of its timed ones.
+        assert fake.calls == 1 + calls_per_candidate
+        for _ in range(3):
+            out = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+            assert float((out.double() - expected).norm() / expected.norm()) < 3e-2
+        assert fake.calls == 1 + calls_per_candidate + (3 if keep else 0)
+        assert (plan.runner is not None) == keep
+    stats = ut.scaled_stats()
+    assert stats["confirm"][plan.source] == 1 and stats["confirm"]["open"] == 0
+    assert stats["by_source"][plan.source] == 3 and stats["routed"] == calls + 3
+    # The verdict is stored with the record: another process starts from it, unconfirmed.
+    assert env.selector.settle(timeout=10)  # verdicts are written by a thread of their own
+    records = [r for _, _, r in env.selector.store.items(None) if r.problem.startswith("scaled_gemm:")]
+    assert [r.settings["confirm"]["verdict"] for r in records] == [plan.source]

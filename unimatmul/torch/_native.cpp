@@ -1368,6 +1368,21 @@ void set_busy(bool on) {
   busy = on;
 }
 
+// `confirm` > 0: the entry starts in a confirmation window of that many timed calls per
+// candidate, and becomes `kind` or DEFAULT by its verdict.
+void open_window(Entry& e, int64_t kind, int64_t confirm) {
+  if (confirm <= 0 || kind == DEFAULT || kind == PYTHON) {
+    return;
+  }
+  UMM_CHECK(confirm <= 4096, "unimatmul_native.put: a window of ", confirm, " calls per candidate");
+  auto window = std::make_unique<Window>();
+  window->kernel_kind = static_cast<int>(kind);
+  window->timed = static_cast<int>(2 * confirm);
+  window->host.assign(static_cast<size_t>(window->timed), 0.0);
+  e.window = std::move(window);
+  e.kind.store(CONFIRM);
+}
+
 // A LAUNCH entry's words (NativeCall "launch"): the launch and set-context function
 // addresses, the device's context, the function, grid x/y/z, block x, dynamic shared
 // bytes, the stream of the workspace, whether the kernel is bound to it (split-K), the
@@ -1515,15 +1530,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   if (kind == LAUNCH) {
     put_launch(*entry, a, lt);
   }
-  if (confirm > 0 && kind != DEFAULT && kind != PYTHON) {
-    UMM_CHECK(confirm <= 4096, "unimatmul_native.put: a window of ", confirm, " calls per candidate");
-    auto window = std::make_unique<Window>();
-    window->kernel_kind = static_cast<int>(kind);
-    window->timed = static_cast<int>(2 * confirm);
-    window->host.assign(static_cast<size_t>(window->timed), 0.0);
-    entry->window = std::move(window);
-    entry->kind.store(CONFIRM);
-  }
+  open_window(*entry, kind, confirm);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
   s.tables[table][key] = std::move(entry);
@@ -1531,11 +1538,12 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
 
 // Puts the entry for a _scaled_mm call's key into the SCALED table (`mode` as for put).
 // kind: DEFAULT, PYTHON or SCALED_LT; lt holds, for SCALED_LT, the library's A and B
-// scale-pointer attributes and whether C is D, then an LT entry's words (put).
+// scale-pointer attributes and whether C is D, then an LT entry's words (put); `confirm`
+// as for put.
 void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                 const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
                 std::optional<at::ScalarType> out_dtype, bool use_fast_accum, int64_t kind, int64_t id,
-                c10::string_view label, c10::IntArrayRef out_shape, c10::IntArrayRef lt) {
+                c10::string_view label, c10::IntArrayRef out_shape, c10::IntArrayRef lt, int64_t confirm) {
   Key key;
   const int64_t key_mode = mode < 0 ? state().mode.load() : mode;
   const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
@@ -1557,6 +1565,7 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
     entry->c_is_d = lt[2] != 0;
     set_lt(*entry, lt.slice(scaled_words));
   }
+  open_window(*entry, kind, confirm);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
   s.tables[SCALED][key] = std::move(entry);
@@ -1654,7 +1663,7 @@ TORCH_LIBRARY(unimatmul_native, m) {
       &put);
   m.def(
       "put_scaled(int mode, Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, ScalarType? out_dtype, "
-      "bool use_fast_accum, int kind, int id, str label, int[] out_shape, int[] lt) -> ()",
+      "bool use_fast_accum, int kind, int id, str label, int[] out_shape, int[] lt, int confirm) -> ()",
       &put_scaled);
   m.def("clear(int table) -> int[]", &clear);
   m.def("counts(int table, bool reset) -> int[]", &counts);

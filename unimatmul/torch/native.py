@@ -418,9 +418,11 @@ def put_scaled(
     label: str,
     out_shape: tuple[int, ...],
     call: Any = None,
+    confirm: int = 0,
 ) -> None:
     """Put the SCALED entry for a ``_scaled_mm`` call's key (without ``scale_result``, in the
-    environment's mode); ``call``: a ``ScaledLtRunner``'s NativeCall (``SCALED_LT``)."""
+    environment's mode); ``call``: a ``ScaledLtRunner``'s NativeCall (``SCALED_LT``);
+    ``confirm`` as for :func:`put`."""
     torch.ops.unimatmul_native.put_scaled(
         -1,
         a,
@@ -435,6 +437,7 @@ def put_scaled(
         label,
         list(out_shape),
         call.words if call is not None and kind == SCALED_LT else [],
+        confirm,
     )
 
 

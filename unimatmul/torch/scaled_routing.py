@@ -25,6 +25,11 @@ Elsewhere (the CPU key, or no native build) every routed call runs this kernel (
 lookup and the runner, a few microseconds of host time), which CUDA graphs remove.
 ``torch.compile`` keeps the calls routed through ``unimatmul::scaled_mm``
 (``compiled.py``).
+
+A choice from a record starts in a confirmation window (:mod:`unimatmul.tuning.confirm`),
+as a routed mm does: its first real calls alternate it with PyTorch's kernel, timed where
+they run (in the native entry, or in the plan's window here), and the verdict keeps it
+(source ``confirmed``) or turns the plan and its entry into PyTorch's kernel (``reverted``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import scaled_problem_of
 from unimatmul.torch import native
+from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
 from unimatmul.tuning.selector import get_selector
 
 DISPATCH_KEYS = ("CPU", "CUDA")
@@ -60,6 +66,7 @@ class ScaledPlan:
 
     __slots__ = (
         "calls",
+        "confirmation",
         "ident",
         "label",
         "native",
@@ -82,6 +89,7 @@ class ScaledPlan:
         self.out_shape: tuple[int, int] = (0, 0)
         self.out_dtype: Any = None
         self.calls = 0
+        self.confirmation: Confirmation | None = None  # the choice's window, while one judges it
 
 
 class _State:
@@ -90,6 +98,7 @@ class _State:
         self.env_mode = "cached"
         self.plans: dict[tuple[Any, ...], ScaledPlan] = {}
         self.retired: Counter[tuple[str, str]] = Counter()
+        self.verdicts: Counter[str] = Counter()  # windows judged: confirmed, reverted, unjudged
         self.lock = threading.RLock()
         # Keys served by the native kernel, and the runners its table points into: kept
         # for one generation after the table is emptied, so that a native call in flight
@@ -233,26 +242,37 @@ def _native_put(
     out_dtype: torch.dtype | None,
     use_fast_accum: bool,
 ) -> None:
-    """Give the native kernel this key's entry (it calls this module's kernel for keys it lacks)."""
+    """Give the native kernel this key's entry (it calls this module's kernel for keys it lacks).
+
+    A choice in its confirmation window: the entry runs the window itself when it can make
+    the kernel's call (the plan then holds the bare kernel, for calls that still come
+    through Python); else the entry sends calls here, where the plan's window runs.
+    """
     runner = plan.runner
+    window = runner if isinstance(runner, ConfirmingRunner) else None
+    kernel = window.kernel if window is not None else runner
     call = None
-    if runner is not None and hasattr(runner, "native_call"):
+    if kernel is not None and hasattr(kernel, "native_call"):
         try:
-            call = runner.native_call()
+            call = kernel.native_call()
         except Exception:  # the Python kernel keeps serving the key
             call = None
-    kind = native.kind_of(call) if runner is not None else native.DEFAULT
+    kind = native.kind_of(call) if kernel is not None else native.DEFAULT
+    confirm = window.confirmation.calls if window is not None and kind != native.PYTHON else 0
     try:
         native.put_scaled(
             a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, kind, plan.ident, plan.label,
-            plan.out_shape, call,
+            plan.out_shape, call, confirm,
         )  # fmt: skip
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
     plan.native = kind
-    if runner is not None:
-        _state.keep[0].append(runner)
+    if window is not None and confirm:
+        native.watch(plan.ident, window.confirmation.conclude)
+        plan.runner = kernel
+    if kernel is not None:
+        _state.keep[0].append(kernel)
 
 
 def _fill(
@@ -308,6 +328,35 @@ def _fill(
     else:
         plan.runner = decision.runner
         plan.label = f"unimatmul::scaled_mm [{candidate.identity}]"
+    if decision.confirmation is not None:
+        # A window's Default is torch._scaled_mm's out= form (core/scaled.py), which this
+        # kernel never takes over: no recursion.
+        plan.confirmation = decision.confirmation
+        decision.confirmation.listen(lambda outcome: _judged(plan, outcome))
+
+
+def _judged(plan: ScaledPlan, outcome: Outcome) -> None:
+    """A window's verdict: the plan keeps its kernel or becomes PyTorch's kernel (the native
+    entry has switched itself). The calls made so far stay counted under the plan's old
+    source; later ones count under ``confirmed`` or ``reverted``."""
+    runner = plan.runner
+    kernel = runner.kernel if isinstance(runner, ConfirmingRunner) else runner
+    with _state.lock:
+        _state.verdicts[outcome.verdict] += 1
+        plan.confirmation = None
+        if outcome.verdict == UNJUDGED:
+            plan.runner = kernel  # nothing measured: the choice stays, under its old source
+            return
+        _sync_native_counts()
+        if plan.calls:
+            _state.retired[(plan.source, plan.label)] += plan.calls
+            plan.calls = 0
+        plan.source = outcome.verdict
+        if outcome.keep:
+            plan.runner = kernel
+        else:
+            plan.runner = None
+            plan.label = "unimatmul::scaled_mm [default]"
 
 
 def _sync_native_counts(clear: bool = False) -> None:
@@ -400,7 +449,9 @@ def stats() -> dict[str, Any]:
 
     ``routed`` (unimatmul decided: a kernel or Default), ``kernel`` (a backend's kernel
     ran), ``default``, ``passthrough`` (not a scaled GEMM unimatmul describes), and
-    ``by_label`` / ``by_source`` as in :func:`unimatmul.torch.routing.stats`.
+    ``by_label`` / ``by_source`` as in :func:`unimatmul.torch.routing.stats`; ``confirm``:
+    confirmation windows ``open`` now, and those ``confirmed``, ``reverted`` or ``unjudged``
+    since the last reset.
     """
     with _state.lock:
         _sync_native_counts()
@@ -408,6 +459,8 @@ def stats() -> dict[str, Any]:
         for plan in _state.plans.values():
             if plan.calls:
                 counts[(plan.source, plan.label)] += plan.calls
+        open_windows = sum(1 for plan in _state.plans.values() if plan.confirmation is not None)
+        verdicts = dict(_state.verdicts)
     out: dict[str, Any] = {
         "routed": 0,
         "kernel": 0,
@@ -415,6 +468,7 @@ def stats() -> dict[str, Any]:
         "passthrough": 0,
         "by_label": {},
         "by_source": {},
+        "confirm": {"open": open_windows, "confirmed": 0, "reverted": 0, "unjudged": 0, **verdicts},
     }
     for (source, label), calls in counts.items():
         routed = source != "passthrough"
@@ -431,6 +485,7 @@ def reset_stats() -> None:
     with _state.lock:
         _sync_native_counts()
         _state.retired.clear()
+        _state.verdicts.clear()
         for plan in _state.plans.values():
             plan.calls = 0
 

@@ -367,53 +367,58 @@ class ConfirmingRunner:
             hook(final)
 
     def __call__(
-        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None, *extra: Any
     ) -> None:
+        # ``extra``: a scaled runner's scales (``scale_a, scale_b``), passed on as they are.
         final = self.final
         if final is not None:
-            final(a, b, out, alpha, beta, bias)
+            final(a, b, out, alpha, beta, bias, *extra)
             return
         if not self._lock.acquire(blocking=False):
-            self.kernel(a, b, out, alpha, beta, bias)
+            self.kernel(a, b, out, alpha, beta, bias, *extra)
             return
         try:
-            self._window_call(a, b, out, alpha, beta, bias)
+            self._window_call(a, b, out, alpha, beta, bias, extra)
         finally:
             self._lock.release()
 
-    def _default(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    def _default(
+        self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, extra: tuple[Any, ...]
+    ) -> None:
         try:
-            self.default(a, b, out, alpha, beta, bias)
+            self.default(a, b, out, alpha, beta, bias, *extra)
         except Exception:
             self._next = WARMUP + self._timed  # no more window calls
             self.confirmation.abandon()  # settles this wrapper on the choice
-            self.kernel(a, b, out, alpha, beta, bias)
+            self.kernel(a, b, out, alpha, beta, bias, *extra)
 
-    def _window_call(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    def _window_call(
+        self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, extra: tuple[Any, ...]
+    ) -> None:
         clock = self._clock
         i = self._next
         if i >= WARMUP + self._timed or clock.capturing():
             # The window is full and its last events may still be running (or the stream
             # is being captured): the choice, untimed; the verdict once the clock can be read.
-            self.kernel(a, b, out, alpha, beta, bias)
+            self.kernel(a, b, out, alpha, beta, bias, *extra)
             if i >= WARMUP + self._timed and clock.ready():
                 self.confirmation.conclude(*split(clock.seconds()), clock.name)
             return
         self._next = i + 1
         if i < WARMUP:
             if i == 0:
-                self.kernel(a, b, out, alpha, beta, bias)
+                self.kernel(a, b, out, alpha, beta, bias, *extra)
             else:
-                self._default(a, b, out, alpha, beta, bias)
+                self._default(a, b, out, alpha, beta, bias, extra)
             return
         j = i - WARMUP
         if uses_kernel(j):
             clock.begin(j)
-            self.kernel(a, b, out, alpha, beta, bias)
+            self.kernel(a, b, out, alpha, beta, bias, *extra)
             clock.end(j)
         else:
             clock.begin(j)
-            self._default(a, b, out, alpha, beta, bias)
+            self._default(a, b, out, alpha, beta, bias, extra)
             clock.end(j)
         if j + 1 == self._timed and clock.ready():
             self.confirmation.conclude(*split(clock.seconds()), clock.name)

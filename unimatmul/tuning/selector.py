@@ -225,11 +225,10 @@ class Selector:
             return Decision(runner, verdict or source, record)
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
         collective = _collective
-        if calls <= 0 or problem.is_scaled or (collective is not None and collective()):
-            # Scaled (fp8) runners take their scales as extra arguments, which a window
-            # does not pass on yet; and in a distributed job deciding together every rank
-            # must run the same kernel, which windows judged on each rank alone would not
-            # keep: such choices run unconfirmed.
+        if calls <= 0 or (collective is not None and collective()):
+            # In a distributed job deciding together every rank must run the same kernel,
+            # which windows judged on each rank alone would not keep: such choices run
+            # unconfirmed.
             return Decision(runner, source, record)
         min_gain = self.tuner.settings_for(target).min_gain
 
