@@ -347,9 +347,10 @@ def test_a_stored_scaled_choice_is_confirmed_where_it_runs(env: Env, min_gain: f
         _store_kernel_winner(env, a, b, sa, sb, "fake-scaled")
         ut.enable()
         calls = 0
-        for calls in range(1, 100):
+        while calls < 100:
             # A fresh scale tensor per call, of the same value: both candidates get the call's.
             out = torch._scaled_mm(a, b, sa.clone(), sb.clone(), out_dtype=torch.bfloat16)
+            calls += 1
             assert float((out.double() - expected).norm() / expected.norm()) < 3e-2
             (plan,) = scaled_routing.plans()
             if plan.source in ("confirmed", "reverted"):
