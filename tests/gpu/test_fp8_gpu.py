@@ -170,6 +170,9 @@ def _isolated_selector(monkeypatch: pytest.MonkeyPatch, native_kernels: str) -> 
     monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", native_kernels)
     monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
     found = Selector(store=MemoryStore())
+    # These tests count the calls a choice serves: no confirmation windows (which send half
+    # of a choice's first calls to Default) unless a test opens them.
+    found.confirm_calls = 0
     old = set_selector(found)
     try:
         yield found
@@ -424,3 +427,34 @@ def test_native_scaled_mm_keeps_pytorch_s_kernel_and_errors(native_selector: Any
     # kernel counts the calls that return.
     assert (stats["default"], stats["passthrough"]) == (3, 3 + 1)
     assert len(scaled_routing.plans()) == 3
+
+
+@pytest.mark.parametrize("min_gain", [-100.0, 0.99], ids=["kept", "reverted"])
+def test_a_native_scaled_entry_runs_its_confirmation_window(native_selector: Any, min_gain: float) -> None:
+    """A SCALED_LT choice in its window: the native entry alternates it with PyTorch's kernel,
+    timed with CUDA events, and becomes SCALED_LT or DEFAULT by the verdict."""
+    import unimatmul.torch as ut
+    from unimatmul.torch import native, scaled_routing
+    from unimatmul.tuning.harness import HarnessSettings
+
+    a, b, sa, sb = _linear(128, 2048, 1024, "tensor")
+    _native_kernel_entry(native_selector, a, b, sa, sb, None)
+    native_selector.confirm_calls = 4
+    native_selector.settings = HarnessSettings(min_gain=min_gain)  # windows only: tuning is done
+    ut.clear_plans()
+    ut.reset_stats()
+    keep = min_gain < 0
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    outs = []
+    for _ in range(60):  # a full window, and a few calls to read its last events
+        outs.append(torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
+        (plan,) = scaled_routing._state.plans.values()
+        if plan.source in ("confirmed", "reverted"):
+            break
+    assert plan.source == ("confirmed" if keep else "reverted")
+    assert native.kinds(native.SCALED)[plan.ident] == (native.SCALED_LT if keep else native.DEFAULT)
+    outs.extend(torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for _ in range(3))
+    torch.cuda.synchronize()
+    tol = scaled_tolerance("bf16")
+    assert all(_rel(out, ref) <= tol for out in outs)
+    assert ut.scaled_stats()["confirm"][plan.source] == 1

@@ -39,6 +39,14 @@ def _native_scaled_at_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
         monkeypatch.setattr(scaled_routing, "NATIVE_KEYS", ("CPU", "CUDA"))
 
 
+@pytest.fixture(autouse=True)
+def _no_windows(request: pytest.FixtureRequest) -> None:
+    """Most tests here count the calls a stored choice serves: no confirmation windows
+    (which send half of a choice's first calls to Default); the window test opens them."""
+    if "env" in request.fixturenames:
+        request.getfixturevalue("env").selector.confirm_calls = 0
+
+
 def _cpu_rowwise() -> str | None:
     """Why this torch's own CPU ``_scaled_mm`` cannot take row-wise scales, or None."""
     a = torch.ones(16, 16).to(torch.float8_e4m3fn)
