@@ -1294,23 +1294,31 @@ std::unique_ptr<torch::Library> kernels_at(c10::DispatchKey key) {
   return lib;
 }
 
-void install(bool cpu, bool cuda) {
-  State& s = state();
-  std::lock_guard<std::mutex> guard(s.install_lock);
-  if (!s.libraries.empty()) {
+using LibraryMaker = std::unique_ptr<torch::Library> (*)(c10::DispatchKey);
+
+// Registers `cpu_kernels` at the CPU key and/or `cuda_kernels` at the CUDA key into `into`
+// (once: a second install while installed does nothing). `who` names the caller in errors.
+void install_into(std::vector<std::unique_ptr<torch::Library>>& into, bool cpu, bool cuda, LibraryMaker cpu_kernels,
+                  [[maybe_unused]] LibraryMaker cuda_kernels, const char* who) {
+  std::lock_guard<std::mutex> guard(state().install_lock);
+  if (!into.empty()) {
     return;
   }
   Quiet quiet;
   c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
-  UMM_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install: the CUDA key needs the GPU build");
+  UMM_CHECK(!cuda || built_with_cuda(), who, ": the CUDA key needs the GPU build");
   if (cpu) {
-    s.libraries.push_back(kernels_at<false>(c10::DispatchKey::CPU));
+    into.push_back(cpu_kernels(c10::DispatchKey::CPU));
   }
 #ifdef UMM_WITH_CUDA
   if (cuda) {
-    s.libraries.push_back(kernels_at<true>(c10::DispatchKey::CUDA));
+    into.push_back(cuda_kernels(c10::DispatchKey::CUDA));
   }
 #endif
+}
+
+void install(bool cpu, bool cuda) {
+  install_into(state().libraries, cpu, cuda, &kernels_at<false>, &kernels_at<true>, "unimatmul_native.install");
 }
 
 void uninstall() {
@@ -1329,22 +1337,8 @@ std::unique_ptr<torch::Library> scaled_kernel_at(c10::DispatchKey key) {
 // aten::_scaled_mm's kernel at the CPU and/or CUDA key, apart from the products' (scaled_routing.py
 // installs and removes it with its Python kernel).
 void install_scaled(bool cpu, bool cuda) {
-  State& s = state();
-  std::lock_guard<std::mutex> guard(s.install_lock);
-  if (!s.scaled_libraries.empty()) {
-    return;
-  }
-  Quiet quiet;
-  c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
-  UMM_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install_scaled: the CUDA key needs the GPU build");
-  if (cpu) {
-    s.scaled_libraries.push_back(scaled_kernel_at<false>(c10::DispatchKey::CPU));
-  }
-#ifdef UMM_WITH_CUDA
-  if (cuda) {
-    s.scaled_libraries.push_back(scaled_kernel_at<true>(c10::DispatchKey::CUDA));
-  }
-#endif
+  install_into(state().scaled_libraries, cpu, cuda, &scaled_kernel_at<false>, &scaled_kernel_at<true>,
+               "unimatmul_native.install_scaled");
 }
 
 void uninstall_scaled() {

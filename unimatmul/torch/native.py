@@ -40,13 +40,13 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from unimatmul import settings
 from unimatmul.core import modes
-from unimatmul.tuning.confirm import split
+from unimatmul.tuning.confirm import ConfirmingRunner, split
 
 ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
@@ -198,6 +198,50 @@ def loaded() -> bool:
 def has_lt() -> bool:
     """Whether the loaded build makes Lt calls itself (the GPU build)."""
     return _loaded_gpu is True
+
+
+class Entry(NamedTuple):
+    """What the native table should hold for a routing plan's runner (see :func:`entry_for`)."""
+
+    window: ConfirmingRunner | None  # the choice's confirmation window, if it is in one
+    kernel: Any  # the bare kernel (None: PyTorch's)
+    call: Any  # the kernel's NativeCall, or None
+    kind: int
+    confirm: int  # timed calls per candidate of a window the entry runs itself (0: none)
+
+
+def entry_for(runner: Any, offered: bool = True) -> Entry:
+    """The native entry of a plan's ``runner`` (None: PyTorch's kernel).
+
+    A choice in its confirmation window (a ``ConfirmingRunner``) becomes its bare kernel's
+    call with a window of the confirmation's calls when the table can make that call;
+    else the entry sends calls to the Python kernel, whose plan runs the window.
+    ``offered``: whether the call's form may be made natively at all.
+    """
+    window = runner if isinstance(runner, ConfirmingRunner) else None
+    kernel = window.kernel if window is not None else runner
+    call = None
+    if kernel is not None and offered and hasattr(kernel, "native_call"):
+        try:
+            call = kernel.native_call()
+        except Exception:  # the Python kernel keeps serving the key
+            call = None
+    kind = kind_of(call) if kernel is not None else DEFAULT
+    confirm = window.confirmation.calls if window is not None and kind != PYTHON else 0
+    return Entry(window, kernel, call, kind, confirm)
+
+
+def entered(entry: Entry, plan: Any, keep: list[Any]) -> None:
+    """After ``entry`` went into the table for ``plan`` (a routing or scaled plan): the plan
+    notes the entry's kind; a window the entry runs is judged by the plan's confirmation,
+    and the plan holds the bare kernel (for calls that still come through Python); the
+    kernel is kept alive in ``keep`` with the table that points into it."""
+    plan.native = entry.kind
+    if entry.window is not None and entry.confirm:
+        watch(plan.ident, entry.window.confirmation.conclude)
+        plan.runner = entry.kernel
+    if entry.kernel is not None:
+        keep.append(entry.kernel)
 
 
 def kind_of(call: Any) -> int:

@@ -338,28 +338,14 @@ def _native_put(
     come through Python); else the entry sends calls to the Python kernel, whose plan
     runs the window.
     """
-    runner = plan.runner
-    window = runner if isinstance(runner, ConfirmingRunner) else None
-    kernel = window.kernel if window is not None else runner
-    call = None
-    if kernel is not None and plan.form in (PLAIN, BIAS) and hasattr(kernel, "native_call"):
-        try:
-            call = kernel.native_call()
-        except Exception:  # the Python kernel keeps serving the key
-            call = None
-    kind = native.kind_of(call) if kernel is not None else native.DEFAULT
-    confirm = window.confirmation.calls if window is not None and kind != native.PYTHON else 0
+    entry = native.entry_for(plan.runner, offered=plan.form in (PLAIN, BIAS))
     try:
-        native.put(op, a, b, c, beta, kind, plan.ident, plan.label, plan.out_shape, plan.form, call, confirm)
+        native.put(op, a, b, c, beta, entry.kind, plan.ident, plan.label, plan.out_shape, plan.form, entry.call,
+                   entry.confirm)  # fmt: skip
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
-    plan.native = kind
-    if window is not None and confirm:
-        native.watch(plan.ident, window.confirmation.conclude)
-        plan.runner = kernel
-    if kernel is not None:
-        _state.keep[0].append(kernel)
+    native.entered(entry, plan, _state.keep[0])
 
 
 def _fill_plan(

@@ -248,31 +248,16 @@ def _native_put(
     the kernel's call (the plan then holds the bare kernel, for calls that still come
     through Python); else the entry sends calls here, where the plan's window runs.
     """
-    runner = plan.runner
-    window = runner if isinstance(runner, ConfirmingRunner) else None
-    kernel = window.kernel if window is not None else runner
-    call = None
-    if kernel is not None and hasattr(kernel, "native_call"):
-        try:
-            call = kernel.native_call()
-        except Exception:  # the Python kernel keeps serving the key
-            call = None
-    kind = native.kind_of(call) if kernel is not None else native.DEFAULT
-    confirm = window.confirmation.calls if window is not None and kind != native.PYTHON else 0
+    entry = native.entry_for(plan.runner)
     try:
         native.put_scaled(
-            a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, kind, plan.ident, plan.label,
-            plan.out_shape, call, confirm,
+            a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, entry.kind, plan.ident, plan.label,
+            plan.out_shape, entry.call, entry.confirm,
         )  # fmt: skip
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
-    plan.native = kind
-    if window is not None and confirm:
-        native.watch(plan.ident, window.confirmation.conclude)
-        plan.runner = kernel
-    if kernel is not None:
-        _state.keep[0].append(kernel)
+    native.entered(entry, plan, _state.keep[0])
 
 
 def _fill(
