@@ -543,3 +543,21 @@ def test_a_routed_triton_choice_is_launched_natively(
     for out in [*outs, on_side]:
         rel = float((out.double() - reference).norm() / reference.norm())
         assert rel < 3e-2
+
+
+def test_the_driver_words_are_found_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch function and a device's primary context are looked up (and the context
+    retained) once per device, not for every native entry."""
+    from unimatmul_triton.runner import _Driver
+
+    looked_up: list[int] = []
+
+    def find(cls: object, device_index: int, hip: bool) -> tuple[int, int, int]:
+        looked_up.append(device_index)
+        return (10 + device_index, 20, 30)
+
+    monkeypatch.setattr(_Driver, "_find_words", classmethod(find))
+    monkeypatch.setattr(_Driver, "_words", {})
+    assert _Driver.words(0, False) == _Driver.words(0, False) == (10, 20, 30)
+    assert _Driver.words(1, False) == (11, 20, 30)
+    assert looked_up == [0, 1]

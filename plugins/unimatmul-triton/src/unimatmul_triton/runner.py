@@ -195,6 +195,7 @@ class _Driver:
 
     _lock = threading.Lock()
     _loaded: list[Any] = []  # [(library, names)] or [None] when unavailable
+    _words: dict[int, tuple[int, int, int] | None] = {}  # device index -> words (one retain each)
 
     @classmethod
     def functions(cls, hip: bool) -> tuple[Any, tuple[str, str, str, str]] | None:
@@ -216,7 +217,16 @@ class _Driver:
 
     @classmethod
     def words(cls, device_index: int, hip: bool) -> tuple[int, int, int] | None:
-        """(launch function, set-context function, the device's primary context) addresses."""
+        """(launch function, set-context function, the device's primary context) addresses,
+        found once per device."""
+        if device_index not in cls._words:
+            found = cls._find_words(device_index, hip)
+            with cls._lock:
+                cls._words.setdefault(device_index, found)
+        return cls._words[device_index]
+
+    @classmethod
+    def _find_words(cls, device_index: int, hip: bool) -> tuple[int, int, int] | None:
         found = cls.functions(hip)
         if found is None:
             return None
