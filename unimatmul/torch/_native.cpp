@@ -637,14 +637,52 @@ PadBuffers* pads_for(Entry& e, intptr_t stream) {
 }
 #endif
 
+// A backend call that failed: the entry sends its calls to the Python kernel from now on
+// (which reports and falls back); the caller goes there with this call too.
+at::Tensor demoted(Entry& e) {
+  e.kind.store(PYTHON, std::memory_order_relaxed);
+  return at::Tensor();
+}
+
+// Runs a ONEDNN entry on the caller's memory (what MatmulPrimitive.execute does in
+// Python); an undefined tensor when it cannot (alpha != 1 without a runtime alpha, a
+// bias the primitive lacks, or oneDNN refused): the caller goes to Python.
+at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
+                      const at::Tensor* given) {
+  if ((alpha != 1.0 && e.dnnl_alpha == nullptr) || ((bias != nullptr) != (e.dnnl_mem[3] != nullptr))) {
+    return at::Tensor();
+  }
+  at::Tensor out = given != nullptr ? *given : at::cpu::empty(e.out_shape, a.options());
+  int status = 0;
+  {
+    std::lock_guard<std::mutex> guard(e.lock);
+    status |= e.dnnl_set_handle(e.dnnl_mem[0], a.data_ptr());
+    status |= e.dnnl_set_handle(e.dnnl_mem[1], b.data_ptr());
+    status |= e.dnnl_set_handle(e.dnnl_mem[2], out.data_ptr());
+    if (bias != nullptr) {
+      status |= e.dnnl_set_handle(e.dnnl_mem[3], bias->data_ptr());
+    }
+    if (e.dnnl_alpha != nullptr) {
+      *e.dnnl_alpha = static_cast<float>(alpha);
+    }
+    if (status == 0) {
+      status = e.dnnl_execute(e.dnnl_prim, e.dnnl_stream, e.dnnl_nargs, e.dnnl_args);
+    }
+    if (status == 0) {
+      status = e.dnnl_wait(e.dnnl_stream);
+    }
+  }
+  return status == 0 ? out : demoted(e);
+}
+
 // Runs an LT entry; an undefined tensor when it cannot run here (a new stream under graph
 // capture, or the library refused): the caller goes to Python. `given`: the output to
 // write (the API's out=), else one is allocated. `scale_a`, `scale_b`: a SCALED_LT entry's
 // scales (the caller's), else null.
+#ifdef UMM_WITH_CUDA
 at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
                   const at::Tensor* given, const at::Tensor* scale_a = nullptr,
                   const at::Tensor* scale_b = nullptr) {
-#ifdef UMM_WITH_CUDA
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   const intptr_t stream_id = reinterpret_cast<intptr_t>(stream);
   at::Tensor out = given != nullptr ? *given
@@ -724,57 +762,7 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
       copy_into(out, pads->c_view, stream);
     }
   }
-  if (status != 0) {
-    e.kind.store(PYTHON, std::memory_order_relaxed);  // the Python kernel reports and falls back
-    return at::Tensor();
-  }
-  return out;
-#else
-  (void)e;
-  (void)a;
-  (void)b;
-  (void)bias;
-  (void)alpha;
-  (void)given;
-  (void)scale_a;
-  (void)scale_b;
-  return at::Tensor();
-#endif
-}
-
-// Runs a ONEDNN entry on the caller's memory (what MatmulPrimitive.execute does in
-// Python); an undefined tensor when it cannot (alpha != 1 without a runtime alpha, a
-// bias the primitive lacks, or oneDNN refused): the caller goes to Python.
-at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
-                      const at::Tensor* given) {
-  if ((alpha != 1.0 && e.dnnl_alpha == nullptr) || ((bias != nullptr) != (e.dnnl_mem[3] != nullptr))) {
-    return at::Tensor();
-  }
-  at::Tensor out = given != nullptr ? *given : at::cpu::empty(e.out_shape, a.options());
-  int status = 0;
-  {
-    std::lock_guard<std::mutex> guard(e.lock);
-    status |= e.dnnl_set_handle(e.dnnl_mem[0], a.data_ptr());
-    status |= e.dnnl_set_handle(e.dnnl_mem[1], b.data_ptr());
-    status |= e.dnnl_set_handle(e.dnnl_mem[2], out.data_ptr());
-    if (bias != nullptr) {
-      status |= e.dnnl_set_handle(e.dnnl_mem[3], bias->data_ptr());
-    }
-    if (e.dnnl_alpha != nullptr) {
-      *e.dnnl_alpha = static_cast<float>(alpha);
-    }
-    if (status == 0) {
-      status = e.dnnl_execute(e.dnnl_prim, e.dnnl_stream, e.dnnl_nargs, e.dnnl_args);
-    }
-    if (status == 0) {
-      status = e.dnnl_wait(e.dnnl_stream);
-    }
-  }
-  if (status != 0) {
-    e.kind.store(PYTHON, std::memory_order_relaxed);  // the Python kernel reports and falls back
-    return at::Tensor();
-  }
-  return out;
+  return status == 0 ? out : demoted(e);
 }
 
 // Runs a LAUNCH entry: one driver-API launch on the caller's stream; an undefined tensor
@@ -782,7 +770,6 @@ at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
 // stream other than its workspace's, or the driver refused): the caller goes to Python.
 at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
                       const at::Tensor* given) {
-#ifdef UMM_WITH_CUDA
   if ((bias != nullptr) != (e.slot_of[ARG_BIAS] >= 0)) {
     return at::Tensor();
   }
@@ -823,21 +810,19 @@ at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
       status = e.set_context(e.context) == 0 ? launch() : status;
     }
   }
-  if (status != 0) {
-    e.kind.store(PYTHON, std::memory_order_relaxed);  // the Python kernel reports and falls back
-    return at::Tensor();
-  }
-  return out;
-#else
-  (void)e;
-  (void)a;
-  (void)b;
-  (void)bias;
-  (void)alpha;
-  (void)given;
-  return at::Tensor();
-#endif
+  return status == 0 ? out : demoted(e);
 }
+#else
+// The CPU build makes no GPU call: put() refuses LT, PADDED, SCALED_LT and LAUNCH entries
+// there, so these are never reached; they only let the shared kernels compile.
+at::Tensor run_lt(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor*, double, const at::Tensor*,
+                  const at::Tensor* = nullptr, const at::Tensor* = nullptr) {
+  return at::Tensor();
+}
+at::Tensor run_launch(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor*, double, const at::Tensor*) {
+  return at::Tensor();
+}
+#endif
 
 // Runs a backend kernel entry of `kind` (LT, PADDED, ONEDNN, LAUNCH); an undefined tensor
 // when it could not run here (the caller goes to Python, which counts it).
