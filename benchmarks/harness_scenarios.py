@@ -14,7 +14,6 @@ scripted timer so that the busy moment is exact). Uses only ``Harness``,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.testing import ScriptedTimer
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
@@ -70,26 +70,6 @@ def run(shape: tuple[int, int, int], how: str) -> dict[str, Any]:
         "rel_error": result.error,
         "note": result.note[:160],
     }
-
-
-class ScriptedTimer:
-    name = "scripted"
-
-    def __init__(self, scripts: Sequence[Callable[[int], float]]) -> None:
-        self.scripts = list(scripts)
-        self.prepared = 0
-
-    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
-        script = self.scripts[self.prepared]
-        self.prepared += 1
-        taken = [0]
-
-        def sample() -> float:
-            calls[0]()
-            taken[0] += 1
-            return script(taken[0] - 1)
-
-        return sample
 
 
 def busy_default() -> dict[str, Any]:

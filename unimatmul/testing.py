@@ -18,7 +18,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,31 @@ def isolated_selector(cache_path: str | os.PathLike[str], *, confirm_calls: int 
             os.environ.pop(settings.CACHE.name, None)
         else:
             os.environ[settings.CACHE.name] = saved
+
+
+class ScriptedTimer:
+    """A harness timer that plays one script per prepared candidate, in the order they are
+    prepared: ``script(i)`` is the seconds per call of that candidate's sample ``i`` (0: the
+    first). The candidate's call still runs once per sample. For deterministic harness
+    tests and scenarios (a busy moment, a noisy Default) whatever this machine's load."""
+
+    name = "scripted"
+
+    def __init__(self, scripts: Sequence[Callable[[int], float]]) -> None:
+        self.scripts = list(scripts)
+        self.prepared = 0
+
+    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
+        script = self.scripts[self.prepared]
+        self.prepared += 1
+        taken = [0]
+
+        def sample() -> float:
+            calls[0]()
+            taken[0] += 1
+            return script(taken[0] - 1)
+
+        return sample
 
 
 BEHAVIOURS = ("correct", "slow", "wrong", "almost", "raise_prepare", "raise_run", "raise_candidates")

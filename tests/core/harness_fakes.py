@@ -158,3 +158,27 @@ def interrupted_on_call(n: int) -> Kernel:
 
 
 NUMPY = adapter_for_kind("numpy")
+
+
+class CostClock:
+    """The cost of whichever runner ran last (a runner sets ``current``): what
+    :class:`CostTimer` reports as every sample, so that the harness's pruning and
+    comparisons see exactly the costs a test gives its runners."""
+
+    current = 0.0
+
+
+class CostTimer:
+    """A harness timer whose samples are ``clock.current`` after the candidate's call."""
+
+    name = "scripted"
+
+    def __init__(self, clock: CostClock) -> None:
+        self.clock = clock
+
+    def prepare(self, calls: Any) -> Callable[[], float]:
+        def sample() -> float:
+            calls[0]()
+            return self.clock.current
+
+        return sample

@@ -7,11 +7,12 @@ not depend on how busy this machine is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from harness_fakes import CostClock, CostTimer
 
 import unimatmul
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, TuningRecord
@@ -133,14 +134,8 @@ def test_unsupported_candidates_are_failed_not_fatal(isolated: Any, fake_backend
 # --- pruning, deterministically -----------------------------------------------------
 
 
-class _Clock:
-    """The cost of whichever runner ran last: the scripted timer reports it."""
-
-    current = 0.0
-
-
 class _CostedRunner:
-    def __init__(self, candidate: Candidate, cost: float, clock: _Clock) -> None:
+    def __init__(self, candidate: Candidate, cost: float, clock: CostClock) -> None:
         self.candidate = candidate
         self.cost = cost
         self.clock = clock
@@ -153,27 +148,13 @@ class _CostedRunner:
         self.clock.current = self.cost
 
 
-class _ScriptedTimer:
-    name = "scripted"
-
-    def __init__(self, clock: _Clock) -> None:
-        self.clock = clock
-
-    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
-        def sample() -> float:
-            calls[0]()
-            return self.clock.current
-
-        return sample
-
-
 def _scripted(costs: dict[Candidate, float], settings: HarnessSettings) -> TuningRecord:
-    clock = _Clock()
+    clock = CostClock()
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
         (candidate, lambda c=candidate, t=cost: _CostedRunner(c, t, clock))
         for candidate, cost in costs.items()
     ]
-    harness = Harness(_ScriptedTimer(clock), settings)
+    harness = Harness(CostTimer(clock), settings)
     return harness.measure(Problem.from_shape(8, 6, 4), NUMPY, entries)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 from harness_fakes import (
+    CostClock,
+    CostTimer,
     KernelBackend,
     first_call_only,
     memo_by_pointer,
@@ -298,31 +300,11 @@ def test_a_kernel_wrong_on_new_inputs_is_rejected_after_timing(kind: str, behave
     assert _result(record, "good").status == OK
 
 
-class _Clock:
-    current = 0.0
-
-
-class _ScriptedTimer:
-    """Each sample is the cost of whichever kernel ran last (see test_harness.py)."""
-
-    name = "scripted"
-
-    def __init__(self, clock: _Clock) -> None:
-        self.clock = clock
-
-    def prepare(self, calls: Any) -> Callable[[], float]:
-        def sample() -> float:
-            calls[0]()
-            return self.clock.current
-
-        return sample
-
-
 def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> None:
     # Timed in the order Default (1.0), cheat (0.1: it only copies), good (0.5). Checked
     # right after its own block, the cheat is out before good is compared with it; else
     # good (0.5 > 1.3 x 0.1) would be pruned as a loser and Default would win.
-    clock = _Clock()
+    clock = CostClock()
     target = _target("numpy")
     problem = Problem.from_shape(48, 40, 32)
     backend = KernelBackend("fake", {})
@@ -348,7 +330,7 @@ def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> Non
     ]
     settings = fast_settings()
     settings.prune_ratio = 1.3
-    record = Harness(_ScriptedTimer(clock), settings).measure(problem, target, entries)
+    record = Harness(CostTimer(clock), settings).measure(problem, target, entries)
     assert _result(record, "cheat").status == REJECTED
     assert _result(record, "good").status == OK
     assert record.winner == "fake/good"

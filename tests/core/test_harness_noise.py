@@ -25,7 +25,7 @@ from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.testing import registered
+from unimatmul.testing import ScriptedTimer, registered
 from unimatmul.tuning import harness as harness_module
 from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessSettings, spread
 from unimatmul.tuning.selector import Selector
@@ -34,28 +34,6 @@ NUMPY = Target(adapter_for_kind("numpy"), CPU)
 PROBLEM = Problem.from_shape(97, 509, 31)
 
 Script = Callable[[int], float]  # sample number (0: the first) -> seconds per call
-
-
-class ScriptedTimer:
-    """Plays one script per prepared candidate, in the order they are prepared."""
-
-    name = "scripted"
-
-    def __init__(self, scripts: Sequence[Script]) -> None:
-        self.scripts = list(scripts)
-        self.prepared = 0
-
-    def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
-        script = self.scripts[self.prepared]
-        self.prepared += 1
-        taken = [0]
-
-        def sample() -> float:
-            calls[0]()
-            taken[0] += 1
-            return script(taken[0] - 1)
-
-        return sample
 
 
 def settings(**overrides: Any) -> HarnessSettings:
