@@ -4,14 +4,15 @@ and tuning that prefers a kernel."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from unimatmul.cache.record import OK, PRUNED, TuningRecord
-from unimatmul.core.backend import DEFAULT, Target
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
+from unimatmul.testing import prefer_kernel
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.selector import Selector
 
@@ -33,31 +34,10 @@ def onednn_available(selector: Selector) -> bool:
 
 
 def tune_preferring_kernels(selector: Selector, problems: list[tuple[Problem, Target]]) -> list[TuningRecord]:
-    """Tune each problem for real; where Default won, store its fastest checked kernel instead.
-
-    The routing tests must see backend kernels run, whichever wins on this machine.
-    The stored times are the measured ones; only the winner is overridden.
-    """
-    records = []
-    for problem, target in problems:
-        record = selector.tune(problem, target, force=True)
-        if record.winner == DEFAULT.identity:
-            # Pruned kernels passed the numeric check too; they were only slower.
-            kernels = [
-                r for r in record.results if r.status in (OK, PRUNED) and r.identity != DEFAULT.identity
-            ]
-            if kernels:
-                best = min(kernels, key=lambda r: r.median_s or math.inf)
-                # A new record, not the stored one changed in place (the store holds that one).
-                record = replace(
-                    record,
-                    winner=best.identity,
-                    winner_s=best.median_s or math.inf,
-                    settings={**record.settings, "test_override": "winner forced to a kernel"},
-                )
-                selector.store.put(selector.platform(target).namespace, problem.key, record)
-        records.append(record)
-    return records
+    """Tune each problem for real; where Default won, store its fastest checked kernel instead
+    (``unimatmul.testing.prefer_kernel``): the routing tests must see backend kernels run,
+    whichever wins on this machine."""
+    return [prefer_kernel(selector, problem, target) for problem, target in problems]
 
 
 class Block(torch.nn.Module):

@@ -391,16 +391,13 @@ def _routed_host(per_call: Any, x: Any, wt: Any) -> dict[str, Any]:
     """Host time of a routed ``torch.mm`` and of ``unimatmul.matmul`` whose cached choice is
     a Triton kernel: the cache holds the problem's best Triton candidate as its winner (the
     measured times kept), so the native routing kernels launch it (NativeCall "launch")."""
-    import math
     import tempfile
-    from dataclasses import replace
 
     import torch
 
     import unimatmul
     import unimatmul.torch as ut
-    from unimatmul.cache.record import OK, PRUNED
-    from unimatmul.testing import isolated_selector
+    from unimatmul.testing import isolated_selector, prefer_kernel
     from unimatmul.torch import native, routing
     from unimatmul.torch.model_tuning import collecting
 
@@ -413,17 +410,10 @@ def _routed_host(per_call: Any, x: Any, wt: Any) -> dict[str, Any]:
         with ut.enabled(), collecting() as met:
             torch.mm(x, wt)
         (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
-        record = selector.tune(problem, target, force=True)
-        kernels = [r for r in record.results if r.status in (OK, PRUNED) and r.identity.startswith("triton/")]
-        if not kernels:
+        record = prefer_kernel(selector, problem, target, backend="triton")
+        if not record.winner.startswith("triton/"):
             return {"routed_error": "no Triton candidate passed the check"}
-        best = min(kernels, key=lambda r: r.median_s or math.inf)
-        selector.store.put(
-            selector.platform(target).namespace,
-            problem.key,
-            replace(record, winner=best.identity, winner_s=best.median_s or math.inf),
-        )
-        found["routed_candidate"] = best.identity
+        found["routed_candidate"] = record.winner
         ut.clear_plans()
         try:
             with ut.enabled():

@@ -494,12 +494,8 @@ def test_a_routed_triton_choice_is_launched_natively(
     """A Triton winner in the cache is served by the native routing kernels (LAUNCH): the
     calls after the first never enter Python, on the entry's stream; another stream (a
     split-K workspace of its own) goes through Python, still right."""
-    import math
-    from dataclasses import replace
-
     import unimatmul.torch as ut
-    from unimatmul.cache.record import OK, PRUNED
-    from unimatmul.testing import isolated_selector
+    from unimatmul.testing import isolated_selector, prefer_kernel
     from unimatmul.torch import native, routing
 
     monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "auto")
@@ -517,14 +513,8 @@ def test_a_routed_triton_choice_is_launched_natively(
         with ut.enabled(), collecting() as met, torch.no_grad():
             lin(x)
         (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
-        record = selector.tune(problem, target, force=True)
-        triton_results = [
-            r for r in record.results if r.status in (OK, PRUNED) and r.identity.startswith("triton/")
-        ]
-        assert triton_results, [r.identity for r in record.results]
-        best = min(triton_results, key=lambda r: r.median_s or math.inf)
-        record = replace(record, winner=best.identity, winner_s=best.median_s or math.inf)
-        selector.store.put(selector.platform(target).namespace, problem.key, record)
+        record = prefer_kernel(selector, problem, target, backend="triton")
+        assert record.winner.startswith("triton/"), [r.identity for r in record.results]
         ut.clear_plans()
         try:
             with torch.no_grad(), ut.enabled():
