@@ -4,10 +4,9 @@ torch's CPU build has fp8 tensors and a ``_scaled_mm``, which is the Default her
 kernel source is ``scaled_fakes.ScaledFakeBackend`` (dequantises in float64), since no
 fp8 GPU kernel can run on this machine. Every test runs with the Python and the native
 kernels at the CPU key (the ``env`` fixture). With the native ones, the native
-``_scaled_mm`` kernel serves the CPU key too (it serves only CUDA outside these tests:
-``scaled_routing.NATIVE_KEYS``), so that its table, its way back to the Python kernel
-and PyTorch's errors are checked here; its cuBLASLt call runs on the GPU only
-(``tests/gpu/test_fp8_gpu.py``).
+``_scaled_mm`` kernel serves the CPU key (``scaled_routing.NATIVE_KEYS``), so that its
+table, its way back to the Python kernel and PyTorch's errors are checked here; its
+cuBLASLt call runs on the GPU only (``tests/gpu/test_fp8_gpu.py``).
 """
 
 from __future__ import annotations
@@ -30,13 +29,6 @@ from unimatmul.torch import native, routing, scaled_routing
 torch = pytest.importorskip("torch")
 
 NATIVE = pytest.mark.parametrize("env", ["native"], indirect=True)
-
-
-@pytest.fixture(autouse=True)
-def _native_scaled_at_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("env") == "native":
-        monkeypatch.setattr(scaled_routing, "NATIVE_KEYS", ("CPU", "CUDA"))
 
 
 @pytest.fixture(autouse=True)

@@ -15,14 +15,15 @@ candidate (``core/scaled.py``, the same call). While the Selector decides or tun
 call runs inside ``unimatmul.mode("off")``, so the harness's own products (its float64
 reference goes through ``aten::mm``) pass through every routed kernel, native ones too.
 
-Where the native (C++) kernels build for the GPU (``native.py``, ``UNIMATMUL_TORCH_NATIVE``),
-the CUDA key is served by the native ``_scaled_mm`` kernel instead, and this Python kernel
+Where the native (C++) kernels build (``native.py``, ``UNIMATMUL_TORCH_NATIVE``), the CUDA
+key (and the CPU key, where ``UNIMATMUL_TORCH_NATIVE=auto`` lets them serve it) is served by
+the native ``_scaled_mm`` kernel instead, and this Python kernel
 by way of it (the ``unimatmul_native::slow_scaled_mm`` op) for keys it does not know
 yet: once a plan is resolved here, the key's entry goes into the native SCALED table
 (PyTorch's kernel, the scaled runner's cuBLASLt/hipBLASLt call, or this kernel), so the
 cached call costs no Python host time. A call with ``scale_result`` always comes here.
-Elsewhere (the CPU key, or no native build) every routed call runs this kernel (a dict
-lookup and the runner, a few microseconds of host time), which CUDA graphs remove.
+Without a native build every routed call runs this kernel (a dict lookup and the runner,
+a few microseconds of host time), which CUDA graphs remove.
 ``torch.compile`` keeps the calls routed through ``unimatmul::scaled_mm``
 (``compiled.py``).
 
@@ -52,9 +53,11 @@ from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, O
 from unimatmul.tuning.selector import get_selector
 
 DISPATCH_KEYS = ("CPU", "CUDA")
-# The keys the native kernel may serve (where the native build does): CUDA, where fp8
-# GEMMs run and host time decides; the tests add CPU to exercise it without a GPU.
-NATIVE_KEYS = ("CUDA",)
+# The keys the native kernel may serve (where the native build does): both. On a CPU no
+# backend has an fp8 kernel, so every call ends in PyTorch's; the Python kernel's key and
+# plan lookup cost ~15 us a call there (16x256x256 per-tensor, gpu_fp8.py --device cpu),
+# the native table's a fraction of a microsecond.
+NATIVE_KEYS = ("CPU", "CUDA")
 # Plans for this many distinct operand keys; a workload with ever-new shapes starts over.
 MAX_PLANS = 4096
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
