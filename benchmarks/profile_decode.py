@@ -34,12 +34,17 @@ def profile(run: Any, name: str, steps: int) -> dict[str, dict[str, float]]:
 
 
 def profile_products(
-    run: Any, context: Callable[[], Any], steps: int, device: torch.device, warm: int = 3
+    run: Any,
+    context: Callable[[], Any],
+    steps: int,
+    device: torch.device,
+    warm: int = 3,
+    ops: tuple[str, ...] = OPS,
 ) -> dict[str, dict[str, float]]:
     """Host and device time of each matrix product of ``run()`` (op and input shapes).
 
     ``run`` is called ``warm`` times, then ``steps`` times under torch.profiler, all
-    inside ``context()`` (a routing state, say). Per key (``"aten::mm [[m, k], [k, n]]"``,
+    inside ``context()`` (a routing state, say); ``ops`` are the op names kept. Per key (``"aten::mm [[m, k], [k, n]]"``,
     and the ``unimatmul::`` ranges of routed calls): calls, ``cpu_us`` (host time,
     inclusive of what the op calls), ``device_us`` (its kernels' time on a GPU; 0 on a
     CPU, where the host time is the op's time), both summed over the steps, and
@@ -62,7 +67,7 @@ def profile_products(
                 sync(device)
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "cpu_us": 0.0, "device_us": 0.0})
     for e in prof.key_averages(group_by_input_shape=True):
-        if e.key in OPS or e.key.startswith("unimatmul::"):
+        if e.key in ops or e.key.startswith("unimatmul::"):
             row = out[f"{e.key} {e.input_shapes}"]
             row["calls"] += e.count
             row["cpu_us"] += e.cpu_time_total

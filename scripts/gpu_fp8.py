@@ -23,7 +23,10 @@ Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points fir
 4. **fp8 linear stack**: 4 Llama-3-8B-sized blocks of fp8 linears (weights quantised
    once; per call the activation is quantised and ``torch._scaled_mm`` runs), tokens per
    second with routing off and on (``unimatmul.torch.enable()``, problems tuned in one
-   pass first), eager and as a replayed CUDA graph, m = 1 (decode) and 128 (prefill).
+   pass first, then 12 routed eager forwards that close the confirmation windows), eager
+   and as a replayed CUDA graph, m = 1 (decode) and 128 (prefill). Off and on alternate
+   round by round (ABBA, 15 rounds of 20 forwards); the speedup is the median of the
+   rounds' own ratios.
 
 Everything is written under ``--out`` as it is measured (``fp8-bench.json``,
 ``fp8-summary.md``), and the summary table is printed last. ``--device cpu`` runs the
@@ -61,6 +64,12 @@ LAYERS = [
     ("qwen-7b", "mlp_c_proj", 4096, 11008),
 ]
 FP8_MAX = 448.0  # float8_e4m3fn
+#: The stack: forwards a sample, rounds of off and on (ABBA), routed eager forwards before timing.
+STACK_CALLS = 20
+STACK_ROUNDS = 15
+WARM_FORWARDS = 12
+#: A stack row below this speedup is profiled (host and device time per op, off and on).
+PROFILE_BELOW = 1.0
 
 
 def geomean(values: list[float]) -> float:
@@ -292,6 +301,69 @@ class Run:
                         torch.cuda.empty_cache()
 
     # --- the fp8 linear stack ---------------------------------------------------------------------
+    def hostcost(self) -> None:
+        """Host time per routed ``torch._scaled_mm`` call, against routing off (m=16, 256x256).
+
+        A product this small keeps the GPU ahead of the host, so the time per call is the
+        host's. For each scale mode the problem is tuned, then its record's winner is set
+        to Default and to the fastest checked kernel in turn (``benchmarks/api_overhead.force``):
+        routed calls then take the native table's DEFAULT and SCALED_LT entries. Thread CPU
+        time per call, 2000 calls a round, 7 rounds interleaved, median.
+        """
+        import unimatmul.torch as ut
+        from unimatmul.core.scaled import scaled_problem
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        from api_overhead import force, per_call
+
+        calls, rounds = (2000, 7) if self.gpu else (200, 3)
+        m, n, k = 16, 256, 256
+        found: dict[str, Any] = {}
+        for scales in ("tensor", "rowwise"):
+            a, b, sa, sb, _ = self.operands(m, n, k, scales, 1)[0]
+            problem = scaled_problem(m, n, k, scales=scales)
+            self.selector.tune(problem, self.target, force=True)
+
+            def call(a: Any = a, b: Any = b, sa: Any = sa, sb: Any = sb) -> Any:
+                return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+
+            result: dict[str, Any] = {}
+            for which in ("default", "kernel"):
+                winner = force(problem, self.target, which)
+                if not winner:
+                    result[which] = {"skipped": "no kernel passed the check"}
+                    continue
+                ut.clear_plans()
+                # Routing is switched on for a whole round, not per call.
+                times: dict[str, list[float]] = {"off": [], which: []}
+                for _ in range(rounds):
+                    for state in ("off", which):
+                        if state == "off":
+                            ut.disable()
+                        else:
+                            ut.enable()
+                        try:
+                            got = per_call({state: call}, calls, 1, self.sync)[state]
+                        finally:
+                            ut.disable()
+                        times[state].append(got["host_us"])
+                with ut.enabled():
+                    ut.reset_stats()
+                    call()
+                    stats = ut.scaled_stats()
+                result[which] = {
+                    "winner": winner,
+                    "off_us": round(statistics.median(times["off"]), 3),
+                    "routed_us": round(statistics.median(times[which]), 3),
+                    "extra_us": round(statistics.median(times[which]) - statistics.median(times["off"]), 3),
+                    "labels": stats["by_label"],
+                    "sources": stats["by_source"],
+                }
+            found[scales] = result
+            print(f"hostcost {scales}: {json.dumps(result)}")
+        self.data["hostcost"] = {"shape": f"{m}x{n}x{k}", "calls": calls, "rounds": rounds, **found}
+        self.write()
+
     def stack(self) -> None:
         dims = (4096, 6144, 28672, 14336) if self.gpu else (64, 96, 128, 64)
         layers = 4 if self.gpu else 1
@@ -312,23 +384,54 @@ class Run:
                 torch.cuda.empty_cache()
 
     def stack_row(self, model: Fp8Stack, m: int, scales: str, graph: bool) -> dict[str, Any]:
+        """Routing off against on, interleaved round by round (ABBA), in one process.
+
+        The problems are tuned by one forward in mode ``tune``; then ``WARM_FORWARDS``
+        routed forwards run eagerly, as a server warms up before it captures graphs: they
+        close the confirmation windows (each layer's product is called 4 times a forward,
+        a window is 34 calls), so what is timed (and captured) is the confirmed choice.
+        Graph rows capture one graph per state and alternate their replays; eager rows
+        switch routing off and on between rounds (one untimed forward after each switch).
+        """
         import unimatmul
         import unimatmul.torch as ut
 
         x = torch.randn(m, model.hidden, device=self.device, dtype=torch.bfloat16)
         ut.disable()
-        off = self.forward_time(model, x, graph)
         ref = model(x)
         ut.enable()
         try:
             with unimatmul.mode("tune"):
                 model(x)  # each layer's problem tuned once, then the cache serves
             ut.reset_stats()
-            on = self.forward_time(model, x, graph)
+            for _ in range(WARM_FORWARDS):
+                model(x)
+            self.sync()
+            warm_stats = ut.scaled_stats()
             got = model(x)
-            stats = ut.scaled_stats()
         finally:
             ut.disable()
+        runs = {state: self.forward_runner(model, x, graph, routed=state == "on") for state in ("off", "on")}
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        ratios = []
+        for i in range(STACK_ROUNDS):
+            order = ("off", "on") if i % 2 == 0 else ("on", "off")
+            sample = {state: runs[state]() for state in order}
+            for state in order:
+                times[state].append(sample[state])
+            ratios.append(sample["off"] / sample["on"])
+        ut.reset_stats()
+        off, on = statistics.median(times["off"]), statistics.median(times["on"])
+        if self.gpu:
+            with ut.enabled():
+                ut.reset_stats()
+                model(x)
+                stats = ut.scaled_stats()
+        else:
+            stats = warm_stats
+        profile = None
+        if self.gpu and statistics.median(ratios) < PROFILE_BELOW:
+            profile = self.profile_stack(model, x)
         diff = float((got.double() - ref.double()).norm() / ref.double().norm())
         row = {
             "scales": scales,
@@ -338,62 +441,125 @@ class Run:
             "on_ms": on * 1e3,
             "tokens_per_s_off": m / off,
             "tokens_per_s_on": m / on,
-            "speedup": off / on,
-            "kernel_calls": stats["kernel"],
-            "default_calls": stats["default"],
-            "routed_calls": stats["routed"],
+            "speedup": statistics.median(ratios),
+            "round_ratios": [round(r, 4) for r in ratios],
+            "kernel_calls_per_forward": stats["kernel"],
+            "default_calls_per_forward": stats["default"],
+            "windows": warm_stats["confirm"],
+            "kernels": sorted(label for label in stats["by_label"] if not label.endswith("[default]")),
             "output_rel_diff": diff,
         }
+        if profile is not None:
+            row["profile"] = profile
         print(
             f"stack {scales:7s} m={m:4d} {'graph' if graph else 'eager'}: off {off * 1e3:.3f} ms, "
-            f"on {on * 1e3:.3f} ms, {row['speedup']:.3f}x tokens/s ({stats['kernel']} kernel calls)"
+            f"on {on * 1e3:.3f} ms, {row['speedup']:.3f}x tokens/s (median of {len(ratios)} round ratios "
+            f"{min(ratios):.3f}-{max(ratios):.3f}); kernels a forward {stats['kernel']}, windows {warm_stats['confirm']}"
         )
         return row
 
-    def forward_time(self, model: Fp8Stack, x: Any, graph: bool) -> float:
-        """Median seconds per forward: 20 forwards timed with events (eager) or a graph replay."""
-        for _ in range(3):
-            model(x)
-        self.sync()
+    def profile_stack(self, model: Fp8Stack, x: Any) -> dict[str, Any]:
+        """A row below ``PROFILE_BELOW``: torch.profiler over 3 eager forwards, off and on.
+
+        Per state: each ``_scaled_mm`` shape's host time (inclusive) and device time per
+        call, every op's self host time per forward, and the kernels' device time per
+        forward (``benchmarks/profile_decode.profile_products``).
+        """
+        import contextlib
+
+        import unimatmul.torch as ut
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        from profile_decode import profile_products
+
+        found = {}
+        for state in ("off", "on"):
+            context = ut.enabled if state == "on" else contextlib.nullcontext
+            found[state] = profile_products(
+                lambda: model(x), context, 3, torch.device(self.device), warm=2, ops=("aten::_scaled_mm",)
+            )
+        for key in sorted(set(found["off"]) | set(found["on"])):
+            off, on = found["off"].get(key, {}), found["on"].get(key, {})
+            print(
+                f"  profile {key[:90]:90s} host us/call off {off.get('cpu_us_per_call', math.nan):8.1f} "
+                f"on {on.get('cpu_us_per_call', math.nan):8.1f}; device us off {off.get('device_us', math.nan):9.1f} "
+                f"on {on.get('device_us', math.nan):9.1f}"
+            )
+        return found
+
+    def forward_runner(self, model: Fp8Stack, x: Any, graph: bool, *, routed: bool) -> Any:
+        """A function that times ``STACK_CALLS`` forwards (seconds per forward) with routing as given.
+
+        A graph row captures its graph here, once; an eager row sets routing on or off
+        at every sample and runs one untimed forward after the switch.
+        """
+        import unimatmul.torch as ut
+
+        def switch() -> None:
+            if routed:
+                ut.enable()
+            else:
+                ut.disable()
+
+        calls = STACK_CALLS
         if not self.gpu:
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                model(x)
-                times.append(time.perf_counter() - t0)
-            return statistics.median(times)
-        calls = 20
+
+            def host_sample() -> float:
+                switch()
+                try:
+                    model(x)
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        model(x)
+                    return (time.perf_counter() - t0) / calls
+                finally:
+                    ut.disable()
+
+            return host_sample
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if graph:
             g = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                g.capture_begin()
-                for _ in range(calls):
+            switch()
+            try:
+                for _ in range(2):
                     model(x)
-                g.capture_end()
-            torch.cuda.current_stream().wait_stream(stream)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    g.capture_begin()
+                    for _ in range(calls):
+                        model(x)
+                    g.capture_end()
+                torch.cuda.current_stream().wait_stream(stream)
+            finally:
+                ut.disable()
             g.replay()
             torch.cuda.synchronize()
 
-            def run() -> None:
+            def graph_sample() -> float:
+                start.record()
                 g.replay()
+                end.record()
+                end.synchronize()
+                return start.elapsed_time(end) * 1e-3 / calls
 
-        else:
+            graph_sample.graph = g  # type: ignore[attr-defined]  # kept alive with the sampler
+            return graph_sample
 
-            def run() -> None:
+        def eager_sample() -> float:
+            switch()
+            try:
+                model(x)
+                start.record()
                 for _ in range(calls):
                     model(x)
+                end.record()
+                end.synchronize()
+            finally:
+                ut.disable()
+            return start.elapsed_time(end) * 1e-3 / calls
 
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(9):
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3 / calls)
-        return statistics.median(times)
+        return eager_sample
 
     # --- summary -------------------------------------------------------------------------------------
     def summary(self) -> str:
@@ -448,13 +614,14 @@ class Run:
         if self.data["stack"]:
             lines += [
                 "",
-                "| stack scales | m | mode | off tok/s | on tok/s | speedup | kernel calls |",
-                "|---|---|---|---|---|---|---|",
+                "| stack scales | m | mode | off tok/s | on tok/s | speedup (median of round ratios) | round ratios | kernels a forward | windows |",
+                "|---|---|---|---|---|---|---|---|---|",
             ]
             for s in self.data["stack"]:
                 lines.append(
                     f"| {s['scales']} | {s['m']} | {'graph' if s['graph'] else 'eager'} | {s['tokens_per_s_off']:.0f} | "
-                    f"{s['tokens_per_s_on']:.0f} | {s['speedup']:.3f}x | {s['kernel_calls']} |"
+                    f"{s['tokens_per_s_on']:.0f} | {s['speedup']:.3f}x | {min(s['round_ratios']):.3f}-{max(s['round_ratios']):.3f} | "
+                    f"{s['kernel_calls_per_forward']} | {_windows(s['windows'])} |"
                 )
             graphed = [x["speedup"] for x in self.data["stack"] if x["graph"]]
             eager = [x["speedup"] for x in self.data["stack"] if not x["graph"]]
@@ -463,12 +630,37 @@ class Run:
                 f" (min {min(graphed, default=math.nan):.3f}x), eager "
                 f"{'met' if eager and min(eager) >= 1.0 else 'not met'} (min {min(eager, default=math.nan):.3f}x)"
             )
+        cost = self.data.get("hostcost")
+        if cost:
+            lines += [
+                "",
+                f"Host time per `torch._scaled_mm` call ({cost['shape']}, thread CPU time, median of "
+                f"{cost['rounds']} rounds of {cost['calls']}):",
+                "",
+                "| scales | entry | routing off us | routed us | extra us |",
+                "|---|---|---|---|---|",
+            ]
+            for scales in ("tensor", "rowwise"):
+                for which, got in cost.get(scales, {}).items():
+                    if "routed_us" in got:
+                        lines.append(
+                            f"| {scales} | {which} ({got['winner'][:40]}) | {got['off_us']:.2f} | "
+                            f"{got['routed_us']:.2f} | {got['extra_us']:+.2f} |"
+                        )
         if self.data["skipped"]:
             lines.append(f"\nskipped (budget): {len(self.data['skipped'])}")
         for error in self.data["errors"][:10]:
             lines.append(f"error: {error}")
         lines.append(f"\ntotal {self.elapsed():.0f} s")
         return "\n".join(lines) + "\n"
+
+
+def _windows(confirm: dict[str, int]) -> str:
+    """Confirmation windows of a stack row's warm-up, e.g. ``3 confirmed, 1 reverted``."""
+    parts = [
+        f"{confirm.get(k, 0)} {k}" for k in ("confirmed", "reverted", "unjudged", "open") if confirm.get(k)
+    ]
+    return ", ".join(parts) or "none"
 
 
 class Fp8Stack(torch.nn.Module):
@@ -538,6 +730,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument(
+        "--parts",
+        default="kernels,bench,hostcost,stack",
+        help="comma-separated parts after the tests: kernels (torch's kernel names), bench, hostcost, stack",
+    )
+    parser.add_argument(
         "--exhaustive",
         type=int,
         default=16,
@@ -562,7 +759,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["UNIMATMUL_LT_EXHAUSTIVE_CHECKS"] = "600"
     run.data["exhaustive"] = args.exhaustive
     run.started = time.perf_counter()  # the budget is the benchmark's
-    for part in (run.torch_kernels, run.bench, run.stack):
+    parts = {"kernels": run.torch_kernels, "bench": run.bench, "hostcost": run.hostcost, "stack": run.stack}
+    chosen = [x.strip() for x in args.parts.split(",") if x.strip()]
+    unknown = sorted(set(chosen) - set(parts))
+    if unknown:
+        parser.error(f"--parts: unknown part(s) {', '.join(unknown)}; choose from {', '.join(parts)}")
+    for part in (parts[x] for x in chosen):
         try:
             part()
         except Exception as exc:
