@@ -238,6 +238,45 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
 # --- part 2: tuning cost (child processes) ----------------------------------------------------
 
 
+def _phase_clock() -> dict[str, float]:
+    """Wall seconds of the tuning's phases, summed until cleared (TUNE_PHASES=1).
+
+    Wraps, in this child only: the candidates' list (``Tuner.entries``), preparing a
+    runner (``Tuner.prepare``: a Triton kernel's load from its cache, an Lt algo), the
+    input sets and the references, the numeric checks, the timing and the confirmation
+    against Default. The late checks run inside the timing, so "checks" and "timing"
+    overlap; the rest of ``tune_s`` is the selector's own work (cache, locks).
+    """
+    import functools
+
+    from unimatmul.core import arrays
+    from unimatmul.tuning import harness, tuner
+
+    clock: dict[str, float] = {}
+
+    def wrap(owner: Any, name: str, phase: str) -> None:
+        inner = getattr(owner, name)
+
+        @functools.wraps(inner)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                clock[phase] = clock.get(phase, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+    wrap(tuner.Tuner, "entries", "candidates")
+    wrap(tuner.Tuner, "prepare", "prepare")
+    wrap(harness.Harness, "_operand_sets", "inputs")
+    wrap(arrays.ArrayAdapter, "make_reference", "references")
+    wrap(harness.Harness, "_check_call", "checks")
+    wrap(harness.Harness, "_time", "timing")
+    wrap(harness.Harness, "_confirm", "confirm")
+    return clock
+
+
 def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
     """In a child process: tune each shape through the public API and print one JSON line each."""
     import torch
@@ -245,6 +284,14 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
     import unimatmul
     from unimatmul.cache.protocol import open_store
 
+    # TUNE_PROFILE=FILE: a cProfile of the tuning calls (not the start-up), as text, into FILE.
+    profile_to = os.environ.get("TUNE_PROFILE")
+    profiler = None
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    phases = _phase_clock() if os.environ.get("TUNE_PHASES") else None
     torch.manual_seed(0)
     # Start-up (plugins, cuBLASLt, timers) on a shape Triton does not serve: not charged to a shape.
     x = torch.randn(64, 64, device="cuda")
@@ -260,15 +307,22 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
         )
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         with unimatmul.mode("tune"):
             unimatmul.matmul(a, b)
         torch.cuda.synchronize()
+        if profiler is not None:
+            profiler.disable()
         seconds = time.perf_counter() - t0
         record = None
         for _, _, rec in open_store().items():
             if f"m{m}n{n}k{k}b1" in rec.problem and rec.problem.startswith("gemm:bf16"):
                 record = rec
         line: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "linear": linear, "tune_s": seconds}
+        if phases is not None:
+            line["phases_s"] = {name: round(v, 4) for name, v in phases.items()}
+            phases.clear()
         if record is not None:
             line.update(
                 winner=record.winner,
@@ -286,6 +340,14 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
                 ),
             )
         print("TUNE " + json.dumps(line), flush=True)
+    if profiler is not None and profile_to:
+        import io
+        import pstats
+
+        text = io.StringIO()
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(45)
+        Path(profile_to).write_text(text.getvalue())
 
 
 def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
@@ -294,7 +356,9 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
     results.data["parts"]["tuning"] = part
     with tempfile.TemporaryDirectory(prefix="umm-triton-tune-") as tmp:
         triton_cache = Path(tmp) / "triton-cache"
-        for run in ("first", "warm"):
+        # "profiled": warm again under cProfile (tune-warm-profile.txt), where the time goes;
+        # its times are inflated by the profiler and are not the warm figure.
+        for run in ("first", "warm", "profiled"):
             left = budget.left() - stop_at
             if left < 20:
                 part[run] = {"skipped": "time budget"}
@@ -307,6 +371,10 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
                 UNIMATMUL_MODE="tune",
                 PYTHONUNBUFFERED="1",
             )
+            if run == "warm":
+                env["TUNE_PHASES"] = "1"
+            if run == "profiled":
+                env["TUNE_PROFILE"] = str(results.out / "tune-warm-profile.txt")
             t0 = time.perf_counter()
             lines: list[dict[str, Any]] = []
             try:
@@ -332,6 +400,7 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
                 budget.note(
                     f"tune {run:5} {x['shape']:>16} {'linear' if x['linear'] else 'plain':6}: {x['tune_s']:.2f} s, "
                     f"winner {x.get('winner', '?')} {x.get('speedup', math.nan):.2f}x"
+                    + (f"; phases {x['phases_s']}" if "phases_s" in x else "")
                 )
             results.save()
     general = [x for x in part.get("warm", {}).get("shapes", []) if not x["linear"] and "speedup" in x]
