@@ -575,6 +575,17 @@ def markdown(data: dict[str, Any]) -> str:
                     f"{x.get('best_triton_us', math.nan):.1f} |"
                 )
             lines += ["", f"median {tuning[run].get('median_tune_s', math.nan):.2f} s per shape", ""]
+            phased = [x["phases_s"] for x in shapes if "phases_s" in x]
+            if phased:
+                names = sorted(
+                    {k for p in phased for k in p},
+                    key=lambda k: -statistics.median(p.get(k, 0.0) for p in phased),
+                )
+                lines += [
+                    "Where the time goes (seconds, median over the shapes; the late checks run inside the timing): "
+                    + ", ".join(f"{k} {statistics.median(p.get(k, 0.0) for p in phased):.3f}" for k in names),
+                    "",
+                ]
     if "general_geomean" in tuning:
         lines += [
             f"general shapes (warm run): geomean speedup over Default {tuning['general_geomean']:.3f}x",
