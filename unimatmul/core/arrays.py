@@ -445,8 +445,10 @@ class ArrayAdapter:
             excess = self._amax(diff - abs(ref) * a_out, -1)
             low = reference.r2[bs, rs] * (-c2min[bs])[:, None] * kappa + 1e-300
             screen.append((excess / low).max())
-        values = self._scalars(screen)  # NaN reads as inf: such a block is looked at fully
-        return [i for i, v in enumerate(values) if not v <= 1.0], self._scalars(sq)
+        # One transfer for both lists; NaN reads as inf: such a block is looked at fully.
+        values = self._scalars(screen + sq)
+        values, squares = values[: len(screen)], values[len(screen) :]
+        return [i for i, v in enumerate(values) if not v <= 1.0], squares
 
     def _full(self, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]) -> list[list[float]]:
         """Squared errors, elements over the bound, NaN/inf, worst ratio: per block."""
@@ -463,7 +465,9 @@ class ArrayAdapter:
             nonfinite.append((~finite & xp.isfinite(ref)).sum())
             worst.append(ratio.max())
         # One transfer of a few scalars per block, at the end (one sync on a GPU).
-        return [self._scalars(x) for x in (sq_err, bad, nonfinite, worst)]
+        values = self._scalars(sq_err + bad + nonfinite + worst)
+        count = len(blocks)
+        return [values[i * count : (i + 1) * count] for i in range(4)]
 
     def _bound(self, reference: Reference, ref: Any, bs: slice, rs: slice) -> Any:
         beta_c = None
