@@ -226,3 +226,101 @@ def test_no_window_while_a_distributed_job_decides_together(isolated: Any, fake_
         assert isolated.selector.decide(problem, _target(), "cached").confirmation is not None
     finally:
         set_tuning_gate(None)
+
+
+def _store_default_with_tie(selector: Selector, problem: Problem, tie: str, tie_s: float) -> str:
+    """A Default record whose results hold ``tie`` at ``tie_s`` against Default's 2 us."""
+    from unimatmul.cache.record import OK, PRUNED, CandidateResult
+
+    namespace = selector.platform(_target()).namespace
+    versions = dict(selector.platform(_target()).versions)
+    results = [
+        CandidateResult(DEFAULT.identity, OK, median_s=2e-6, samples=5),
+        CandidateResult(tie, OK, median_s=tie_s, samples=5),
+        CandidateResult("quick/k9", PRUNED, median_s=1e-6, samples=4),  # pruned: never a tie
+    ]
+    record = TuningRecord(problem.key, DEFAULT.identity, 2e-6, 2e-6, results=results, versions=versions)
+    selector.store.put(namespace, problem.key, record)
+    return namespace
+
+
+def test_a_tie_is_the_fastest_kernel_measured_no_slower_than_default() -> None:
+    from unimatmul.cache.record import OK, CandidateResult
+
+    def record(winner: str, *times: tuple[str, float]) -> TuningRecord:
+        results = [CandidateResult(DEFAULT.identity, OK, median_s=2e-6)]
+        results += [CandidateResult(identity, OK, median_s=t) for identity, t in times]
+        return TuningRecord("p", winner, 2e-6, 2e-6, results=results)
+
+    assert confirm.tie_of(record(DEFAULT.identity, ("x/a", 1.99e-6), ("x/b", 1.995e-6))) == "x/a"
+    assert confirm.tie_of(record(DEFAULT.identity, ("x/a", 2e-6))) == "x/a"  # level counts
+    assert confirm.tie_of(record(DEFAULT.identity, ("x/a", 2.01e-6))) is None  # slower: never
+    assert confirm.tie_of(record("x/a", ("x/a", 1e-6))) is None  # a kernel won: no tie
+    no_default = record(DEFAULT.identity, ("x/a", 1e-6))
+    no_default.default_s = None
+    assert confirm.tie_of(no_default) is None
+
+
+def test_a_tie_runs_in_a_window_and_is_kept_where_it_wins(isolated: Any, fake_backend: Any) -> None:
+    # Where the program runs the tie faster than Default (here any kernel "wins": min_gain
+    # -100), the window keeps it and the record says so; another process uses it at once.
+    fake = fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = CALLS
+    isolated.selector.settings = replace(fast_settings(), min_gain=-100.0)
+    a, b = _operands()
+    problem = _problem(a, b)
+    namespace = _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.99e-6)
+    decision = isolated.selector.decide(problem, _target(), "cached")
+    assert decision.confirmation is not None and decision.runner.candidate.identity == "quick/k0"
+    for _ in range(WINDOW + 5):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 1 + CALLS + 5
+    assert isolated.selector.settle(timeout=10)
+    record = isolated.selector.store.get(namespace, problem.key)
+    assert record.winner == DEFAULT.identity  # the tuning's verdict stays what it was
+    found = record.settings["confirm"]
+    assert found["verdict"] == "confirmed" and found["kernel"] == "quick/k0"
+    assert confirm.describe(record).startswith("tie quick/k0 confirmed ")
+    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    decision = other.decide(problem, _target(), "cached")
+    assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
+    assert decision.confirmation is None
+
+
+def test_a_tie_that_loses_where_it_runs_leaves_default(isolated: Any, fake_backend: Any) -> None:
+    fake = fake_backend("sleepy", "slow", delay_s=2e-3)
+    isolated.selector.confirm_calls = CALLS
+    a, b = _operands()
+    problem = _problem(a, b)
+    namespace = _store_default_with_tie(isolated.selector, problem, "sleepy/k0", 2e-6)
+    for _ in range(WINDOW + 3):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 1 + CALLS  # Default once the window judged
+    assert isolated.selector.settle(timeout=10)
+    found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
+    assert found["verdict"] == "reverted" and found["kernel"] == "sleepy/k0"
+    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    decision = other.decide(problem, _target(), "cached")
+    assert decision.source == "reverted" and decision.runner.candidate == DEFAULT
+
+
+def test_a_tie_is_never_used_without_a_window(isolated: Any, fake_backend: Any) -> None:
+    fake = fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = 0
+    a, b = _operands()
+    problem = _problem(a, b)
+    _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.5e-6)
+    decision = isolated.selector.decide(problem, _target(), "cached")
+    assert decision.runner.candidate == DEFAULT and decision.confirmation is None
+    _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 0
+
+
+def test_a_tie_whose_backend_is_gone_leaves_default(isolated: Any) -> None:
+    isolated.selector.confirm_calls = CALLS
+    a, b = _operands()
+    problem = _problem(a, b)
+    _store_default_with_tie(isolated.selector, problem, "nosuch/k0", 1.5e-6)
+    decision = isolated.selector.decide(problem, _target(), "cached")
+    assert decision.runner.candidate == DEFAULT and decision.confirmation is None
+    _check(unimatmul.matmul(a, b), a, b)

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from unimatmul import settings
-from unimatmul.cache.record import TuningRecord
+from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.core.backend import DEFAULT, Runner, Target
 
 #: Untimed calls at the start of a window: the choice once, then Default once.
@@ -88,33 +88,64 @@ def split(samples: Sequence[float]) -> tuple[list[float], list[float]]:
     return kernel, default
 
 
-def verdict_of(record: TuningRecord | None) -> str | None:
-    """``confirmed`` or ``reverted`` when a window has judged this record's winner, else None."""
+def tie_of(record: TuningRecord) -> str | None:
+    """The kernel a Default record offers for confirmation where it runs, or None.
+
+    Default wins a tuning unless a kernel beats it by ``min_gain``. The fastest kernel
+    that was measured no slower than Default (in the harness: CUDA-graph replays on a GPU,
+    so without the host's own time per call) is a *tie*: on the device it costs nothing,
+    and where a program is bound by the host, a kernel whose call costs less host time
+    than Default's makes the program faster (H200: a routed Triton launch 6.2 us against
+    ``torch.mm``'s 11.7 us, a cuBLASLt fp8 call 12.2 us against ``torch._scaled_mm``'s 18.1 us). Only a window can tell which case a
+    program is in, so a tie is used only through one (:meth:`Selector._decided`): kept
+    where it wins by ``min_gain`` in situ, Default elsewhere. Read from the record's
+    results (every candidate's median is stored), so older records offer theirs too.
+    """
+    if record.winner != DEFAULT.identity or record.default_s is None or not math.isfinite(record.default_s):
+        return None
+    best: tuple[float, str] | None = None
+    for result in record.results:
+        if result.identity == DEFAULT.identity or result.status != OK or result.median_s is None:
+            continue
+        if result.median_s <= record.default_s and (best is None or result.median_s < best[0]):
+            best = (result.median_s, result.identity)
+    return None if best is None else best[1]
+
+
+def verdict_of(record: TuningRecord | None, choice: str | None = None) -> str | None:
+    """``confirmed`` or ``reverted`` when a window has judged ``choice`` (default: this
+    record's winner; a Default record's tie, see :func:`tie_of`), else None."""
     if record is None:
         return None
     found = record.settings.get(KEY)
     if not isinstance(found, dict):
         return None
     verdict = found.get("verdict")
-    if found.get("kernel") == record.winner and verdict in (CONFIRMED, REVERTED):
+    if found.get("kernel") == (choice or record.winner) and verdict in (CONFIRMED, REVERTED):
         return str(verdict)
     if verdict == REVERTED and record.winner == DEFAULT.identity:
-        return REVERTED  # a bucket's choice that lost at this m: Default stored for it
+        return REVERTED  # a bucket's choice (or a tie) that lost at this m: Default stays
     return None
 
 
 def describe(record: TuningRecord) -> str:
     """A record's verdict in a few words (``cache show``): ``confirmed 1.08x``, ``reverted
-    0.97x`` (Default's in-situ time over the choice's), or empty when never judged."""
+    0.97x`` (Default's in-situ time over the choice's), ``tie triton/... confirmed 1.03x``
+    for a Default record's tie, or empty when never judged."""
     found = record.settings.get(KEY)
-    verdict = verdict_of(record)
-    if verdict is None or not isinstance(found, dict):
+    if not isinstance(found, dict):
         return ""
+    kernel = found.get("kernel")
+    tie = record.winner == DEFAULT.identity and isinstance(kernel, str) and kernel != DEFAULT.identity
+    verdict = verdict_of(record, kernel if tie else None)
+    if verdict is None:
+        return ""
+    prefix = f"tie {kernel} " if tie else ""
     try:
         ratio = float(found["default_s"]) / float(found["kernel_s"])
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return verdict
-    return f"{verdict} {ratio:.2f}x" if math.isfinite(ratio) else verdict
+        return prefix + verdict
+    return prefix + (f"{verdict} {ratio:.2f}x" if math.isfinite(ratio) else verdict)
 
 
 @dataclass(frozen=True)

@@ -215,27 +215,44 @@ class Selector:
             return Decision(default_runner(problem, target.adapter), "fallback")
 
     def _decided(self, problem: Problem, target: Target, record: TuningRecord, source: str) -> Decision:
-        """The Decision for a record's winner: as a window's verdict says, else in a window."""
-        candidate = Candidate.from_identity(record.winner)
-        verdict = confirm.verdict_of(record) if source != "bucket" else None
-        if verdict == confirm.REVERTED:
-            return Decision(default_runner(problem, target.adapter), verdict, record)
-        runner = self.prepare(problem, candidate, target)
-        if candidate == DEFAULT or verdict == confirm.CONFIRMED:
-            return Decision(runner, verdict or source, record)
+        """The Decision for a record's winner: as a window's verdict says, else in a window.
+
+        A Default record's tie (:func:`confirm.tie_of`: a kernel the harness measured no
+        slower than Default) is the choice instead, but only through a window or its
+        verdict: where windows are off, or in a distributed job deciding together, or when
+        the tie's backend cannot prepare it here, Default serves.
+        """
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
         collective = _collective
-        if calls <= 0 or (collective is not None and collective()):
-            # In a distributed job deciding together every rank must run the same kernel,
-            # which windows judged on each rank alone would not keep: such choices run
-            # unconfirmed.
+        # In a distributed job deciding together every rank must run the same kernel,
+        # which windows judged on each rank alone would not keep: such choices run
+        # unconfirmed, and ties not at all.
+        windows = calls > 0 and not (collective is not None and collective())
+        choice = record.winner
+        tie = confirm.tie_of(record) if source != "bucket" and windows else None
+        if tie is not None:
+            choice = tie
+        candidate = Candidate.from_identity(choice)
+        verdict = confirm.verdict_of(record, choice) if source != "bucket" else None
+        if verdict == confirm.REVERTED:
+            return Decision(default_runner(problem, target.adapter), verdict, record)
+        if tie is not None:
+            try:
+                runner = self.prepare(problem, candidate, target)
+            except Exception:  # a tie is an option, never a failure: Default serves
+                return Decision(default_runner(problem, target.adapter), source, record)
+        else:
+            runner = self.prepare(problem, candidate, target)
+        if candidate == DEFAULT or verdict == confirm.CONFIRMED:
+            return Decision(runner, verdict or source, record)
+        if not windows:
             return Decision(runner, source, record)
         min_gain = self.tuner.settings_for(target).min_gain
 
         def report(outcome: confirm.Outcome) -> None:
             self.confirmed(problem, target, record, source, outcome)
 
-        confirmation = confirm.Confirmation(record.winner, calls, min_gain, report)
+        confirmation = confirm.Confirmation(choice, calls, min_gain, report)
         default = default_runner(problem, target.adapter)
         window = confirm.ConfirmingRunner(runner, default, confirmation, confirm.clock_for(target, 2 * calls))
         return Decision(window, source, record, confirmation)
