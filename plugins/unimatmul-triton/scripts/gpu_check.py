@@ -292,13 +292,6 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
 
         profiler = cProfile.Profile()
     phases = _phase_clock() if os.environ.get("TUNE_PHASES") else None
-    if os.environ.get("TUNE_NO_RACE"):
-        from dataclasses import replace
-
-        from unimatmul.tuning import tuner
-
-        gpu_settings = tuner.device_settings
-        tuner.device_settings = lambda target: replace(gpu_settings(target), race=False)  # type: ignore[assignment]
     torch.manual_seed(0)
     # Start-up (plugins, cuBLASLt, timers) on a shape Triton does not serve: not charged to a shape.
     x = torch.randn(64, 64, device="cuda")
@@ -365,8 +358,7 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
         triton_cache = Path(tmp) / "triton-cache"
         # "profiled": warm again under cProfile (tune-warm-profile.txt), where the time goes;
         # its times are inflated by the profiler and are not the warm figure.
-        # "norace": warm, with the harness's racing off (HarnessSettings.race), to compare.
-        for run in ("first", "norace", "warm", "profiled"):
+        for run in ("first", "warm", "profiled"):
             left = budget.left() - stop_at
             if left < 20:
                 part[run] = {"skipped": "time budget"}
@@ -379,10 +371,8 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
                 UNIMATMUL_MODE="tune",
                 PYTHONUNBUFFERED="1",
             )
-            if run in ("warm", "norace"):
+            if run == "warm":
                 env["TUNE_PHASES"] = "1"
-            if run == "norace":
-                env["TUNE_NO_RACE"] = "1"
             if run == "profiled":
                 env["TUNE_PROFILE"] = str(results.out / "tune-warm-profile.txt")
             t0 = time.perf_counter()
@@ -569,16 +559,11 @@ def markdown(data: dict[str, Any]) -> str:
             ]
         lines.append("")
     tuning = parts.get("tuning", {})
-    titles = {
-        "first": "first (Triton cache empty)",
-        "norace": "warm, racing off (for comparison: HarnessSettings.race=False)",
-        "warm": "warm (Triton cache warm)",
-    }
-    for run, title in titles.items():
+    for run in ("first", "warm"):
         shapes = tuning.get(run, {}).get("shapes", [])
         if shapes:
             lines += [
-                f"## Tuning, {title}",
+                f"## Tuning, {run} (Triton cache {'empty' if run == 'first' else 'warm'})",
                 "",
                 "| shape | layout | tune s | winner | speedup vs Default | triton candidates | best triton us |",
                 "|---|---|---|---|---|---|---|",
