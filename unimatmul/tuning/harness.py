@@ -135,7 +135,6 @@ class HarnessSettings:
     prune_ratio: float = 1.3  # a candidate this much slower than the best stops early
     first_prune_ratio: float = 5.0  # ... and this much slower on its first timed call, at once
     interleave: bool = False  # GPU: rounds across candidates; CPU: one block each (see _time)
-    race: bool = True  # interleaved rounds: stop a kernel once it lost every round clearly (_race)
     settle_s: float = 0.2  # CPU: pause before each block so other pools' threads stop spinning
     # ... only for products of at least this many multiply-adds: smaller ones run on one
     # thread in OpenBLAS, MKL and oneDNN alike, so no pool is left spinning.
@@ -669,8 +668,6 @@ class Harness:
         while live:
             for entry in live:
                 self._take(entry)
-            if settings.race:
-                self._race([e for e in live if e.result.status == OK])
             live = [
                 e
                 for e in live
@@ -678,31 +675,6 @@ class Harness:
                 and e.spent_s < settings.budget_s
                 and len(e.times) < settings.max_samples
             ]
-
-    def _race(self, live: list[_Entry]) -> None:
-        """Stop the kernels that can no longer win (``HarnessSettings.race``).
-
-        A kernel whose *fastest* sample is slower than the leader's median by more than
-        ``min_gain`` and both spreads has lost in every round so far: it is pruned rather
-        than sampled to the end of its budget. Judged from 4 samples on (a spread needs
-        them), never for Default (its times are the baseline) or the leader.
-        """
-        timed = [e for e in live if len(e.times) >= 4]
-        if len(timed) < 2:
-            return
-        leader = min(timed, key=lambda e: e.median())
-        best = leader.median()
-        for entry in timed:
-            if entry is leader or entry.candidate == DEFAULT:
-                continue
-            margin = max(self.settings.min_gain, spread(leader.times), spread(entry.times))
-            fastest = min(entry.times)
-            if fastest > best * (1.0 + margin):
-                entry.result.status = PRUNED
-                entry.result.note = (
-                    f"slower than the best in every one of {len(entry.times)} samples "
-                    f"(its fastest {fastest / best:.3f}x the best's median)"
-                )
 
     # --- confirmation of a win --------------------------------------------------------------
     def _confirm(self, best: _Entry, default: _Entry, settle: float) -> tuple[_Entry, dict[str, Any]]:
