@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pytest
 
 import unimatmul
 from unimatmul.cache.record import TuningRecord
@@ -304,23 +305,20 @@ def test_a_tie_that_loses_where_it_runs_leaves_default(isolated: Any, fake_backe
     assert decision.source == "reverted" and decision.runner.candidate == DEFAULT
 
 
-def test_a_tie_is_never_used_without_a_window(isolated: Any, fake_backend: Any) -> None:
+@pytest.mark.parametrize(
+    ("tie", "windows"),
+    [("quick/k0", 0), ("nosuch/k0", CALLS)],
+    ids=["windows-off", "backend-gone"],
+)
+def test_a_tie_leaves_default_without_a_window_or_its_backend(
+    isolated: Any, fake_backend: Any, tie: str, windows: int
+) -> None:
     fake = fake_backend("quick", "correct")
-    isolated.selector.confirm_calls = 0
+    isolated.selector.confirm_calls = windows
     a, b = _operands()
     problem = _problem(a, b)
-    _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.5e-6)
+    _store_default_with_tie(isolated.selector, problem, tie, 1.5e-6)
     decision = isolated.selector.decide(problem, _target(), "cached")
     assert decision.runner.candidate == DEFAULT and decision.confirmation is None
     _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 0
-
-
-def test_a_tie_whose_backend_is_gone_leaves_default(isolated: Any) -> None:
-    isolated.selector.confirm_calls = CALLS
-    a, b = _operands()
-    problem = _problem(a, b)
-    _store_default_with_tie(isolated.selector, problem, "nosuch/k0", 1.5e-6)
-    decision = isolated.selector.decide(problem, _target(), "cached")
-    assert decision.runner.candidate == DEFAULT and decision.confirmation is None
-    _check(unimatmul.matmul(a, b), a, b)
