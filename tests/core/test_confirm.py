@@ -282,6 +282,11 @@ def test_a_tie_runs_in_a_window_and_is_kept_where_it_wins(isolated: Any, fake_ba
     found = record.settings["confirm"]
     assert found["verdict"] == "confirmed" and found["kernel"] == "quick/k0"
     assert confirm.describe(record).startswith("tie quick/k0 confirmed ")
+    isolated.selector.store.flush()
+    text = io.StringIO()
+    assert main(["cache", "show", "--cache", str(isolated.cache_path)], out=text) == 0
+    (row,) = [line for line in text.getvalue().splitlines() if "tie quick/k0" in line]
+    assert row.split()[1] == DEFAULT.identity and row.split()[-3:-1] == ["quick/k0", "confirmed"]
     other = Selector(plugins=isolated.plugins, settings=fast_settings())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
