@@ -28,7 +28,9 @@ medians (routed/off, above 1: routing is faster), each round's own ratio (the sp
 the problems tuned and their winners, and how close the outputs are. A row that fails
 is reported with its error and left out; the run goes on. ``--time-limit`` stops it
 cleanly: no row starts that would not finish (estimated from the rows done), no round
-starts after the limit, and the rows left are listed with the reason.
+starts after the limit, and the rows left are listed with the reason. A compiled row on
+a GPU counts the CUDA graph re-recordings during its timed calls, per state (``Rerecords``);
+the report lists the rows that had any: they time recording, not graph replays.
 
     # CPU (f32, oneDNN, small configs; a few minutes on 2 cores):
     python benchmarks/hf_models.py --cpu-small
@@ -55,6 +57,7 @@ import copy
 import datetime
 import gc
 import json
+import logging
 import math
 import os
 import re
@@ -380,20 +383,76 @@ def compare(row: Row, off: torch.Tensor, routed: torch.Tensor) -> dict[str, floa
 # --- one row --------------------------------------------------------------------------------------
 
 
-def timed(calls: Calls, state: str, count: int, device: torch.device) -> Callable[[], float]:
-    """One sample: an untimed warm call in ``state``, then ``count`` calls timed end to end."""
+class Rerecords(logging.Handler):
+    """Counts CUDA graph trees' re-recordings: their debug line ``Re-recording function=...``.
+
+    A compiled row whose graphs are recorded again during its timed calls measures the
+    recording, not graph replays (session 5: GPT-2's compiled decode re-recorded at every
+    step, routing off and on alike, "static input data pointer changed"). The trees write
+    that line at DEBUG on their ``cudagraphs`` artifact logger; :meth:`watch` turns that
+    logger on for this handler alone (no output) unless ``TORCH_LOGS`` already did.
+    """
+
+    LOGGER = "torch._inductor.cudagraph_trees.__cudagraphs"
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "Re-recording" in str(record.msg):
+            self.count += 1
+
+    @classmethod
+    def watch(cls) -> Rerecords:
+        found = cls()
+        logger = logging.getLogger(cls.LOGGER)
+        if not logger.isEnabledFor(logging.DEBUG):
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False  # nobody asked to see them: counted, not printed
+        logger.addHandler(found)
+        return found
+
+
+def timed(
+    calls: Calls,
+    state: str,
+    count: int,
+    device: torch.device,
+    rerecords: tuple[Rerecords, dict[str, int]] | None = None,
+) -> Callable[[], float]:
+    """One sample: an untimed warm call in ``state``, then ``count`` calls timed end to end.
+
+    ``rerecords``: a counter and a dict that gains, under ``state``, the CUDA graph
+    re-recordings seen during the timed calls.
+    """
 
     def take() -> float:
         with torch.no_grad(), mode(state):
             calls.warm()
             sync(device)
+            before = rerecords[0].count if rerecords is not None else 0
             t0 = time.perf_counter()
             for _ in range(count):
                 calls.run()
             sync(device)
-            return (time.perf_counter() - t0) / count
+            elapsed = (time.perf_counter() - t0) / count
+            if rerecords is not None:
+                counter, seen = rerecords
+                seen[state] = seen.get(state, 0) + counter.count - before
+            return elapsed
 
     return take
+
+
+_RERECORDS: list[Rerecords] = []
+
+
+def _rerecords() -> Rerecords:
+    """The process's one re-recording counter (made on first use)."""
+    if not _RERECORDS:
+        _RERECORDS.append(Rerecords.watch())
+    return _RERECORDS[0]
 
 
 def run_row(
@@ -454,7 +513,14 @@ def run_row(
             off.run()  # compiled: the off graph is recorded by now too
         once = timed(off, "off", 1, device)()
         count = max(1, math.ceil(args.min_time / once))
-        variants = {"off": timed(off, "off", count, device), "routed": timed(on, "routed", count, device)}
+        watch = None
+        if row.variant == "compiled" and device.type == "cuda":
+            result["graph_rerecords"] = {"off": 0, "routed": 0}
+            watch = (_rerecords(), result["graph_rerecords"])
+        variants = {
+            "off": timed(off, "off", count, device, watch),
+            "routed": timed(on, "routed", count, device, watch),
+        }
         result["calls_per_sample"] = count
         measured = rounds(variants, args.rounds, deadline)
         ratio = measured["off"]["median_s"] / measured["routed"]["median_s"]
@@ -661,6 +727,17 @@ def summary_table(data: dict[str, Any]) -> list[str]:
             f"{_spread(r['off']['samples']):.1%}, {_spread(r['routed']['samples']):.1%} | {r['off']['rounds']} | "
             f"{kernels} / {len(problems)} | {check_text} |"
         )
+    rerecorded = [r for r in data["rows"] if any(r.get("graph_rerecords", {}).values())]
+    if rerecorded:
+        lines += [
+            "",
+            "CUDA graphs recorded again during the timed calls (these rows time recording, not replays):",
+            "",
+        ]
+        lines += [
+            f"- `{r['id']}`: off {r['graph_rerecords']['off']}, routed {r['graph_rerecords']['routed']} re-recordings"
+            for r in rerecorded
+        ]
     if data["not_run"]:
         lines += ["", "Not run:", ""]
         lines += [f"- `{r['id']}`: {r['reason']}" for r in data["not_run"]]
