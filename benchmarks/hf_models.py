@@ -461,6 +461,7 @@ def run_row(
     import unimatmul
     import unimatmul.torch as ut
     from unimatmul.torch.model_tuning import collecting
+    from unimatmul.tuning.selector import get_selector
 
     model = models.get(row.spec)
     routed_model = models.twin(row.spec) if row.variant == "compiled" else model
@@ -490,14 +491,23 @@ def run_row(
         result["check"] = compare(row, reference, routed_out)
         # Judge the confirmation windows (the first real calls of each choice, alternating
         # it with Default) before timing: what a server runs after its first few calls.
+        # Switching routing on starts with no plans, so a call comes before the first look
+        # at the open windows (looking first found none, and judged nothing: sessions 4-5).
         # Bounded in time: a product met once per call (generate's prefill) needs 34
-        # calls; a window still open then goes on inside the routed rounds.
+        # calls; a window still open then starts again in each routed sample, since
+        # switching routing off drops the plans and their windows.
         judged_until = time.perf_counter() + args.judge_s
         judge_calls = 0
         with mode("routed"):
-            while ut.stats().get("confirm", {}).get("open", 0) and time.perf_counter() < judged_until:
+            while True:
                 on.run()
                 judge_calls += 1
+                if not ut.stats().get("confirm", {}).get("open", 0) or time.perf_counter() >= judged_until:
+                    break
+            sync(device)
+            # The verdicts go to the cache on a thread of their own: written before routing
+            # is switched off, so that the rounds' plans read them instead of opening windows.
+            get_selector().settle(timeout=30)
         sync(device)
         result["judge_calls"] = judge_calls
         result["confirm"] = ut.stats().get("confirm", {})
