@@ -408,6 +408,10 @@ class Run:
                 model(x)
             self.sync()
             warm_stats = ut.scaled_stats()
+            # The verdicts reach the cache on a thread of their own: written before routing is
+            # switched off, so that the rounds' fresh plans read them (switching routing off
+            # drops the plans, and a window not yet stored would start again in each sample).
+            self.selector.settle(timeout=30)
             got = model(x)
         finally:
             ut.disable()
