@@ -96,9 +96,10 @@ def tie_of(record: TuningRecord) -> str | None:
     so without the host's own time per call) is a *tie*: on the device it costs nothing,
     and where a program is bound by the host, a kernel whose call costs less host time
     than Default's makes the program faster (H200: a routed Triton launch 6.2 us against
-    ``torch.mm``'s 11.7 us, a cuBLASLt fp8 call 12.2 us against ``torch._scaled_mm``'s 18.1 us). Only a window can tell which case a
-    program is in, so a tie is used only through one (:meth:`Selector._decided`): kept
-    where it wins by ``min_gain`` in situ, Default elsewhere. Read from the record's
+    ``torch.mm``'s 11.7 us, a cuBLASLt fp8 call 12.2 us against ``torch._scaled_mm``'s
+    18.1 us). Only a window can tell which case a program is in, so a tie is used only
+    through one (:meth:`Selector._decided`): kept where it wins by ``min_gain`` in situ,
+    Default elsewhere. Read from the record's
     results (every candidate's median is stored), so older records offer theirs too.
     """
     if record.winner != DEFAULT.identity or record.default_s is None or not math.isfinite(record.default_s):
