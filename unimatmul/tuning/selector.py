@@ -236,13 +236,13 @@ class Selector:
         verdict = confirm.verdict_of(record, choice) if source != "bucket" else None
         if verdict == confirm.REVERTED:
             return Decision(default_runner(problem, target.adapter), verdict, record)
-        if tie is not None:
-            try:
-                runner = self.prepare(problem, candidate, target)
-            except Exception:  # a tie is an option, never a failure: Default serves
-                return Decision(default_runner(problem, target.adapter), source, record)
-        else:
+        try:
             runner = self.prepare(problem, candidate, target)
+        except Exception:
+            if tie is None:
+                raise
+            # A tie is an option, never a failure: Default serves.
+            return Decision(default_runner(problem, target.adapter), source, record)
         if candidate == DEFAULT or verdict == confirm.CONFIRMED:
             return Decision(runner, verdict or source, record)
         if not windows:
