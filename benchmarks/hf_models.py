@@ -55,6 +55,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import functools
 import gc
 import json
 import logging
@@ -445,14 +446,10 @@ def timed(
     return take
 
 
-_RERECORDS: list[Rerecords] = []
-
-
+@functools.cache
 def _rerecords() -> Rerecords:
     """The process's one re-recording counter (made on first use)."""
-    if not _RERECORDS:
-        _RERECORDS.append(Rerecords.watch())
-    return _RERECORDS[0]
+    return Rerecords.watch()
 
 
 def run_row(
