@@ -64,6 +64,8 @@ LAYERS = [
     ("qwen-7b", "mlp_c_proj", 4096, 11008),
 ]
 FP8_MAX = 448.0  # float8_e4m3fn
+#: benchmarks/: the host-time and profiling helpers this script borrows (api_overhead, profile_decode).
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 #: The stack: forwards a sample, rounds of off and on (ABBA), routed eager forwards before timing.
 STACK_CALLS = 20
 STACK_ROUNDS = 15
@@ -313,7 +315,7 @@ class Run:
         import unimatmul.torch as ut
         from unimatmul.core.scaled import scaled_problem
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        sys.path.insert(0, str(BENCHMARKS))
         from api_overhead import force, per_call
 
         calls, rounds = (2000, 7) if self.gpu else (200, 3)
@@ -424,7 +426,6 @@ class Run:
             for state in order:
                 times[state].append(sample[state])
             ratios.append(sample["off"] / sample["on"])
-        ut.reset_stats()
         off, on = statistics.median(times["off"]), statistics.median(times["on"])
         if self.gpu:
             with ut.enabled():
@@ -473,7 +474,7 @@ class Run:
 
         import unimatmul.torch as ut
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        sys.path.insert(0, str(BENCHMARKS))
         from profile_decode import profile_products
 
         found = {}
