@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import unimatmul
-from unimatmul.cache.record import TuningRecord
+from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_of
 from unimatmul.core.backend import DEFAULT, Target
@@ -43,12 +43,18 @@ def _problem(a: np.ndarray, b: np.ndarray) -> Problem:
     return Problem.from_operands(adapter_of(a), a, b)[0]
 
 
-def _store_winner(selector: Selector, problem: Problem, winner: str) -> str:
+def _store_winner(
+    selector: Selector,
+    problem: Problem,
+    winner: str,
+    winner_s: float = 1e-6,
+    results: list[CandidateResult] | None = None,
+) -> str:
+    """Store a record of ``winner`` (Default at 2 us) for ``problem``; its namespace."""
     namespace = selector.platform(_target()).namespace
     versions = dict(selector.platform(_target()).versions)
-    selector.store.put(
-        namespace, problem.key, TuningRecord(problem.key, winner, 1e-6, 2e-6, versions=versions)
-    )
+    record = TuningRecord(problem.key, winner, winner_s, 2e-6, results=results or [], versions=versions)
+    selector.store.put(namespace, problem.key, record)
     return namespace
 
 
@@ -231,23 +237,15 @@ def test_no_window_while_a_distributed_job_decides_together(isolated: Any, fake_
 
 def _store_default_with_tie(selector: Selector, problem: Problem, tie: str, tie_s: float) -> str:
     """A Default record whose results hold ``tie`` at ``tie_s`` against Default's 2 us."""
-    from unimatmul.cache.record import OK, PRUNED, CandidateResult
-
-    namespace = selector.platform(_target()).namespace
-    versions = dict(selector.platform(_target()).versions)
     results = [
         CandidateResult(DEFAULT.identity, OK, median_s=2e-6, samples=5),
         CandidateResult(tie, OK, median_s=tie_s, samples=5),
         CandidateResult("quick/k9", PRUNED, median_s=1e-6, samples=4),  # pruned: never a tie
     ]
-    record = TuningRecord(problem.key, DEFAULT.identity, 2e-6, 2e-6, results=results, versions=versions)
-    selector.store.put(namespace, problem.key, record)
-    return namespace
+    return _store_winner(selector, problem, DEFAULT.identity, 2e-6, results)
 
 
 def test_a_tie_is_the_fastest_kernel_measured_no_slower_than_default() -> None:
-    from unimatmul.cache.record import OK, CandidateResult
-
     def record(winner: str, *times: tuple[str, float]) -> TuningRecord:
         results = [CandidateResult(DEFAULT.identity, OK, median_s=2e-6)]
         results += [CandidateResult(identity, OK, median_s=t) for identity, t in times]
