@@ -180,25 +180,18 @@ def _native_put(runner: Runner, out_shape: tuple[int, ...], a: Any, b: Any, out:
     call = native.fast_matmul()
     if call is None:
         return
-    window = runner if isinstance(runner, ConfirmingRunner) else None
-    kernel = window.kernel if window is not None else runner
-    native_call = None
-    if kernel.candidate != DEFAULT:
-        native_call = kernel.native_call() if hasattr(kernel, "native_call") else None
-        kind = native.kind_of(native_call)
-        if kind == native.PYTHON:
-            return  # no entry: such calls stay on the Python path
-    else:
-        kind = native.DEFAULT
+    entry = native.entry_for(None if runner.candidate == DEFAULT else runner)
+    if entry.kind == native.PYTHON:
+        return  # no entry: such calls stay on the Python path
     if native.size(native.API) >= _fast.maxsize:
         native.clear(native.API)
         _native_keep[:] = [[], _native_keep[0]]
     ident = native.new_id()
-    confirm = window.confirmation.calls if window is not None else 0
-    native.put_api(mode, a, b, out, kind, ident, out_shape, native_call, confirm)
-    if window is not None:
-        native.watch(ident, window.confirmation.conclude)
-    _native_keep[0].append(kernel)
+    native.put_api(mode, a, b, out, entry.kind, ident, out_shape, entry.call, entry.confirm, entry.tie)
+    if entry.window is not None:
+        native.watch(ident, entry.window.confirmation.conclude)
+    if entry.kernel is not None:
+        _native_keep[0].append(entry.kernel)
     _native_call = call
     _native_types = frozenset({type(a)} | set(_native_types))
 

@@ -325,3 +325,58 @@ def test_a_tie_leaves_default_without_a_window_or_its_backend(
     assert decision.runner.candidate == DEFAULT and decision.confirmation is None
     _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 0
+
+
+def test_a_tie_runs_default_while_the_stream_is_captured(
+    isolated: Any, fake_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tie wins by host time, which a CUDA-graph replay does not have: under capture
+    # (in its window, and after the window kept it) Default runs and the window does not
+    # advance. A CPU has no graphs, so the clock's capture check says what a GPU's would.
+    capturing = [True]
+    monkeypatch.setattr(confirm.HostClock, "capturing", lambda self: capturing[0])
+    fake = fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = CALLS
+    isolated.selector.settings = replace(fast_settings(), min_gain=-100.0)  # the window keeps it
+    a, b = _operands()
+    problem = _problem(a, b)
+    _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.99e-6)
+    window = isolated.selector.decide(problem, _target(), "cached").runner
+    assert isinstance(window, confirm.ConfirmingRunner) and window.tie
+    for _ in range(3):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 0  # Default under capture; the window has not started
+    capturing[0] = False
+    for _ in range(WINDOW):
+        _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 1 + CALLS  # the whole window ran, and kept the tie
+    assert isolated.selector.settle(timeout=10)
+    for flag, expected in ((False, 2 + CALLS), (True, 2 + CALLS), (False, 3 + CALLS)):
+        capturing[0] = flag
+        _check(unimatmul.matmul(a, b), a, b)
+        assert fake.calls == expected
+    # Another process reads the verdict: the kept tie, again Default under capture.
+    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    decision = other.decide(problem, _target(), "cached")
+    assert decision.source == "confirmed" and isinstance(decision.runner, confirm.TieRunner)
+    out = np.full((a.shape[0], b.shape[1]), np.nan, np.float32)
+    capturing[0] = True
+    decision.runner(a, b, out)
+    _check(out, a, b)
+    assert fake.calls == 3 + CALLS
+
+
+def test_a_kernel_that_won_outright_is_captured_as_it_is(
+    isolated: Any, fake_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only ties step aside under capture: a winner was measured in graphs, and wins there.
+    monkeypatch.setattr(confirm.HostClock, "capturing", lambda self: True)
+    fake = fake_backend("quick", "correct")
+    isolated.selector.confirm_calls = CALLS
+    a, b = _operands()
+    problem = _problem(a, b)
+    _store_winner(isolated.selector, problem, "quick/k0")
+    window = isolated.selector.decide(problem, _target(), "cached").runner
+    assert isinstance(window, confirm.ConfirmingRunner) and not window.tie
+    _check(unimatmul.matmul(a, b), a, b)
+    assert fake.calls == 1

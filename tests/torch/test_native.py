@@ -126,6 +126,51 @@ def test_a_onednn_kernel_runs_from_cpp(env: Env, alpha: float) -> None:
 
 
 @NATIVE
+def test_a_kept_tie_is_served_from_cpp_and_marked_a_tie(env: Env) -> None:
+    """A Default record's tie that its window kept (a oneDNN kernel level with Default):
+    the plan holds a TieRunner, the native entry makes the kernel's call and is marked a
+    tie (on a GPU such an entry runs PyTorch's kernel under graph capture)."""
+    from dataclasses import replace
+
+    from unimatmul.cache.record import OK
+    from unimatmul.core.backend import DEFAULT
+    from unimatmul.tuning import confirm
+
+    if not onednn_available(env.selector):
+        pytest.skip("oneDNN is not available here")
+    x, weight = torch.randn(16, 48), torch.randn(40, 48)
+    ref = (x.double() @ weight.double().t()).float()
+    with ut.enabled(), collecting() as met, torch.no_grad():
+        torch.mm(x, weight.t())
+    ((problem, target),) = list({(p.key, t): (p, t) for p, t in met}.values())
+    tune_preferring_kernels(env.selector, [(problem, target)])
+    namespace = env.selector.platform(target).namespace
+    record = env.selector.store.get(namespace, problem.key)
+    assert record.winner.startswith("onednn/")
+    (measured,) = [r for r in record.results if r.identity == record.winner]
+    kept = {"verdict": confirm.CONFIRMED, "kernel": record.winner, "kernel_s": 1e-6, "default_s": 2e-6}
+    tie = replace(
+        record,
+        winner=DEFAULT.identity,
+        default_s=record.winner_s,
+        results=[replace(measured, status=OK)],
+        settings={confirm.KEY: kept},
+    )
+    env.selector.store.put(namespace, problem.key, tie)
+    ut.clear_plans()
+    with ut.enabled(), torch.no_grad():
+        outs = [torch.mm(x, weight.t()) for _ in range(3)]
+        plan = _only_plan("mm")
+        assert isinstance(plan.runner, confirm.TieRunner) and plan.source == "confirmed"
+        assert plan.native == native.ONEDNN
+        assert native.counts() == {plan.ident: 2}  # the first call went through Python
+        entry = native.entry_for(plan.runner)
+        assert entry.tie and entry.kernel is plan.runner.kernel and entry.kind == native.ONEDNN
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@NATIVE
 def test_the_profiler_names_a_native_call(env: Env) -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     with ut.enabled():

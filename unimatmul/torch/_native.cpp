@@ -221,6 +221,10 @@ struct Entry {
   std::vector<int64_t> out_shape;
   int form = PLAIN;
   std::unique_ptr<Window> window;  // CONFIRM only
+  // A Default record's tie (tuning/confirm.py, tie_of): the kernel only ties PyTorch's on
+  // the device, and its gain is host time, which a CUDA graph does not have. Under
+  // capture the entry runs PyTorch's kernel, so that a graph holds what it held unrouted.
+  bool tie = false;
   // LT
   MatmulFn matmul = nullptr;
   SetAttrFn set_attr = nullptr;
@@ -998,7 +1002,8 @@ at::Tensor windowed(Entry& e, [[maybe_unused]] const at::Tensor& a, Kernel&& ker
 
 // Runs a known entry: PyTorch's kernel (DEFAULT), the backend's (LT, PADDED, ONEDNN), or both
 // in turn (CONFIRM); undefined when Python must take the call (PYTHON, or a kernel that could
-// not run here). Counts the calls it served.
+// not run here). A tie's entry runs PyTorch's kernel under graph capture. Counts the calls
+// it served.
 template <typename Kernel, typename Default>
 at::Tensor serve(Entry& e, const at::Tensor& a, Kernel&& kernel, Default&& dflt) {
   const int kind = e.kind.load(std::memory_order_acquire);
@@ -1006,6 +1011,14 @@ at::Tensor serve(Entry& e, const at::Tensor& a, Kernel&& kernel, Default&& dflt)
     return at::Tensor();
   }
   RECORD_USER_SCOPE(e.label.c_str());
+#ifdef UMM_WITH_CUDA
+  if (e.tie && kind != DEFAULT && a.is_cuda() &&
+      capturing(c10::cuda::getCurrentCUDAStream(a.device().index()).stream())) {
+    at::Tensor out = dflt();
+    e.calls.fetch_add(1, std::memory_order_relaxed);
+    return out;
+  }
+#endif
   if (kind == CONFIRM) {
     return windowed(e, a, [&] { return kernel(e.window->kernel_kind); }, dflt);  // counts its calls
   }
@@ -1449,11 +1462,12 @@ void set_lt(Entry& e, c10::IntArrayRef lt) {
 // and size, stream, scale bytes, then the algo's bytes as words. For PADDED, buffers holds
 // the A, B and C buffers and their corner views (None where that operand is not copied),
 // and flags (a_first, b_first). `confirm` > 0: the entry starts in a confirmation window of
-// that many timed calls per candidate, and becomes `kind` or DEFAULT by its verdict.
+// that many timed calls per candidate, and becomes `kind` or DEFAULT by its verdict. `tie`:
+// the choice is a Default record's tie (PyTorch's kernel serves it under graph capture).
 void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at::Tensor& b,
          const std::optional<at::Tensor>& c, bool beta_zero, bool beta_one, int64_t kind, int64_t id,
          c10::string_view label, c10::IntArrayRef out_shape, int64_t form, c10::IntArrayRef lt,
-         const c10::List<std::optional<at::Tensor>>& buffers, c10::IntArrayRef flags, int64_t confirm) {
+         const c10::List<std::optional<at::Tensor>>& buffers, c10::IntArrayRef flags, int64_t confirm, bool tie) {
   Key key;
   const at::Tensor* cp = c.has_value() ? &*c : nullptr;
   UMM_CHECK(table == ROUTING || table == API, "unimatmul_native.put: unknown table ", table);
@@ -1468,6 +1482,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   entry->label = std::string(label);
   entry->out_shape = out_shape.vec();
   entry->form = static_cast<int>(form);
+  entry->tie = tie;
   if (kind == LT || kind == PADDED) {
     set_lt(*entry, lt);
   }
@@ -1518,11 +1533,12 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
 // Puts the entry for a _scaled_mm call's key into the SCALED table (`mode` as for put).
 // kind: DEFAULT, PYTHON or SCALED_LT; lt holds, for SCALED_LT, the library's A and B
 // scale-pointer attributes and whether C is D, then an LT entry's words (put); `confirm`
-// as for put.
+// and `tie` as for put.
 void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                 const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
                 std::optional<at::ScalarType> out_dtype, bool use_fast_accum, int64_t kind, int64_t id,
-                c10::string_view label, c10::IntArrayRef out_shape, c10::IntArrayRef lt, int64_t confirm) {
+                c10::string_view label, c10::IntArrayRef out_shape, c10::IntArrayRef lt, int64_t confirm,
+                bool tie) {
   Key key;
   const int64_t key_mode = mode < 0 ? state().mode.load() : mode;
   const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
@@ -1536,6 +1552,7 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
   entry->label = std::string(label);
   entry->out_shape = out_shape.vec();
   entry->out_dtype = out_dtype.value_or(a.scalar_type());
+  entry->tie = tie;
   if (kind == SCALED_LT) {
     constexpr size_t scaled_words = 3;
     UMM_CHECK(lt.size() > scaled_words, "unimatmul_native.put_scaled: SCALED_LT data of ", lt.size(), " words");
@@ -1638,11 +1655,13 @@ TORCH_LIBRARY(unimatmul_native, m) {
   m.def("set_busy(bool on) -> ()", &set_busy);
   m.def(
       "put(int table, int op, int mode, Tensor a, Tensor b, Tensor? c, bool beta_zero, bool beta_one, int kind, "
-      "int id, str label, int[] out_shape, int form, int[] lt, Tensor?[] buffers, int[] flags, int confirm) -> ()",
+      "int id, str label, int[] out_shape, int form, int[] lt, Tensor?[] buffers, int[] flags, int confirm, "
+      "bool tie=False) -> ()",
       &put);
   m.def(
       "put_scaled(int mode, Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, ScalarType? out_dtype, "
-      "bool use_fast_accum, int kind, int id, str label, int[] out_shape, int[] lt, int confirm) -> ()",
+      "bool use_fast_accum, int kind, int id, str label, int[] out_shape, int[] lt, int confirm, "
+      "bool tie=False) -> ()",
       &put_scaled);
   m.def("clear(int table) -> int[]", &clear);
   m.def("counts(int table, bool reset) -> int[]", &counts);

@@ -46,7 +46,7 @@ import torch
 
 from unimatmul import settings
 from unimatmul.core import modes
-from unimatmul.tuning.confirm import ConfirmingRunner, split
+from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
 
 ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
@@ -208,6 +208,7 @@ class Entry(NamedTuple):
     call: Any  # the kernel's NativeCall, or None
     kind: int
     confirm: int  # timed calls per candidate of a window the entry runs itself (0: none)
+    tie: bool  # a Default record's tie: PyTorch's kernel under graph capture
 
 
 def entry_for(runner: Any, offered: bool = True) -> Entry:
@@ -215,11 +216,16 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
 
     A choice in its confirmation window (a ``ConfirmingRunner``) becomes its bare kernel's
     call with a window of the confirmation's calls when the table can make that call;
-    else the entry sends calls to the Python kernel, whose plan runs the window.
-    ``offered``: whether the call's form may be made natively at all.
+    else the entry sends calls to the Python kernel, whose plan runs the window. A tie
+    (in its window, or kept: a ``TieRunner``) is marked so, and its entry runs PyTorch's
+    kernel under graph capture. ``offered``: whether the call's form may be made natively
+    at all.
     """
     window = runner if isinstance(runner, ConfirmingRunner) else None
+    tie = isinstance(runner, TieRunner) or (window is not None and window.tie)
     kernel = window.kernel if window is not None else runner
+    if isinstance(kernel, TieRunner):
+        kernel = kernel.kernel
     call = None
     if kernel is not None and offered and hasattr(kernel, "native_call"):
         try:
@@ -228,18 +234,19 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
             call = None
     kind = kind_of(call) if kernel is not None else DEFAULT
     confirm = window.confirmation.calls if window is not None and kind != PYTHON else 0
-    return Entry(window, kernel, call, kind, confirm)
+    return Entry(window, kernel, call, kind, confirm, tie)
 
 
 def entered(entry: Entry, plan: Any, keep: list[Any]) -> None:
     """After ``entry`` went into the table for ``plan`` (a routing or scaled plan): the plan
     notes the entry's kind; a window the entry runs is judged by the plan's confirmation,
-    and the plan holds the bare kernel (for calls that still come through Python); the
+    and the plan holds the bare kernel (a tie's: its ``TieRunner``), for calls that still
+    come through Python; the
     kernel is kept alive in ``keep`` with the table that points into it."""
     plan.native = entry.kind
     if entry.window is not None and entry.confirm:
         watch(plan.ident, entry.window.confirmation.conclude)
-        plan.runner = entry.kernel
+        plan.runner = entry.window.kept()
     if entry.kernel is not None:
         keep.append(entry.kernel)
 
@@ -385,13 +392,15 @@ def put(
     form: int,
     call: Any = None,
     confirm: int = 0,
+    tie: bool = False,
 ) -> None:
     """Put the routing entry for these operands' key; ``call``: a runner's NativeCall (LT,
     PADDED, ONEDNN); ``confirm`` > 0: a window of that many timed calls per candidate
-    (its verdict goes to the judge given to :func:`watch` for ``ident``)."""
+    (its verdict goes to the judge given to :func:`watch` for ``ident``); ``tie``: the
+    choice is a Default record's tie (PyTorch's kernel serves it under graph capture)."""
     accumulate = c is not None
     _put(ROUTING, OPS[op], -1, a, b, c, bool(accumulate and beta == 0), bool(accumulate and beta == 1),
-         kind, ident, label, out_shape, form, call, confirm)  # fmt: skip
+         kind, ident, label, out_shape, form, call, confirm, tie)  # fmt: skip
 
 
 def put_api(
@@ -404,11 +413,12 @@ def put_api(
     out_shape: tuple[int, ...],
     call: Any = None,
     confirm: int = 0,
+    tie: bool = False,
 ) -> None:
     """Put ``unimatmul.matmul``'s entry for ``matmul(a, b, out=out)`` in ``mode`` (plain
-    form: 2-D operands, or 3-D ones of one batch)."""
+    form: 2-D operands, or 3-D ones of one batch); the rest as for :func:`put`."""
     _put(API, API_OPS[a.dim()], MODES[mode], a, b, out, False, False, kind, ident,
-         "unimatmul::matmul", out_shape, 0, call, confirm)  # fmt: skip
+         "unimatmul::matmul", out_shape, 0, call, confirm, tie)  # fmt: skip
 
 
 def _put(
@@ -427,6 +437,7 @@ def _put(
     form: int,
     call: Any,
     confirm: int,
+    tie: bool,
 ) -> None:
     torch.ops.unimatmul_native.put(
         table,
@@ -446,6 +457,7 @@ def _put(
         list(call.buffers) if call is not None and call.padded else [],
         list(call.flags) if call is not None and call.padded else [],
         confirm,
+        tie,
     )
 
 
@@ -463,10 +475,11 @@ def put_scaled(
     out_shape: tuple[int, ...],
     call: Any = None,
     confirm: int = 0,
+    tie: bool = False,
 ) -> None:
     """Put the SCALED entry for a ``_scaled_mm`` call's key (without ``scale_result``, in the
     environment's mode); ``call``: a ``ScaledLtRunner``'s NativeCall (``SCALED_LT``);
-    ``confirm`` as for :func:`put`."""
+    ``confirm`` and ``tie`` as for :func:`put`."""
     torch.ops.unimatmul_native.put_scaled(
         -1,
         a,
@@ -482,6 +495,7 @@ def put_scaled(
         list(out_shape),
         call.words if call is not None and kind == SCALED_LT else [],
         confirm,
+        tie,
     )
 
 

@@ -46,7 +46,7 @@ from unimatmul.core.arrays import adapter_of
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
-from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
+from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, TieRunner
 from unimatmul.tuning.selector import get_selector
 
 DISPATCH_KEYS = ("CPU", "CUDA")
@@ -341,7 +341,7 @@ def _native_put(
     entry = native.entry_for(plan.runner, offered=plan.form in (PLAIN, BIAS))
     try:
         native.put(op, a, b, c, beta, entry.kind, plan.ident, plan.label, plan.out_shape, plan.form, entry.call,
-                   entry.confirm)  # fmt: skip
+                   entry.confirm, entry.tie)  # fmt: skip
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
@@ -422,11 +422,11 @@ def _fill_plan(
         plan.label = f"unimatmul::{op} [{candidate.identity}]"
         if decision.source == "confirmed" and decision.record is not None:
             plan.saved_s = _saved_per_call(decision.record.settings)
+    if isinstance(plan.runner, (ConfirmingRunner, TieRunner)):
+        # Inside a dispatcher kernel, Default is PyTorch's kernel through its out= and
+        # in-place forms (torch.matmul(out=...) would refuse operands that require grad).
+        plan.runner.default = _PYTORCH
     if decision.confirmation is not None:
-        if isinstance(plan.runner, ConfirmingRunner):
-            # Inside a dispatcher kernel, Default is PyTorch's kernel through its out= and
-            # in-place forms (torch.matmul(out=...) would refuse operands that require grad).
-            plan.runner.default = _PYTORCH
         plan.confirmation = decision.confirmation
         decision.confirmation.listen(lambda outcome: _judged(plan, outcome))
 
@@ -478,7 +478,7 @@ def _judged(plan: Plan, outcome: Outcome) -> None:
     under ``confirmed`` or ``reverted``.
     """
     runner = plan.runner
-    kernel = runner.kernel if isinstance(runner, ConfirmingRunner) else runner
+    kernel = runner.kept() if isinstance(runner, ConfirmingRunner) else runner
     with _state.lock:
         _state.verdicts[outcome.verdict] += 1
         if outcome.verdict == UNJUDGED:

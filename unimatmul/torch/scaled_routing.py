@@ -255,7 +255,7 @@ def _native_put(
     try:
         native.put_scaled(
             a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, entry.kind, plan.ident, plan.label,
-            plan.out_shape, entry.call, entry.confirm,
+            plan.out_shape, entry.call, entry.confirm, entry.tie,
         )  # fmt: skip
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
@@ -328,7 +328,7 @@ def _judged(plan: ScaledPlan, outcome: Outcome) -> None:
     entry has switched itself). The calls made so far stay counted under the plan's old
     source; later ones count under ``confirmed`` or ``reverted``."""
     runner = plan.runner
-    kernel = runner.kernel if isinstance(runner, ConfirmingRunner) else runner
+    kernel = runner.kept() if isinstance(runner, ConfirmingRunner) else runner
     with _state.lock:
         _state.verdicts[outcome.verdict] += 1
         plan.confirmation = None

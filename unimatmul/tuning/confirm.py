@@ -38,7 +38,11 @@ host) the pair also measures the host's own time between the two records, which 
 where a routed call's host overhead shows. The events are read only when the window
 is full, from a later call (an event query, never a synchronisation), and no event is
 recorded while the stream is being captured into a CUDA graph: a call under capture
-runs the choice (the harness measured it in CUDA graphs) and is not timed.
+runs the choice (the harness measured it in CUDA graphs) and is not timed. A tie
+(:func:`tie_of`) is the exception: its gain is the host's time per call, which a graph
+replay does not have, so under capture it runs Default, in its window and after a
+verdict that kept it (:class:`TieRunner`; the native entries do the same): a captured
+graph holds what it would hold unrouted.
 
 Outside the window a call costs nothing more: the caller swaps the wrapper for the
 winner (``ConfirmingRunner.on_final``), and the native torch kernels switch their
@@ -379,11 +383,14 @@ class ConfirmingRunner:
     stays: it is what the caller got before windows existed.
     """
 
-    def __init__(self, kernel: Runner, default: Runner, confirmation: Confirmation, clock: Clock) -> None:
+    def __init__(
+        self, kernel: Runner, default: Runner, confirmation: Confirmation, clock: Clock, *, tie: bool = False
+    ) -> None:
         self.candidate = kernel.candidate
         self.kernel = kernel
         self.default = default
         self.confirmation = confirmation
+        self.tie = tie  # a Default record's tie: Default runs under graph capture (TieRunner)
         self.final: Runner | None = None
         self.on_final: list[Callable[[Runner], None]] = []
         self._clock = clock
@@ -392,8 +399,15 @@ class ConfirmingRunner:
         self._lock = threading.Lock()
         confirmation.listen(self._settle)
 
+    def kept(self) -> Runner:
+        """What serves the key once the choice is kept: the kernel, or for a tie the kernel
+        outside graph capture and Default under it (:class:`TieRunner`)."""
+        if self.tie:
+            return TieRunner(self.kernel, self.default, self._clock.capturing)
+        return self.kernel
+
     def _settle(self, outcome: Outcome) -> None:
-        final = self.kernel if outcome.keep else self.default
+        final = self.kept() if outcome.keep else self.default
         self.final = final
         for hook in self.on_final:
             hook(final)
@@ -405,6 +419,9 @@ class ConfirmingRunner:
         final = self.final
         if final is not None:
             final(a, b, out, alpha, beta, bias, *extra)
+            return
+        if self.tie and self._clock.capturing():
+            self.default(a, b, out, alpha, beta, bias, *extra)  # a tie never enters a graph
             return
         if not self._lock.acquire(blocking=False):
             self.kernel(a, b, out, alpha, beta, bias, *extra)
@@ -454,3 +471,28 @@ class ConfirmingRunner:
             clock.end(j)
         if j + 1 == self._timed and clock.ready():
             self.confirmation.conclude(*split(clock.seconds()), clock.name)
+
+
+class TieRunner:
+    """A tie (:func:`tie_of`) that its window kept: the kernel, except while the caller's
+    stream is being captured into a CUDA graph, where Default runs.
+
+    A tie wins in situ by its host time per call; a graph replay has none, and on the
+    device the tie only matches Default (H200, fp8 stack at m=1 in CUDA graphs: 0.997x
+    with ties captured). So a graph holds Default, as it would unrouted. ``capturing``:
+    the target's check (its clock's), called once per call.
+    """
+
+    def __init__(self, kernel: Runner, default: Runner, capturing: Callable[[], bool]) -> None:
+        self.candidate = kernel.candidate
+        self.kernel = kernel
+        self.default = default
+        self.capturing = capturing
+
+    def __call__(
+        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None, *extra: Any
+    ) -> None:
+        if self.capturing():
+            self.default(a, b, out, alpha, beta, bias, *extra)
+        else:
+            self.kernel(a, b, out, alpha, beta, bias, *extra)

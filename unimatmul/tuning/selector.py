@@ -220,7 +220,8 @@ class Selector:
         A Default record's tie (:func:`confirm.tie_of`: a kernel the harness measured no
         slower than Default) is the choice instead, but only through a window or its
         verdict: where windows are off, or in a distributed job deciding together, or when
-        the tie's backend cannot prepare it here, Default serves.
+        the tie's backend cannot prepare it here, Default serves. Under CUDA-graph capture a
+        tie always runs Default (:class:`confirm.TieRunner`).
         """
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
         collective = _collective
@@ -243,8 +244,13 @@ class Selector:
                 raise
             # A tie is an option, never a failure: Default serves.
             return Decision(default_runner(problem, target.adapter), source, record)
-        if candidate == DEFAULT or verdict == confirm.CONFIRMED:
+        if candidate == DEFAULT:
             return Decision(runner, verdict or source, record)
+        if verdict == confirm.CONFIRMED:
+            if tie is not None:  # Default under graph capture (confirm.TieRunner)
+                capturing = confirm.clock_for(target, 0).capturing
+                runner = confirm.TieRunner(runner, default_runner(problem, target.adapter), capturing)
+            return Decision(runner, verdict, record)
         if not windows:
             return Decision(runner, source, record)
         min_gain = self.tuner.settings_for(target).min_gain
@@ -254,7 +260,8 @@ class Selector:
 
         confirmation = confirm.Confirmation(choice, calls, min_gain, report)
         default = default_runner(problem, target.adapter)
-        window = confirm.ConfirmingRunner(runner, default, confirmation, confirm.clock_for(target, 2 * calls))
+        clock = confirm.clock_for(target, 2 * calls)
+        window = confirm.ConfirmingRunner(runner, default, confirmation, clock, tie=tie is not None)
         return Decision(window, source, record, confirmation)
 
     def confirmed(

@@ -535,6 +535,90 @@ def test_a_routed_triton_choice_is_launched_natively(
         assert rel < 3e-2
 
 
+@gpu
+def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tie (a Default record whose Triton kernel the harness measured level with Default)
+    that its window kept serves eager calls natively (LAUNCH), but a CUDA graph captured
+    from the same call holds PyTorch's kernel: a tie wins by host time, which a graph
+    replay does not have. The control: the same kernel as the record's winner is in the
+    graph (the graph's debug dump names its kernels)."""
+    from dataclasses import replace
+
+    import unimatmul.torch as ut
+    from unimatmul.cache.record import OK
+    from unimatmul.core.backend import DEFAULT
+    from unimatmul.testing import fast_settings, isolated_selector, prefer_kernel
+    from unimatmul.torch import native, routing
+    from unimatmul.torch.model_tuning import collecting
+    from unimatmul.tuning import confirm
+
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "auto")
+    monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
+    if not native.load(cuda=True):
+        pytest.skip(f"native kernels did not build: {native.failure(True)}")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1024, 512, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    reference = x.double() @ lin.weight.double().t()
+    names = ("gemv_kernel", "tile_kernel", "persistent_kernel")
+
+    def captured(selector: object, dump: str) -> tuple[bool, int]:
+        """(a Triton kernel is in the graph, the plan's native kind), after the window."""
+        ut.clear_plans()
+        with torch.no_grad(), ut.enabled():
+            for _ in range(confirm.WARMUP + 2 * 4 + 2):  # the window, then its verdict
+                lin(x)
+            torch.cuda.synchronize()
+            lin(x)
+            assert selector.settle(timeout=30)  # type: ignore[attr-defined]
+            (plan,) = routing._state.plans.values()
+            graph = torch.cuda.CUDAGraph()
+            graph.enable_debug_mode()
+            with torch.cuda.graph(graph):
+                out = lin(x)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rel = float((out.double() - reference).norm() / reference.norm())
+        assert rel < 3e-2
+        path = os.path.join(str(tmp_path), dump)
+        graph.debug_dump(path)
+        with open(path) as f:
+            text = f.read()
+        return any(name in text for name in names), plan.native
+
+    with isolated_selector(tmp_path / "cache.msgpack", confirm_calls=4) as selector:  # type: ignore[operator]
+        ut.disable()
+        with ut.enabled(), collecting() as met, torch.no_grad():
+            lin(x)
+        (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
+        record = prefer_kernel(selector, problem, target, backend="triton")
+        assert record.winner.startswith("triton/"), [r.identity for r in record.results]
+        selector.settings = replace(fast_settings(), min_gain=-100.0)  # every window keeps its choice
+        namespace = selector.platform(target).namespace
+        try:
+            assert captured(selector, "winner.dot") == (True, native.LAUNCH)
+            # The same kernel as Default's tie: level with Default in the harness.
+            (measured,) = [r for r in record.results if r.identity == record.winner]
+            tie = replace(
+                record,
+                winner=DEFAULT.identity,
+                winner_s=record.winner_s,
+                default_s=record.winner_s,
+                results=[replace(measured, status=OK)],
+                settings={k: v for k, v in record.settings.items() if k != confirm.KEY},
+            )
+            assert confirm.tie_of(tie) == record.winner
+            selector.store.put(namespace, problem.key, tie)
+            assert captured(selector, "tie.dot") == (False, native.LAUNCH)
+            kept = selector.store.get(namespace, problem.key).settings[confirm.KEY]
+            assert kept["verdict"] == confirm.CONFIRMED and kept["kernel"] == record.winner
+        finally:
+            ut.disable()
+
+
 def test_the_driver_words_are_found_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The launch function and a device's primary context are looked up (and the context
     retained) once per device, not for every native entry."""
