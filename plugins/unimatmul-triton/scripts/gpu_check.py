@@ -134,6 +134,56 @@ def interleaved(torch: Any, graphs: dict[str, Any], replays: int) -> dict[str, f
 # --- part 1: decode -------------------------------------------------------------------------
 
 
+def _read_kernel() -> Any:
+    """A kernel that only reads a weight (one fp32 partial sum per program): the time a
+    GEMV cannot beat, since it must read every byte of the weight once."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_kernel(w_ptr, out_ptr, numel, chunk, BLOCK: tl.constexpr):
+        # Program p reads elements [p * chunk, (p + 1) * chunk) (chunk: a multiple of BLOCK).
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(pid * chunk, tl.minimum(numel, pid * chunk + chunk), BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(w_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+    return read_kernel
+
+
+def read_graph(budget: Budget, torch: Any, weights: list[Any]) -> tuple[Any, str]:
+    """The fastest of a few read-kernel configurations over the rotated ``weights`` (a CUDA
+    graph of CALLS calls, as for the products) and its description."""
+    kernel = _read_kernel()
+    numel = weights[0].numel()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    graphs: dict[str, Any] = {}
+    for block in (4096, 16384):
+        for warps in (4, 8):
+            for grid in (2 * sms, 4 * sms, 8 * sms, -(-numel // block)):
+                sink = torch.empty(grid, device="cuda", dtype=torch.float32)
+                chunk = -(-numel // (grid * block)) * block
+                calls = [
+                    (
+                        lambda w=w, g=grid, c=chunk, b=block, nw=warps, o=sink: kernel[(g,)](
+                            w, o, numel, c, BLOCK=b, num_warps=nw
+                        )
+                    )
+                    for w in weights
+                ]
+                calls[0]()
+                total, expected = float(sink.double().sum()), float(weights[0].double().sum())
+                if not abs(total - expected) <= 1e-3 * float(weights[0].double().abs().sum()):
+                    raise RuntimeError(f"read kernel sum {total} != {expected} (block {block}, grid {grid})")
+                graphs[f"block={block} warps={warps} grid={grid}"] = graph_of(torch, calls)
+    measured = interleaved(torch, graphs, 3)
+    best = min(measured, key=measured.__getitem__)
+    budget.note(f"read roofline {tuple(weights[0].shape)}: {measured[best] * 1e6:.1f} us ({best})")
+    return graphs[best], best
+
+
 def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
     import torch
     from unimatmul_triton import TritonBackend
@@ -155,6 +205,11 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
         w_bytes = n * k * 2
         sets = max(2, math.ceil(3 * L2_BYTES / w_bytes) + 1)
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
+        try:
+            read, read_config = read_graph(budget, torch, weights)
+        except Exception as exc:  # the roofline is a reference, not the benchmark
+            read, read_config = None, f"{type(exc).__name__}: {exc}"
+            budget.note(f"read roofline {n}x{k}: {read_config}")
         for m in DECODE_M:
             if budget.left() < stop_at:
                 budget.note(f"decode: time budget reached, skipping the rest (at {m}x{n}x{k})")
@@ -201,10 +256,20 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
                     (lambda x=x, w=w, o=o: torch.matmul(x, w.t(), out=o))
                     for x, w, o in zip(xs, weights, outs, strict=True)
                 ]
-                final = interleaved(
-                    torch, {"torch": graph_of(torch, torch_calls), "triton": graphs[best]}, 15
-                )
+                timed = {"torch": graph_of(torch, torch_calls), "triton": graphs[best]}
+                if read is not None:
+                    timed["read"] = read  # the roofline, in the same turns
+                final = interleaved(torch, timed, 15)
                 nbytes = (m * k + n * k + m * n) * 2
+                if read is not None:
+                    # bound: the speedup over torch of a GEMV that took no longer than
+                    # reading its weight (the weight's bytes over the read's time).
+                    row.update(
+                        read_us=final["read"] * 1e6,
+                        read_tbs=n * k * 2 / final["read"] / 1e12,
+                        bound=final["torch"] / final["read"],
+                        read_config=read_config,
+                    )
                 row.update(
                     torch_us=final["torch"] * 1e6,
                     triton_us=final["triton"] * 1e6,
@@ -228,6 +293,9 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
         del weights
         torch.cuda.empty_cache()
     speedups = [r["speedup"] for r in rows if "speedup" in r]
+    bounds = [r["bound"] for r in rows if "bound" in r]
+    if bounds:
+        results.data["parts"]["decode"]["median_bound"] = statistics.median(bounds)
     if speedups:
         results.data["parts"]["decode"]["median_speedup"] = statistics.median(speedups)
         results.data["parts"]["decode"]["min_triton_tbs"] = min(
@@ -541,21 +609,31 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [
             "## Decode (bf16, x @ W.T, CUDA-graph replays, median)",
             "",
-            "| shape | torch us | torch TB/s | triton us | triton TB/s | speedup | winner (model rank) |",
-            "|---|---|---|---|---|---|---|",
+            "read: a kernel that only reads the weight (the fastest of 16 configurations), timed in the",
+            "same turns; bound = torch us / read us, the speedup of a GEMV as fast as reading its weight.",
+            "",
+            "| shape | torch us | torch TB/s | triton us | triton TB/s | speedup | read us | read TB/s | bound |"
+            " winner (model rank) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in decode["rows"]:
             if "speedup" in r:
+                read = (
+                    f"{r['read_us']:.1f} | {r['read_tbs']:.2f} | {r['bound']:.2f}x"
+                    if "bound" in r
+                    else "- | - | -"
+                )
                 lines.append(
                     f"| {r['shape']} | {r['torch_us']:.1f} | {r['torch_tbs']:.2f} | {r['triton_us']:.1f} | "
-                    f"{r['triton_tbs']:.2f} | {r['speedup']:.2f}x | {r['best']} ({r['model_rank']}) |"
+                    f"{r['triton_tbs']:.2f} | {r['speedup']:.2f}x | {read} | {r['best']} ({r['model_rank']}) |"
                 )
             else:
                 lines.append(f"| {r['shape']} | error: {r.get('error', '?')} |")
         if "median_speedup" in decode:
             lines += [
                 "",
-                f"median speedup {decode['median_speedup']:.3f}x; lowest triton TB/s {decode['min_triton_tbs']:.2f}",
+                f"median speedup {decode['median_speedup']:.3f}x; lowest triton TB/s {decode['min_triton_tbs']:.2f}"
+                + (f"; median bound {decode['median_bound']:.3f}x" if "median_bound" in decode else ""),
             ]
         lines.append("")
     tuning = parts.get("tuning", {})
@@ -618,6 +696,8 @@ def summary(data: dict[str, Any]) -> str:
     if "median_speedup" in decode:
         rows.append(("decode median speedup (target >= 1.15x)", f"{decode['median_speedup']:.3f}x"))
         rows.append(("decode lowest triton TB/s (target >= 3.8)", f"{decode['min_triton_tbs']:.2f}"))
+    if "median_bound" in decode:
+        rows.append(("decode median bound (torch us / weight-read us)", f"{decode['median_bound']:.3f}x"))
     tuning = parts.get("tuning", {})
     for run, target in (("first", "<= 2 s"), ("warm", "<= 0.15 s")):
         if "median_tune_s" in tuning.get(run, {}):
@@ -673,8 +753,9 @@ def main() -> int:
     budget.note(f"device {results.data['device']}, {results.data['versions']}")
     results.save()
     # Reserve: each part stops when this much of the budget is left for the later ones.
+    later = {"tuning", "host", "pytest", "conformance"} - skip
     if "decode" not in skip:
-        part_decode(budget, results, stop_at=0.62 * args.budget_s)
+        part_decode(budget, results, stop_at=0.62 * args.budget_s if later else 10)
     if "tuning" not in skip:
         part_tuning(budget, results, stop_at=0.33 * args.budget_s)
     if "host" not in skip:
