@@ -8,6 +8,7 @@
 #   hf       the Hugging Face model benchmark (routing off vs on)
 #   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py)
 #   conformance  the full conformance matrix of one backend (CONFORMANCE_BACKEND, default triton)
+#   pytest   the tests PYTEST_ARGS names (e.g. one file and -k), under PYTEST_S
 # Every part writes under $SESSION/<part>; at the end everything is packed into
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
 # Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
@@ -57,6 +58,8 @@ for name in "$@"; do
     conformance)
         part conformance "${CONFORMANCE_S:-240}" python3 -m unimatmul conformance --backend "${CONFORMANCE_BACKEND:-triton}" \
             --device cuda:0 --json "$SESSION/conformance/report.json" ;;
+    pytest)
+        part pytest "${PYTEST_S:-120}" python3 -m pytest -q -rs -p no:cacheprovider --timeout=120 ${PYTEST_ARGS:-tests/gpu} ;;
     confirm)
         part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;

@@ -153,13 +153,15 @@ def _read_kernel() -> Any:
     return read_kernel
 
 
-def read_graph(budget: Budget, torch: Any, weights: list[Any]) -> tuple[Any, str]:
+def read_graph(budget: Budget, torch: Any, weights: list[Any]) -> tuple[Any, str, list[Any]]:
     """The fastest of a few read-kernel configurations over the rotated ``weights`` (a CUDA
-    graph of CALLS calls, as for the products) and its description."""
+    graph of CALLS calls, as for the products), its description, and the buffers the graph
+    writes (to be kept alive as long as the graph is replayed)."""
     kernel = _read_kernel()
     numel = weights[0].numel()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     graphs: dict[str, Any] = {}
+    sinks: dict[str, Any] = {}
     for block in (4096, 16384):
         for warps in (4, 8):
             for grid in (2 * sms, 4 * sms, 8 * sms, -(-numel // block)):
@@ -177,11 +179,13 @@ def read_graph(budget: Budget, torch: Any, weights: list[Any]) -> tuple[Any, str
                 total, expected = float(sink.double().sum()), float(weights[0].double().sum())
                 if not abs(total - expected) <= 1e-3 * float(weights[0].double().abs().sum()):
                     raise RuntimeError(f"read kernel sum {total} != {expected} (block {block}, grid {grid})")
-                graphs[f"block={block} warps={warps} grid={grid}"] = graph_of(torch, calls)
+                name = f"block={block} warps={warps} grid={grid}"
+                graphs[name] = graph_of(torch, calls)
+                sinks[name] = sink  # a graph writes where it was captured: never freed before it
     measured = interleaved(torch, graphs, 3)
     best = min(measured, key=measured.__getitem__)
     budget.note(f"read roofline {tuple(weights[0].shape)}: {measured[best] * 1e6:.1f} us ({best})")
-    return graphs[best], best
+    return graphs[best], best, [sinks[best]]
 
 
 def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
@@ -206,9 +210,9 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
         sets = max(2, math.ceil(3 * L2_BYTES / w_bytes) + 1)
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
         try:
-            read, read_config = read_graph(budget, torch, weights)
+            read, read_config, read_buffers = read_graph(budget, torch, weights)
         except Exception as exc:  # the roofline is a reference, not the benchmark
-            read, read_config = None, f"{type(exc).__name__}: {exc}"
+            read, read_config, read_buffers = None, f"{type(exc).__name__}: {exc}", []
             budget.note(f"read roofline {n}x{k}: {read_config}")
         for m in DECODE_M:
             if budget.left() < stop_at:
@@ -290,7 +294,7 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
                 budget.note(f"decode {row['shape']}: {row['error']}")
                 traceback.print_exc()
             results.save()
-        del weights
+        del weights, read, read_buffers
         torch.cuda.empty_cache()
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     bounds = [r["bound"] for r in rows if "bound" in r]
