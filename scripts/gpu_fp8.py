@@ -436,7 +436,7 @@ class Run:
             stats = warm_stats
         profile = None
         if self.gpu and statistics.median(ratios) < PROFILE_BELOW:
-            profile = self.profile_stack(model, x)
+            profile = self.profile_graphs(runs) if graph else self.profile_stack(model, x)
         diff = float((got.double() - ref.double()).norm() / ref.double().norm())
         row = {
             "scales": scales,
@@ -491,6 +491,28 @@ class Run:
                 f"on {on.get('device_us', math.nan):9.1f}"
             )
         return found
+
+    def profile_graphs(self, runs: dict[str, Any]) -> dict[str, Any]:
+        """A graph row below ``PROFILE_BELOW``: each state's graph replayed 3 times under
+        torch.profiler; device us per forward of every kernel the replays ran, by name."""
+        found: dict[str, dict[str, float]] = {}
+        replays = 3
+        for state, sampler in runs.items():
+            graph = sampler.graph
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(replays):
+                    graph.replay()
+                torch.cuda.synchronize()
+            per: dict[str, float] = {}
+            for event in prof.events():
+                if event.device_type == torch.autograd.DeviceType.CUDA:
+                    span = event.time_range.elapsed_us() / (replays * STACK_CALLS)
+                    per[event.name] = per.get(event.name, 0.0) + span
+            found[state] = per
+        for name in sorted(set(found["off"]) | set(found["on"])):
+            off, on = found["off"].get(name, 0.0), found["on"].get(name, 0.0)
+            print(f"  graph profile {name[:100]:100s} device us a forward off {off:9.2f} on {on:9.2f}")
+        return {"graph_kernels_us_per_forward": found}
 
     def forward_runner(self, model: Fp8Stack, x: Any, graph: bool, *, routed: bool) -> Any:
         """A function that times ``STACK_CALLS`` forwards (seconds per forward) with routing as given.
