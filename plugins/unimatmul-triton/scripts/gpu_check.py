@@ -210,7 +210,7 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
         sets = max(2, math.ceil(3 * L2_BYTES / w_bytes) + 1)
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
         try:
-            read, read_config, read_buffers = read_graph(budget, torch, weights)
+            read, _, read_buffers = read_graph(budget, torch, weights)
         except Exception as exc:  # the roofline is a reference, not the benchmark
             read, read_config, read_buffers = None, f"{type(exc).__name__}: {exc}", []
             budget.note(f"read roofline {n}x{k}: {read_config}")
@@ -305,6 +305,133 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
         results.data["parts"]["decode"]["min_triton_tbs"] = min(
             r["triton_tbs"] for r in rows if "triton_tbs" in r
         )
+
+
+# --- part 1b: sweep (every config of the decode families, for calibrating the model) -----------
+
+SWEEP = [(1, 4096, 4096), (16, 4096, 4096), (1, 4608, 3584), (8, 4608, 3584)]
+SWEEP_MAX_SPLIT = 4
+SWEEP_STAGES = {"gemv": 1, "skinny": 3}
+
+
+def part_sweep(budget: Budget, results: Results, stop_at: float) -> None:
+    """Every GEMV and skinny config of the space (split-K up to SWEEP_MAX_SPLIT, stages as in
+    SWEEP_STAGES) on a few
+    decode shapes: compiled in the plugin's thread pool, each timed in a CUDA graph over
+    rotated weights (3 replays), then the best 5 against torch and the weight-read kernel
+    in the same turns (15 replays). Says whether a config near the read bound exists that
+    the model's short list (``candidates()``, 8 by default) leaves out, and its model rank."""
+    import torch
+    from unimatmul_triton import TritonBackend
+    from unimatmul_triton.launch import plan_for
+
+    from unimatmul import Problem, UnsupportedProblem
+    from unimatmul.backend import Device, Target, adapter_for_kind
+
+    backend = TritonBackend()
+    reason = backend.availability()
+    if reason is not None:
+        results.data["parts"]["sweep"] = {"skipped": reason}
+        return
+    target = Target(adapter_for_kind("torch"), Device("cuda", 0))
+    rows: list[dict[str, Any]] = []
+    results.data["parts"]["sweep"] = {"rows": rows, "max_split": SWEEP_MAX_SPLIT}
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for m, n, k in SWEEP:
+        if budget.left() < stop_at:
+            budget.note(f"sweep: time budget reached at {m}x{n}x{k}")
+            results.data["parts"]["sweep"]["cut_short"] = True
+            return
+        row: dict[str, Any] = {"shape": f"{m}x{n}x{k}"}
+        rows.append(row)
+        try:
+            problem = Problem(
+                m=m, n=n, k=k, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=k
+            )
+            ranked = [e.config for e in backend.ranked(problem, target)]
+            # One stage count per family (the measured winners' so far), to bound the compiles.
+            configs = [
+                c for c in ranked if c.split_k <= SWEEP_MAX_SPLIT and c.stages == SWEEP_STAGES[c.kernel]
+            ]
+            _, gpu_target = backend._device(target)
+            t0 = time.perf_counter()
+            for config in configs:
+                try:
+                    backend.compiler.submit(plan_for(problem, config), 0, gpu_target)
+                except UnsupportedProblem:
+                    continue
+            sets = max(2, math.ceil(3 * L2_BYTES / (n * k * 2)) + 1)
+            weights = [
+                torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)
+            ]
+            xs = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
+            outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+            ref = (xs[0].double() @ weights[0].double().t()).float()
+            measured: dict[str, float] = {}
+            graphs: dict[str, Any] = {}
+            runners: list[Any] = []
+            for config in configs:
+                identity = config.candidate.identity
+                try:
+                    runner = backend.prepare(problem, config.candidate, target)
+                except Exception as exc:
+                    row.setdefault("refused", []).append(f"{identity}: {type(exc).__name__}")
+                    continue
+                outs[0].fill_(float("nan"))
+                runner(xs[0], weights[0].t(), outs[0])
+                err = float((outs[0].float() - ref).norm() / ref.norm())
+                if not err <= 3e-2:
+                    row.setdefault("wrong", []).append(f"{identity}: rel error {err:.3g}")
+                    continue
+                runners.append(runner)
+                calls = [
+                    (lambda r=runner, x=x, w=w, o=o: r(x, w.t(), o))
+                    for x, w, o in zip(xs, weights, outs, strict=True)
+                ]
+                graph = graph_of(torch, calls)
+                graph.replay()
+                measured[identity] = min(replay_s(torch, graph) for _ in range(3))
+                graphs[identity] = graph
+                if len(graphs) > 5:  # keep the best 5 graphs only (memory)
+                    worst = max(graphs, key=measured.__getitem__)
+                    del graphs[worst]
+            row["configs"] = len(configs)
+            row["measured"] = len(measured)
+            row["sweep_s"] = time.perf_counter() - t0
+            read, _, read_buffers = read_graph(budget, torch, weights)
+            torch_calls = [
+                (lambda x=x, w=w, o=o: torch.matmul(x, w.t(), out=o))
+                for x, w, o in zip(xs, weights, outs, strict=True)
+            ]
+            timed = {"torch": graph_of(torch, torch_calls), "read": read, **graphs}
+            final = interleaved(torch, timed, 15)
+            best = min(graphs, key=final.__getitem__)
+            short_list = [c.identity for c in backend.candidates(problem, target)]
+            identities = [c.candidate.identity for c in ranked]
+            row.update(
+                torch_us=final["torch"] * 1e6,
+                read_us=final["read"] * 1e6,
+                best=best,
+                best_us=final[best] * 1e6,
+                best_speedup=final["torch"] / final[best],
+                best_model_rank=identities.index(best) + 1,
+                best_in_short_list=best in short_list,
+                short_list_best_us=min((measured[i] for i in short_list if i in measured), default=math.nan)
+                * 1e6,
+                top5={i: final[i] * 1e6 for i in graphs},
+            )
+            budget.note(
+                f"sweep {row['shape']}: {len(measured)} configs in {row['sweep_s']:.0f} s; torch {row['torch_us']:.1f} us, "
+                f"read {row['read_us']:.1f} us, best {row['best_us']:.1f} us ({row['best_speedup']:.2f}x, "
+                f"model rank {row['best_model_rank']}, in short list: {row['best_in_short_list']}) {best}"
+            )
+            del graphs, timed, runners, read, read_buffers, weights
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            budget.note(f"sweep {row['shape']}: {row['error']}")
+            traceback.print_exc()
+        results.save()
+        torch.cuda.empty_cache()
 
 
 # --- part 2: tuning cost (child processes) ----------------------------------------------------
@@ -640,6 +767,25 @@ def markdown(data: dict[str, Any]) -> str:
                 + (f"; median bound {decode['median_bound']:.3f}x" if "median_bound" in decode else ""),
             ]
         lines.append("")
+    sweep = parts.get("sweep", {})
+    if sweep.get("rows"):
+        lines += [
+            f"## Sweep: every GEMV (1 stage) and skinny (3 stages) config, split-K <= {sweep.get('max_split')}",
+            "",
+            "| shape | configs timed | torch us | read us | best us | best vs torch | model rank | in the short list |"
+            " best of the short list us | best config |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sweep["rows"]:
+            if "best" in r:
+                lines.append(
+                    f"| {r['shape']} | {r['measured']} | {r['torch_us']:.1f} | {r['read_us']:.1f} | {r['best_us']:.1f} | "
+                    f"{r['best_speedup']:.2f}x | {r['best_model_rank']} | {r['best_in_short_list']} | "
+                    f"{r['short_list_best_us']:.1f} | {r['best']} |"
+                )
+            else:
+                lines.append(f"| {r['shape']} | error: {r.get('error', '?')} |")
+        lines.append("")
     tuning = parts.get("tuning", {})
     for run in ("first", "warm"):
         shapes = tuning.get(run, {}).get("shapes", [])
@@ -737,6 +883,9 @@ def main() -> int:
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to skip: decode,tuning,host,pytest,conformance"
     )
+    parser.add_argument(
+        "--parts", default="", help="comma-separated extra parts to run (not by default): sweep"
+    )
     args = parser.parse_args()
     if args.tune_child:
         tune_child([tuple(x) for x in json.loads(args.tune_child)])  # type: ignore[misc]
@@ -760,6 +909,8 @@ def main() -> int:
     later = {"tuning", "host", "pytest", "conformance"} - skip
     if "decode" not in skip:
         part_decode(budget, results, stop_at=0.62 * args.budget_s if later else 10)
+    if "sweep" in args.parts.split(","):
+        part_sweep(budget, results, stop_at=0.62 * args.budget_s if later else 10)
     if "tuning" not in skip:
         part_tuning(budget, results, stop_at=0.33 * args.budget_s)
     if "host" not in skip:

@@ -23,4 +23,4 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e plug
     echo "plugin editable install failed; using a hand-made dist-info" | tee -a "$OUT/install.log"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$OUT/env.log"
-python3 plugins/unimatmul-triton/scripts/gpu_check.py --budget-s "$BUDGET_S" ${TRITON_SKIP:+--skip "$TRITON_SKIP"} 2>&1 | tee "$OUT/gpu-check.log"
+python3 plugins/unimatmul-triton/scripts/gpu_check.py --budget-s "$BUDGET_S" ${TRITON_SKIP:+--skip "$TRITON_SKIP"} ${TRITON_PARTS:+--parts "$TRITON_PARTS"} 2>&1 | tee "$OUT/gpu-check.log"
