@@ -311,18 +311,29 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
 
 SWEEP = [(1, 4096, 4096), (16, 4096, 4096), (1, 4608, 3584), (8, 4608, 3584)]
 SWEEP_MAX_SPLIT = 4
-SWEEP_STAGES = {"gemv": 1, "skinny": 3}
+SWEEP_STAGES = {"gemv": (1, 3), "skinny": (3, 4)}
+# GEMV tiles beyond the space (block_k 1024, 2048): the weight-read kernel's fastest
+# configurations load 16-32 KB a program per iteration.
+SWEEP_EXTRA_GEMV = [
+    (bn, bk, warps, stages, split)
+    for bn in (8, 16, 32)
+    for bk in (1024, 2048)
+    for warps in (4, 8)
+    for stages in (1, 3)
+    for split in (1, 2, 4)
+]
 
 
 def part_sweep(budget: Budget, results: Results, stop_at: float) -> None:
     """Every GEMV and skinny config of the space (split-K up to SWEEP_MAX_SPLIT, stages as in
-    SWEEP_STAGES) on a few
+    SWEEP_STAGES; the GEMV tiles of SWEEP_EXTRA_GEMV too) on a few
     decode shapes: compiled in the plugin's thread pool, each timed in a CUDA graph over
     rotated weights (3 replays), then the best 5 against torch and the weight-read kernel
     in the same turns (15 replays). Says whether a config near the read bound exists that
     the model's short list (``candidates()``, 8 by default) leaves out, and its model rank."""
     import torch
     from unimatmul_triton import TritonBackend
+    from unimatmul_triton.configs import GEMV, GEMV_MAX_M, KernelConfig, applies
     from unimatmul_triton.launch import plan_for
 
     from unimatmul import Problem, UnsupportedProblem
@@ -349,10 +360,20 @@ def part_sweep(budget: Budget, results: Results, stop_at: float) -> None:
                 m=m, n=n, k=k, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=k
             )
             ranked = [e.config for e in backend.ranked(problem, target)]
-            # One stage count per family (the measured winners' so far), to bound the compiles.
+            # Two stage counts per family (the measured winners' so far), to bound the compiles.
             configs = [
-                c for c in ranked if c.split_k <= SWEEP_MAX_SPLIT and c.stages == SWEEP_STAGES[c.kernel]
+                c for c in ranked if c.split_k <= SWEEP_MAX_SPLIT and c.stages in SWEEP_STAGES[c.kernel]
             ]
+            if m <= GEMV_MAX_M:
+                extra = [
+                    KernelConfig(GEMV, 1 << max(0, (m - 1).bit_length()), bn, bk, warps, stages, split)
+                    for bn, bk, warps, stages, split in SWEEP_EXTRA_GEMV
+                ]
+                configs += [
+                    c
+                    for c in extra
+                    if applies(problem, c) and c.split_k * c.block_k * 2 <= max(k, c.block_k * 2)
+                ]
             _, gpu_target = backend._device(target)
             t0 = time.perf_counter()
             for config in configs:
@@ -414,7 +435,9 @@ def part_sweep(budget: Budget, results: Results, stop_at: float) -> None:
                 best=best,
                 best_us=final[best] * 1e6,
                 best_speedup=final["torch"] / final[best],
-                best_model_rank=identities.index(best) + 1,
+                best_model_rank=identities.index(best) + 1
+                if best in identities
+                else 0,  # 0: outside the space
                 best_in_short_list=best in short_list,
                 short_list_best_us=min((measured[i] for i in short_list if i in measured), default=math.nan)
                 * 1e6,
@@ -770,7 +793,8 @@ def markdown(data: dict[str, Any]) -> str:
     sweep = parts.get("sweep", {})
     if sweep.get("rows"):
         lines += [
-            f"## Sweep: every GEMV (1 stage) and skinny (3 stages) config, split-K <= {sweep.get('max_split')}",
+            f"## Sweep: every GEMV (1, 3 stages; block_k up to 2048) and skinny (3, 4 stages) config, "
+            f"split-K <= {sweep.get('max_split')}; model rank 0: outside the model's space",
             "",
             "| shape | configs timed | torch us | read us | best us | best vs torch | model rank | in the short list |"
             " best of the short list us | best config |",
