@@ -11,8 +11,11 @@ row is one model, one phase, one batch size and one variant:
   count is fixed (checked); tokens/s is B x N over the whole call (its prompt's
   prefill included).
 - eager, or compiled: prefill through ``torch.compile(model, dynamic=False)``,
-  generate with ``cache_implementation="static"`` and a ``CompileConfig`` (transformers
-  then compiles the decode step; the prompt's prefill stays eager). On a GPU the
+  generate with a ``StaticCache`` made once per row and state, reset before each call
+  (a new cache per call, what ``cache_implementation="static"`` does, gives the compiled
+  decode step new static input addresses each call, and CUDA graph trees record its
+  graphs again), and a ``CompileConfig`` (transformers then compiles the decode step;
+  the prompt's prefill stays eager). On a GPU the
   compile mode is ``reduce-overhead``: compiled calls replay as CUDA graphs. A
   compiled row compiles a second copy of the model for routing on (a compiled graph
   keeps the kernels it was compiled with: the routed one must be compiled while
@@ -314,7 +317,11 @@ def make_calls(
         "num_beams": 1,
         "pad_token_id": pad,
     }
+    new = args.new_tokens
+    cache = None
     if row.variant == "compiled":
+        from transformers import StaticCache
+
         compile_config = CompileConfig(
             fullgraph=False, dynamic=False, options=compile_options(args.compile_mode, routed)
         )
@@ -323,12 +330,17 @@ def make_calls(
         if device.type != "cuda":
             # transformers compiles the decode step on a CPU only when asked to.
             compile_config._compile_all_devices = True  # type: ignore[assignment]
-        base |= {"cache_implementation": "static", "compile_config": compile_config}
+        # One static cache for every call, reset before each: transformers makes a new one
+        # per generate() otherwise, and its new addresses (static inputs of the compiled
+        # decode step) make CUDA graph trees record the graphs again.
+        cache = StaticCache(config=config, max_cache_len=length + new)
+        base |= {"past_key_values": cache, "compile_config": compile_config}
     else:
         base |= {"disable_compile": True}
-    new = args.new_tokens
 
     def generate(count: int = new) -> Any:
+        if cache is not None:
+            cache.reset()
         tokens = model.generate(ids, max_new_tokens=count, min_new_tokens=count, **base)
         if tokens.shape != (row.batch, length + count):
             msg = f"generate returned shape {tuple(tokens.shape)}, not {(row.batch, length + count)}"
