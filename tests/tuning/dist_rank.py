@@ -231,7 +231,7 @@ def agree(workdir: Path, device: str) -> dict[str, Any]:
                 ut.agree()
             except DistributedError as exc:
                 mismatch = str(exc)
-            return {
+            result = {
                 "rank": rank,
                 "warmup_problems": len(warm.problems),
                 "warmup_records": len(warm.records),
@@ -243,6 +243,11 @@ def agree(workdir: Path, device: str) -> dict[str, Any]:
                 "stored": stored(selector, target),
                 "mismatch": mismatch,
             }
+            # Both ranks past every collective before either tears its group down: a rank
+            # that closed its connections while the other was still in one made gloo abort
+            # that one at exit ("terminate called without an active exception", seen once).
+            dist.barrier()
+            return result
         finally:
             ut.disable()
             dist.destroy_process_group()
