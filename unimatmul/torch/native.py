@@ -240,9 +240,9 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
 def entered(entry: Entry, plan: Any, keep: list[Any]) -> None:
     """After ``entry`` went into the table for ``plan`` (a routing or scaled plan): the plan
     notes the entry's kind; a window the entry runs is judged by the plan's confirmation,
-    and the plan holds the bare kernel (a tie's: its ``TieRunner``), for calls that still
-    come through Python; the
-    kernel is kept alive in ``keep`` with the table that points into it."""
+    and the plan holds the bare kernel (a tie's: its ``TieRunner``) for calls that still
+    come through Python; the kernel is kept alive in ``keep`` with the table that points
+    into it."""
     plan.native = entry.kind
     if entry.window is not None and entry.confirm:
         watch(plan.ident, entry.window.confirmation.conclude)
