@@ -210,7 +210,7 @@ def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
         sets = max(2, math.ceil(3 * L2_BYTES / w_bytes) + 1)
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
         try:
-            read, _, read_buffers = read_graph(budget, torch, weights)
+            read, read_config, read_buffers = read_graph(budget, torch, weights)
         except Exception as exc:  # the roofline is a reference, not the benchmark
             read, read_config, read_buffers = None, f"{type(exc).__name__}: {exc}", []
             budget.note(f"read roofline {n}x{k}: {read_config}")
