@@ -188,26 +188,40 @@ def read_graph(budget: Budget, torch: Any, weights: list[Any]) -> tuple[Any, str
     return graphs[best], best, [sinks[best]]
 
 
-def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
-    import torch
+def triton_part(results: Results, name: str, **info: Any) -> tuple[Any, Any, list[dict[str, Any]]] | None:
+    """The plugin's backend, the cuda:0 target and the part's rows (recorded under ``name``
+    with ``info``); None, with the reason recorded, where the backend is not available."""
     from unimatmul_triton import TritonBackend
 
-    from unimatmul import Problem
     from unimatmul.backend import Device, Target, adapter_for_kind
 
     backend = TritonBackend()
     reason = backend.availability()
     if reason is not None:
-        results.data["parts"]["decode"] = {"skipped": reason}
-        return
-    target = Target(adapter_for_kind("torch"), Device("cuda", 0))
+        results.data["parts"][name] = {"skipped": reason}
+        return None
     rows: list[dict[str, Any]] = []
-    results.data["parts"]["decode"] = {"rows": rows}
+    results.data["parts"][name] = {"rows": rows, **info}
+    return backend, Target(adapter_for_kind("torch"), Device("cuda", 0)), rows
+
+
+def rotated_sets(n: int, k: int) -> int:
+    """Input sets to rotate through: as many bf16 [n, k] weights as fill > 3x L2 (at least 2)."""
+    return max(2, math.ceil(3 * L2_BYTES / (n * k * 2)) + 1)
+
+
+def part_decode(budget: Budget, results: Results, stop_at: float) -> None:
+    import torch
+
+    from unimatmul import Problem
+
+    found = triton_part(results, "decode")
+    if found is None:
+        return
+    backend, target, rows = found
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in WEIGHTS:
-        # Inputs rotated through > 3x L2: as many weight copies as that takes.
-        w_bytes = n * k * 2
-        sets = max(2, math.ceil(3 * L2_BYTES / w_bytes) + 1)
+        sets = rotated_sets(n, k)
         weights = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)]
         try:
             read, read_config, read_buffers = read_graph(budget, torch, weights)
@@ -332,21 +346,15 @@ def part_sweep(budget: Budget, results: Results, stop_at: float) -> None:
     in the same turns (15 replays). Says whether a config near the read bound exists that
     the model's short list (``candidates()``, 8 by default) leaves out, and its model rank."""
     import torch
-    from unimatmul_triton import TritonBackend
     from unimatmul_triton.configs import GEMV, GEMV_MAX_M, KernelConfig, applies
     from unimatmul_triton.launch import plan_for
 
     from unimatmul import Problem, UnsupportedProblem
-    from unimatmul.backend import Device, Target, adapter_for_kind
 
-    backend = TritonBackend()
-    reason = backend.availability()
-    if reason is not None:
-        results.data["parts"]["sweep"] = {"skipped": reason}
+    found = triton_part(results, "sweep", max_split=SWEEP_MAX_SPLIT)
+    if found is None:
         return
-    target = Target(adapter_for_kind("torch"), Device("cuda", 0))
-    rows: list[dict[str, Any]] = []
-    results.data["parts"]["sweep"] = {"rows": rows, "max_split": SWEEP_MAX_SPLIT}
+    backend, target, rows = found
     gen = torch.Generator(device="cuda").manual_seed(1)
     for m, n, k in SWEEP:
         if budget.left() < stop_at:
@@ -381,7 +389,7 @@ def part_sweep(budget: Budget, results: Results, stop_at: float) -> None:
                     backend.compiler.submit(plan_for(problem, config), 0, gpu_target)
                 except UnsupportedProblem:
                     continue
-            sets = max(2, math.ceil(3 * L2_BYTES / (n * k * 2)) + 1)
+            sets = rotated_sets(n, k)
             weights = [
                 torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(sets)
             ]
