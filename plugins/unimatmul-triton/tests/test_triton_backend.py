@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -486,17 +487,10 @@ def test_launch_words_refuse_what_the_native_caller_does_not_do(change: dict[str
     assert launch_words(needs_scratch, (1, 2, 3)) is None
 
 
-@gpu
-@pytest.mark.parametrize("bias", [False, True], ids=["mm", "bias"])
-def test_a_routed_triton_choice_is_launched_natively(
-    tmp_path: object, monkeypatch: pytest.MonkeyPatch, bias: bool
-) -> None:
-    """A Triton winner in the cache is served by the native routing kernels (LAUNCH): the
-    calls after the first never enter Python, on the entry's stream; another stream (a
-    split-K workspace of its own) goes through Python, still right."""
-    import unimatmul.torch as ut
-    from unimatmul.testing import isolated_selector, prefer_kernel
-    from unimatmul.torch import native, routing
+def _routed_linear(monkeypatch: pytest.MonkeyPatch, bias: bool) -> tuple[Any, Any, Any]:
+    """A bf16 Linear 1024 -> 512 on the GPU, an input of 4 rows and their float64 product,
+    with the native routing kernels loaded (the test skips where they do not build)."""
+    from unimatmul.torch import native
 
     monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "auto")
     monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
@@ -506,15 +500,40 @@ def test_a_routed_triton_choice_is_launched_natively(
     lin = torch.nn.Linear(1024, 512, bias=bias, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
     reference = x.double() @ lin.weight.double().t() + (lin.bias.double() if bias else 0.0)
-    with isolated_selector(tmp_path / "cache.msgpack") as selector:  # type: ignore[operator]
-        from unimatmul.torch.model_tuning import collecting
+    return lin, x, reference
 
-        ut.disable()
-        with ut.enabled(), collecting() as met, torch.no_grad():
-            lin(x)
-        (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
-        record = prefer_kernel(selector, problem, target, backend="triton")
-        assert record.winner.startswith("triton/"), [r.identity for r in record.results]
+
+def _triton_winner(selector: Any, lin: Any, x: Any) -> tuple[Any, Any, Any]:
+    """The Linear's product tuned for real, the fastest checked Triton kernel stored as its
+    winner: (problem, target, record)."""
+    import unimatmul.torch as ut
+    from unimatmul.testing import prefer_kernel
+    from unimatmul.torch.model_tuning import collecting
+
+    ut.disable()
+    with ut.enabled(), collecting() as met, torch.no_grad():
+        lin(x)
+    (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
+    record = prefer_kernel(selector, problem, target, backend="triton")
+    assert record.winner.startswith("triton/"), [r.identity for r in record.results]
+    return problem, target, record
+
+
+@gpu
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "bias"])
+def test_a_routed_triton_choice_is_launched_natively(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, bias: bool
+) -> None:
+    """A Triton winner in the cache is served by the native routing kernels (LAUNCH): the
+    calls after the first never enter Python, on the entry's stream; another stream (a
+    split-K workspace of its own) goes through Python, still right."""
+    import unimatmul.torch as ut
+    from unimatmul.testing import isolated_selector
+    from unimatmul.torch import native, routing
+
+    lin, x, reference = _routed_linear(monkeypatch, bias)
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:  # type: ignore[operator]
+        _triton_winner(selector, lin, x)
         ut.clear_plans()
         try:
             with torch.no_grad(), ut.enabled():
@@ -549,19 +568,11 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
     import unimatmul.torch as ut
     from unimatmul.cache.record import OK
     from unimatmul.core.backend import DEFAULT
-    from unimatmul.testing import fast_settings, isolated_selector, prefer_kernel
+    from unimatmul.testing import fast_settings, isolated_selector
     from unimatmul.torch import native, routing
-    from unimatmul.torch.model_tuning import collecting
     from unimatmul.tuning import confirm
 
-    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "auto")
-    monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
-    if not native.load(cuda=True):
-        pytest.skip(f"native kernels did not build: {native.failure(True)}")
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(1024, 512, bias=False, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
-    reference = x.double() @ lin.weight.double().t()
+    lin, x, reference = _routed_linear(monkeypatch, bias=False)
     names = ("gemv_kernel", "tile_kernel", "persistent_kernel")
 
     def captured(selector: object) -> tuple[bool, int]:
@@ -589,12 +600,7 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
         return any(name in kernel for kernel in kernels for name in names), plan.native
 
     with isolated_selector(tmp_path / "cache.msgpack", confirm_calls=4) as selector:  # type: ignore[operator]
-        ut.disable()
-        with ut.enabled(), collecting() as met, torch.no_grad():
-            lin(x)
-        (problem, target), *_ = list({(p.key, t): (p, t) for p, t in met}.values())
-        record = prefer_kernel(selector, problem, target, backend="triton")
-        assert record.winner.startswith("triton/"), [r.identity for r in record.results]
+        problem, target, record = _triton_winner(selector, lin, x)
         selector.settings = replace(fast_settings(), min_gain=-100.0)  # every window keeps its choice
         namespace = selector.platform(target).namespace
         try:
