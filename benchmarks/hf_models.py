@@ -517,7 +517,6 @@ def run_row(
             # The verdicts go to the cache on a thread of their own: written before routing
             # is switched off, so that the rounds' plans read them instead of opening windows.
             get_selector().settle(timeout=30)
-        sync(device)
         result["judge_calls"] = judge_calls
         result["confirm"] = ut.stats().get("confirm", {})
         ut.reset_stats()
