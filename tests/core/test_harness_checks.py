@@ -118,6 +118,46 @@ def test_the_bound_has_headroom_for_right_kernels_and_none_for_one_wrong_element
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) -> None:
+    # A tuning run keeps each block's bound with its reference (the one-pass check of
+    # ArrayAdapter._within): a right output gets the worst ratio the full pass finds,
+    # and an output with one wrong element or one NaN is still counted exactly.
+    target = _target(kind)
+    adapter = target.adapter
+    problem = Problem.from_shape(300, 520, 700)  # above HOST_CHECK_ELEMENTS: on the array's device
+    ops = make_operands(problem, adapter, CPU, np.random.default_rng(8))
+    model = ErrorModel.for_problem(
+        k=700, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    reference.keep_bounds = True
+    adapter.matmul(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
+    first = adapter.compare(ops.out, reference, CPU)
+    assert reference.bounds is not None  # kept by the first check
+    again = adapter.compare(ops.out, reference, CPU)
+    plain = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    full = adapter._full(ops.out[None], plain, [(slice(0, 1), slice(0, 300))])  # the pass that counts
+    assert first.ok() and first.exact and first.bad == first.nonfinite == 0
+    assert again.worst_ratio == first.worst_ratio
+    assert first.worst_ratio == pytest.approx(full[3][0], rel=1e-5)
+    assert first.rel_error == pytest.approx(math.sqrt(full[0][0] / plain.sumsq), rel=1e-4)
+    ops.out[123, 45] += 1.0
+    wrong = adapter.compare(ops.out, reference, CPU)
+    assert wrong.bad == 1 and wrong.nonfinite == 0 and "(123, 45)" in wrong.worst
+    ops.out[7, 9] = float("nan")
+    wrong = adapter.compare(ops.out, reference, CPU)
+    assert wrong.bad == 2 and wrong.nonfinite == 1 and not wrong.ok(MAX_WIDEN)
+
+
+def test_the_tuning_plan_keeps_bounds_for_small_outputs_only() -> None:
+    harness = Harness(CpuTimer(), fast_settings())
+    target = _target("numpy")
+    assert harness.plan_memory(Problem.from_shape(300, 520, 700), target, 0.0).keep_bounds
+    # Above SCREEN_ELEMENTS the output is screened: no bounds are kept.
+    assert not harness.plan_memory(Problem.from_shape(2100, 2048, 4), target, 0.0).keep_bounds
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_large_output_is_screened_and_still_catches_one_element(kind: str) -> None:
     # Above SCREEN_ELEMENTS a cheap screen clears most blocks; a block with one wrong
     # element gets the whole bound, so the element is found all the same.

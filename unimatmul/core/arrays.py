@@ -70,6 +70,11 @@ class Reference:
     model: ErrorModel
     host: bool = False  # kept in NumPy arrays on the host (a small product: see make_reference)
     sumsq: float = 0.0  # ||ref||^2, for the relative error
+    # Whether an exact compare keeps each block's bound (in ``ref``'s dtype) for the next
+    # ones: a tuning run compares every candidate with one reference, several times, and
+    # its memory plan counts them (see ArrayAdapter._within).
+    keep_bounds: bool = False
+    bounds: list[Any] | None = None
 
 
 @dataclass
@@ -400,7 +405,10 @@ class ArrayAdapter:
         ``SCREEN_ELEMENTS``, unless ``exact``) is first screened in the reference's own
         precision against a part of the bound that costs two passes (the output
         rounding and the summation term with the block's smallest column norm); only
-        blocks where some element is not clearly within it get the whole bound.
+        blocks where some element is not clearly within it get the whole bound. An
+        output checked exactly first gets one pass against the reference's kept bounds
+        (:meth:`_within`): where every element is within them, that is the whole answer;
+        otherwise the elements over them are counted in a second pass.
         """
         if reference.host and self.kind != "numpy":
             return adapter_for_kind("numpy").compare(self.to_numpy(out), reference, CPU, exact=exact)
@@ -412,6 +420,9 @@ class ArrayAdapter:
         if exact is None:
             exact = math.prod(ref3.shape) <= SCREEN_ELEMENTS
         if exact:
+            found = self._within(out3, reference, blocks)
+            if found is not None:
+                return found
             full = list(range(len(blocks)))
             sq_err: list[float] = []
             screened: list[int] = []
@@ -428,6 +439,48 @@ class ArrayAdapter:
             index = max(range(len(full)), key=lambda i: totals[3][i])
             check.worst = self._worst(out3, reference, *blocks[full[index]])
         return check
+
+    def _within(self, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]) -> Check | None:
+        """The check of an output whose every element is within its bound, in one pass; None
+        if some element is not (or is NaN or inf), for the pass that counts them.
+
+        The difference is taken in the reference's precision (as the screen's is), and two
+        scalars a block come back: the largest error/bound (NaN, read as inf, where an
+        element is NaN or inf) and the squared error. Where the reference says so
+        (``keep_bounds``: the tuning's memory plan counted them), each block's bound is
+        made once, in the reference's dtype, and kept: a candidate's check is then a few
+        launches, not dozens. A bound of 0 gives NaN: that block is counted exactly.
+        """
+        kept = reference.bounds
+        if kept is not None and len(kept) != len(blocks):  # blocks of another size than the kept ones
+            return None
+        made: list[Any] = []
+        worst, squares = [], []
+        for i, (bs, rs) in enumerate(blocks):
+            ref = reference.ref[bs, rs]
+            if kept is not None:
+                bound = kept[i]
+            else:
+                bound = self._like(self._bound(reference, self.to_float64(ref), bs, rs), ref)
+                if reference.keep_bounds:
+                    made.append(bound)
+            diff = abs(self._like(out3[bs, rs], ref) - ref)
+            worst.append(self._amax_all(diff / bound))
+            squares.append(self._sumsq(diff))
+            del bound, diff  # one block's temporaries at a time
+        if made:
+            reference.bounds = made
+        values = self._scalars(worst + squares)
+        worst_ratio = max(values[: len(blocks)], default=0.0)
+        if not worst_ratio <= 1.0:
+            return None
+        err = math.sqrt(sum(values[len(blocks) :]))
+        den = math.sqrt(reference.sumsq)
+        return Check(err / den if den > 0 else err, worst_ratio, 0, 0, exact=True)
+
+    def _amax_all(self, x: Any) -> Any:
+        """The largest element of ``x`` as a 0-d array; NaN if there is one."""
+        return x.max()
 
     def _screen(
         self, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]

@@ -37,7 +37,14 @@ import numpy as np
 from unimatmul import settings as env
 from unimatmul._version import __version__
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
-from unimatmul.core.arrays import Check, Operands, Reference, make_operands, operand_bytes
+from unimatmul.core.arrays import (
+    SCREEN_ELEMENTS,
+    Check,
+    Operands,
+    Reference,
+    make_operands,
+    operand_bytes,
+)
 from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
@@ -225,6 +232,7 @@ class MemoryPlan:
     sets: int
     available: int | None
     factor: float
+    keep_bounds: bool = False  # the check keeps each block's bound (ArrayAdapter._within)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -271,6 +279,7 @@ class Harness:
         reference = adapter.make_reference(
             _reference_operands(adapter, first), c0, alpha, beta, problem.activation, model, device
         )
+        reference.keep_bounds = plan.keep_bounds
 
         # 1. Prepare every candidate and check it twice on poisoned memory: a kernel that
         #    does nothing on its second call must not be timed (it would look fastest
@@ -319,7 +328,9 @@ class Harness:
         #    whose inputs got new values in place (before its times can prune anyone).
         del reference, c0
         late = (
-            self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen) if measured else None
+            self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds)
+            if measured
+            else None
         )
         settle = settings.settle_s if _macs(problem) >= settings.settle_min_macs else 0.0
         self._time(measured, sets, target, alpha, beta, settle, late)
@@ -331,7 +342,9 @@ class Harness:
         del late
         survivors = [e for e in measured if e.result.status == OK]
         if survivors:
-            final = self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen)
+            final = self._late_check_set(
+                problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds
+            )
             for entry in survivors:
                 self._late_check(entry, final, "after all timing")
             del final
@@ -442,10 +455,13 @@ class Harness:
             # of them only cost the time to fill them. Two still let the check after
             # timing use a set other than the first.
             wanted = min(wanted, 2)
+        # The check may keep the output's bounds (ArrayAdapter._within): a few launches a
+        # check instead of dozens. Taken where they cost no rotated set.
+        bounds = _bounds_bytes(problem)
         if per_set < rotate:
             # A product smaller than the rotation target gets the sets it rotates through
             # and the check: its multiple would not even hold the check's blocks.
-            allowed = max(int(factor * per_set), wanted * per_set + check)
+            allowed = max(int(factor * per_set), wanted * per_set + check + bounds)
         else:
             # A larger one (one set) its multiple, plus the rotation target as room for
             # the check's fixed-size blocks: the multiple is what bounds it.
@@ -453,6 +469,10 @@ class Harness:
         available = adapter.available_bytes(device)
         if available is not None:
             allowed = min(allowed, int(settings.memory_fraction * available))
+        sets_without = min(wanted, (allowed - check) // per_set)
+        keep_bounds = bounds > 0 and (allowed - check - bounds) // per_set >= max(sets_without, 1)
+        if keep_bounds:
+            check += bounds
         room = (allowed - check) // per_set
         if room < 1:
             where = (
@@ -468,7 +488,7 @@ class Harness:
             )
             raise TuningTooLarge(msg, problem=problem, needed=per_set + check, allowed=allowed)
         count = min(wanted, room)
-        return MemoryPlan(per_set, check, allowed, count, available, factor)
+        return MemoryPlan(per_set, check, allowed, count, available, factor, keep_bounds)
 
     def _operand_sets(
         self,
@@ -519,6 +539,7 @@ class Harness:
         beta: float,
         model: ErrorModel,
         widen: float,
+        keep_bounds: bool = False,
     ) -> _LateCheck:
         """A rotated set with new values written into its inputs, and their reference:
         the same pointers the kernels are timed on, new numbers, so that a kernel that
@@ -546,6 +567,7 @@ class Harness:
         reference = adapter.make_reference(
             _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, device
         )
+        reference.keep_bounds = keep_bounds
         return _LateCheck(ops, c0, reference, alpha, beta, widen, target)
 
     def _late_check(self, entry: _Entry, late: _LateCheck, when: str = "after timing") -> bool:
@@ -788,6 +810,13 @@ def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     norms = 4 * (problem.m + problem.n) * problem.batch * 8
     fresh = operand_bytes(problem) - problem.m * problem.n * problem.batch * ITEMSIZE[problem.dtype_c]
     return ref + c0 + temps + norms + max(fresh, 0)
+
+
+def _bounds_bytes(problem: Problem) -> int:
+    """Bytes of the bounds an exactly checked output keeps with its reference (in the
+    reference's dtype; see ArrayAdapter._within); 0 for a screened one."""
+    out_elements = problem.m * problem.n * problem.batch
+    return out_elements * (8 if problem.dtype_c == "f64" else 4) if out_elements <= SCREEN_ELEMENTS else 0
 
 
 def _worse(a: Check, b: Check) -> Check:
