@@ -32,10 +32,12 @@ from unimatmul_triton.configs import (  # noqa: E402
     PERSISTENT,
     SKINNY,
     TILE,
+    UNALIGNED_CANDIDATES,
     KernelConfig,
     config_of,
     ranked_configs,
     space,
+    vector_loads,
 )
 from unimatmul_triton.launch import plan_for  # noqa: E402
 
@@ -251,6 +253,36 @@ def test_the_model_offers_a_short_list_with_every_family_leading(problem: Proble
     if problem.m <= 16 and problem.n * problem.k > 1 << 22:
         floor = problem.min_bytes / 4.3e12
         assert floor < ranked[0].seconds < 2.5 * floor + 5e-6
+
+
+@pytest.mark.parametrize(
+    ("problem", "vector"),
+    [
+        (problem_of(16, 4096, 4096, linear=True), True),
+        (problem_of(2048, 2048, 512), True),
+        # GPT-2's vocabulary: C's row stride (50257) is not read in the K loop.
+        (problem_of(4, 50257, 768, linear=True), True),
+        (problem_of(1, 40, 1000, linear=True), False),  # ldb = 1000 between the weight's rows
+        (problem_of(1, 1024, 1000), True),  # one row of A: its stride (1000) is never stepped
+        (problem_of(1000, 1000, 1000), False),
+        (problem_of(1024, 1025, 1024), False),  # ldb = 1025
+        (problem_of(64, 64, 64, align=8), False),
+        (problem_of(32, 32, 32, batch=2), False),  # batch strides with +3 / +5
+    ],
+    ids=lambda x: x.shape_text + f"-al{x.align}-b{x.batch}" if isinstance(x, Problem) else str(x),
+)
+def test_unvectorised_loads_are_offered_the_two_best_configs(
+    backend: TritonBackend, problem: Problem, vector: bool
+) -> None:
+    # Session 5 on the H200: every tile config of 1000^3 ran ~20x slower than cuBLASLt's
+    # best, of 1024 x 1025 x 1024 ~2x slower than the padded one: Triton's loads cannot be
+    # vectorised there. The model's two best are still measured.
+    assert vector_loads(problem) is vector
+    offered = backend.candidates(problem, TARGET)
+    count = backend.candidate_count if vector else min(backend.candidate_count, UNALIGNED_CANDIDATES)
+    assert [c.identity for c in offered] == [
+        e.config.candidate.identity for e in ranked_configs(problem, limit=count)
+    ]
 
 
 def test_plans_match_the_kernels_signatures() -> None:

@@ -4,7 +4,8 @@ Two registrations of one backend, named ``triton`` either way:
 
 - :class:`TritonBackend` serves torch tensors on a GPU. ``candidates()`` ranks the
   config space with the analytic model (``configs.py``), keeps the best few
-  (``UNIMATMUL_TRITON_CANDIDATES``, default 8) and starts compiling them in a thread
+  (``UNIMATMUL_TRITON_CANDIDATES``, default 8; 2 where a leading dimension or the
+  pointers leave the loads unvectorised: ``configs.vector_loads``) and starts compiling them in a thread
   pool at once (``UNIMATMUL_TRITON_PRECOMPILE=0`` turns that off), so that by the time
   the harness prepares them one by one most are ready. Compiled kernels stay in
   Triton's own on-disk cache (``TRITON_CACHE_DIR``): a kernel binary depends on the
@@ -136,7 +137,7 @@ class TritonBackend(Backend):
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         self._require(target)
-        ranked = self.ranked(problem, target, self.candidate_count)
+        ranked = self.ranked(problem, target, configs.offered(problem, self.candidate_count))
         found = [est.config.candidate for est in ranked]
         if plugin_settings.PRECOMPILE.get():
             for est in ranked:
@@ -326,7 +327,8 @@ class TritonInterpreterBackend(TritonBackend):
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         self._require(target)
-        return [est.config.candidate for est in self.ranked(problem, target, self.candidate_count)]
+        count = configs.offered(problem, self.candidate_count)
+        return [est.config.candidate for est in self.ranked(problem, target, count)]
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
         plan = self._plan(problem, candidate)
