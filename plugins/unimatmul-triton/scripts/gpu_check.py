@@ -560,6 +560,11 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
                 default_us=(record.default_s or math.nan) * 1e6,
                 speedup=(record.default_s or math.nan) / record.winner_s,
                 triton_candidates=sum(1 for r in record.results if r.identity.startswith("triton/")),
+                # Every candidate's fate: what a pruning rule would have saved or lost.
+                candidates=[
+                    [r.identity, r.status, round((r.median_s or math.nan) * 1e6, 3), r.samples]
+                    for r in record.results
+                ],
                 best_triton_us=min(
                     (
                         r.median_s * 1e6
