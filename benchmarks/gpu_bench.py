@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         "plugins_loaded": bench.selector.plugins.report.loaded,
         "plugins_failed": bench.selector.plugins.report.failed,
         "heuristics": os.environ.get("UNIMATMUL_LT_HEURISTICS", "16"),
-        "budget_per_candidate_s": os.environ.get("UNIMATMUL_GPU_BUDGET_S", "0.004"),
+        "budget_per_candidate_s": os.environ.get("UNIMATMUL_GPU_BUDGET_S", "0.002"),
     }
     print(json.dumps(bench.meta), flush=True)
     try:

@@ -242,9 +242,9 @@ TUNE_MEMORY = declare(
 GPU_BUDGET_S = declare(
     "UNIMATMUL_GPU_BUDGET_S",
     "float",
-    0.004,
+    0.002,
     parse_float(0.0),
-    "measuring time per candidate on a GPU (default 0.004)",
+    "measuring time per candidate on a GPU (default 0.002)",
 )
 
 # Confirming tuned choices where they run (unimatmul.tuning.confirm)

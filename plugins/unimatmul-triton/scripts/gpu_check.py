@@ -475,12 +475,13 @@ def _phase_clock() -> dict[str, float]:
     runner (``Tuner.prepare``: a Triton kernel's load from its cache, an Lt algo), the
     input sets and the references, the numeric checks, the timing and the confirmation
     against Default. The late checks run inside the timing, so "checks" and "timing"
-    overlap; the rest of ``tune_s`` is the selector's own work (cache, locks).
+    overlap, and "checks: compare", "timing: capture" and "timing: late sets" are parts
+    of those two; the rest of ``tune_s`` is the selector's own work (cache, locks).
     """
     import functools
 
     from unimatmul.core import arrays
-    from unimatmul.tuning import harness, tuner
+    from unimatmul.tuning import harness, timers, tuner
 
     clock: dict[str, float] = {}
 
@@ -504,6 +505,11 @@ def _phase_clock() -> dict[str, float]:
     wrap(harness.Harness, "_check_call", "checks")
     wrap(harness.Harness, "_time", "timing")
     wrap(harness.Harness, "_confirm", "confirm")
+    # Inside the above: the comparison of a check ("checks"), a candidate's capture with
+    # its eager warm-up ("timing"), and the new values of the sets checked after timing.
+    wrap(arrays.ArrayAdapter, "compare", "checks: compare")
+    wrap(timers.TorchGraphTimer, "prepare", "timing: capture")
+    wrap(harness.Harness, "_late_check_set", "timing: late sets")
     return clock
 
 
@@ -591,11 +597,12 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
     results.data["parts"]["tuning"] = part
     with tempfile.TemporaryDirectory(prefix="umm-triton-tune-") as tmp:
         triton_cache = Path(tmp) / "triton-cache"
-        # "warm-2ms": warm again with half the default measuring budget per candidate
-        # (UNIMATMUL_GPU_BUDGET_S=0.002), to compare its winners and times with "warm"'s.
+        # "warm-4ms": warm again with twice the default measuring budget per candidate
+        # (UNIMATMUL_GPU_BUDGET_S=0.004, the default until session 7), to compare its
+        # winners and times with "warm"'s.
         # "profiled" (TUNE_RUNS=...,profiled): warm again under cProfile
         # (tune-warm-profile.txt); its times are inflated by the profiler.
-        runs = os.environ.get("TUNE_RUNS", "first,warm,warm-2ms").split(",")
+        runs = os.environ.get("TUNE_RUNS", "first,warm,warm-4ms").split(",")
         for run in runs:
             left = budget.left() - stop_at
             if left < 20:
@@ -609,10 +616,10 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
                 UNIMATMUL_MODE="tune",
                 PYTHONUNBUFFERED="1",
             )
-            if run in ("warm", "warm-2ms"):
+            if run in ("warm", "warm-4ms"):
                 env["TUNE_PHASES"] = "1"
-            if run == "warm-2ms":
-                env["UNIMATMUL_GPU_BUDGET_S"] = "0.002"
+            if run == "warm-4ms":
+                env["UNIMATMUL_GPU_BUDGET_S"] = "0.004"
             if run == "profiled":
                 env["TUNE_PROFILE"] = str(results.out / "tune-warm-profile.txt")
             t0 = time.perf_counter()
@@ -832,9 +839,9 @@ def markdown(data: dict[str, Any]) -> str:
     titles = {
         "first": "first (Triton cache empty)",
         "warm": "warm (Triton cache warm)",
-        "warm-2ms": "warm, 2 ms of samples a candidate (UNIMATMUL_GPU_BUDGET_S=0.002)",
+        "warm-4ms": "warm, 4 ms of samples a candidate (UNIMATMUL_GPU_BUDGET_S=0.004)",
     }
-    for run in ("first", "warm", "warm-2ms"):
+    for run in ("first", "warm", "warm-4ms"):
         shapes = tuning.get(run, {}).get("shapes", [])
         if shapes:
             lines += [
@@ -896,7 +903,7 @@ def summary(data: dict[str, Any]) -> str:
     if "median_bound" in decode:
         rows.append(("decode median bound (torch us / weight-read us)", f"{decode['median_bound']:.3f}x"))
     tuning = parts.get("tuning", {})
-    for run, target in (("first", "<= 2 s"), ("warm", "<= 0.15 s"), ("warm-2ms", "<= 0.15 s")):
+    for run, target in (("first", "<= 2 s"), ("warm", "<= 0.15 s"), ("warm-4ms", "<= 0.15 s")):
         if "median_tune_s" in tuning.get(run, {}):
             rows.append(
                 (f"tuning {run}: median s/shape (target {target})", f"{tuning[run]['median_tune_s']:.2f}")
