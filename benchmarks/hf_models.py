@@ -343,7 +343,11 @@ def make_calls(
             cache.reset()
         tokens = model.generate(ids, max_new_tokens=count, min_new_tokens=count, **base)
         if tokens.shape != (row.batch, length + count):
-            msg = f"generate returned shape {tuple(tokens.shape)}, not {(row.batch, length + count)}"
+            state = "on" if routed else "off"
+            msg = (
+                f"generate returned shape {tuple(tokens.shape)}, not {(row.batch, length + count)} "
+                f"(routing {state})"
+            )
             raise RuntimeError(msg)
         return tokens[:, length:]
 
