@@ -338,22 +338,40 @@ def make_calls(
     else:
         base |= {"disable_compile": True}
 
+    made = [0]  # calls so far, for the errors below
+    state = "on" if routed else "off"
+
     def generate(count: int = new) -> Any:
         if cache is not None:
             cache.reset()
+        made[0] += 1
         tokens = model.generate(ids, max_new_tokens=count, min_new_tokens=count, **base)
         if tokens.shape != (row.batch, length + count):
-            state = "on" if routed else "off"
             msg = (
                 f"generate returned shape {tuple(tokens.shape)}, not {(row.batch, length + count)} "
-                f"(routing {state})"
+                f"(routing {state}, call {made[0]} of this state)"
             )
             raise RuntimeError(msg)
         return tokens[:, length:]
 
+    def checked() -> Any:
+        # The untimed warm call of a compiled row also checks the kept cache: after a call,
+        # it holds the prompt and every new token but the last (session 7: compiled calls at
+        # batch 16 returned too few tokens, or indexed GPT-2's positions out of range).
+        tokens = generate()
+        assert cache is not None
+        held = int(cache.get_seq_length())
+        if held != length + new - 1:
+            msg = (
+                f"the static cache holds {held} positions after a call, not {length + new - 1} "
+                f"(routing {state}, call {made[0]} of this state)"
+            )
+            raise RuntimeError(msg)
+        return tokens
+
     # Eager: two new tokens meet every product of the call (the prompt's prefill and a
     # decode step). Compiled: the static cache is sized by the count, so the same count.
-    warm = generate if row.variant == "compiled" else (lambda: generate(2))
+    warm = checked if row.variant == "compiled" else (lambda: generate(2))
     return Calls(generate, warm), _generated
 
 
