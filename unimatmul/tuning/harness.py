@@ -276,10 +276,7 @@ class Harness:
         if beta != 0.0:
             c0 = adapter.empty(tuple(adapter.shape(first.out)), problem.dtype_c, device)
             adapter.copy_(c0, first.out)
-        reference = adapter.make_reference(
-            _reference_operands(adapter, first), c0, alpha, beta, problem.activation, model, device
-        )
-        reference.keep_bounds = plan.keep_bounds
+        reference = _reference(problem, target, first, c0, alpha, beta, model, plan.keep_bounds)
 
         # 1. Prepare every candidate and check it twice on poisoned memory: a kernel that
         #    does nothing on its second call must not be timed (it would look fastest
@@ -564,10 +561,7 @@ class Harness:
         c0 = fresh.out if beta != 0.0 else None
         del fresh
         adapter.synchronize(device)
-        reference = adapter.make_reference(
-            _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, device
-        )
-        reference.keep_bounds = keep_bounds
+        reference = _reference(problem, target, ops, c0, alpha, beta, model, keep_bounds)
         return _LateCheck(ops, c0, reference, alpha, beta, widen, target)
 
     def _late_check(self, entry: _Entry, late: _LateCheck, when: str = "after timing") -> bool:
@@ -858,6 +852,26 @@ def _error_model(problem: Problem) -> ErrorModel:
         activation=problem.activation,
         ref_dtype="f64" if problem.dtype_c == "f64" else "f32",
     )
+
+
+def _reference(
+    problem: Problem,
+    target: Target,
+    ops: Operands,
+    c0: Any,
+    alpha: float,
+    beta: float,
+    model: ErrorModel,
+    keep_bounds: bool,
+) -> Reference:
+    """The float64 reference of ``ops`` for the checks, keeping its bounds where the memory
+    plan counted them (``MemoryPlan.keep_bounds``)."""
+    adapter = target.adapter
+    found = adapter.make_reference(
+        _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, target.device
+    )
+    found.keep_bounds = keep_bounds
+    return found
 
 
 def _reference_operands(adapter: Any, ops: Operands) -> Operands:
