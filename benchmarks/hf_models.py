@@ -493,12 +493,28 @@ def _rerecords() -> Rerecords:
     return Rerecords.watch()
 
 
+def tune_routed(row: Row, model: Any, on: Calls, args: argparse.Namespace, device: torch.device) -> list[Any]:
+    """Tune every product the routed state's call meets (``unimatmul.mode("tune")``), and
+    return the (problem, target) pairs met. A compiled row tunes an eager call first (the
+    compiled graph has the same products), so that its compiled call, which compiles the
+    routed copy, tunes nothing inside a CUDA graph tree's warm-up."""
+    import unimatmul
+    from unimatmul.torch.model_tuning import collecting
+
+    if row.variant == "compiled":
+        eager, _ = make_calls(replace(row, variant="eager"), model, args, device, routed=True)
+        with mode("routed"), unimatmul.mode("tune"):
+            eager.warm()
+    with mode("routed"), collecting() as met, unimatmul.mode("tune"):
+        on.run()
+    sync(device)
+    return met
+
+
 def run_row(
     row: Row, models: Models, args: argparse.Namespace, device: torch.device, deadline: float
 ) -> dict:
-    import unimatmul
     import unimatmul.torch as ut
-    from unimatmul.torch.model_tuning import collecting
     from unimatmul.tuning.selector import get_selector
 
     model = models.get(row.spec)
@@ -513,15 +529,7 @@ def run_row(
         sync(device)
         result["first_call_off_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        if row.variant == "compiled":
-            # Tune the products eagerly first (the compiled graph has the same ones), so
-            # that the compiled call below tunes nothing inside a CUDA graph tree's warm-up.
-            eager, _ = make_calls(replace(row, variant="eager"), routed_model, args, device, routed=True)
-            with mode("routed"), unimatmul.mode("tune"):
-                eager.warm()
-        with mode("routed"), collecting() as met, unimatmul.mode("tune"):
-            on.run()  # tunes each product met (compiles the routed copy first)
-        sync(device)
+        met = tune_routed(row, routed_model, on, args, device)
         result["tune_call_s"] = time.perf_counter() - started
         ut.clear_plans()
         with mode("routed"):

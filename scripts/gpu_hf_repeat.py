@@ -23,14 +23,13 @@ import gc
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import torch
-from hf_models import GPU_MODELS, Models, Row, make_calls, parse_args
+from hf_models import GPU_MODELS, Models, Row, make_calls, parse_args, tune_routed
 from torch_models import mode
 
 
@@ -48,21 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     row = Row(spec, "generate", ns.batch, "compiled")
     models = Models(device, dtype)
     states: dict[str, Any] = {}
-    import unimatmul
+    import unimatmul.torch as ut
 
     with torch.no_grad():
         if ns.state in ("off", "alternate"):
             states["off"], _ = make_calls(row, models.get(spec), args, device, routed=False)
         if ns.state in ("routed", "alternate"):
             twin = models.twin(spec)
-            eager, _ = make_calls(replace(row, variant="eager"), twin, args, device, routed=True)
-            with mode("routed"), unimatmul.mode("tune"):
-                eager.warm()  # tunes the products eagerly, as the benchmark does
             states["routed"], _ = make_calls(row, twin, args, device, routed=True)
-            with mode("routed"), unimatmul.mode("tune"):
-                states["routed"].run()  # compiles the routed copy, tuning what only it meets
-            import unimatmul.torch as ut
-
+            tune_routed(row, twin, states["routed"], args, device)  # as the benchmark does
             ut.clear_plans()
         first: dict[str, torch.Tensor] = {}
         bad = 0
