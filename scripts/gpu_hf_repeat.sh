@@ -7,10 +7,6 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.gpu-out}
 mkdir -p "$OUT/repeat"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
 . scripts/gpu_install.sh >/dev/null
 for spec in ${RUNS:-"${MODEL:-qwen2-1.5b}:alternate"}; do
     model=${spec%%:*}; rest=${spec#*:}; state=${rest%%:*}; extra=""

@@ -5,6 +5,12 @@
 if [ "${GPU_INSTALLED_AT:-}" = "$PWD" ]; then
     return 0
 fi
+# nvmath-python (cuBLASLt's bindings), where the call carried its wheel in .whl/
+# (carried with the device call): installed apart, and on the path of every part.
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
 # The package, installed for its entry points ("built-ins through the front door").
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
     # No usable setuptools offline: a dist-info by hand gives the same entry points.

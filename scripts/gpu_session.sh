@@ -21,10 +21,6 @@ RESULTS=${OUT:-$PWD/.gpu-out}  # what comes back: one packed file
 SESSION=/tmp/unimatmul-session
 rm -rf "$SESSION"; mkdir -p "$SESSION" "$RESULTS"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
 started=$SECONDS
 OUT=$SESSION
 . scripts/gpu_install.sh  # (a sourced script: OUT set for it stays set)
