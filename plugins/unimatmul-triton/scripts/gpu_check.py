@@ -591,18 +591,30 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
         Path(profile_to).write_text(text.getvalue())
 
 
+#: The tuning runs (TUNE_RUNS picks some, by name; all but "profiled" by default): their
+#: titles and environments. "warm-4ms": twice the default measuring budget per candidate
+#: (the default until session 7), to compare its winners and times with "warm"'s.
+#: "profiled": warm under cProfile (tune-warm-profile.txt); its times are inflated.
+TUNE_RUNS: dict[str, tuple[str, dict[str, str]]] = {
+    "first": ("first (Triton cache empty)", {}),
+    "warm": ("warm (Triton cache warm)", {"TUNE_PHASES": "1"}),
+    "warm-4ms": (
+        "warm, 4 ms of samples a candidate (UNIMATMUL_GPU_BUDGET_S=0.004)",
+        {"TUNE_PHASES": "1", "UNIMATMUL_GPU_BUDGET_S": "0.004"},
+    ),
+    "profiled": ("warm, under cProfile", {}),
+}
+#: The runs made by default and reported (the profiled run's times are not the figures).
+REPORTED_RUNS = [r for r in TUNE_RUNS if r != "profiled"]
+
+
 def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
     shapes = [(m, n, k, True) for m, n, k in TUNE_DECODE] + [(m, n, k, False) for m, n, k in TUNE_GENERAL]
     part: dict[str, Any] = {}
     results.data["parts"]["tuning"] = part
     with tempfile.TemporaryDirectory(prefix="umm-triton-tune-") as tmp:
         triton_cache = Path(tmp) / "triton-cache"
-        # "warm-4ms": warm again with twice the default measuring budget per candidate
-        # (UNIMATMUL_GPU_BUDGET_S=0.004, the default until session 7), to compare its
-        # winners and times with "warm"'s.
-        # "profiled" (TUNE_RUNS=...,profiled): warm again under cProfile
-        # (tune-warm-profile.txt); its times are inflated by the profiler.
-        runs = os.environ.get("TUNE_RUNS", "first,warm,warm-4ms").split(",")
+        runs = os.environ.get("TUNE_RUNS", ",".join(REPORTED_RUNS)).split(",")
         for run in runs:
             left = budget.left() - stop_at
             if left < 20:
@@ -616,10 +628,7 @@ def part_tuning(budget: Budget, results: Results, stop_at: float) -> None:
                 UNIMATMUL_MODE="tune",
                 PYTHONUNBUFFERED="1",
             )
-            if run in ("warm", "warm-4ms"):
-                env["TUNE_PHASES"] = "1"
-            if run == "warm-4ms":
-                env["UNIMATMUL_GPU_BUDGET_S"] = "0.004"
+            env.update(TUNE_RUNS[run][1])
             if run == "profiled":
                 env["TUNE_PROFILE"] = str(results.out / "tune-warm-profile.txt")
             t0 = time.perf_counter()
@@ -836,16 +845,12 @@ def markdown(data: dict[str, Any]) -> str:
                 lines.append(f"| {r['shape']} | error: {r.get('error', '?')} |")
         lines.append("")
     tuning = parts.get("tuning", {})
-    titles = {
-        "first": "first (Triton cache empty)",
-        "warm": "warm (Triton cache warm)",
-        "warm-4ms": "warm, 4 ms of samples a candidate (UNIMATMUL_GPU_BUDGET_S=0.004)",
-    }
-    for run in ("first", "warm", "warm-4ms"):
+    for run in REPORTED_RUNS:
+        title = TUNE_RUNS[run][0]
         shapes = tuning.get(run, {}).get("shapes", [])
         if shapes:
             lines += [
-                f"## Tuning, {titles[run]}",
+                f"## Tuning, {title}",
                 "",
                 "| shape | layout | tune s | winner | speedup vs Default | triton candidates | best triton us |",
                 "|---|---|---|---|---|---|---|",
@@ -903,7 +908,7 @@ def summary(data: dict[str, Any]) -> str:
     if "median_bound" in decode:
         rows.append(("decode median bound (torch us / weight-read us)", f"{decode['median_bound']:.3f}x"))
     tuning = parts.get("tuning", {})
-    for run, target in (("first", "<= 2 s"), ("warm", "<= 0.15 s"), ("warm-4ms", "<= 0.15 s")):
+    for run, target in ((r, "<= 2 s" if r == "first" else "<= 0.15 s") for r in REPORTED_RUNS):
         if "median_tune_s" in tuning.get(run, {}):
             rows.append(
                 (f"tuning {run}: median s/shape (target {target})", f"{tuning[run]['median_tune_s']:.2f}")
