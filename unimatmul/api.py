@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unimatmul.cache.lru import LRU, lru_size
-from unimatmul.core.arrays import ArrayAdapter, adapter_of
+from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
@@ -40,7 +40,7 @@ _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 # Empty until a torch call finds the native kernels built.
 _native_call: Callable[..., Any] | None = None
 _native_types: frozenset[type] = frozenset()
-_native_keep: list[list[Any]] = [[], []]  # runners the table points into, kept one generation more
+_native_kept: Any = None  # native.Kept: the runners the table points into (made with the table's first entry)
 
 
 def clear_fast_path() -> None:
@@ -54,8 +54,7 @@ def _forget() -> None:
     if _native_call is not None:
         from unimatmul.torch import native  # loaded already: this imports nothing new
 
-        native.clear(native.API)
-        _native_keep[:] = [[], _native_keep[0]]
+        _kept(native).clear()
 
 
 on_forget(_forget)
@@ -120,6 +119,8 @@ def matmul(
         adapter.copy_(out, c)
     try:
         runner(a, b, out, alpha, beta, bias)
+        if getattr(a, "is_cuda", False) and _torch_capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
     except Exception as exc:
         if runner.candidate == DEFAULT:
             raise  # the array library's own error: the caller's to see
@@ -183,17 +184,31 @@ def _native_put(runner: Runner, out_shape: tuple[int, ...], a: Any, b: Any, out:
     entry = native.entry_for(None if runner.candidate == DEFAULT else runner)
     if entry.kind == native.PYTHON:
         return  # no entry: such calls stay on the Python path
+    kept = _kept(native)
     if native.size(native.API) >= _fast.maxsize:
-        native.clear(native.API)
-        _native_keep[:] = [[], _native_keep[0]]
+        kept.clear()
     ident = native.new_id()
     native.put_api(mode, a, b, out, entry.kind, ident, out_shape, entry.call, entry.confirm, entry.tie)
     if entry.window is not None:
         native.watch(ident, entry.window.confirmation.conclude)
-    if entry.kernel is not None:
-        _native_keep[0].append(entry.kernel)
+    kept.add(ident, entry.kernel)
     _native_call = call
     _native_types = frozenset({type(a)} | set(_native_types))
+
+
+def _torch_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (a torch GPU tensor is here)."""
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _kept(native: Any) -> Any:
+    """The API table's ``native.Kept`` (one per process)."""
+    global _native_kept
+    if _native_kept is None:
+        _native_kept = native.Kept(native.API)
+    return _native_kept
 
 
 def _native_wanted() -> bool:

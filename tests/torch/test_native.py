@@ -7,8 +7,10 @@ one that went through the Python kernel.
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import pytest
@@ -228,6 +230,35 @@ def test_clearing_moves_native_counts_to_the_stats(env: Env) -> None:
         assert native.size() == 0
         torch.mm(a, b)
         assert ut.stats()["routed"] == 5
+
+
+@NATIVE
+def test_an_emptied_table_keeps_its_kernels_one_generation(env: Env) -> None:
+    """The kernel a native entry runs lives on for one emptying of the table (a call in
+    flight on another thread may still hold its entry), and is freed at the next; nothing
+    ran under CUDA graph capture here, so nothing is kept for graphs."""
+    if not onednn_available(env.selector):
+        pytest.skip("oneDNN is not available here")
+    x, weight = torch.randn(16, 48), torch.randn(40, 48)
+    with ut.enabled(), collecting() as met, torch.no_grad():
+        torch.mm(x, weight.t())
+    tune_preferring_kernels(env.selector, list({(p.key, t): (p, t) for p, t in met}.values()))
+    ut.clear_plans()
+    held = ut.stats()["held_for_graphs"]
+    with ut.enabled(), torch.no_grad():
+        torch.mm(x, weight.t())
+        plan = _only_plan("mm")
+        assert plan.native == native.ONEDNN
+        kernel = weakref.ref(routing._state.kept.now[plan.ident])
+        del plan
+        ut.clear_plans()
+        gc.collect()
+        assert kernel() is not None  # one generation more
+        ut.clear_plans()
+        gc.collect()
+        assert kernel() is None
+    assert torch.ops.unimatmul_native.pinned() == []
+    assert ut.stats()["held_for_graphs"] == held
 
 
 @pytest.mark.parametrize("env", ["python"], indirect=True)

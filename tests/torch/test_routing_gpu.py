@@ -6,6 +6,7 @@ GPU backend's kernels really run whichever wins), then the model is captured.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -392,3 +393,65 @@ def test_kept_buffers_stay_out_of_graph_pools(capture_mode: str) -> None:
     assert kept.shape == (1 << 16,) and torch.equal(y, x * 2)
     live = {y.untyped_storage().data_ptr()}
     assert torch._C._cuda_checkPoolLiveAllocations(torch.cuda.current_device(), pool, live)
+
+
+@pytest.mark.parametrize("env", ["native", "python"], indirect=True)
+def test_a_captured_kernel_s_buffers_outlive_its_plans(gpu_env: Env) -> None:
+    """A graph that captured a routed kernel with buffers of its own (a padded candidate:
+    aligned copies of a product whose output rows are misaligned) writes those buffers at
+    every replay. Plans retired after the capture (routing switched off and on, as the
+    Hugging Face benchmark does between its rounds) must not free them. Session 8: they
+    were freed after two retirements, and replays of compiled `generate` graphs wrote into
+    memory that other tensors held by then (calls that stopped early, position ids out of
+    range)."""
+    from dataclasses import replace
+
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.core.backend import Candidate
+
+    lin = torch.nn.Linear(256, 1001, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    with ut.enabled(), collecting() as met, torch.no_grad():
+        lin(x)
+    ((problem, target),) = {p.key: (p, t) for p, t in met}.values()
+    record = gpu_env.selector.tune(problem, target, force=True)
+    padded = [
+        r
+        for r in record.results
+        if r.status in (OK, PRUNED) and Candidate.from_identity(r.identity).name in ("pad", "pad-dims")
+    ]
+    if not padded:
+        pytest.skip("no padded candidate passed its check here")
+    best = min(padded, key=lambda r: r.median_s or float("inf"))
+    forced = replace(record, winner=best.identity, winner_s=best.median_s or float("inf"))
+    gpu_env.selector.store.put(gpu_env.selector.platform(target).namespace, problem.key, forced)
+    gpu_env.selector.confirm_calls = 0  # the padded kernel runs from its first call
+    ut.clear_plans()
+    held = ut.stats()["held_for_graphs"]
+    static = x.clone()
+    with torch.no_grad(), ut.enabled():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                lin(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = lin(static)
+        assert ut.stats()["by_label"], "the capture made no routed call"
+        assert any(best.identity in label for label in ut.stats()["by_label"])
+        for _ in range(3):
+            ut.clear_plans()
+    gc.collect()
+    # Memory freed by the runner would come back to these (the same sizes, first).
+    fills = [torch.full((16 * 1008,), 7.0, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
+    fills += [torch.full((1 << 18,), 7.0, device="cuda") for _ in range(16)]
+    static.copy_(torch.randn_like(static))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(bool((f == 7.0).all()) for f in fills), "a replay wrote into freed memory"
+    with torch.no_grad():
+        expected = lin(static)
+    assert _rel(captured, expected) < TOLERANCE[torch.bfloat16]
+    assert ut.stats()["held_for_graphs"] > held

@@ -178,6 +178,28 @@ def kept_torch_buffer(shape: tuple[int, ...], strides: tuple[int, ...], dtype: A
     return made
 
 
+# Runners a CUDA graph may still use: one of their calls ran under capture, so a graph
+# holds the addresses of their kept buffers (workspaces, padded copies) and writes there at
+# every replay. Nothing says when that graph is gone, so they are kept for the process's
+# life, whatever forgets them otherwise (a plan retired, a signature evicted). Session 8:
+# routing's retired runners were freed after two retirements, and the compiled `generate`
+# graphs of Hugging Face models, replayed later, wrote split-K sums and padded copies into
+# memory that by then held other tensors.
+_graph_held: dict[int, Any] = {}
+_graph_held_lock = threading.Lock()
+
+
+def hold_for_graphs(runner: Any) -> None:
+    """Keep ``runner`` (and what it owns) for the process's life: a graph captured its call."""
+    with _graph_held_lock:
+        _graph_held.setdefault(id(runner), runner)
+
+
+def held_for_graphs() -> int:
+    """How many runners are kept for CUDA graphs (``unimatmul.torch.stats()`` shows it)."""
+    return len(_graph_held)
+
+
 class ArrayAdapter:
     """What unimatmul needs to know about, and do with, one library's arrays."""
 

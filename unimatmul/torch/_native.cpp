@@ -225,6 +225,13 @@ struct Entry {
   // the device, and its gain is host time, which a CUDA graph does not have. Under
   // capture the entry runs PyTorch's kernel, so that a graph holds what it held unrouted.
   bool tie = false;
+  // Whether the entry's call uses memory that it or its Python runner owns (a workspace,
+  // padded buffers), and whether such a call ran under CUDA graph capture: a graph holds
+  // those addresses for as long as it lives, which nothing here can see. An emptied table
+  // therefore keeps a captured entry for the process's life (`pinned`), and Python keeps
+  // its runner (native.py).
+  bool holds_memory = false;
+  std::atomic<bool> captured{false};
   // LT
   MatmulFn matmul = nullptr;
   SetAttrFn set_attr = nullptr;
@@ -297,6 +304,7 @@ using EntryMap = std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
 struct State {
   std::shared_mutex table_lock;
   EntryMap tables[TABLES];              // ROUTING (the aten kernels), API (unimatmul.matmul), SCALED
+  std::vector<std::shared_ptr<Entry>> pinned;  // captured entries no table holds (never freed)
   std::atomic<int64_t> mode{1};         // the environment's mode, as a code from Python
   std::atomic<int64_t> python_only{0};  // mode() blocks open anywhere: every call to Python
   std::mutex install_lock;
@@ -1012,11 +1020,16 @@ at::Tensor serve(Entry& e, const at::Tensor& a, Kernel&& kernel, Default&& dflt)
   }
   RECORD_USER_SCOPE(e.label.c_str());
 #ifdef UMM_WITH_CUDA
-  if (e.tie && kind != DEFAULT && a.is_cuda() &&
-      capturing(c10::cuda::getCurrentCUDAStream(a.device().index()).stream())) {
-    at::Tensor out = dflt();
-    e.calls.fetch_add(1, std::memory_order_relaxed);
-    return out;
+  if (kind != DEFAULT && a.is_cuda() && (e.tie || (e.holds_memory && !e.captured.load(std::memory_order_relaxed)))) {
+    // One query of the stream's capture status; once an entry is marked, only a tie asks.
+    if (capturing(c10::cuda::getCurrentCUDAStream(a.device().index()).stream())) {
+      if (e.tie) {
+        at::Tensor out = dflt();
+        e.calls.fetch_add(1, std::memory_order_relaxed);
+        return out;
+      }
+      e.captured.store(true, std::memory_order_relaxed);
+    }
   }
 #endif
   if (kind == CONFIRM) {
@@ -1455,6 +1468,21 @@ void set_lt(Entry& e, c10::IntArrayRef lt) {
   }
 }
 
+// Puts `entry` at `key` of `table`; an entry it replaces that ran under capture goes to
+// `pinned` (a graph may still write its buffers). The caller holds the table lock.
+void put_entry(State& s, int table, const Key& key, std::shared_ptr<Entry> entry) {
+  entry->holds_memory = entry->workspace_size > 0 || entry->padded || entry->stream_bound;
+  auto found = s.tables[table].find(key);
+  if (found != s.tables[table].end()) {
+    if (found->second->captured.load()) {
+      s.pinned.push_back(std::move(found->second));
+    }
+    found->second = std::move(entry);
+    return;
+  }
+  s.tables[table].emplace(key, std::move(entry));
+}
+
 // Puts the entry for the key that these operands make into `table`. `mode`: the mode code
 // of the key (-1: the environment's, for the aten kernels). `c`: addmm's input, or the
 // API's out. lt holds, for kinds LT and PADDED: the matmul and set-attribute function
@@ -1527,7 +1555,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   open_window(*entry, kind, confirm);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
-  s.tables[table][key] = std::move(entry);
+  put_entry(s, static_cast<int>(table), key, std::move(entry));
 }
 
 // Puts the entry for a _scaled_mm call's key into the SCALED table (`mode` as for put).
@@ -1564,7 +1592,7 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
   open_window(*entry, kind, confirm);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
-  s.tables[SCALED][key] = std::move(entry);
+  put_entry(s, SCALED, key, std::move(entry));
 }
 
 // Empties a table; the calls each entry counted, as (id, calls) pairs.
@@ -1576,8 +1604,24 @@ std::vector<int64_t> clear(int64_t table) {
   for (auto& [key, entry] : s.tables[table]) {
     out.push_back(entry->id);
     out.push_back(entry->calls.load());
+    if (entry->captured.load()) {
+      s.pinned.push_back(entry);
+    }
   }
   s.tables[table].clear();
+  return out;
+}
+
+// The ids of the entries kept for CUDA graphs (`pinned`): each ran under capture with
+// memory of its own or its runner's, and no table holds it now (Python keeps those runners).
+std::vector<int64_t> pinned() {
+  State& s = state();
+  std::shared_lock<std::shared_mutex> guard(s.table_lock);
+  std::vector<int64_t> out;
+  out.reserve(s.pinned.size());
+  for (const auto& entry : s.pinned) {
+    out.push_back(entry->id);
+  }
   return out;
 }
 
@@ -1666,5 +1710,6 @@ TORCH_LIBRARY(unimatmul_native, m) {
   m.def("clear(int table) -> int[]", &clear);
   m.def("counts(int table, bool reset) -> int[]", &counts);
   m.def("kinds(int table) -> int[]", &kinds);
+  m.def("pinned() -> int[]", &pinned);
   m.def("size(int table) -> int", &size);
 }

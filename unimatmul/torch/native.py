@@ -46,6 +46,7 @@ import torch
 
 from unimatmul import settings
 from unimatmul.core import modes
+from unimatmul.core.arrays import hold_for_graphs
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
 
 ENV = settings.TORCH_NATIVE.name
@@ -237,18 +238,49 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
     return Entry(window, kernel, call, kind, confirm, tie)
 
 
-def entered(entry: Entry, plan: Any, keep: list[Any]) -> None:
+def entered(entry: Entry, plan: Any, kept: Kept) -> None:
     """After ``entry`` went into the table for ``plan`` (a routing or scaled plan): the plan
     notes the entry's kind; a window the entry runs is judged by the plan's confirmation,
     and the plan holds the bare kernel (a tie's: its ``TieRunner``) for calls that still
-    come through Python; the kernel is kept alive in ``keep`` with the table that points
+    come through Python; the kernel is kept alive in ``kept`` with the table that points
     into it."""
     plan.native = entry.kind
     if entry.window is not None and entry.confirm:
         watch(plan.ident, entry.window.confirmation.conclude)
         plan.runner = entry.window.kept()
-    if entry.kernel is not None:
-        keep.append(entry.kernel)
+    kept.add(plan.ident, entry.kernel)
+
+
+class Kept:
+    """The kernels a native table's entries point into (descriptors, workspaces, padded
+    buffers), by entry id: one per table, whose owner empties the table through it.
+
+    An emptied table's kernels are kept one generation more, so that a native call in
+    flight on another thread never meets a freed descriptor. A kernel whose entry ran
+    under CUDA graph capture with memory of its own (the C++ side pins that entry) is
+    kept for the process's life (:func:`~unimatmul.core.arrays.hold_for_graphs`): the
+    graph writes its workspace or padded buffers at every replay.
+    """
+
+    def __init__(self, table: int) -> None:
+        self.table = table
+        self.now: dict[int, Any] = {}
+        self.before: dict[int, Any] = {}
+
+    def add(self, ident: int, kernel: Any) -> None:
+        if kernel is not None:
+            self.now[ident] = kernel
+
+    def clear(self) -> dict[int, int]:
+        """Empty the table: the calls each entry made there, by entry id."""
+        counted = clear(self.table)
+        if loaded() and (self.now or self.before):
+            for ident in torch.ops.unimatmul_native.pinned():
+                kernel = self.now.get(ident, self.before.get(ident))
+                if kernel is not None:
+                    hold_for_graphs(kernel)
+        self.before, self.now = self.now, {}
+        return counted
 
 
 def kind_of(call: Any) -> int:

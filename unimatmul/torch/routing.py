@@ -42,7 +42,7 @@ import torch
 import torch.autograd.profiler as _profiler
 
 from unimatmul.core import modes as _config
-from unimatmul.core.arrays import adapter_of
+from unimatmul.core.arrays import adapter_of, held_for_graphs, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
@@ -122,10 +122,10 @@ class _State:
         self.collector: list[tuple[Problem, Target]] | None = None
         self.lock = threading.RLock()
         # Dispatch keys served by the native kernels (native.py), and the runners their
-        # table points into: kept for one generation after the table is emptied, so that
-        # a native call in flight on another thread never meets a freed descriptor.
+        # table points into (native.Kept: one generation more after the table is emptied,
+        # for the process's life where a CUDA graph captured their call).
         self.native_keys: tuple[str, ...] = ()
-        self.keep: list[list[Any]] = [[], []]
+        self.kept = native.Kept(native.ROUTING)
 
 
 _state = _State()
@@ -284,6 +284,8 @@ def _run(plan: Plan, runner: Runner, a: Any, b: Any, out: Any, alpha: float, bet
                 runner(a, b, out, alpha, beta, bias)
         else:
             runner(a, b, out, alpha, beta, bias)
+        if a.is_cuda and torch.cuda.is_current_stream_capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never freed
         return True
     except Exception as exc:
         plan.runner = None  # PyTorch's own kernel from now on: routing's Default
@@ -345,7 +347,7 @@ def _native_put(
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
-    native.entered(entry, plan, _state.keep[0])
+    native.entered(entry, plan, _state.kept)
 
 
 def _fill_plan(
@@ -539,7 +541,7 @@ def _sync_native_counts(clear: bool = False) -> None:
     """Add the calls the native kernels counted to their plans (lock held)."""
     if not _state.native_keys:
         return
-    counted = native.clear() if clear else native.counts(reset=True)
+    counted = _state.kept.clear() if clear else native.counts(reset=True)
     if not counted:
         return
     for plan in _state.plans.values():
@@ -554,7 +556,6 @@ def _retire_plans() -> None:
             _state.retired_saved_s += plan.calls * plan.saved_s
             plan.calls = 0  # a verdict that reaches a forgotten plan must not count them again
     _state.plans.clear()
-    _state.keep = [[], _state.keep[0]]
 
 
 def clear_plans() -> None:
@@ -664,12 +665,15 @@ def stats() -> dict[str, Any]:
     ``reverted`` and ``unjudged`` (nothing measurable) since the reset; ``saved_s``, the
     kernel time the confirmed choices saved, by their in-situ medians (calls x (Default
     - choice)). ``tuning_s``: seconds this process's Selector spent tuning.
+    ``held_for_graphs``: kernels kept for the process's life because a CUDA graph
+    captured their call (their workspaces and padded buffers are in the graph).
     """
     with _state.lock:
         counts, saved, windows = _counts()
     out = _summarise(counts)
     out["confirm"] = {**windows, "saved_s": saved}
     out["tuning_s"] = get_selector().stats.tune_s
+    out["held_for_graphs"] = held_for_graphs()
     return out
 
 

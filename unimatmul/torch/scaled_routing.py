@@ -44,7 +44,7 @@ import torch
 import torch.autograd.profiler as _profiler
 
 from unimatmul.core import modes as _config
-from unimatmul.core.arrays import adapter_of
+from unimatmul.core.arrays import adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import scaled_problem_of
@@ -103,11 +103,10 @@ class _State:
         self.retired: Counter[tuple[str, str]] = Counter()
         self.verdicts: Counter[str] = Counter()  # windows judged: confirmed, reverted, unjudged
         self.lock = threading.RLock()
-        # Keys served by the native kernel, and the runners its table points into: kept
-        # for one generation after the table is emptied, so that a native call in flight
-        # on another thread never meets a freed descriptor (as routing.py does).
+        # Keys served by the native kernel, and the runners its table points into
+        # (native.Kept, as routing.py keeps them).
         self.native_keys: tuple[str, ...] = ()
-        self.keep: list[list[Any]] = [[], []]
+        self.kept = native.Kept(native.SCALED)
 
 
 _state = _State()
@@ -191,6 +190,8 @@ def _scaled_mm(
                 runner(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
         else:
             runner(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+        if a.is_cuda and torch.cuda.is_current_stream_capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never freed
     except Exception as exc:
         plan.runner = None  # PyTorch's own kernel from now on
         plan.source = "fallback"
@@ -260,7 +261,7 @@ def _native_put(
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
         return
-    native.entered(entry, plan, _state.keep[0])
+    native.entered(entry, plan, _state.kept)
 
 
 def _fill(
@@ -351,7 +352,7 @@ def _sync_native_counts(clear: bool = False) -> None:
     """Add the calls the native kernel counted to their plans (lock held)."""
     if not _state.native_keys:
         return
-    counted = native.clear(native.SCALED) if clear else native.counts(reset=True, table=native.SCALED)
+    counted = _state.kept.clear() if clear else native.counts(reset=True, table=native.SCALED)
     for plan in _state.plans.values():
         plan.calls += counted.get(plan.ident, 0)
 
@@ -362,7 +363,6 @@ def _retire() -> None:
         if plan.calls:
             _state.retired[(plan.source, plan.label)] += plan.calls
     _state.plans.clear()
-    _state.keep = [[], _state.keep[0]]
 
 
 def clear_plans() -> None:
