@@ -586,6 +586,8 @@ def run_row(
                     on.run, lambda: mode("routed"), args.profile_steps, device, warm=1
                 ),
             }
+    # Kernels kept for the process's life because a CUDA graph captured their call.
+    result["held_for_graphs"] = ut.stats()["held_for_graphs"]
     tokens = row.batch * (args.seq if row.phase == "prefill" else args.new_tokens)
     for state, stats_ in measured.items():
         result[state] = stats_ | {"tokens_per_s": tokens / stats_["median_s"]}
