@@ -135,20 +135,24 @@ def test_unsupported_candidates_are_failed_not_fatal(isolated: Any, fake_backend
 
 
 class _CostedRunner:
-    def __init__(self, candidate: Candidate, cost: float, clock: CostClock) -> None:
+    """Seconds a call by the scripted clock: ``cost``, or ``cost(n)`` for its n-th call."""
+
+    def __init__(self, candidate: Candidate, cost: float | Callable[[int], float], clock: CostClock) -> None:
         self.candidate = candidate
         self.cost = cost
         self.clock = clock
         self.adapter = NumpyAdapter()
+        self.calls = 0
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
     ) -> None:
         self.adapter.matmul(a, b, out, alpha, beta, bias, None)
-        self.clock.current = self.cost
+        self.clock.current = self.cost(self.calls) if callable(self.cost) else self.cost
+        self.calls += 1
 
 
-def _scripted(costs: dict[Candidate, float], settings: HarnessSettings) -> TuningRecord:
+def _scripted(costs: dict[Candidate, Any], settings: HarnessSettings) -> TuningRecord:
     clock = CostClock()
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
         (candidate, lambda c=candidate, t=cost: _CostedRunner(c, t, clock))
@@ -205,6 +209,25 @@ def test_interleaved_rounds_prune_too() -> None:
     # pairs as fit the 1 s budget at these scripted 0.5-1 s samples: the least, 2).
     assert record.settings["repeat"]["verdict"] == "confirmed"
     assert results[fast.identity].samples == 2
+
+
+def test_interleaved_rounds_prune_a_candidate_that_falls_behind_later() -> None:
+    """On a GPU (rounds) a candidate is pruned in any round where its median falls behind
+    the best by the ratio, not only after the first rounds: its further samples could not
+    change the winner (session 8, to make warm tuning cheaper)."""
+    fast, fading = Candidate.make("t", "fast"), Candidate.make("t", "fading")
+    settings = HarnessSettings(
+        warmup=1, min_samples=3, max_samples=10, budget_s=60.0, settle_s=0.0, max_sets=1, interleave=True
+    )
+    # Level with the best up to its 8th call (checks, warm-up, the first rounds), then 1.8x.
+    record = _scripted({DEFAULT: 1.0, fast: 0.5, fading: lambda n: 0.52 if n < 8 else 0.9}, settings)
+    results = _by_identity(record)
+    assert record.winner == fast.identity
+    assert results[fading.identity].status == PRUNED
+    assert settings.min_samples < results[fading.identity].samples < settings.max_samples
+    assert "x the best after" in results[fading.identity].note
+    # Default is never pruned, whatever the ratio.
+    assert results[DEFAULT.identity].status == OK
 
 
 def test_inputs_rotate_through_more_memory_than_the_cache() -> None:

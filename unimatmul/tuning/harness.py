@@ -523,7 +523,9 @@ class Harness:
         else:
             adapter.fill_nan(ops.out)
         _bind(runner, ops, alpha, beta)()
-        adapter.synchronize(target.device)
+        # No synchronisation of its own: the comparison runs on the same stream after the
+        # call, and reading its scalars back waits for both (an error of the call surfaces
+        # there, to the same handler).
         return adapter.compare(ops.out, reference, target.device)
 
     def _late_check_set(
@@ -669,6 +671,7 @@ class Harness:
 
     def _sample_rounds(self, live: list[_Entry], late: _LateCheck | None = None) -> None:
         settings = self.settings
+        everyone = list(live)
         for _ in range(settings.min_samples):
             for entry in live:
                 if entry.result.status == OK:
@@ -684,10 +687,15 @@ class Harness:
         while live:
             for entry in live:
                 self._take(entry)
+            # Pruned again after every round, against the best median so far: a candidate
+            # that falls behind by the ratio stops taking samples that cannot change the
+            # winner (the best: the lowest median of any candidate still checked ok).
+            best = min((e.median() for e in everyone if e.result.status == OK), default=math.inf)
             live = [
                 e
                 for e in live
                 if e.result.status == OK
+                and not self._prune(e, best)
                 and e.spent_s < settings.budget_s
                 and len(e.times) < settings.max_samples
             ]

@@ -220,7 +220,7 @@ def device_settings(target: Target) -> HarnessSettings:
         min_samples=3,
         max_samples=20,
         budget_s=settings.GPU_BUDGET_S.get(),
-        prune_ratio=1.25,
+        prune_ratio=1.15,
         first_prune_ratio=2.0,
         interleave=True,
         settle_s=0.0,
