@@ -220,7 +220,10 @@ def device_settings(target: Target) -> HarnessSettings:
         min_samples=3,
         max_samples=20,
         budget_s=settings.GPU_BUDGET_S.get(),
-        prune_ratio=1.15,
+        # A candidate 10 % behind the best after 3 or more samples stops (checked every
+        # round): graph-timed samples on rotated inputs spread 1-2 % here (H200), so it
+        # could not have won; the winner is then measured again against Default.
+        prune_ratio=1.10,
         first_prune_ratio=2.0,
         interleave=True,
         settle_s=0.0,
