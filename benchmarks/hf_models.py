@@ -357,7 +357,8 @@ def make_calls(
     def checked() -> Any:
         # The untimed warm call of a compiled row also checks the kept cache: after a call,
         # it holds the prompt and every new token but the last (session 7: compiled calls at
-        # batch 16 returned too few tokens, or indexed GPT-2's positions out of range).
+        # batch 16 returned too few tokens, or indexed GPT-2's positions out of range; session
+        # 8 found why: graph replays wrote into the freed buffers of retired routed kernels).
         tokens = generate()
         assert cache is not None
         held = int(cache.get_seq_length())

@@ -14,6 +14,13 @@ same kernels give the same tokens, up to the order of split-K's atomic sums).
 
 Exit status: 0 when every call returned the right shape, 1 when some did not, 3 after a
 device-side error (the CUDA context is lost: the rest of the calls cannot run).
+
+Session 8 found the cause of those failures in unimatmul: routing freed the runners of
+plans retired twice (the benchmark switches routing off and on between rounds) while the
+CUDA graph recorded with them still wrote their workspaces and padded copies at every
+replay. Kernels a graph captured are now kept for the process's life, and the rows run
+through (``benchmarks/results/hf-h200/run9-s8/``). This script stays as the diagnostic of
+that configuration's repeatability.
 """
 
 from __future__ import annotations
