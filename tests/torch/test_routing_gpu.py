@@ -47,6 +47,21 @@ def gpu_env(env: Env) -> Env:
     return env
 
 
+def _warm_and_capture(call: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Two warm-up calls on a side stream (as capture requires; they also make the plans),
+    then a graph captured of one more: the graph and the captured call's output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    return graph, captured
+
+
 def _tune_model(env: Env, model: torch.nn.Module, *inputs: torch.Tensor) -> None:
     with ut.enabled(), collecting() as met, torch.no_grad():
         model(*inputs)
@@ -86,15 +101,7 @@ def test_cuda_graph_capture_after_tuning(gpu_env: Env) -> None:
         _tune_model(gpu_env, model, static)
         tuned_before = gpu_env.selector.stats.tuned
         with ut.enabled():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up on a side stream, as capture requires
-                    model(static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = model(static)
+            graph, captured = _warm_and_capture(lambda: model(static))
             ut.reset_stats()
             static.copy_(torch.randint(0, 64, (2, 16), device="cuda"))
             graph.replay()
@@ -268,15 +275,7 @@ def test_no_event_is_recorded_while_a_graph_is_captured(gpu_env: Env) -> None:
         _tune_model(gpu_env, model, static)
         gpu_env.selector.confirm_calls = 16
         with ut.enabled():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    model(static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = model(static)
+            graph, captured = _warm_and_capture(lambda: model(static))
             graph.replay()
             torch.cuda.synchronize()
             replayed = captured.clone()
@@ -430,15 +429,7 @@ def test_a_captured_kernel_s_buffers_outlive_its_plans(gpu_env: Env) -> None:
     held = ut.stats()["held_for_graphs"]
     static = x.clone()
     with torch.no_grad(), ut.enabled():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                lin(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = lin(static)
+        graph, captured = _warm_and_capture(lambda: lin(static))
         assert ut.stats()["by_label"], "the capture made no routed call"
         assert any(best.identity in label for label in ut.stats()["by_label"])
         for _ in range(3):
