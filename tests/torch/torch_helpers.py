@@ -33,11 +33,14 @@ def onednn_available(selector: Selector) -> bool:
     return any(b.name == "onednn" for b in selector.backends_for(target))
 
 
-def tune_preferring_kernels(selector: Selector, problems: list[tuple[Problem, Target]]) -> list[TuningRecord]:
-    """Tune each problem for real; where Default won, store its fastest checked kernel instead
+def tune_preferring_kernels(
+    selector: Selector, problems: list[tuple[Problem, Target]], backend: str | None = None
+) -> list[TuningRecord]:
+    """Tune each problem for real; where Default (or, with ``backend``, another backend's
+    kernel) won, store its fastest checked kernel (of ``backend``) instead
     (``unimatmul.testing.prefer_kernel``): the routing tests must see backend kernels run,
     whichever wins on this machine."""
-    return [prefer_kernel(selector, problem, target) for problem, target in problems]
+    return [prefer_kernel(selector, problem, target, backend) for problem, target in problems]
 
 
 class Block(torch.nn.Module):
