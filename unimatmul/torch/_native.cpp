@@ -213,7 +213,7 @@ struct PadBuffers {
   at::Tensor a_buf, a_view, b_buf, b_view, c_buf, c_view;
 };
 
-struct Entry {
+struct Entry : std::enable_shared_from_this<Entry> {
   std::atomic<int> kind{DEFAULT};
   int64_t id = 0;
   std::atomic<int64_t> calls{0};
@@ -227,9 +227,9 @@ struct Entry {
   bool tie = false;
   // Whether the entry's call uses memory that it or its Python runner owns (a workspace,
   // padded buffers), and whether such a call ran under CUDA graph capture: a graph holds
-  // those addresses for as long as it lives, which nothing here can see. An emptied table
-  // therefore keeps a captured entry for the process's life (`pinned`), and Python keeps
-  // its runner (native.py).
+  // those addresses for as long as it lives, which nothing here can see. A captured entry
+  // is therefore kept for the process's life from its first captured call (`pin`), and
+  // Python keeps its runner (native.py).
   bool holds_memory = false;
   std::atomic<bool> captured{false};
   // LT
@@ -304,7 +304,8 @@ using EntryMap = std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
 struct State {
   std::shared_mutex table_lock;
   EntryMap tables[TABLES];              // ROUTING (the aten kernels), API (unimatmul.matmul), SCALED
-  std::vector<std::shared_ptr<Entry>> pinned;  // captured entries no table holds (never freed)
+  std::mutex pinned_lock;
+  std::vector<std::shared_ptr<Entry>> pinned;  // entries a CUDA graph captured (never freed)
   std::atomic<int64_t> mode{1};         // the environment's mode, as a code from Python
   std::atomic<int64_t> python_only{0};  // mode() blocks open anywhere: every call to Python
   std::mutex install_lock;
@@ -315,6 +316,17 @@ struct State {
 State& state() {
   static State* s = new State();  // never destroyed: kernels may run during interpreter exit
   return *s;
+}
+
+// Keeps `e` for the process's life: a call of it was just captured into a CUDA graph, which
+// writes its buffers at every replay (see Entry::holds_memory). Once per entry.
+void pin(Entry& e) {
+  if (e.captured.exchange(true)) {
+    return;
+  }
+  State& s = state();
+  std::lock_guard<std::mutex> guard(s.pinned_lock);
+  s.pinned.push_back(e.shared_from_this());
 }
 
 thread_local bool busy = false;  // set while the Selector decides on this thread
@@ -1028,7 +1040,7 @@ at::Tensor serve(Entry& e, const at::Tensor& a, Kernel&& kernel, Default&& dflt)
         e.calls.fetch_add(1, std::memory_order_relaxed);
         return out;
       }
-      e.captured.store(true, std::memory_order_relaxed);
+      pin(e);
     }
   }
 #endif
@@ -1468,19 +1480,11 @@ void set_lt(Entry& e, c10::IntArrayRef lt) {
   }
 }
 
-// Puts `entry` at `key` of `table`; an entry it replaces that ran under capture goes to
-// `pinned` (a graph may still write its buffers). The caller holds the table lock.
+// Puts `entry` at `key` of `table` (an entry it replaces that a graph captured stays in
+// `pinned`). The caller holds the table lock.
 void put_entry(State& s, int table, const Key& key, std::shared_ptr<Entry> entry) {
   entry->holds_memory = entry->workspace_size > 0 || entry->padded || entry->stream_bound;
-  auto found = s.tables[table].find(key);
-  if (found != s.tables[table].end()) {
-    if (found->second->captured.load()) {
-      s.pinned.push_back(std::move(found->second));
-    }
-    found->second = std::move(entry);
-    return;
-  }
-  s.tables[table].emplace(key, std::move(entry));
+  s.tables[table][key] = std::move(entry);
 }
 
 // Puts the entry for the key that these operands make into `table`. `mode`: the mode code
@@ -1604,19 +1608,16 @@ std::vector<int64_t> clear(int64_t table) {
   for (auto& [key, entry] : s.tables[table]) {
     out.push_back(entry->id);
     out.push_back(entry->calls.load());
-    if (entry->captured.load()) {
-      s.pinned.push_back(entry);
-    }
   }
   s.tables[table].clear();
   return out;
 }
 
-// The ids of the entries kept for CUDA graphs (`pinned`): each ran under capture with
-// memory of its own or its runner's, and no table holds it now (Python keeps those runners).
+// The ids of the entries kept for CUDA graphs (`pin`): each ran under capture with memory
+// of its own or its runner's (Python keeps those runners when it empties a table).
 std::vector<int64_t> pinned() {
   State& s = state();
-  std::shared_lock<std::shared_mutex> guard(s.table_lock);
+  std::lock_guard<std::mutex> guard(s.pinned_lock);
   std::vector<int64_t> out;
   out.reserve(s.pinned.size());
   for (const auto& entry : s.pinned) {
