@@ -680,25 +680,23 @@ class Harness:
             for entry in live:
                 if entry.result.status == OK:
                     self._late_check(entry, late)
-        live = [e for e in live if e.result.status == OK]
-        if live:
-            best = min(e.median() for e in live)
-            live = [e for e in live if not self._prune(e, best)]
+        live = self._unpruned(live, everyone)
         while live:
             for entry in live:
                 self._take(entry)
-            # Pruned again after every round, against the best median so far: a candidate
-            # that falls behind by the ratio stops taking samples that cannot change the
-            # winner (the best: the lowest median of any candidate still checked ok).
-            best = min((e.median() for e in everyone if e.result.status == OK), default=math.inf)
             live = [
                 e
-                for e in live
-                if e.result.status == OK
-                and not self._prune(e, best)
-                and e.spent_s < settings.budget_s
-                and len(e.times) < settings.max_samples
+                for e in self._unpruned(live, everyone)
+                if e.spent_s < settings.budget_s and len(e.times) < settings.max_samples
             ]
+
+    def _unpruned(self, live: list[_Entry], everyone: list[_Entry]) -> list[_Entry]:
+        """The entries of ``live`` still checked ok and within the prune ratio of the best
+        median of ``everyone`` (pruned once the first rounds are in, and again after every
+        round: a candidate that falls behind stops taking samples that cannot change the
+        winner)."""
+        best = min((e.median() for e in everyone if e.result.status == OK), default=math.inf)
+        return [e for e in live if e.result.status == OK and not self._prune(e, best)]
 
     # --- confirmation of a win --------------------------------------------------------------
     def _confirm(self, best: _Entry, default: _Entry, settle: float) -> tuple[_Entry, dict[str, Any]]:
