@@ -82,17 +82,27 @@ def isolated_selector(cache_path: str | os.PathLike[str], *, confirm_calls: int 
 
 
 def prefer_kernel(
-    selector: Selector, problem: Problem, target: Target, backend: str | None = None
+    selector: Selector,
+    problem: Problem,
+    target: Target,
+    backend: str | None = None,
+    names: Sequence[str] | None = None,
 ) -> TuningRecord:
     """Tune ``problem`` for real; where Default (or, with ``backend``, another backend's
-    kernel) won, store the fastest checked kernel (of ``backend``) as the winner instead, so
-    that a test or benchmark sees such a kernel run whichever wins on this machine. Pruned
-    kernels passed the numeric check too; they were only slower. The stored times are the
-    measured ones; only the winner is overridden (and the record says so). Returns the
-    stored record: its winner is not such a kernel when none passed the check."""
+    kernel; with ``names``, a kernel of another name) won, store the fastest checked kernel
+    (of ``backend``, of one of ``names``) as the winner instead, so that a test or benchmark
+    sees such a kernel run whichever wins on this machine. Pruned kernels passed the
+    numeric check too; they were only slower. The stored times are the measured ones; only
+    the winner is overridden (and the record says so). Returns the stored record: its
+    winner is not such a kernel when none passed the check."""
 
     def preferred(identity: str) -> bool:
-        return identity != DEFAULT.identity and (backend is None or identity.startswith(f"{backend}/"))
+        if identity == DEFAULT.identity:
+            return False
+        candidate = Candidate.from_identity(identity)
+        return (backend is None or candidate.backend == backend) and (
+            names is None or candidate.name in names
+        )
 
     record = selector.tune(problem, target, force=True)
     if preferred(record.winner):

@@ -304,3 +304,21 @@ def test_a_fake_backend_upgrade_keeps_or_drops_its_entries(
     assert fresh.lookup(problem, NUMPY) is not None
     assert fresh.lookup(Problem.from_shape(12, 8, 5), NUMPY) is None
     assert fresh.stats.cache_hits == 1 and fresh.stats.invalidated == 1
+
+
+def test_prefer_kernel_picks_a_named_kernel_of_a_backend(
+    isolated: Any, fake_backend: Callable[..., Any]
+) -> None:
+    """``unimatmul.testing.prefer_kernel`` with ``names``: whichever wins, the stored winner
+    is the fastest checked kernel of that backend with one of those names (what a GPU test
+    that needs a padded cuBLASLt kernel asks for)."""
+    from unimatmul.core.backend import Candidate
+    from unimatmul.testing import prefer_kernel
+
+    fake_backend("fa", kernels=("k0", "k1", "k2"))
+    problem = Problem.from_shape(24, 16, 8)
+    for names in (("k1",), ("k0", "k2")):
+        record = prefer_kernel(isolated.selector, problem, NUMPY, backend="fa", names=names)
+        winner = Candidate.from_identity(record.winner)
+        assert (winner.backend, winner.name in names) == ("fa", True), record.winner
+        assert isolated.selector.lookup(problem, NUMPY).winner == record.winner  # stored

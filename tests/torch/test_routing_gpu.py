@@ -404,27 +404,16 @@ def test_a_captured_kernel_s_buffers_outlive_its_plans(gpu_env: Env) -> None:
     were freed after two retirements, and replays of compiled `generate` graphs wrote into
     memory that other tensors held by then (calls that stopped early, position ids out of
     range)."""
-    from dataclasses import replace
-
-    from unimatmul.cache.record import OK, PRUNED
-    from unimatmul.core.backend import Candidate
+    from unimatmul.testing import prefer_kernel
 
     lin = torch.nn.Linear(256, 1001, bias=False, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
     with ut.enabled(), collecting() as met, torch.no_grad():
         lin(x)
     ((problem, target),) = {p.key: (p, t) for p, t in met}.values()
-    record = gpu_env.selector.tune(problem, target, force=True)
-    padded = [
-        r
-        for r in record.results
-        if r.status in (OK, PRUNED) and Candidate.from_identity(r.identity).name in ("pad", "pad-dims")
-    ]
-    if not padded:
-        pytest.skip("no padded candidate passed its check here")
-    best = min(padded, key=lambda r: r.median_s or float("inf"))
-    forced = replace(record, winner=best.identity, winner_s=best.median_s or float("inf"))
-    gpu_env.selector.store.put(gpu_env.selector.platform(target).namespace, problem.key, forced)
+    record = prefer_kernel(gpu_env.selector, problem, target, backend="cublaslt", names=("pad", "pad-dims"))
+    if not record.winner.startswith("cublaslt/pad"):
+        pytest.skip(f"no padded candidate passed its check here (the winner is {record.winner})")
     gpu_env.selector.confirm_calls = 0  # the padded kernel runs from its first call
     ut.clear_plans()
     held = ut.stats()["held_for_graphs"]
@@ -432,7 +421,7 @@ def test_a_captured_kernel_s_buffers_outlive_its_plans(gpu_env: Env) -> None:
     with torch.no_grad(), ut.enabled():
         graph, captured = _warm_and_capture(lambda: lin(static))
         assert ut.stats()["by_label"], "the capture made no routed call"
-        assert any(best.identity in label for label in ut.stats()["by_label"])
+        assert any(record.winner in label for label in ut.stats()["by_label"])
         for _ in range(3):
             ut.clear_plans()
     gc.collect()
