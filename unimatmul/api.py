@@ -28,12 +28,13 @@ from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.confirm import ConfirmingRunner
+from unimatmul.tuning.confirm import ConfirmingRunner, clock_for
 from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
 
-# signature -> (runner, output shape, Problem, output allocator). Bounded, so that a
-# workload with ever-new shapes cannot grow memory without limit.
-_Found = tuple[Runner, tuple[int, ...], Problem, Callable[[], Any]]
+# signature -> (runner, output shape, Problem, output allocator, whether the caller's stream
+# is being captured into a graph now: confirm.Clock.capturing of its target). Bounded, so
+# that a workload with ever-new shapes cannot grow memory without limit.
+_Found = tuple[Runner, tuple[int, ...], Problem, Callable[[], Any], Callable[[], bool]]
 _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 
 # The native fast path (torch tensors): the C function, and the tensor types it reads.
@@ -119,7 +120,7 @@ def matmul(
         adapter.copy_(out, c)
     try:
         runner(a, b, out, alpha, beta, bias)
-        if getattr(a, "is_cuda", False) and _torch_capturing():
+        if found[4]():
             hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
     except Exception as exc:
         if runner.candidate == DEFAULT:
@@ -196,13 +197,6 @@ def _native_put(runner: Runner, out_shape: tuple[int, ...], a: Any, b: Any, out:
     _native_types = frozenset({type(a)} | set(_native_types))
 
 
-def _torch_capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (a torch GPU tensor is here)."""
-    import torch
-
-    return bool(torch.cuda.is_current_stream_capturing())
-
-
 def _kept(native: Any) -> Any:
     """The API table's ``native.Kept`` (one per process)."""
     global _native_kept
@@ -221,9 +215,9 @@ def _native_wanted() -> bool:
 def _fall_back(sig: tuple[Any, ...], found: _Found, adapter: ArrayAdapter, exc: Exception) -> Runner:
     """Replace a kernel that failed on a call by Default (the Selector's policy): never
     crash the caller."""
-    failed, out_shape, problem, allocate = found
+    failed, out_shape, problem, allocate, capturing = found
     default = get_selector().fall_back(problem, failed.candidate, exc, adapter)
-    _fast.put(sig, (default, out_shape, problem, allocate))
+    _fast.put(sig, (default, out_shape, problem, allocate, capturing))
     return default
 
 
@@ -254,7 +248,7 @@ def _resolve(
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         clear_fast_path()
-    return decision.runner, out_shape, problem, allocate
+    return decision.runner, out_shape, problem, allocate, clock_for(target, 0).capturing
 
 
 def _check_autograd(adapter: ArrayAdapter, **operands: Any) -> None:
