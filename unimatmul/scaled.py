@@ -15,15 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from unimatmul.cache.lru import LRU, lru_size
-from unimatmul.core.arrays import ArrayAdapter, adapter_of
+from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import scaled_problem_of
+from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import get_selector, on_forget
 
-# signature -> (runner, Problem, output allocator); bounded like the API's own map.
-_Found = tuple[Runner, Problem, Callable[[], Any]]
+# signature -> (runner, Problem, output allocator, whether the stream is being captured:
+# confirm.Clock.capturing of the target); bounded like the API's own map.
+_Found = tuple[Runner, Problem, Callable[[], Any], Callable[[], bool]]
 _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 on_forget(_fast.clear)
 
@@ -90,11 +92,13 @@ def scaled_matmul(
     scaled: Any = runner  # a scaled runner takes the scales last (core/scaled.py)
     try:
         scaled(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+        if found[3]():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
     except Exception as exc:
         if runner.candidate == DEFAULT:
             raise  # torch's own error: the caller's to see
         default: Any = get_selector().fall_back(found[1], runner.candidate, exc, adapter)
-        _fast.put(sig, (default, found[1], found[2]))
+        _fast.put(sig, (default, *found[1:]))
         default(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
     return out
 
@@ -123,8 +127,10 @@ def _resolve(
         fast_accum=fast_accum,
     )
     device = adapter.device(a)
-    decision = get_selector().decide(problem, Target(adapter, device), mode)
+    target = Target(adapter, device)
+    decision = get_selector().decide(problem, target, mode)
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         _fast.clear()
-    return decision.runner, problem, adapter.allocator((problem.m, problem.n), problem.dtype_c, device)
+    allocate = adapter.allocator((problem.m, problem.n), problem.dtype_c, device)
+    return decision.runner, problem, allocate, clock_for(target, 0).capturing
