@@ -30,6 +30,7 @@ from unimatmul_triton import TritonBackend, TritonInterpreterBackend, make_backe
 from unimatmul_triton.configs import (  # noqa: E402
     GEMV,
     PERSISTENT,
+    ROWS,
     SKINNY,
     TILE,
     UNALIGNED_CANDIDATES,
@@ -134,6 +135,8 @@ def forced_configs(problem: Problem) -> list[KernelConfig]:
     if problem.m <= 8:
         bm = 1 << max(0, (problem.m - 1).bit_length())
         found += [KernelConfig(GEMV, bm, 16, 128, 4, 1, split) for split in (1, 3)]
+    if problem.m == 1 and problem.trans_b:
+        found += [KernelConfig(ROWS, 1, bn, bk, 4, 1, split) for bn, bk, split in ((8, 256, 1), (4, 512, 3))]
     if problem.m <= 16:
         found += [KernelConfig(SKINNY, 16, 32, 64, 4, 3, split) for split in (1, 4)]
     found += [KernelConfig(TILE, 32, 32, 32, 4, 3, split, group_m=2) for split in (1, 3)]
@@ -144,6 +147,13 @@ def forced_configs(problem: Problem) -> list[KernelConfig]:
 CASES = [
     # decode: nn.Linear weights, m = 1..16, with and without a bias epilogue
     ("linear-m1", problem_of(1, 80, 272, linear=True), 1.0, 0.0),
+    (
+        "linear-m1-bias-relu-alpha-beta",
+        problem_of(1, 37, 1100, linear=True, epilogue="bias_relu", beta_zero=False),
+        0.5,
+        1.5,
+    ),
+    ("batch-linear-m1-f16", problem_of(1, 24, 512, "f16", linear=True, batch=3), 1.0, 0.0),
     ("linear-m3-bias-gelu", problem_of(3, 72, 160, linear=True, epilogue="bias_gelu"), 1.0, 0.0),
     ("linear-m16-f16", problem_of(16, 40, 96, "f16", linear=True, epilogue="bias"), 1.0, 0.0),
     ("plain-m5", problem_of(5, 48, 100), 1.0, 0.0),
@@ -309,13 +319,15 @@ import json, sys
 from triton.backends.compiler import GPUTarget
 from unimatmul import Problem
 from unimatmul_triton.backend import compile_plan
-from unimatmul_triton.configs import GEMV, PERSISTENT, SKINNY, TILE, KernelConfig
+from unimatmul_triton.configs import GEMV, PERSISTENT, ROWS, SKINNY, TILE, KernelConfig
 from unimatmul_triton.launch import plan_for
 p = Problem(m=2, n=64, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=256,
             epilogue="bias_gelu_tanh", beta_zero=False)
 q = Problem(m=40, n=48, k=96, dtype_a="f16", dtype_b="f16", dtype_c="f32", trans_a=True, lda=40, align=2)
 out = []
+r = Problem(m=1, n=64, k=4096, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=4096)
 for problem, config in ((p, KernelConfig(GEMV, 2, 16, 128, 4, 1, split_k=2)), (p, KernelConfig(SKINNY, 16, 32, 64, 4, 3)),
+                        (r, KernelConfig(ROWS, 1, 2, 4096, 8, 1)),
                         (q, KernelConfig(TILE, 64, 64, 32, 4, 3, split_k=2, group_m=8)),
                         (q, KernelConfig(PERSISTENT, 64, 64, 32, 4, 3, group_m=8))):
     plan = plan_for(problem, config)
@@ -331,7 +343,7 @@ print(json.dumps(out))
         pytest.skip(f"no ptxas for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 4
+    assert len(results) == 5
     for scratch, same_signature, shared in results:
         assert scratch == 0 and same_signature and shared < 227 * 1024
 
@@ -605,7 +617,7 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
     from unimatmul.tuning import confirm
 
     lin, x, reference = _routed_linear(monkeypatch, bias=False)
-    names = ("gemv_kernel", "tile_kernel", "persistent_kernel")
+    names = ("gemv_kernel", "rows_kernel", "tile_kernel", "persistent_kernel")
 
     def captured(selector: object) -> tuple[bool, int]:
         """(a Triton kernel ran in the graph's replay, the plan's native kind), after the window."""

@@ -27,12 +27,25 @@ BACKEND = "triton"
 
 #: Kernel families (the Candidate names).
 GEMV = "gemv"  # CUDA-core FMAs, few rows (m <= GEMV_MAX_M)
+ROWS = "rows"  # CUDA-core FMAs, one row of A against whole weight rows (nn.Linear layout)
 SKINNY = "skinny"  # tensor cores, one 16-row band (m <= SKINNY_MAX_M)
 TILE = "tile"  # tensor cores, tiles over m and n, optional split-K
 PERSISTENT = "persistent"  # tensor cores, one program per resident slot, looping over tiles
-NAMES = (GEMV, SKINNY, TILE, PERSISTENT)
+NAMES = (GEMV, ROWS, SKINNY, TILE, PERSISTENT)
+#: The families that multiply on the CUDA cores (no tensor-core tile, no pipeline of dots).
+FMA_KERNELS = (GEMV, ROWS)
 
 GEMV_MAX_M = 8
+#: The rows kernel: m = 1 only. Session 9 on the H200 (decode_lab.py): at m = 1 it ran
+#: 1x4096x4096 in 11.3 us against the GEMV's 12.2 (torch 13.5); at m = 4 its per-tile
+#: sums over a [4, block_n, block_k] product were 1.3-1.7x slower than the best offered.
+ROWS_MAX_M = 1
+#: Its tiles (block_n, warps), of block_k = K's next power of two in [1024, 4096]: 8-32 KB
+#: of whole weight rows a program, the size the weight-read kernel streams. In session 9's
+#: sweep (114-128 configs a shape, block_n 1-16, block_k 512-4096, 1-4 programs a SM or one
+#: per tile) these were the fastest or within 1 % of it on every K = 4096 weight, and
+#: every winner ran one program a tile. The sweep had no split-K, and the space offers none.
+ROWS_TILES = ((4, 4), (2, 8))
 SKINNY_MAX_M = 16
 SKINNY_BLOCK_M = 16
 
@@ -104,6 +117,8 @@ class KernelConfig:
 
     def smem_bytes(self, itemsize: int) -> int:
         """Shared memory of the software pipeline (operand tiles of every stage)."""
+        if self.kernel == ROWS:
+            return 0  # one stage: its loads go to registers
         if self.kernel == GEMV:
             # Loads that feed no dot may still be pipelined through shared memory.
             return max(self.stages - 1, 0) * self.block_k * (self.block_n + self.block_m) * itemsize
@@ -112,6 +127,10 @@ class KernelConfig:
     def regs_per_thread(self) -> int:
         """A rough register estimate: the fp32 accumulator spread over the threads, plus a base."""
         threads = 32 * self.warps
+        if self.kernel == ROWS:
+            # The [block_m, block_n, block_k] fp32 product before each tile's sum, and B.
+            product = self.block_m * self.block_n * self.block_k / threads
+            return int(product + self.block_k * self.block_n / threads / 2 + 32)
         if self.kernel == GEMV:
             acc = self.block_m * self.block_n * self.block_k / threads
             operands = self.block_k * self.block_n / threads / 2  # 16-bit pairs of B
@@ -134,7 +153,7 @@ def config_of(problem: Problem, candidate: Candidate) -> KernelConfig | None:
     if set(params) != expected:
         return None
     block_m = params.get("block_m", 0)
-    if candidate.name == GEMV:
+    if candidate.name in FMA_KERNELS:
         block_m = _pow2_at_least(problem.m)
     elif candidate.name == SKINNY:
         block_m = SKINNY_BLOCK_M
@@ -170,6 +189,12 @@ def applies(problem: Problem, config: KernelConfig, device: Device = H200) -> bo
     if c.kernel == GEMV:
         if problem.m > GEMV_MAX_M or c.block_m != _pow2_at_least(problem.m) or c.group_m != 1:
             return False
+    elif c.kernel == ROWS:
+        # Whole rows of B along K: only where K is B's unit stride (x @ W.T), one stage.
+        if problem.m > ROWS_MAX_M or c.block_m != _pow2_at_least(problem.m) or c.group_m != 1:
+            return False
+        if not problem.trans_b or c.stages != 1:
+            return False
     elif c.kernel == SKINNY:
         if problem.m > SKINNY_MAX_M or c.block_m != SKINNY_BLOCK_M or c.group_m != 1:
             return False
@@ -180,9 +205,9 @@ def applies(problem: Problem, config: KernelConfig, device: Device = H200) -> bo
             return False
     else:
         return False
-    if c.kernel != GEMV and (c.block_n < 16 or c.block_k < 16):
+    if c.kernel not in FMA_KERNELS and (c.block_n < 16 or c.block_k < 16):
         return False  # tensor-core tiles are at least 16 wide
-    if c.kernel in (GEMV, SKINNY) and c.block_n * c.block_k < 2048:
+    if c.kernel in (*FMA_KERNELS, SKINNY) and c.block_n * c.block_k < 2048:
         return False  # under 4 KB of B per iteration: loop overhead, not bandwidth, decides
     itemsize = _ITEMSIZE.get(problem.dtype_a, 2)
     if c.smem_bytes(itemsize) > device.smem_per_block:
@@ -209,6 +234,9 @@ def space(problem: Problem) -> list[KernelConfig]:
         for bn, bk, warps, stages in product((8, 16, 32, 64), (64, 128, 256, 512), (4, 8), (1, 3)):
             for split in _splits(problem.k, bk):
                 found.append(KernelConfig(GEMV, bm, bn, bk, warps, stages, split))
+    if m <= ROWS_MAX_M and problem.trans_b:
+        bk = min(4096, max(1024, _pow2_at_least(problem.k)))
+        found += [KernelConfig(ROWS, 1, bn, bk, warps, 1) for bn, warps in ROWS_TILES]
     if m <= SKINNY_MAX_M:
         for bn, bk, warps, stages in product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 6)):
             for split in _splits(problem.k, bk):
@@ -293,10 +321,9 @@ def estimate(problem: Problem, config: KernelConfig, device: Device = H200) -> E
 
     # Latency hiding: the bytes a resident program keeps in flight (its pipeline's
     # stages, or one tile of loads for the FMA kernel) against bandwidth x latency.
-    stages_in_flight = max(1, c.stages - 1) if c.kernel != GEMV else max(1, c.stages)
-    per_program = (
-        c.block_k * (c.block_n + (c.block_m if c.kernel != GEMV else 0)) * itemsize * stages_in_flight
-    )
+    fma = c.kernel in FMA_KERNELS
+    stages_in_flight = max(1, c.stages - 1) if not fma else max(1, c.stages)
+    per_program = c.block_k * (c.block_n + (c.block_m if not fma else 0)) * itemsize * stages_in_flight
     busy = min(count, slots)
     in_flight = per_program * busy
     hiding = min(1.0, in_flight / (device.bandwidth * device.latency_s))
@@ -306,7 +333,7 @@ def estimate(problem: Problem, config: KernelConfig, device: Device = H200) -> E
 
     # Compute: waves of programs over the SMs, each program's tile at a per-SM rate.
     flops_per_program = 2.0 * c.block_m * c.block_n * math.ceil(problem.k / c.split_k)
-    if c.kernel == GEMV:
+    if fma:
         # FMAs on real rows only (BLOCK_M is the next power of two of m).
         rate = device.fma_flops / device.sms * (problem.m / c.block_m)
         efficiency = 0.6

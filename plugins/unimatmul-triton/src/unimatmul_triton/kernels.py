@@ -1,4 +1,4 @@
-"""The Triton kernels: a split-K GEMV for decode rows and a tile GEMM (plain, split-K, persistent).
+"""The Triton kernels: split-K GEMVs for decode rows and a tile GEMM (plain, split-K, persistent).
 
 Imported only once the backend knows how it runs (compiled for a GPU, or in Triton's
 interpreter on the CPU): ``triton.jit`` decides at decoration time which of the two a
@@ -199,6 +199,100 @@ def gemv_kernel(
     tile_id = pid_b * tl.num_programs(0) + pid_n
     _finish(
         total,
+        c_ptr,
+        bias_ptr,
+        ws_ptr,
+        cnt_ptr,
+        pid_b,
+        tile_id,
+        offs_m,
+        offs_n,
+        M,
+        N,
+        stride_cm,
+        alpha,
+        beta,
+        SPLIT_K,
+        HAS_C,
+        HAS_BIAS,
+        ACT,
+    )
+
+
+@triton.jit
+def rows_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    stride_ab,
+    stride_am,
+    stride_ak,
+    stride_bb,
+    stride_bk,
+    stride_bn,
+    stride_cb,
+    stride_cm,
+    alpha,
+    beta,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+):
+    """A row of A against whole rows of an nn.Linear weight (B = W.T, K its unit stride).
+
+    Program (pid_n, pid_k, batch) owns BLOCK_N columns of C, i.e. BLOCK_N rows of W, and
+    one K slice; it loads [BLOCK_N, BLOCK_K] tiles along those rows (2-8 rows of 2-4K
+    elements: 8-32 KB, contiguous and vectorised, as the weight-read kernel streams them),
+    multiplies them by A's row and sums each tile at once into [BLOCK_M, BLOCK_N] fp32.
+    Launched as the GEMV is (same arguments and grid); only the tile's orientation and
+    when it is summed differ.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    a_ptr += pid_b * stride_ab
+    b_ptr += pid_b * stride_bb
+    c_ptr += pid_b * stride_cb
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_stop = tl.minimum(K, k_start + k_per_split)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start + offs_k)[None, :].to(tl.int64) * stride_ak
+    b_ptrs = (
+        b_ptr
+        + offs_n[:, None].to(tl.int64) * stride_bn
+        + (k_start + offs_k)[None, :].to(tl.int64) * stride_bk
+    )
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[:, None] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_stop, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m, other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n, other=0.0)
+        else:
+            in_k = (k + offs_k)[None, :] < k_stop
+            a = tl.load(a_ptrs, mask=mask_m & in_k, other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n & in_k, other=0.0)
+        acc += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    tile_id = pid_b * tl.num_programs(0) + pid_n
+    _finish(
+        acc,
         c_ptr,
         bias_ptr,
         ws_ptr,
@@ -443,4 +537,4 @@ def persistent_kernel(
         )
 
 
-KERNELS = {"gemv": gemv_kernel, "tile": tile_kernel, "persistent": persistent_kernel}
+KERNELS = {"gemv": gemv_kernel, "rows": rows_kernel, "tile": tile_kernel, "persistent": persistent_kernel}

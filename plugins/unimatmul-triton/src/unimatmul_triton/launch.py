@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unimatmul import Problem, UnsupportedProblem
-from unimatmul_triton.configs import GEMV, PERSISTENT, KernelConfig
+from unimatmul_triton.configs import FMA_KERNELS, PERSISTENT, KernelConfig
 
 # Triton's names of the data types of pointers (the ``*bf16`` of a signature).
 TRITON_DTYPE = {"bf16": "bf16", "f16": "fp16", "f32": "fp32"}
@@ -147,7 +147,7 @@ def plan_for(problem: Problem, config: KernelConfig) -> LaunchPlan:
         Param("BLOCK_N", "constexpr", c.block_n),
         Param("BLOCK_K", "constexpr", c.block_k),
     ]
-    if c.kernel != GEMV:
+    if c.kernel not in FMA_KERNELS:
         params.append(Param("GROUP_M", "constexpr", c.group_m))
     if c.kernel != PERSISTENT:
         params.append(Param("SPLIT_K", "constexpr", split))
@@ -157,9 +157,9 @@ def plan_for(problem: Problem, config: KernelConfig) -> LaunchPlan:
         Param("HAS_BIAS", "constexpr", p.has_bias),
         Param("ACT", "constexpr", ACT_CODES[p.activation]),
     ]
-    if c.kernel == GEMV:
+    if c.kernel in FMA_KERNELS:
         grid = (tiles_n, split, p.batch)
-        kernel = "gemv"
+        kernel = c.kernel
         counters = tiles_n * p.batch
     elif c.kernel == PERSISTENT:
         grid = (tiles_m * tiles_n * p.batch, 1, 1)
