@@ -9,10 +9,14 @@
 #   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py)
 #   conformance  the full conformance matrix of one backend (CONFORMANCE_BACKEND, default triton)
 #   pytest   the tests PYTEST_ARGS names (e.g. one file and -k), under PYTEST_S
+#   decode-lab  a GEMV shaped like the weight-read kernel against the plugin's, torch and the
+#            read kernel on decode shapes (plugins/unimatmul-triton/scripts/decode_lab.py)
+#   spacer   each fp8 stack product's candidates timed behind themselves and behind a small
+#            kernel (scripts/gpu_spacer.py, SPACER_ARGS), under SPACER_S
 # Every part writes under $SESSION/<part>; at the end everything is packed into
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
 # Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
-# (default --quick) and HF_ARGS (e.g. --rows REGEX) go to those parts' scripts.
+# (default --quick), FP8_ENV (VAR=VALUE words set for the fp8 part only) and HF_ARGS (e.g. --rows REGEX) go to those parts' scripts.
 # TRITON_SKIP (e.g. decode,conformance) skips parts of the Triton check; TESTS_ARGS go to pytest.
 # Carry .whl (nvmath-python) with the call.
 set -uo pipefail
@@ -48,7 +52,7 @@ for name in "$@"; do
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
-        part fp8 "${FP8_S:-200}" env BENCH_BUDGET_S=$(( ${FP8_S:-200} - 110 )) bash scripts/gpu_fp8.sh ${FP8_ARGS:---quick} ;;
+        part fp8 "${FP8_S:-200}" env ${FP8_ENV:-} BENCH_BUDGET_S=$(( ${FP8_S:-200} - 110 )) bash scripts/gpu_fp8.sh ${FP8_ARGS:---quick} ;;
     hf)
         part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ${HF_ARGS:-} ;;
     conformance)
@@ -56,6 +60,11 @@ for name in "$@"; do
             --device cuda:0 --json "$SESSION/conformance/report.json" ;;
     pytest)
         part pytest "${PYTEST_S:-120}" python3 -m pytest -q -rs -p no:cacheprovider --timeout=120 ${PYTEST_ARGS:-tests/gpu} ;;
+    decode-lab)
+        part decode-lab "${DECODE_LAB_S:-240}" python3 plugins/unimatmul-triton/scripts/decode_lab.py \
+            --budget-s $(( ${DECODE_LAB_S:-240} - 20 )) ${DECODE_LAB_ARGS:-} ;;
+    spacer)
+        part spacer "${SPACER_S:-150}" python3 scripts/gpu_spacer.py ${SPACER_ARGS:-} ;;
     confirm)
         part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;
