@@ -26,7 +26,9 @@ Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points fir
    pass first, then 12 routed eager forwards that close the confirmation windows), eager
    and as a replayed CUDA graph, m = 1 (decode) and 128 (prefill). Off and on alternate
    round by round (ABBA, 15 rounds of 20 forwards); the speedup is the median of the
-   rounds' own ratios.
+   rounds' own ratios. A graph row captures 8 graphs per state (off, on, on, off, ...)
+   and times their mean: two graphs of the same kernels can run ~1 % apart, and the
+   spread column (a state's slowest graph over its fastest) shows by how much.
 
 Everything is written under ``--out`` as it is measured (``fp8-bench.json``,
 ``fp8-summary.md``), and the summary table is printed last. ``--device cpu`` runs the
@@ -70,6 +72,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 STACK_CALLS = 20
 STACK_ROUNDS = 15
 WARM_FORWARDS = 12
+#: Graph rows: graphs captured per state (their mean is the state's time).
+GRAPHS_PER_STATE = 8
 #: A stack row below this speedup is profiled (host and device time per op, off and on).
 PROFILE_BELOW = 1.0
 
@@ -417,15 +421,37 @@ class Run:
             got = model(x)
         finally:
             ut.disable()
-        runs = {state: self.forward_runner(model, x, graph, routed=state == "on") for state in ("off", "on")}
+        # A graph row captures GRAPHS_PER_STATE graphs per state, in the order off, on, on,
+        # off, ...: two graphs of the same kernels can run ~1 % apart (each capture's memory
+        # lies elsewhere), so a state's time is the mean over its graphs, and the spread
+        # column (a state's slowest graph over its fastest, by median) shows by how much.
+        copies = GRAPHS_PER_STATE if graph else 1
+        captured: dict[str, list[Any]] = {"off": [], "on": []}
+        for j in range(2 * copies):
+            state = ("off", "on", "on", "off")[j % 4]
+            captured[state].append(self.forward_runner(model, x, graph, routed=state == "on"))
         times: dict[str, list[float]] = {"off": [], "on": []}
+        per_graph: dict[str, list[list[float]]] = {
+            state: [[] for _ in runs] for state, runs in captured.items()
+        }
         ratios = []
         for i in range(STACK_ROUNDS):
             order = ("off", "on") if i % 2 == 0 else ("on", "off")
-            sample = {state: runs[state]() for state in order}
+            sample = {}
+            for state in order:
+                indices = range(copies) if i % 2 == 0 else range(copies - 1, -1, -1)
+                for g in indices:
+                    per_graph[state][g].append(captured[state][g]())
+                sample[state] = statistics.fmean(per_graph[state][g][-1] for g in range(copies))
             for state in order:
                 times[state].append(sample[state])
             ratios.append(sample["off"] / sample["on"])
+        spread = {}
+        if copies > 1:
+            for state, lists in per_graph.items():
+                medians = [statistics.median(v) for v in lists]
+                spread[state] = max(medians) / min(medians)
+        runs = {state: captured[state][0] for state in captured}
         off, on = statistics.median(times["off"]), statistics.median(times["on"])
         if self.gpu:
             with ut.enabled():
@@ -448,6 +474,9 @@ class Run:
             "tokens_per_s_on": m / on,
             "speedup": statistics.median(ratios),
             "round_ratios": [round(r, 4) for r in ratios],
+            # Graph rows: a state's slowest graph over its fastest (medians; the same kernels).
+            "graph_spread": {state: round(v, 4) for state, v in spread.items()},
+            "graphs_per_state": copies,
             "kernel_calls_per_forward": stats["kernel"],
             "default_calls_per_forward": stats["default"],
             "windows": warm_stats["confirm"],
@@ -460,6 +489,7 @@ class Run:
             f"stack {scales:7s} m={m:4d} {'graph' if graph else 'eager'}: off {off * 1e3:.3f} ms, "
             f"on {on * 1e3:.3f} ms, {row['speedup']:.3f}x tokens/s (median of {len(ratios)} round ratios "
             f"{min(ratios):.3f}-{max(ratios):.3f}); kernels a forward {stats['kernel']}, windows {warm_stats['confirm']}"
+            + (f"; {copies} graphs a state, slowest / fastest {row['graph_spread']}" if graph else "")
         )
         return row
 
@@ -641,14 +671,14 @@ class Run:
         if self.data["stack"]:
             lines += [
                 "",
-                "| stack scales | m | mode | off tok/s | on tok/s | speedup (median of round ratios) | round ratios | kernels a forward | windows |",
-                "|---|---|---|---|---|---|---|---|---|",
+                "| stack scales | m | mode | off tok/s | on tok/s | speedup (median of round ratios) | round ratios | graphs slowest/fastest off, on | kernels a forward | windows |",
+                "|---|---|---|---|---|---|---|---|---|---|",
             ]
             for s in self.data["stack"]:
                 lines.append(
                     f"| {s['scales']} | {s['m']} | {'graph' if s['graph'] else 'eager'} | {s['tokens_per_s_off']:.0f} | "
                     f"{s['tokens_per_s_on']:.0f} | {s['speedup']:.3f}x | {min(s['round_ratios']):.3f}-{max(s['round_ratios']):.3f} | "
-                    f"{s['kernel_calls_per_forward']} | {_windows(s['windows'])} |"
+                    f"{_spread(s)} | {s['kernel_calls_per_forward']} | {_windows(s['windows'])} |"
                 )
             graphed = [x["speedup"] for x in self.data["stack"] if x["graph"]]
             eager = [x["speedup"] for x in self.data["stack"] if not x["graph"]]
@@ -680,6 +710,12 @@ class Run:
             lines.append(f"error: {error}")
         lines.append(f"\ntotal {self.elapsed():.0f} s")
         return "\n".join(lines) + "\n"
+
+
+def _spread(row: dict[str, Any]) -> str:
+    """A graph row's spread over its graphs (each state's slowest over its fastest), or a dash."""
+    found = row.get("graph_spread") or {}
+    return ", ".join(f"{found[state]:.3f}" for state in ("off", "on") if state in found) or "-"
 
 
 def _windows(confirm: dict[str, int]) -> str:
