@@ -256,6 +256,14 @@ CONFIRM = declare(
     "`0`: keep a tuned choice without confirming it on its first real calls (default `1`: "
     "alternate it with Default, timed in-stream, and keep it only if it wins there; see `docs/torch.md`)",
 )
+SCALED_GRAPH_MIN_GAIN = declare(
+    "UNIMATMUL_SCALED_GRAPH_MIN_GAIN",
+    "float",
+    0.05,
+    parse_float(0.0),
+    "a scaled (fp8) choice is captured into a CUDA graph only where it beat Default by this "
+    "fraction when tuned (default 0.05); below it the graph holds PyTorch's kernel, as for a tie",
+)
 CONFIRM_CALLS = declare(
     "UNIMATMUL_CONFIRM_CALLS",
     "int",

@@ -260,6 +260,31 @@ def test_a_tie_is_the_fastest_kernel_measured_no_slower_than_default() -> None:
     assert confirm.tie_of(no_default) is None
 
 
+def test_a_slim_scaled_choice_runs_default_in_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unimatmul.core.scaled import scaled_problem
+
+    scaled = scaled_problem(1, 4096, 4096)
+    plain = Problem.from_shape(1, 4096, 4096, "bf16")
+
+    def record(problem: Problem, winner: str, winner_s: float, default_s: float | None) -> TuningRecord:
+        return TuningRecord(problem.key, winner, winner_s, default_s)
+
+    # A scaled winner 3 % ahead of Default is not captured; 8 % ahead it is.
+    assert confirm.default_in_graphs(scaled, record(scaled, "x/a", 1.0e-6, 1.03e-6), None)
+    assert not confirm.default_in_graphs(scaled, record(scaled, "x/a", 1.0e-6, 1.08e-6), None)
+    # Plain GEMMs are captured as tuned; so is Default itself, and a record without Default's time.
+    assert not confirm.default_in_graphs(plain, record(plain, "x/a", 1.0e-6, 1.03e-6), None)
+    assert not confirm.default_in_graphs(scaled, record(scaled, DEFAULT.identity, 1.0e-6, 1.0e-6), None)
+    assert not confirm.default_in_graphs(scaled, record(scaled, "x/a", 1.0e-6, None), None)
+    # A tie always runs Default under capture, scaled or not.
+    assert confirm.default_in_graphs(plain, record(plain, DEFAULT.identity, 1e-6, 1e-6), "x/a")
+    # The margin is a setting: 0 captures every scaled winner, 10 % the 8 % one too.
+    monkeypatch.setenv("UNIMATMUL_SCALED_GRAPH_MIN_GAIN", "0")
+    assert not confirm.default_in_graphs(scaled, record(scaled, "x/a", 1.0e-6, 1.03e-6), None)
+    monkeypatch.setenv("UNIMATMUL_SCALED_GRAPH_MIN_GAIN", "0.1")
+    assert confirm.default_in_graphs(scaled, record(scaled, "x/a", 1.0e-6, 1.08e-6), None)
+
+
 def test_a_tie_runs_in_a_window_and_is_kept_where_it_wins(isolated: Any, fake_backend: Any) -> None:
     # Where the program runs the tie faster than Default (here any kernel "wins": min_gain
     # -100), the window keeps it and the record says so; another process uses it at once.

@@ -223,8 +223,13 @@ def test_the_api_says_what_cuda_wants() -> None:
         unimatmul.scaled_matmul(a, b.contiguous(), sa, sb, out_dtype=torch.bfloat16)
 
 
-def test_routed_scaled_mm_runs_tuned_kernels_and_graphs(selector: Any) -> None:
+def test_routed_scaled_mm_runs_tuned_kernels_and_graphs(
+    selector: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import unimatmul.torch as ut
+
+    # Whatever its margin, the kernel is captured (confirm.default_in_graphs: a slim one is not).
+    monkeypatch.setenv("UNIMATMUL_SCALED_GRAPH_MIN_GAIN", "0")
 
     a, b, sa, sb = _linear(128, 2048, 1024, "rowwise")
     ut.enable()
@@ -264,7 +269,7 @@ def _store_a_kernel(selector: Any) -> None:
             (r for r in record.results if r.identity.startswith("cublaslt/") and r.median_s),
             key=lambda r: r.median_s or 1.0,
         )
-        record = replace(record, winner=best.identity)
+        record = replace(record, winner=best.identity, winner_s=best.median_s)
         (namespace,) = {ns for ns, _, _ in selector.store.items(None)}
         selector.store.put(namespace, record.problem, record)
 
@@ -366,9 +371,14 @@ def test_native_scaled_mm_makes_the_lt_call(native_selector: Any, scales: str, b
     assert (stats["kernel"], stats["routed"]) == (len(fresh) + 1, len(fresh) + 1), stats
 
 
-def test_native_scaled_lt_call_on_another_stream_and_in_a_graph(native_selector: Any) -> None:
+def test_native_scaled_lt_call_on_another_stream_and_in_a_graph(
+    native_selector: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import unimatmul.torch as ut
     from unimatmul.torch import native
+
+    # Whatever its margin, the kernel is captured (confirm.default_in_graphs: a slim one is not).
+    monkeypatch.setenv("UNIMATMUL_SCALED_GRAPH_MIN_GAIN", "0")
 
     a, b, sa, sb = _linear(128, 2048, 1024, "rowwise")
     plan = _native_kernel_entry(native_selector, a, b, sa, sb, None)

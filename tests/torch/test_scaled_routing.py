@@ -11,6 +11,7 @@ cuBLASLt call runs on the GPU only (``tests/gpu/test_fp8_gpu.py``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -371,3 +372,47 @@ def test_a_stored_scaled_choice_is_confirmed_where_it_runs(env: Env, min_gain: f
     assert env.selector.settle(timeout=10)  # verdicts are written by a thread of their own
     records = [r for _, _, r in env.selector.store.items(None) if r.problem.startswith("scaled_gemm:")]
     assert [r.settings["confirm"]["verdict"] for r in records] == [plan.source]
+
+
+@pytest.mark.parametrize(("winner_s", "in_graphs"), [(1.94e-6, False), (1.8e-6, True)], ids=["3pct", "11pct"])
+def test_a_scaled_choice_with_a_slim_margin_stays_out_of_cuda_graphs(
+    env: Env, monkeypatch: pytest.MonkeyPatch, winner_s: float, in_graphs: bool
+) -> None:
+    """A scaled choice that beat Default by less than UNIMATMUL_SCALED_GRAPH_MIN_GAIN (5 %)
+    when tuned runs PyTorch's kernel under CUDA-graph capture, as a tie does, in its window
+    and once kept; its native entry is marked so. A wider margin is captured as it is. A
+    CPU has no graphs: the clock's capture check says what a GPU's would."""
+    from unimatmul.tuning import confirm
+
+    capturing = [True]
+    monkeypatch.setattr(confirm.HostClock, "capturing", lambda self: capturing[0])
+    fake = ScaledFakeBackend("fake-scaled")
+    a, b, sa, sb = _operands(16, 48, 32, "tensor")
+    expected = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    adapter = adapter_for_kind("torch")
+    target = Target(adapter, CPU)
+    problem = scaled_problem_of(adapter, a, b, sa, sb, out_dtype="bf16")
+    env.selector.confirm_calls = 4
+    with registered(env.selector.plugins, fake):
+        namespace = env.selector.platform(target).namespace
+        record = TuningRecord(problem.key, "fake-scaled/dequantise", winner_s, 2e-6)
+        env.selector.store.put(namespace, problem.key, record)
+        decisions = [env.selector.decide(problem, target, "cached")]
+        kept = replace(
+            record, settings={confirm.KEY: {"verdict": confirm.CONFIRMED, "kernel": record.winner}}
+        )
+        env.selector.store.put(namespace, problem.key, kept)
+        decisions.append(env.selector.decide(problem, target, "cached"))
+        window, confirmed = (d.runner for d in decisions)
+        assert isinstance(window, confirm.ConfirmingRunner) and window.tie is not in_graphs
+        assert isinstance(confirmed, confirm.TieRunner) is not in_graphs
+        for runner in (window, confirmed):
+            assert native.entry_for(runner).tie is not in_graphs
+            for flag in (True, False):
+                capturing[0] = flag
+                before = fake.calls
+                out = torch.full((16, 48), float("nan"), dtype=torch.bfloat16)
+                runner(a, b, out, 1.0, 0.0, None, sa, sb)
+                assert float((out.double() - expected).norm() / expected.norm()) < 3e-2
+                # Under capture the kernel runs only where its margin is wide enough.
+                assert fake.calls - before == (1 if in_graphs or not flag else 0)

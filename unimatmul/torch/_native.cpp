@@ -224,6 +224,7 @@ struct Entry : std::enable_shared_from_this<Entry> {
   // A Default record's tie (tuning/confirm.py, tie_of): the kernel only ties PyTorch's on
   // the device, and its gain is host time, which a CUDA graph does not have. Under
   // capture the entry runs PyTorch's kernel, so that a graph holds what it held unrouted.
+  // A scaled choice with a slim tuning margin is marked the same way (default_in_graphs).
   bool tie = false;
   // Whether the entry's call uses memory that it or its Python runner owns (a workspace,
   // padded buffers), and whether such a call ran under CUDA graph capture: a graph holds

@@ -209,7 +209,7 @@ class Entry(NamedTuple):
     call: Any  # the kernel's NativeCall, or None
     kind: int
     confirm: int  # timed calls per candidate of a window the entry runs itself (0: none)
-    tie: bool  # a Default record's tie: PyTorch's kernel under graph capture
+    tie: bool  # PyTorch's kernel under graph capture: a tie, or a slim scaled choice
 
 
 def entry_for(runner: Any, offered: bool = True) -> Entry:
@@ -218,8 +218,9 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
     A choice in its confirmation window (a ``ConfirmingRunner``) becomes its bare kernel's
     call with a window of the confirmation's calls when the table can make that call;
     else the entry sends calls to the Python kernel, whose plan runs the window. A tie
-    (in its window, or kept: a ``TieRunner``) is marked so, and its entry runs PyTorch's
-    kernel under graph capture. ``offered``: whether the call's form may be made natively
+    (in its window, or kept: a ``TieRunner``; or a slim scaled choice, see
+    ``confirm.default_in_graphs``) is marked so, and its entry runs PyTorch's kernel under
+    graph capture. ``offered``: whether the call's form may be made natively
     at all.
     """
     window = runner if isinstance(runner, ConfirmingRunner) else None

@@ -42,7 +42,8 @@ runs the choice (the harness measured it in CUDA graphs) and is not timed. A tie
 (:func:`tie_of`) is the exception: its gain is the host's time per call, which a graph
 replay does not have, so under capture it runs Default, in its window and after a
 verdict that kept it (:class:`TieRunner`; the native entries do the same): a captured
-graph holds what it would hold unrouted.
+graph holds what it would hold unrouted. A scaled choice with a slim tuning margin is
+treated the same way (:func:`default_in_graphs`).
 
 Outside the window a call costs nothing more: the caller swaps the wrapper for the
 winner (``ConfirmingRunner.on_final``), and the native torch kernels switch their
@@ -63,6 +64,7 @@ from typing import Any, Protocol
 from unimatmul import settings
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core.problem import Problem
 
 #: Untimed calls at the start of a window: the choice once, then Default once.
 WARMUP = 2
@@ -115,6 +117,30 @@ def tie_of(record: TuningRecord) -> str | None:
         if result.median_s <= record.default_s and (best is None or result.median_s < best[0]):
             best = (result.median_s, result.identity)
     return None if best is None else best[1]
+
+
+def default_in_graphs(problem: Problem, record: TuningRecord, tie: str | None) -> bool:
+    """Whether the choice of ``record`` runs Default while its stream is captured into a
+    CUDA graph (:class:`TieRunner`, and the native entries' ``tie`` flag).
+
+    A tie does (its gain is host time, which a replay has not). So does a scaled (fp8)
+    winner whose tuning margin over Default is under ``UNIMATMUL_SCALED_GRAPH_MIN_GAIN``
+    (5 %). On the H200 such per-tensor choices, 1-3 % ahead in the harness, made the fp8
+    stack's CUDA graphs 1.1-1.6 % slower in one run of three (session 9: a routed 128x32
+    kernel ran about 14 % slower inside the graph than PyTorch's, and PyTorch's unrouted
+    gate/up kernel 7 % slower beside it), while graphs of the same kernels differ by up to
+    1.6 % from one capture to the next: a margin that small cannot be told from that, and
+    a graph keeps what it captured. Eager calls keep such a choice (their windows judge it
+    where it runs).
+    """
+    if tie is not None:
+        return True
+    if not problem.is_scaled or record.winner == DEFAULT.identity:
+        return False
+    default_s, winner_s = record.default_s, record.winner_s
+    if default_s is None or not (math.isfinite(default_s) and math.isfinite(winner_s)) or winner_s <= 0:
+        return False
+    return default_s / winner_s < 1.0 + settings.SCALED_GRAPH_MIN_GAIN.get()
 
 
 def verdict_of(record: TuningRecord | None, choice: str | None = None) -> str | None:
@@ -390,7 +416,9 @@ class ConfirmingRunner:
         self.kernel = kernel
         self.default = default
         self.confirmation = confirmation
-        self.tie = tie  # a Default record's tie: Default runs under graph capture (TieRunner)
+        # Default runs under graph capture (TieRunner): a tie, or a slim scaled choice
+        # (default_in_graphs).
+        self.tie = tie
         self.final: Runner | None = None
         self.on_final: list[Callable[[Runner], None]] = []
         self._clock = clock
@@ -474,8 +502,9 @@ class ConfirmingRunner:
 
 
 class TieRunner:
-    """A tie (:func:`tie_of`) that its window kept: the kernel, except while the caller's
-    stream is being captured into a CUDA graph, where Default runs.
+    """A tie (:func:`tie_of`) that its window kept, or a slim scaled choice
+    (:func:`default_in_graphs`): the kernel, except while the caller's stream is being
+    captured into a CUDA graph, where Default runs.
 
     A tie wins in situ by its host time per call; a graph replay has none, and on the
     device the tie only matches Default (H200, fp8 stack at m=1 in CUDA graphs: 0.997x

@@ -221,7 +221,8 @@ class Selector:
         slower than Default) is the choice instead, but only through a window or its
         verdict: where windows are off, or in a distributed job deciding together, or when
         the tie's backend cannot prepare it here, Default serves. Under CUDA-graph capture a
-        tie always runs Default (:class:`confirm.TieRunner`).
+        tie always runs Default (:class:`confirm.TieRunner`), and so does a scaled choice
+        whose margin is slim (:func:`confirm.default_in_graphs`).
         """
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
         collective = _collective
@@ -246,13 +247,12 @@ class Selector:
             return Decision(default_runner(problem, target.adapter), source, record)
         if candidate == DEFAULT:
             return Decision(runner, verdict or source, record)
-        if verdict == confirm.CONFIRMED:
-            if tie is not None:  # Default under graph capture (confirm.TieRunner)
+        graph_default = confirm.default_in_graphs(problem, record, tie)
+        if verdict == confirm.CONFIRMED or not windows:
+            if graph_default:  # Default under graph capture (confirm.TieRunner)
                 capturing = confirm.clock_for(target, 0).capturing
                 runner = confirm.TieRunner(runner, default_runner(problem, target.adapter), capturing)
-            return Decision(runner, verdict, record)
-        if not windows:
-            return Decision(runner, source, record)
+            return Decision(runner, verdict or source, record)
         min_gain = self.tuner.settings_for(target).min_gain
 
         def report(outcome: confirm.Outcome) -> None:
@@ -261,7 +261,7 @@ class Selector:
         confirmation = confirm.Confirmation(choice, calls, min_gain, report)
         default = default_runner(problem, target.adapter)
         clock = confirm.clock_for(target, 2 * calls)
-        window = confirm.ConfirmingRunner(runner, default, confirmation, clock, tie=tie is not None)
+        window = confirm.ConfirmingRunner(runner, default, confirmation, clock, tie=graph_default)
         return Decision(window, source, record, confirmation)
 
     def confirmed(
