@@ -128,6 +128,15 @@ def _finish(
 
 
 @triton.jit
+def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The K range [k_start, k_stop) of split ``pid_k``: whole BLOCK_K blocks a split (the last
+    may be short, or empty)."""
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    return k_start, tl.minimum(K, k_start + k_per_split)
+
+
+@triton.jit
 def gemv_kernel(
     a_ptr,
     b_ptr,
@@ -173,9 +182,7 @@ def gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_start = pid_k * k_per_split
-    k_stop = tl.minimum(K, k_start + k_per_split)
+    k_start, k_stop = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start + offs_k)[None, :].to(tl.int64) * stride_ak
     b_ptrs = (
         b_ptr
@@ -267,9 +274,7 @@ def rows_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_start = pid_k * k_per_split
-    k_stop = tl.minimum(K, k_start + k_per_split)
+    k_start, k_stop = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_start + offs_k)[None, :].to(tl.int64) * stride_ak
     b_ptrs = (
         b_ptr
@@ -408,9 +413,7 @@ def tile_kernel(
     pid_n = (pid % group) // rows
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_start = pid_k * k_per_split
-    k_stop = tl.minimum(K, k_start + k_per_split)
+    k_start, k_stop = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     acc = _tile(
         a_ptr + pid_b * stride_ab,
         b_ptr + pid_b * stride_bb,
