@@ -262,7 +262,8 @@ SCALED_GRAPH_MIN_GAIN = declare(
     0.05,
     parse_float(0.0),
     "a scaled (fp8) choice is captured into a CUDA graph only where it beat Default by this "
-    "fraction when tuned (default 0.05); below it the graph holds PyTorch's kernel, as for a tie",
+    "fraction when tuned (default 0.05); below it the graph holds PyTorch's kernel, as for a tie "
+    "(see `docs/torch.md`)",
 )
 CONFIRM_CALLS = declare(
     "UNIMATMUL_CONFIRM_CALLS",
