@@ -186,14 +186,13 @@ def applies(problem: Problem, config: KernelConfig, device: Device = H200) -> bo
         return False
     if c.split_k < 1 or c.split_k > 64 or c.group_m < 1 or c.group_m > 64:
         return False
-    if c.kernel == GEMV:
-        if problem.m > GEMV_MAX_M or c.block_m != _pow2_at_least(problem.m) or c.group_m != 1:
+    if c.kernel in FMA_KERNELS:
+        most = GEMV_MAX_M if c.kernel == GEMV else ROWS_MAX_M
+        if problem.m > most or c.block_m != _pow2_at_least(problem.m) or c.group_m != 1:
             return False
-    elif c.kernel == ROWS:
-        # Whole rows of B along K: only where K is B's unit stride (x @ W.T), one stage.
-        if problem.m > ROWS_MAX_M or c.block_m != _pow2_at_least(problem.m) or c.group_m != 1:
-            return False
-        if not problem.trans_b or c.stages != 1:
+        # The rows kernel loads whole rows of B along K: only where K is B's unit stride
+        # (x @ W.T), in one stage.
+        if c.kernel == ROWS and (not problem.trans_b or c.stages != 1):
             return False
     elif c.kernel == SKINNY:
         if problem.m > SKINNY_MAX_M or c.block_m != SKINNY_BLOCK_M or c.group_m != 1:
