@@ -82,6 +82,32 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+def operands(
+    m: int, n: int, k: int, scales: str, count: int, device: Any, seed: int
+) -> list[tuple[Any, ...]]:
+    """``count`` input sets of an fp8 linear product: (a, w.t(), scale_a, scale_b, out),
+    e4m3 operands, per-tensor or row-wise scales, a bf16 output."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    sets = []
+    for _ in range(count):
+        a = torch.randn(m, k, device=device, generator=gen).to(torch.float8_e4m3fn)
+        w = torch.randn(n, k, device=device, generator=gen).to(torch.float8_e4m3fn)
+        if scales == "rowwise":
+            sa = torch.rand(m, 1, device=device, generator=gen).add_(0.5).div_(16)
+            sb = torch.rand(1, n, device=device, generator=gen).add_(0.5).div_(16)
+        else:
+            sa = torch.tensor(0.0625, device=device)
+            sb = torch.tensor(0.03125, device=device)
+        out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+        sets.append((a, w.t(), sa, sb, out))
+    return sets
+
+
+def rotated_sets(m: int, n: int, k: int, l2: int) -> int:
+    """Input sets to rotate through: more than 3x the L2 in all (2 to 64)."""
+    return max(2, min(64, math.ceil(3.2 * l2 / (m * k + k * n + 2 * m * n))))
+
+
 class Run:
     def __init__(self, out: Path, budget_s: float, device: str, quick: bool) -> None:
         from unimatmul.cache.protocol import MemoryStore
@@ -209,20 +235,7 @@ class Run:
 
     # --- benchmark ---------------------------------------------------------------------------
     def operands(self, m: int, n: int, k: int, scales: str, count: int) -> list[tuple[Any, ...]]:
-        gen = torch.Generator(device=self.device).manual_seed(1234 + m)
-        sets = []
-        for _ in range(count):
-            a = torch.randn(m, k, device=self.device, generator=gen).to(torch.float8_e4m3fn)
-            w = torch.randn(n, k, device=self.device, generator=gen).to(torch.float8_e4m3fn)
-            if scales == "rowwise":
-                sa = torch.rand(m, 1, device=self.device, generator=gen).add_(0.5).div_(16)
-                sb = torch.rand(1, n, device=self.device, generator=gen).add_(0.5).div_(16)
-            else:
-                sa = torch.tensor(0.0625, device=self.device)
-                sb = torch.tensor(0.03125, device=self.device)
-            out = torch.empty(m, n, device=self.device, dtype=torch.bfloat16)
-            sets.append((a, w.t(), sa, sb, out))
-        return sets
+        return operands(m, n, k, scales, count, self.device, seed=1234 + m)
 
     def sampler(self, calls: list[Any]) -> tuple[Any, str]:
         sample = self.timer.prepare(calls)
@@ -233,8 +246,7 @@ class Run:
         from unimatmul.core.scaled import scaled_problem
 
         row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
-        per_set = m * k + k * n + 2 * m * n
-        count = max(2, min(64, math.ceil(3.2 * self.l2 / per_set)))
+        count = rotated_sets(m, n, k, self.l2)
         sets = self.operands(m, n, k, scales, count)
         row["sets"] = count
 

@@ -36,28 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_fp8 import operands, rotated_sets
 
 ROUNDS = 11
 SPACER_ELEMENTS = 4096
 #: The fp8 stack's products (scripts/gpu_fp8.py's Fp8Stack): (layer, n, k).
 PRODUCTS = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
-
-
-def operands(m: int, n: int, k: int, scales: str, count: int, device: Any) -> list[tuple[Any, ...]]:
-    gen = torch.Generator(device=device).manual_seed(99 + m)
-    sets = []
-    for _ in range(count):
-        a = torch.randn(m, k, device=device, generator=gen).to(torch.float8_e4m3fn)
-        w = torch.randn(n, k, device=device, generator=gen).to(torch.float8_e4m3fn)
-        if scales == "rowwise":
-            sa = torch.rand(m, 1, device=device, generator=gen).add_(0.5).div_(16)
-            sb = torch.rand(1, n, device=device, generator=gen).add_(0.5).div_(16)
-        else:
-            sa = torch.tensor(0.0625, device=device)
-            sb = torch.tensor(0.03125, device=device)
-        out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-        sets.append((a, w.t(), sa, sb, out))
-    return sets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 chosen = [r.identity for r in measured[: args.top]]
                 if "default/default" not in chosen:
                     chosen.append("default/default")
-                per_set = m * k + k * n + 2 * m * n
-                count = max(2, min(64, math.ceil(3.2 * l2 / per_set)))
-                sets = operands(m, n, k, scales, count, device)
+                sets = operands(m, n, k, scales, rotated_sets(m, n, k, l2), device, seed=99 + m)
                 samplers: dict[tuple[str, str], Any] = {}
                 for identity in chosen:
                     runner: Any = selector.prepare(problem, Candidate.from_identity(identity), target)
