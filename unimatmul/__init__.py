@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
     from unimatmul.core.errors import (
         BackendUnavailable,
+        DefaultFailed,
         PluginError,
         UnimatmulError,
         UnknownCandidate,
@@ -43,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "get_mode": "unimatmul.core.modes",
     "mode": "unimatmul.core.modes",
     "BackendUnavailable": "unimatmul.core.errors",
+    "DefaultFailed": "unimatmul.core.errors",
     "PluginError": "unimatmul.core.errors",
     "UnimatmulError": "unimatmul.core.errors",
     "UnknownCandidate": "unimatmul.core.errors",
@@ -61,6 +63,7 @@ __all__ = [
     "BackendUnavailable",
     "Candidate",
     "CandidateResult",
+    "DefaultFailed",
     "Platform",
     "PluginError",
     "Problem",

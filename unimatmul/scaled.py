@@ -19,7 +19,7 @@ from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem_of
+from unimatmul.core.scaled import default_failed, default_runner, scaled_problem_of
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import get_selector, on_forget
 
@@ -96,6 +96,8 @@ def scaled_matmul(
             hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
     except Exception as exc:
         if runner.candidate == DEFAULT:
+            if type(exc) is RuntimeError:  # not its subclasses (out of memory, ...): those are torch's
+                raise default_failed(exc, adapter.device(a)) from exc
             raise  # torch's own error: the caller's to see
         default: Any = get_selector().fall_back(found[1], runner.candidate, exc, adapter)
         _fast.put(sig, (default, *found[1:]))
@@ -128,9 +130,19 @@ def _resolve(
     )
     device = adapter.device(a)
     target = Target(adapter, device)
+    allocate = adapter.allocator((problem.m, problem.n), problem.dtype_c, device)
+    if mode in ("tune", "record"):
+        # These modes write: a call whose Default fails must fail before anything is tuned
+        # or recorded for it (as unimatmul.matmul's first calls do).
+        default: Any = default_runner(problem, adapter)  # a scaled runner takes the scales last
+        try:
+            default(a, b, allocate(), 1.0, 0.0, bias, scale_a, scale_b)
+        except RuntimeError as exc:
+            if type(exc) is not RuntimeError:
+                raise
+            raise default_failed(exc, device) from exc
     decision = get_selector().decide(problem, target, mode)
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         _fast.clear()
-    allocate = adapter.allocator((problem.m, problem.n), problem.dtype_c, device)
     return decision.runner, problem, allocate, clock_for(target, 0).capturing

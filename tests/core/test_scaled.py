@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import fp8_caps
 import numpy as np
 import pytest
 from scaled_fakes import ScaledFakeBackend
@@ -28,6 +29,13 @@ from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import scaled_problem, scaled_problem_of, scaled_reference
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def cpu_fp8() -> None:
+    """Skip where torch's own CPU fp8 product (every scaled call's Default) cannot run."""
+    fp8_caps.skip_unless_runs("tensor")
+
 
 # --- Problems and keys ----------------------------------------------------------------------
 
@@ -182,6 +190,7 @@ COMBOS = [
 
 
 @pytest.mark.parametrize(("scales", "out_dtype", "bias"), COMBOS)
+@pytest.mark.usefixtures("cpu_fp8")
 def test_scaled_matmul_matches_the_dequantised_product(
     isolated: Any, scales: str, out_dtype: Any, bias: bool
 ) -> None:
@@ -195,6 +204,7 @@ def test_scaled_matmul_matches_the_dequantised_product(
     )
 
 
+@pytest.mark.usefixtures("cpu_fp8")
 def test_one_row_with_row_wise_scales_is_row_wise_as_in_torch(isolated: Any) -> None:
     """At m = 1 a [1, 1] scale_a is one value, yet row-wise next to a [1, n] scale_b (decode)."""
     a, b, sa, sb = _operands(1, 48, 64, "rowwise")
@@ -205,6 +215,7 @@ def test_one_row_with_row_wise_scales_is_row_wise_as_in_torch(isolated: Any) -> 
     assert torch.equal(out, torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
 
 
+@pytest.mark.usefixtures("cpu_fp8")
 def test_out_is_written_in_place_and_e5m2_mixes_with_e4m3(isolated: Any) -> None:
     a = _fp8((16, 32), torch.float8_e5m2, 3)
     _, b, sa, sb = _operands(16, 64, 32, "rowwise", seed=4)
@@ -282,6 +293,7 @@ def test_cuda_rules_are_checked_before_any_gpu_work() -> None:
     assert (problem.trans_a, problem.trans_b, problem.align) == (False, True, 16)
 
 
+@pytest.mark.usefixtures("cpu_fp8")
 def test_tuning_measures_the_candidates_and_stores_a_scaled_record(isolated: Any, registered: Any) -> None:
     fake = ScaledFakeBackend()
     with registered(isolated.plugins, fake), unimatmul.mode("tune"):
@@ -309,6 +321,7 @@ def test_tuning_measures_the_candidates_and_stores_a_scaled_record(isolated: Any
 
 
 @pytest.mark.parametrize("scales", ["rowwise", "tensor"])
+@pytest.mark.usefixtures("cpu_fp8")
 def test_a_kernel_that_ignores_row_wise_scales_is_rejected(
     isolated: Any, registered: Any, scales: str
 ) -> None:
@@ -335,6 +348,7 @@ def _store_winner(isolated: Any, problem: Problem, winner: str) -> None:
     )
 
 
+@pytest.mark.usefixtures("cpu_fp8")
 def test_a_stored_winner_runs_and_a_failing_one_falls_back(isolated: Any, registered: Any) -> None:
     a, b, sa, sb = _operands(16, 32, 64, "tensor")
     problem = scaled_problem_of(adapter_for_kind("torch"), a, b, sa, sb, out_dtype="f16")
@@ -362,6 +376,7 @@ def test_a_stored_winner_runs_and_a_failing_one_falls_back(isolated: Any, regist
         assert sum("fake-broken/dequantise failed" in str(w.message) for w in caught) == 1
 
 
+@pytest.mark.usefixtures("cpu_fp8")
 def test_off_mode_is_torch_scaled_mm_bit_for_bit(isolated: Any) -> None:
     a, b, sa, sb = _operands(24, 32, 48, "rowwise")
     with unimatmul.mode("off"):
@@ -369,3 +384,59 @@ def test_off_mode_is_torch_scaled_mm_bit_for_bit(isolated: Any) -> None:
     expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
     assert torch.equal(out, expected)
     assert not math.isnan(float(out.float().sum()))
+
+
+# --- where torch's own CPU fp8 product cannot run ---------------------------------------------
+
+
+@pytest.mark.skipif(fp8_caps.missing() is None, reason="torch's own CPU fp8 product runs on this CPU")
+@pytest.mark.parametrize("mode", ["cached", "tune"])
+def test_where_torch_cannot_compute_cpu_fp8_scaled_matmul_says_so(isolated: Any, mode: str) -> None:
+    """An AMX CPU under ONEDNN_MAX_CPU_ISA=AVX2 (CI's second leg there): torch's own call fails."""
+    a, b, sa, sb = _operands(33, 48, 64, "tensor")
+    with (
+        unimatmul.mode(mode),
+        pytest.raises(unimatmul.DefaultFailed, match=r"torch\._scaled_mm .* failed on cpu"),
+    ):
+        unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert isolated.store_count() == 0
+
+
+# The error torch's CPU _scaled_mm raises on an AMX CPU under an AVX2 cap (ATen -> oneDNN).
+ONEDNN_REFUSAL = (
+    "could not create a primitive descriptor for the matmul primitive. Run workload with "
+    "environment variable ONEDNN_VERBOSE=all to get additional diagnostic information."
+)
+
+
+@pytest.fixture
+def refusing_cpu_fp8() -> Any:
+    """torch's CPU ``_scaled_mm`` kernels replaced, at the dispatcher, by one that fails as
+    oneDNN does under an ISA cap on an AMX CPU (a failure this CPU cannot show for real)."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(ONEDNN_REFUSAL)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_scaled_mm", refuse, "CPU")
+    lib.impl("_scaled_mm.out", refuse, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("mode", ["off", "cached", "tune", "record"])
+def test_a_failing_default_names_torchs_call_and_the_cause(
+    isolated: Any, refusing_cpu_fp8: Any, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    a, b, sa, sb = _operands(33, 48, 64, "tensor")
+    with unimatmul.mode(mode), pytest.raises(unimatmul.DefaultFailed) as caught:
+        unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    said = str(caught.value)
+    assert said.startswith("scaled_matmul: torch._scaled_mm (Default: torch's own fp8 product) failed on cpu")
+    assert "could not create a primitive descriptor for the matmul primitive" in said
+    assert "ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN below AMX: unset it" in said
+    assert isinstance(caught.value, RuntimeError) and isinstance(caught.value.__cause__, RuntimeError)
+    assert isolated.store_count() == 0  # nothing tuned or recorded for a failing call

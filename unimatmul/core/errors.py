@@ -46,6 +46,15 @@ class PluginError(UnimatmulError):
         self.plugin = plugin
 
 
+class DefaultFailed(UnimatmulError, RuntimeError):
+    """The caller's own library (Default, the only kernel unimatmul can fall back to) failed
+    on a call; the message names the library call and why, the cause is its error."""
+
+    def __init__(self, msg: str, *, call: str | None = None) -> None:
+        super().__init__(msg)
+        self.call = call
+
+
 class CommandError(UnimatmulError):
     """A ``unimatmul`` command cannot do what it was asked: a message for the user and the
     exit code to end with (2: bad usage or input; see ``unimatmul.cli.output``)."""

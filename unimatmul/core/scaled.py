@@ -22,6 +22,7 @@ dtype. torch is imported through the array adapter, never at import time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 from unimatmul.core.arrays import ArrayAdapter, Device, Operands
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import FP8, ErrorModel, canonical
+from unimatmul.core.errors import DefaultFailed
 from unimatmul.core.problem import (
     SCALE_MODES,
     SCALED_OUTPUTS,
@@ -391,6 +393,22 @@ class ScaledDefaultRunner:
         )
 
 
+def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
+    """The error of a scaled call whose Default, ``torch._scaled_mm``, failed on ``device``:
+    what failed and, on a CPU, why torch's own fp8 product may not run there."""
+    said = str(exc).strip().splitlines()[0].rstrip(". ") if str(exc).strip() else type(exc).__name__
+    msg = f"scaled_matmul: torch._scaled_mm (Default: torch's own fp8 product) failed on {device}: {said}"
+    if device.kind == "cpu":
+        # torch runs CPU fp8 through oneDNN where the CPU has AMX, and oneDNN under an ISA cap
+        # below AMX cannot build that primitive (ATen's _scaled_mm_out_cpu).
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+        msg += ". torch computes CPU fp8 products with oneDNN on CPUs with AMX"
+        if cap:
+            msg += f", and ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN below AMX: unset it"
+        msg += "; unimatmul has no other CPU kernel to run instead"
+    return DefaultFailed(msg, call="torch._scaled_mm")
+
+
 def default_runner(problem: Problem, adapter: ArrayAdapter) -> Runner:
     """What the caller's library itself would do for ``problem``: the one Default."""
     if problem.is_scaled:
@@ -403,6 +421,7 @@ __all__ = [
     "SCALE_PAIRS",
     "ScaledDefaultRunner",
     "ScaledOperands",
+    "default_failed",
     "default_runner",
     "make_scaled_operands",
     "scale_modes",
