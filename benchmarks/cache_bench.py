@@ -314,7 +314,7 @@ def write_markdown(path: Path, data: dict[str, Any]) -> None:
         f"Python {data['machine']['python']}, msgpack {data['machine']['msgpack']}. "
         f"Produced by `python benchmarks/cache_bench.py`; not asserted anywhere.",
         "",
-        "Aim (issue 5): 100k entries load in under 150 ms and take under 100 bytes each on disk.",
+        "Aim: 100k entries load in under 150 ms and take under 100 bytes each on disk.",
         "",
         "| entries | schema | candidate lists | cand./entry | file | bytes/entry | write all | load (min / median) "
         "| first get | get again | miss | LRU hit | readable after 1 flipped bit (min / median) |",

@@ -149,7 +149,7 @@ def section_gpt2() -> dict[str, Any]:
     )
     result["stats_after_judging"] = {k: v for k, v in ut.stats().items() if k in ("by_source", "confirm")}
     # Each product's harness times beside its in-situ medians: where isolation and the
-    # model disagree (the root causes of issue #13 show here).
+    # model disagree (why a choice that won in the harness can lose in the model shows here).
     selector.settle(timeout=30)
     result["records"] = [
         {
