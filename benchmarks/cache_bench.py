@@ -1,7 +1,7 @@
 """Cache store benchmark: file size, load time and lookup cost for 1k, 10k and 100k entries.
 
 Records are shaped like real ones (4-16 candidates each, statuses, notes, settings,
-device state), built from a fixed seed. Results go to benchmarks/results/cache-bench.json
+device state), built from a fixed seed. Results go to benchmarks/results/cache-bench/cache-bench.json
 and .md; nothing here is asserted. Run: ``python benchmarks/cache_bench.py [--sizes ...]``.
 """
 
@@ -314,7 +314,7 @@ def write_markdown(path: Path, data: dict[str, Any]) -> None:
         f"Python {data['machine']['python']}, msgpack {data['machine']['msgpack']}. "
         f"Produced by `python benchmarks/cache_bench.py`; not asserted anywhere.",
         "",
-        "Aim (issue 5): 100k entries load in under 150 ms and take under 100 bytes each on disk.",
+        "Aim: 100k entries load in under 150 ms and take under 100 bytes each on disk.",
         "",
         "| entries | schema | candidate lists | cand./entry | file | bytes/entry | write all | load (min / median) "
         "| first get | get again | miss | LRU hit | readable after 1 flipped bit (min / median) |",
@@ -359,7 +359,7 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--worst-case-sizes", type=int, nargs="*", default=[100_000])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cache-bench")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--name", default="cache-bench", help="results file name (without .json/.md)")
     parser.add_argument("--flips", type=int, default=20, help="one-bit-flip trials per file (0: none)")

@@ -2,7 +2,7 @@
 
 Run on the machine to measure, ideally a quiet one::
 
-    python benchmarks/cpu_presets.py [--presets bert-base gpt2 ...] [--out benchmarks/results]
+    python benchmarks/cpu_presets.py [--presets bert-base gpt2 ...] [--out benchmarks/results/cpu-presets]
 
 For each shape (f32, NumPy arrays) it tunes with the default harness settings into a
 temporary cache file of its own (the user's cache is never touched), then measures
@@ -199,7 +199,9 @@ def markdown(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), help="presets to run (default: all)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="output folder")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "cpu-presets", help="output folder"
+    )
     parser.add_argument("--budget-ms", type=float, default=None, help="measuring time per candidate")
     parser.add_argument("--note", default="", help="a line for the report (e.g. the machine was busy)")
     args = parser.parse_args(argv)

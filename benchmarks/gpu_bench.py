@@ -1,6 +1,6 @@
 """The H200 benchmark: torch.matmul vs TunableOp vs nvmath autotune vs unimatmul tuned.
 
-Run on a GPU machine (scripts/gpu_run.sh does it in one device call)::
+Run on a GPU machine (``bash scripts/gpu_session.sh bench`` does it in one device call)::
 
     python benchmarks/gpu_bench.py --out DIR [--suite full|probe] [--budget-s SECONDS]
 

@@ -1,13 +1,12 @@
-"""The harness issues' scenarios, through the API every version of the harness has.
+"""Scenarios a harness must get right, through the API every version of the harness has.
 
     python benchmarks/harness_scenarios.py            # this checkout
     PYTHONPATH=OLD_CHECKOUT python benchmarks/harness_scenarios.py   # an older harness
 
 Prints, as JSON, what the harness does with: a kernel right but for one element off by
-+1.0 at 1024^3 (#18 item 6), one right on its first call only and one that returns its
-first result on every later call (#18 item 7), one that raises SystemExit (#18 item 9),
-and a Default measured during a busy moment, 24x its real time (#12 item 7, with a
-scripted timer so that the busy moment is exact). Uses only ``Harness``,
++1.0 at 1024^3, one right on its first call only and one that returns its first result
+on every later call, one that raises SystemExit, and a Default measured during a busy
+moment, 24x its real time (with a scripted timer so that the busy moment is exact). Uses only ``Harness``,
 ``HarnessSettings`` fields and records that older versions have too.
 """
 
@@ -93,11 +92,11 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "18.6 one element off by +1.0 at 1024^3": run((1024, 1024, 1024), "one-off"),
-                "18.7 right on its first call only": run((256, 256, 256), "first-call-only"),
-                "18.7 its first result on every call": run((256, 256, 256), "stale"),
-                "18.9 SystemExit in a kernel": run((64, 64, 64), "exit"),
-                "12.7 Default measured during a busy moment (24 ms for 1 ms)": busy_default(),
+                "one element off by +1.0 at 1024^3": run((1024, 1024, 1024), "one-off"),
+                "right on its first call only": run((256, 256, 256), "first-call-only"),
+                "its first result on every call": run((256, 256, 256), "stale"),
+                "SystemExit in a kernel": run((64, 64, 64), "exit"),
+                "Default measured during a busy moment (24 ms for 1 ms)": busy_default(),
             },
             indent=1,
         )

@@ -356,9 +356,9 @@ def make_calls(
 
     def checked() -> Any:
         # The untimed warm call of a compiled row also checks the kept cache: after a call,
-        # it holds the prompt and every new token but the last (session 7: compiled calls at
-        # batch 16 returned too few tokens, or indexed GPT-2's positions out of range; session
-        # 8 found why: graph replays wrote into the freed buffers of retired routed kernels).
+        # it holds the prompt and every new token but the last (compiled calls at batch 16
+        # returned too few tokens, or indexed GPT-2's positions out of range, while graph
+        # replays wrote into the freed buffers of retired routed kernels).
         tokens = generate()
         assert cache is not None
         held = int(cache.get_seq_length())
@@ -423,8 +423,8 @@ class Rerecords(logging.Handler):
     """Counts CUDA graph trees' re-recordings: their debug line ``Re-recording function=...``.
 
     A compiled row whose graphs are recorded again during its timed calls measures the
-    recording, not graph replays (session 5: GPT-2's compiled decode re-recorded at every
-    step, routing off and on alike, "static input data pointer changed"). The trees write
+    recording, not graph replays (GPT-2's compiled decode re-recorded at every step, routing
+    off and on alike, with "static input data pointer changed"). The trees write
     that line at DEBUG on their ``cudagraphs`` artifact logger; :meth:`watch` turns that
     logger on for this handler alone (no output) unless ``TORCH_LOGS`` already did.
     """

@@ -1,6 +1,6 @@
 """Plot a torch_models.py result: each mode's speed over routing off, eager and CUDA graphs.
 
-    python benchmarks/plot_torch_models.py benchmarks/results/torch-h200-native/results.json
+    python benchmarks/plot_torch_models.py benchmarks/results/torch-h200/results.json
 
 Writes ``results.png`` beside the JSON file (needs matplotlib, not a unimatmul dependency).
 """

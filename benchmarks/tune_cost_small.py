@@ -15,7 +15,7 @@ mode, then tunes each one ``--repeat`` times with the default CPU harness settin
 because on a shared machine that is most of the noise.
 
 Writes tune-cost-small.json and tune-cost-small.md under --out (``--label`` names
-the run inside them, e.g. ``before`` / ``after``).
+the run inside them).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--label", default="run")
     parser.add_argument("--limit", type=int, default=0, help="tune only the first N problems")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "harness")
     args = parser.parse_args()
     # Records of record mode go nowhere: the problems are collected in memory.
     os.environ.setdefault("UNIMATMUL_CACHE", ":memory:")
@@ -237,7 +237,7 @@ def main() -> None:
         "problems": len(problems),
         "runs": runs,
     }
-    json_path = args.out / f"tune-cost-small-{args.label}.json"
+    json_path = args.out / "tune-cost-small.json"
     json_path.write_text(json.dumps(result, indent=1))
     lines = [
         f"# Tuning cost of small problems ({args.label})",
@@ -259,7 +259,7 @@ def main() -> None:
             f"| {s.get('total_s', 0):.1f} | {c.get('median_ms', 0):.1f} "
             f"| {run['summary']['chosen_over_default']} | {len(run['summary']['wrong_choices'])} |"
         )
-    (args.out / f"tune-cost-small-{args.label}.md").write_text("\n".join(lines) + "\n")
+    (args.out / "tune-cost-small.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {json_path}")
 
 

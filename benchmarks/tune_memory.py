@@ -1,4 +1,4 @@
-"""Peak memory and time of one product, untuned and tuned (issue #12, item 8).
+"""Peak memory and time of one product, untuned and tuned.
 
     python benchmarks/tune_memory.py [--shape 20000x20000x8] [--array numpy|torch] [--out DIR]
 
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--shape", default="20000x20000x8", help="MxNxK")
     parser.add_argument("--array", default="numpy", choices=("numpy", "torch"))
     parser.add_argument("--label", default="run")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "harness")
     args = parser.parse_args()
     env = dict(os.environ, UNIMATMUL_CACHE=":memory:")
     rows = []
@@ -94,7 +94,7 @@ def main() -> None:
             flush=True,
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"tune-memory-{args.label}.json"
+    path = args.out / "tune-memory.json"
     path.write_text(
         json.dumps(
             {

@@ -14,7 +14,7 @@ For every row of a ``benchmarks/hf_models.py`` run it sums those over the produc
 met and sets them against one routed call of the row (a ``generate`` of 64 tokens, say):
 a window runs once per process and key, so this is the cost in the first such call.
 
-    python benchmarks/window_cost.py benchmarks/results/hf-h200/run6-ties [--md FILE]
+    python benchmarks/window_cost.py benchmarks/results/hf-h200 [--md FILE]
 """
 
 from __future__ import annotations

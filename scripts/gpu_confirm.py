@@ -1,6 +1,6 @@
-"""The GPU measurements of issue #13 (confirmation windows, the API's hot path), one call.
+"""The GPU measurements of the confirmation windows and the API's hot path, in one run.
 
-Run by ``scripts/gpu_confirm.sh`` after the tests; writes ``$OUT/gpu-confirm.json``:
+Run as the ``confirm`` part of ``scripts/gpu_session.sh``; writes ``$OUT/gpu-confirm.json``:
 
 - ``api``: host time per cached call, bf16 64x256x256: ``torch.matmul`` against
   ``unimatmul.matmul`` with and without ``out=``, and routed ``torch.mm`` / ``torch.matmul``,
@@ -149,7 +149,7 @@ def section_gpt2() -> dict[str, Any]:
     )
     result["stats_after_judging"] = {k: v for k, v in ut.stats().items() if k in ("by_source", "confirm")}
     # Each product's harness times beside its in-situ medians: where isolation and the
-    # model disagree (the root causes of issue #13 show here).
+    # model disagree (why a choice that won in the harness can lose in the model shows here).
     selector.settle(timeout=30)
     result["records"] = [
         {

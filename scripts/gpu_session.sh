@@ -11,11 +11,12 @@
 #   pytest   the tests PYTEST_ARGS names (e.g. one file and -k), under PYTEST_S
 #   decode-lab  a GEMV shaped like the weight-read kernel against the plugin's, torch and the
 #            read kernel on decode shapes (plugins/unimatmul-triton/scripts/decode_lab.py)
-#   spacer   each fp8 stack product's candidates timed behind themselves and behind a small
-#            kernel (scripts/gpu_spacer.py, SPACER_ARGS), under SPACER_S
+#   bench    the H200 GEMM benchmark against torch.matmul (benchmarks/gpu_bench.py, BENCH_ARGS)
+#   models   PyTorch decoder stacks off vs routed, per-call overhead, buckets and TunableOp
+#            (benchmarks/torch_models.py, MODEL_ARGS)
 # Every part writes under $SESSION/<part>; at the end everything is packed into
 # $OUT/session.tar.gz (one file back from the device) and each part's summary is printed.
-# Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S; FP8_ARGS
+# Budgets (seconds) can be set per part: TESTS_S, TRITON_S, FP8_S, HF_S, CONFIRM_S, BENCH_S, MODELS_S; FP8_ARGS
 # (default --quick), FP8_ENV (VAR=VALUE words set for the fp8 part only) and HF_ARGS (e.g. --rows REGEX) go to those parts' scripts.
 # TRITON_SKIP (e.g. decode,conformance) skips parts of the Triton check; TESTS_ARGS go to pytest.
 # Carry .whl (nvmath-python) with the call.
@@ -63,8 +64,20 @@ for name in "$@"; do
     decode-lab)
         part decode-lab "${DECODE_LAB_S:-240}" python3 plugins/unimatmul-triton/scripts/decode_lab.py \
             --budget-s $(( ${DECODE_LAB_S:-240} - 20 )) ${DECODE_LAB_ARGS:-} ;;
-    spacer)
-        part spacer "${SPACER_S:-150}" python3 scripts/gpu_spacer.py ${SPACER_ARGS:-} ;;
+    bench)
+        part bench "${BENCH_S:-360}" python3 benchmarks/gpu_bench.py --out "$SESSION/bench" --suite full \
+            --budget-s $(( ${BENCH_S:-360} - 60 )) ${BENCH_ARGS:-} ;;
+    models)
+        part models "${MODELS_S:-540}" env MODEL_ARGS="${MODEL_ARGS:-}" bash -c '
+            c=/tmp/unimatmul-torch-cache.msgpack; o=$OUT
+            python3 benchmarks/torch_models.py --device cuda --sections overhead --out "$o/overhead" --cache "$c"
+            python3 benchmarks/torch_models.py --device cuda --sections models --modes off,routed,routed-py \
+                ${MODEL_ARGS:-} --out "$o/torch" --cache "$c"
+            python3 benchmarks/torch_models.py --device cuda --sections buckets --out "$o/buckets" \
+                --cache /tmp/unimatmul-bucket-cache.msgpack
+            PYTORCH_TUNABLEOP_FILENAME=/tmp/tunableop_results%d.csv python3 benchmarks/torch_models.py \
+                --device cuda --sections models --modes off,tunableop --no-graphs ${MODEL_ARGS:-} \
+                --out "$o/tunableop" --cache "$c"' ;;
     confirm)
         part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;

@@ -3,8 +3,8 @@
 A variable is read through its :class:`Setting` (``settings.LT_HEURISTICS.get()``),
 never with ``os.environ`` directly, so that each one has one parser, one idea of
 "true", one error message for a bad value (:class:`SettingError`, which names the
-variable and what it takes), and one line of documentation. The README's table of
-variables is checked against :data:`REGISTRY` by a test, and the test suite clears
+variable and what it takes), and one line of documentation. The table of
+variables in docs/settings.md is checked against :data:`REGISTRY` by a test, and the test suite clears
 every registered variable before it runs.
 
 Values are read when asked for (the environment may change while a process runs);
@@ -161,7 +161,7 @@ def parse_text(text: str) -> str:
 
 
 # --- the variables ----------------------------------------------------------------------
-# Grouped by what reads them. The README's table lists exactly these (a test checks it).
+# Grouped by what reads them. docs/settings.md's table lists exactly these (a test checks it).
 
 MODES = ("off", "cached", "tune", "record")
 
@@ -437,5 +437,5 @@ CONFORMANCE_BACKEND = declare(
     owner="conformance",
 )
 
-#: The variables of unimatmul itself (the README's table); plugins add theirs to REGISTRY.
+#: The variables of unimatmul itself (the table of docs/settings.md); plugins add theirs to REGISTRY.
 BUILTIN: dict[str, Setting[Any]] = dict(REGISTRY)

@@ -254,7 +254,7 @@ def find_library() -> str:
     raise OSError(
         "oneDNN shared library (libdnnl.so.3) not found; looked in: "
         + "; ".join(looked)
-        + f". Install {_DIST_NAMES[0]} (pip install 'unimatmul[cpu]') or set ${ENV_VAR}."
+        + f". Install {_DIST_NAMES[0]} (pip install -e '.[cpu]' in the unimatmul checkout) or set ${ENV_VAR}."
     )
 
 

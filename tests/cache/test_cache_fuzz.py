@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fuzz_cases import fast_folder, run
 
-FILES = 5000  # issue 18's bar; about 45 s on the 2-core CI machine
+FILES = 5000  # about 45 s on the 2-core CI machine
 
 
 def test_five_thousand_mutated_files() -> None:

@@ -94,7 +94,7 @@ def right(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bi
 
 
 def one_off(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
-    """Right everywhere but one element, which is off by +1.0 (issue #18, item 6)."""
+    """Right everywhere but one element, which is off by +1.0."""
     k.right(a, b, out, alpha, beta, bias)
     out[_first(out)] += 1.0
 

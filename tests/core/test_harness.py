@@ -214,7 +214,7 @@ def test_interleaved_rounds_prune_too() -> None:
 def test_interleaved_rounds_prune_a_candidate_that_falls_behind_later() -> None:
     """On a GPU (rounds) a candidate is pruned in any round where its median falls behind
     the best by the ratio, not only after the first rounds: its further samples could not
-    change the winner (session 8, to make warm tuning cheaper)."""
+    change the winner (this makes warm tuning cheaper)."""
     fast, fading = Candidate.make("t", "fast"), Candidate.make("t", "fading")
     settings = HarnessSettings(
         warmup=1, min_samples=3, max_samples=10, budget_s=60.0, settle_s=0.0, max_sets=1, interleave=True

@@ -1,8 +1,7 @@
 """The numeric check: element by element, on every call it makes, before and after timing.
 
-Issue #18: a kernel right but for one element off by +1.0 passed the old whole-matrix
-relative error at 1024^3 and was chosen (item 6); a kernel right on its first call
-and wrong after was chosen, because the check ran once (item 7). Each test here
+A kernel right but for one element off by +1.0 passes a whole-matrix relative error at
+1024^3; a kernel right on its first call and wrong after passes a check made once. Each test here
 fails against the old check.
 """
 

@@ -1,7 +1,7 @@
 """Tuning a small problem costs milliseconds, not the settling pauses of a large one.
 
-Issue #12, item 9: PyTorch's OpInfo samples (tiny shapes) took ~0.31 s each to tune on
-the CPU: the harness paused 0.2 s before each candidate's block, so that another
+PyTorch's OpInfo samples (tiny shapes) took ~0.31 s each to tune on
+the CPU when the harness paused 0.2 s before each candidate's block, so that another
 library's spinning threads would stop, though no library runs a product this small on
 more than one thread. benchmarks/tune_cost_small.py measures the whole set.
 """

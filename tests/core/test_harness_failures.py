@@ -1,7 +1,7 @@
 """A plugin's SystemExit is its failure; the user's Ctrl-C stops tuning and stores nothing.
 
-Issue #18, item 9: ``SystemExit`` raised inside a plugin's kernel during tuning ended
-the user's program with no warning. Item 12: ``MatmulPrimitive.__del__`` printed
+``SystemExit`` raised inside a plugin's kernel during tuning must not end the user's
+program. ``MatmulPrimitive.__del__`` must not print
 "Exception ignored ... 'NoneType' object has no attribute 'suppress'" at exit.
 """
 

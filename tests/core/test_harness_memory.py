@@ -1,7 +1,7 @@
 """Tuning memory is bounded: a multiple of the product's own operands, and what is free.
 
-Issue #12, item 8: ``(20000,8)@(8,20000)`` f32 peaked at 9.4 GB in tune mode against
-1.6 GB untuned. The rotated sets and the check's arrays now stay within
+``(20000,8)@(8,20000)`` f32 once peaked at 9.4 GB in tune mode against 1.6 GB
+untuned. The rotated sets and the check's arrays stay within
 ``UNIMATMUL_TUNE_MEMORY`` times the operands (or the rotation target, if larger), and a
 product that cannot be tuned within that runs Default with one warning.
 """

@@ -1,6 +1,6 @@
 """Noise is never stored as fact: a win is measured again against Default, sample by sample.
 
-Issue #12, item 7: tuning on a busy machine stored noise (``1x1024x1024 ... 24.26x``;
+Tuning on a busy machine once stored noise (``1x1024x1024 ... 24.26x``;
 Default recorded at 24 ms for a 97x509x31 product). A scripted timer plays the busy
 moment exactly, so that these verdicts do not depend on this machine's own load.
 """

@@ -171,7 +171,7 @@ def test_a_window_stays_correct_under_threads(env: Env) -> None:
     assert ut.stats()["routed"] == 4 * 30
 
 
-# --- errors stay PyTorch's (issue #12) -------------------------------------------------------
+# --- errors stay PyTorch's -------------------------------------------------------
 
 
 def _error(fn: Any) -> tuple[type, str]:

@@ -171,7 +171,7 @@ def test_native_kernels_make_the_lt_call(gpu_env: Env, bias: bool) -> None:
     lin = torch.nn.Linear(256, 192, bias=bias, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(96, 256, device="cuda", dtype=torch.bfloat16)
     reference = x.double() @ lin.weight.double().t() + (lin.bias.double() if bias else 0.0)
-    # A cuBLASLt kernel even where another backend's won (session 8: a Triton tile did).
+    # A cuBLASLt kernel even where another backend's won (a Triton tile may win).
     _tune_model(gpu_env, lin, x, backend="cublaslt")
     with torch.no_grad(), ut.enabled():
         assert routing._state.native_keys == ("CPU", "CUDA") and native.has_lt()
@@ -400,9 +400,8 @@ def test_a_captured_kernel_s_buffers_outlive_its_plans(gpu_env: Env) -> None:
     """A graph that captured a routed kernel with buffers of its own (a padded candidate:
     aligned copies of a product whose output rows are misaligned) writes those buffers at
     every replay. Plans retired after the capture (routing switched off and on, as the
-    Hugging Face benchmark does between its rounds) must not free them. Session 8: they
-    were freed after two retirements, and replays of compiled `generate` graphs wrote into
-    memory that other tensors held by then (calls that stopped early, position ids out of
+    Hugging Face benchmark does between its rounds) must not free them. Freed, they let
+    replays of compiled `generate` graphs write into memory that other tensors held by then (calls that stopped early, position ids out of
     range)."""
     from unimatmul.testing import prefer_kernel
 

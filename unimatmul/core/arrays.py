@@ -181,10 +181,9 @@ def kept_torch_buffer(shape: tuple[int, ...], strides: tuple[int, ...], dtype: A
 # Runners a CUDA graph may still use: one of their calls ran under capture, so a graph
 # holds the addresses of their kept buffers (workspaces, padded copies) and writes there at
 # every replay. Nothing says when that graph is gone, so they are kept for the process's
-# life, whatever forgets them otherwise (a plan retired, a signature evicted). Session 8:
-# routing's retired runners were freed after two retirements, and the compiled `generate`
-# graphs of Hugging Face models, replayed later, wrote split-K sums and padded copies into
-# memory that by then held other tensors.
+# life, whatever forgets them otherwise (a plan retired, a signature evicted). Freed, they
+# let the compiled `generate` graphs of Hugging Face models, replayed later, write split-K
+# sums and padded copies into memory that by then held other tensors.
 _graph_held: dict[int, Any] = {}
 _graph_held_lock = threading.Lock()
 

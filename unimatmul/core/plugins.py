@@ -236,8 +236,8 @@ class PluginManager:
             return (
                 f"no plugin is registered in the {ENTRY_POINT_GROUP!r} entry-point group, so not even "
                 "the built-in backends load: unimatmul is imported from a source tree that was never "
-                "installed; install it (`pip install -e '.[cpu]'` in the source tree, or "
-                "`pip install 'unimatmul[cpu]'`)"
+                "installed; install it from the repository's checkout: `pip install -e '.[cpu]'` "
+                "(unimatmul is not on a package index)"
             )
         why = self.load_notes()
         if report.loaded:

@@ -1,100 +1,9 @@
 """Read and write PyTorch TunableOp result files (``tunableop_results%d.csv``).
 
-Standard library only. Everything below was checked against pytorch/pytorch sources
-(``aten/src/ATen/cuda/tunable/*``, ``aten/src/ATen/native/cuda/Blas.cpp``,
-``torch/cuda/tunable.py``); PR numbers give the main-branch change, versions the first
-release that (as far as we could tell) ships it.
-
-File layout
------------
-One record per line, fields separated by bare commas (no quoting)::
-
-    Validator,PT_VERSION,2.7.0                        <- "Validator,<key>,<value>"
-    GemmTunableOp_BFloat16_TN,tn_8192_2_3584_ld_3584_3584_8192,Gemm_Hipblaslt_61169,0.0171694
-    <op name>,<params>,<solution>[,<time ms>[,BLAS_PARAMS: ...]]
-
-* Reader (``TuningContext::ReadFile``, every version): split on ``,``; ``Validator`` lines
-  need >= 3 fields; rows with >= 4 fields take ``atof(field 4)`` as the time, rows with
-  exactly 3 fields get time 0 ("the timestamp from the file is optional"). Extra fields are
-  ignored; torch >= 2.7 appends ``,BLAS_PARAMS: - { function: matmul, ... }`` (itself full
-  of commas) when ``PYTORCH_TUNABLEOP_BLAS_LOG=1``. Empty lines are skipped. The same
-  (op, params) twice: the first one wins.
-* Validators: ``PT_VERSION`` is mandatory and the key *set* must equal what the running
-  torch registers, values equal. CUDA builds register only ``PT_VERSION``. ROCm 2.3-2.6
-  at least (registered by the Gemm ops): ``ROCM_VERSION`` (``ROCM_BUILD_INFO``, e.g.
-  ``6.0.0.0-12969-1544e39``), ``GCN_ARCH_NAME`` (``gfx942:sramecc+:xnack-``),
-  ``ROCBLAS_VERSION`` (``4.0.0-72e57364-dirty``), ``HIPBLASLT_VERSION`` (header
-  ``0.6.0-a9c5cc7``; runtime ``800-bf2c3184`` since PR #131078, 2.5). Newer ROCm builds
-  (seen with PT_VERSION 2.9.1/2.10.0; the switching PR was not pinned down) register in
-  the validator constructor ``HIP_VERSION`` (``TORCH_HIP_VERSION``, e.g. ``603``) instead
-  of ``ROCM_VERSION``, and the rocBLAS runtime string (``4.3.0.ef408db7-dirty``, PR
-  #147363). Torch keeps validators (and results) in
-  ``std::unordered_map``, so the order it writes them is unspecified; only the set
-  matters. :func:`write` keeps the order it is given; :meth:`TunableOpValidators.rocm`
-  and :meth:`TunableOpValidators.cuda` build them in torch's registration order.
-* File names: ``PYTORCH_TUNABLEOP_FILENAME`` (default ``tunableop_results.csv``) gets the
-  device ordinal at ``%d`` or else before the last ``.`` (:func:`results_filename`).
-  Offline tuning (torch >= 2.6, ``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``) writes
-  ``tunableop_untuned%d.csv`` (ordinal before the last ``.``, no ``%d`` support) with
-  lines ``<op name>,<params>[,BLAS_PARAMS: ...]`` and no validators (:func:`parse_untuned`).
-
-Op names (``TunableGemm.h``)
-----------------------------
-``GemmTunableOp_<T>_<AB>``, ``GemmAndBiasTunableOp_<T>_<AB>`` (2.4/2.5),
-``GemmStridedBatchedTunableOp_<T>_<AB>`` and ``ScaledGemmTunableOp_<A>_<B>_<C>_<AB>``
-(PR #123987, 2.4). ``<T>`` is ``TypeName<T>()``: ``float`` (``tf32`` when TF32 is on, newer
-torch), ``double``, ``Half``, ``BFloat16``, ``Float8_e4m3fn``, ``Float8_e5m2``,
-``Float8_e4m3fnuz``, ``Float8_e5m2fnuz``, ``Float8_e8m0fnu``, ``c10::complex<float>``,
-``c10::complex<double>``. ``<AB>`` is the BLAS-view layout (``N``/``T``). For ScaledGemm the
-three dtypes are those of PyTorch's ``mat1``, ``mat2`` and the output: ``Blas.cpp``
-``TUNABLE_DISPATCH`` picks ``ScaledGemmTunableOp<mat1 dtype, mat2 dtype, out>`` *without*
-the operand swap described below.
-
-Params (``GemmCommon.h`` ``Signature()``)
-----------------------------------------
-=============================  ==========================================================
-up to 2.6                      ``nt_M_N_K``; strided batched ``nt_M_N_K_B_batch``
-2.7+ (PR #146358, Feb 2025)    ``nt_M_N_K_ld_LDA_LDB_LDC``; ``nt_M_N_K_B_batch_ld_...``
-ScaledGemm 2.7+ (PR #146227)   ``..._ld_LDA_LDB_LDC_rw_<0|1>_bias_<None|ScalarType>``
-=============================  ==========================================================
-
-The trans characters are the ones handed to BLAS (``n``/``t``, ``c`` for conjugate).
-Strides are never part of the params (only of ``BLAS_PARAMS``). ``rw`` is 1 when both
-operands use row-wise scaling; the bias name is ``at::toString(ScalarType)`` (``Half``,
-``BFloat16``, ``Float``...). Unreleased main also accepts ``*`` for a dynamic dimension;
-it is read as :data:`WILDCARD`.
-
-Solutions
----------
-``Default`` (the untuned library call; the only one on CUDA before PR #186270),
-``Gemm_Rocblas_<idx>`` (all versions), ``Gemm_Hipblaslt_<AB>_<idx>`` (2.3-2.6, the layout
-letters were dropped by PR #147900, Feb 2025) and ``Gemm_Hipblaslt_<idx>`` (2.7+).
-Unreleased main (PR #186270) tunes cuBLASLt on CUDA as
-``Gemm_Cublaslt_id_<algo>_tile_..._custom_<n>[_inner_<n>_cluster_<n>]``. A bare integer
-(``1219``) only appears in the example of the initial TunableOp README (PT_VERSION
-``2.2.0``, a pre-release); no released torch writes one and torch cannot dispatch it.
-It is parsed with source ``"bare"`` (library unknown). Indices are read as signed ints.
-
-Row-major convention (what :meth:`TunableOpGemm.row_major` undoes)
--------------------------------------------------------------------
-TunableOp records the GEMM as the column-major BLAS call sees it. For a row-major
-``C[m, n] = A[m, k] @ B[k, n]`` with a row-major (contiguous) output, ``Blas.cpp``
-``cublasCommonArgs`` sets ``transpose_result`` and calls BLAS for ``C^T = B^T A^T``::
-
-    mata = prepare_matrix_for_cublas(transpose_result ? mat2 : mat1, ...)
-    m = mat1_sizes[transpose_result ? 1 : 0];   // mat1_sizes = mata->sizes() = B's
-    n = mat2_sizes[transpose_result ? 0 : 1];   // mat2_sizes = matb->sizes() = A's
-
-so TunableOp's ``(m, n)`` are our ``(n, m)``, its ``transa``/``lda`` describe our B and its
-``transb``/``ldb`` our A, ``ldc`` is C's row stride. torch's own offline tuner reads it the
-same way (``torch/cuda/tunable.py`` ``_process_single_offline_gemm``):
-``[n, m, k] = params[1:4]``, ``trans_b = layout[0] == "T"``, ``trans_a = layout[1] == "T"``,
-``[ldb, lda, ldc] = ...``. Example: ``x[2, 3584] @ W.T`` with ``W[8192, 3584]`` (a Linear)
-is recorded as ``GemmTunableOp_BFloat16_TN,tn_8192_2_3584_ld_3584_3584_8192``. The file
-cannot say whether torch took the non-swapped path (an output that is itself column-major);
-:meth:`~TunableOpGemm.row_major` assumes the swap, which is the contiguous-output case.
-In the row-major view ``trans_a`` means A is stored column-major (a transposed view) and
-``lda`` is then A's stride along k, as in :mod:`unimatmul.core.problem`.
+Standard library only. Parses the rows, validators, op names, params and solutions of every
+format torch has written, and maps TunableOp's column-major view of a GEMM to unimatmul's
+row-major one (:meth:`TunableOpGemm.row_major`). The format, version by version, with its
+sources: ``docs/tunableop-format.md``.
 """
 
 from __future__ import annotations
@@ -228,7 +137,7 @@ _SOLUTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"_swizzle_\d+_custom_\d+(?:_inner_\d+_cluster_\d+)?"
         ),
     ),
-    # Unmerged PR #133896 iterations: heuristic rank, not an algo id.
+    # An unmerged upstream proposal's form: a heuristic rank, not an algo id (docs/tunableop-format.md).
     ("cublaslt", re.compile(r"Gemm_Cublaslt_(?P<layout>[NT]_?[NT])_(?P<idx>\d+)")),
     ("bare", re.compile(r"(?P<idx>-?\d+)")),
 )

@@ -76,7 +76,7 @@ def register(registry: Any = None) -> RoutingCollector:
     try:
         from prometheus_client import REGISTRY
     except ImportError as exc:
-        msg = "unimatmul.torch.metrics needs prometheus-client: pip install 'unimatmul[metrics]'"
+        msg = "unimatmul.torch.metrics needs prometheus-client: pip install -e '.[metrics]' in the unimatmul checkout"
         raise ImportError(msg) from exc
     collector = RoutingCollector()
     (registry if registry is not None else REGISTRY).register(collector)

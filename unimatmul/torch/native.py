@@ -158,7 +158,7 @@ def _build(cuda: bool) -> str | None:
     from torch.utils import cpp_extension
 
     _find_ninja()
-    # 10-40 s of compiler time that would otherwise pass in silence (issue #12).
+    # 10-40 s of compiler time that would otherwise pass in silence.
     sys.stderr.write(
         f"unimatmul: building the native routing kernels for the {'GPU' if cuda else 'CPU'} "
         "(once per PyTorch version, 10-40 s)...\n"

@@ -3,8 +3,8 @@
 The harness measures a candidate in isolation: inputs rotated through more memory than
 the last-level cache, CUDA-graph replays, no neighbours. Inside a program the caches,
 the neighbouring kernels, the launch stream and the host's own cost per call differ,
-and a choice that won in isolation can lose there (issue #13: every choice of an H200
-model won in the harness, and the model ran 0.95-0.98x). So when a choice comes from a
+and a choice that won in isolation can lose there (every choice of a model on the H200
+won in the harness, and the model ran 0.95-0.98x; ``docs/torch.md``). So when a choice comes from a
 record (tuned now, found in the cache, or a bucket's), its first real calls are a
 *window*: they run the choice and Default alternately, each call timed where it runs
 (CUDA/HIP events on the caller's stream on a GPU, a monotonic clock on the CPU), and
@@ -126,9 +126,8 @@ def default_in_graphs(problem: Problem, record: TuningRecord, tie: str | None) -
     A tie does (its gain is host time, which a replay has not). So does a scaled (fp8)
     winner whose tuning margin over Default is under ``UNIMATMUL_SCALED_GRAPH_MIN_GAIN``
     (5 %). On the H200 such per-tensor choices, 1-3 % ahead in the harness, made the fp8
-    stack's CUDA graphs 1.1-1.6 % slower in one run of three (session 9: a routed 128x32
-    kernel ran about 14 % slower inside the graph than PyTorch's, and PyTorch's unrouted
-    gate/up kernel 7 % slower beside it), while graphs of the same kernels differ by up to
+    stack's CUDA graphs 1.1-1.6 % slower (a routed 128x32 kernel ran about 14 % slower
+    inside the graph than PyTorch's), while graphs of the same kernels differ by up to
     1.6 % from one capture to the next: a margin that small cannot be told from that, and
     a graph keeps what it captured. Eager calls keep such a choice (their windows judge it
     where it runs).

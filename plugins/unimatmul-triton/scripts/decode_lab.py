@@ -1,6 +1,6 @@
-"""Decode on the H200: a GEMV built like the weight-read kernel, against the plugin's (issue #14).
+"""Decode on the H200: a GEMV built like the weight-read kernel, against the plugin's.
 
-Session 6 found the plugin's GEMV and skinny kernels 1.9-2.5 us above a kernel that only
+The plugin's GEMV and skinny kernels ran 1.9-2.5 us above a kernel that only
 reads the weight, on the 33-34 MB weights, whatever their configuration. The read kernel's
 fastest configurations stream 32 KB a program per iteration (``block=16384``, 8 warps), two
 programs per SM, each over one contiguous chunk. This script tries a GEMV shaped the same

@@ -593,7 +593,7 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
 
 #: The tuning runs (TUNE_RUNS picks some, by name; all but "profiled" by default): their
 #: titles and environments. "warm-4ms": twice the default measuring budget per candidate
-#: (the default until session 7), to compare its winners and times with "warm"'s.
+#: (the earlier default), to compare its winners and times with "warm"'s.
 #: "profiled": warm under cProfile (tune-warm-profile.txt); its times are inflated.
 TUNE_RUNS: dict[str, tuple[str, dict[str, str]]] = {
     "first": ("first (Triton cache empty)", {}),

@@ -284,7 +284,7 @@ def test_the_model_offers_a_short_list_with_every_family_leading(problem: Proble
 def test_unvectorised_loads_are_offered_the_two_best_configs(
     backend: TritonBackend, problem: Problem, vector: bool
 ) -> None:
-    # Session 5 on the H200: every tile config of 1000^3 ran ~20x slower than cuBLASLt's
+    # On the H200 every tile config of 1000^3 ran ~20x slower than cuBLASLt's
     # best, of 1024 x 1025 x 1024 ~2x slower than the padded one: Triton's loads cannot be
     # vectorised there. The model's two best are still measured.
     assert vector_loads(problem) is vector

@@ -91,7 +91,7 @@ class TritonBackend(Backend):
         try:
             import triton
         except Exception as exc:
-            return f"triton is not installed ({type(exc).__name__}: {exc}); pip install 'unimatmul[triton]'"
+            return f"triton is not installed ({type(exc).__name__}: {exc}); pip install -e '.[triton]' in the unimatmul checkout"
         try:
             import torch
         except Exception as exc:
@@ -307,7 +307,7 @@ class TritonInterpreterBackend(TritonBackend):
 
             from unimatmul_triton import kernels
         except Exception as exc:
-            return f"triton is not installed ({type(exc).__name__}: {exc}); pip install 'unimatmul[triton]'"
+            return f"triton is not installed ({type(exc).__name__}: {exc}); pip install -e '.[triton]' in the unimatmul checkout"
         for jitted in (standard.cdiv, kernels.tile_kernel):
             if type(jitted).__name__ != "InterpretedFunction":
                 return (

@@ -36,12 +36,12 @@ NAMES = (GEMV, ROWS, SKINNY, TILE, PERSISTENT)
 FMA_KERNELS = (GEMV, ROWS)
 
 GEMV_MAX_M = 8
-#: The rows kernel: m = 1 only. Session 9 on the H200 (decode_lab.py): at m = 1 it ran
+#: The rows kernel: m = 1 only. On the H200 (decode_lab.py): at m = 1 it ran
 #: 1x4096x4096 in 11.3 us against the GEMV's 12.2 (torch 13.5); at m = 4 its per-tile
 #: sums over a [4, block_n, block_k] product were 1.3-1.7x slower than the best offered.
 ROWS_MAX_M = 1
 #: Its tiles (block_n, warps), of block_k = K's next power of two in [1024, 4096]: 8-32 KB
-#: of whole weight rows a program, the size the weight-read kernel streams. In session 9's
+#: of whole weight rows a program, the size the weight-read kernel streams. In decode_lab's
 #: sweep (114-128 configs a shape, block_n 1-16, block_k 512-4096, 1-4 programs a SM or one
 #: per tile) these were the fastest or within 1 % of it on every K = 4096 weight, and
 #: every winner ran one program a tile. The sweep had no split-K, and the space offers none.
@@ -383,7 +383,7 @@ def vector_loads(problem: Problem) -> bool:
     multiple of 16, and a pointer from the Problem's alignment (``launch.plan_for``). A
     stride that steps between rows of A or B (over a dimension longer than 1) and is not a
     multiple of 16, or a pointer below 16 bytes, leaves every row start unproven, and the
-    loads go element by element. Measured on the H200 (session 5): every tile candidate
+    loads go element by element. Measured on the H200: every tile candidate
     of 1000^3 (lda = ldb = 1000) took ~166 us against cuBLASLt's 7.7, and of
     1024 x 1025 x 1024 (ldb = 1025) 34 us against 15 (padded).
     """
