@@ -88,7 +88,7 @@ def test_qwen3_moe_lists_its_experts_as_grouped_problems() -> None:
         "k_proj": (16, 512, 2048, 48),
         "v_proj": (16, 512, 2048, 48),
         "o_proj": (16, 2048, 4096, 48),
-        "mlp.gate (router)": (16, 128, 2048, 48),
+        "mlp.gate": (16, 128, 2048, 48),
         "mlp.experts.gate_up": (128, 1536, 2048, 48),  # 16 tokens x top-8 rows
         "mlp.experts.down": (128, 2048, 768, 48),
         "lm_head": (16, 151936, 2048, 1),
@@ -104,7 +104,7 @@ def test_qwen3_moe_lists_its_experts_as_grouped_problems() -> None:
     tp4 = _by_name(model_gemms(config, (16,), tp=4), 16)
     assert tp4["mlp.experts.gate_up"] == (128, 384, 2048, 48)
     assert tp4["mlp.experts.down"] == (128, 2048, 192, 48)
-    assert tp4["mlp.gate (router)"] == (16, 128, 2048, 48)  # routers are replicated
+    assert tp4["mlp.gate"] == (16, 128, 2048, 48)  # routers are replicated
 
 
 def test_qwen3_moe_dense_layers_from_mlp_only_layers_and_sparse_step() -> None:

@@ -287,7 +287,7 @@ def _gemms(c: _Reader, kind: str, t: int, tp: int, dtype: str) -> Iterable[Model
         yield linear("mlp.up_proj", inner_here, h, dense_layers, mlp_bias)
         yield linear("mlp.down_proj", h, inner_here, dense_layers, mlp_bias)
     if moe_layers:
-        yield linear("mlp.gate (router)", experts, h, moe_layers, router_bias)
+        yield linear("mlp.gate", experts, h, moe_layers, router_bias)
         if shared_inner:
             shared_here = _split(shared_inner, tp, "the shared experts' intermediate size")
             yield linear("mlp.shared_experts.gate_proj", shared_here, h, moe_layers)
