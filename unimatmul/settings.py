@@ -247,6 +247,23 @@ GPU_BUDGET_S = declare(
     "measuring time per candidate on a GPU (default 0.002)",
 )
 
+TUNE_BUDGET_S = declare(
+    "UNIMATMUL_TUNE_BUDGET_S",
+    "float",
+    None,
+    parse_float(0.0),
+    "seconds of tuning a program may spend in `tune` mode (default: no limit); once spent, problems "
+    "not tuned yet run Default and are not tuned in that process (one warning; see `docs/tuning.md`)",
+)
+TUNE_CAP_S = declare(
+    "UNIMATMUL_TUNE_CAP_S",
+    "float",
+    None,
+    parse_float(0.0),
+    "the most seconds tuning one problem may take (default: no cap); candidates not measured when it "
+    "is spent are left out of that problem's record (see `docs/tuning.md`)",
+)
+
 # Confirming tuned choices where they run (unimatmul.tuning.confirm)
 CONFIRM = declare(
     "UNIMATMUL_CONFIRM",

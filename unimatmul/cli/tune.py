@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from unimatmul.cache.errors import CacheWriteError
-from unimatmul.cli import output
+from unimatmul.cli import output, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
 from unimatmul.core.backend import Target
 from unimatmul.core.notices import size_text
@@ -40,7 +40,10 @@ def add_command(sub: Any) -> None:
         help="a problem to tune (repeatable); BxMxNxK for batched",
     )
     p.add_argument("--preset", action="append", metavar="NAME", help="a shape suite of a real model")
-    p.add_argument("--dtype", default="f32", help="dtype for shapes without one (default: f32)")
+    p.add_argument(
+        "--dtype",
+        help="dtype for shapes without one (default: f32), or of a --model (default: its torch_dtype)",
+    )
     p.add_argument("--force", action="store_true", help="tune again even when the cache has an answer")
     p.add_argument("--budget-ms", type=float, default=None, help="measuring time per candidate")
     p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
@@ -59,6 +62,7 @@ def add_command(sub: Any) -> None:
         help="tune every bucket of m up to each problem's m: pow2 (default), pow2:MAX or M1,M2,...",
     )
     p.add_argument("--max-m", type=int, metavar="M", help="with --buckets: sweep the buckets up to M")
+    tune_model.add_options(p)
     p.set_defaults(func=cmd_tune)
 
 
@@ -79,15 +83,18 @@ def read_problem_file(path: str | Path) -> ReadResult:
 
 def _shape_problems(args: argparse.Namespace) -> list[Problem]:
     texts: list[str] = []
+    dtype = args.dtype or "f32"
     presets = get_selector().plugins.presets()
     for name in args.preset or []:
         if name not in presets:
             valid = ", ".join(sorted(presets)) or "none"
             raise CliError(f"unknown preset {name!r}; valid presets: {valid}")
-        texts.extend(f"{shape}:{args.dtype}" for shape in presets[name].shapes)
-    texts.extend(s if ":" in s else f"{s}:{args.dtype}" for s in args.shape or [])
+        texts.extend(f"{shape}:{dtype}" for shape in presets[name].shapes)
+    texts.extend(s if ":" in s else f"{s}:{dtype}" for s in args.shape or [])
     if not texts:
-        raise CliError("nothing to tune: give --shape MxNxK[:dtype], --preset NAME or --from FILE")
+        raise CliError(
+            "nothing to tune: give --shape MxNxK[:dtype], --preset NAME, --from FILE or --model CONFIG"
+        )
     problems: dict[str, Problem] = {}
     for text in texts:
         try:
@@ -102,9 +109,11 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str]]:
     """The distinct jobs the arguments ask for, and notes on what was skipped."""
     jobs: list[TuneJob] = []
     notes: list[str] = []
-    if args.shape or args.preset or not args.from_file:
+    if args.shape or args.preset or not (args.from_file or getattr(args, "model", None)):
         default = output.target(args.array, args.device)
         jobs.extend(TuneJob(p, default) for p in _shape_problems(args))
+    if getattr(args, "model", None):
+        jobs.extend(tune_model.model_jobs(args))
     if args.from_file:
         try:
             found = read_problem_file(args.from_file)
@@ -209,6 +218,9 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm import tqdm
 
     check_options(args)
+    tune_model.check_options(args)
+    if args.dry_run:
+        return tune_model.dry_run(args, out)
     if args.json:
         output.check_writable(args.json, "--json")
     jobs, notes = build_jobs(args)
@@ -228,11 +240,15 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
     rows: list[list[str]] = []
     results = []
-    bar = tqdm(jobs, desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
-    for job in bar:
+    plan = tune_model.plan(args, jobs)
+    bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
+    for item in plan.order(selector, force=args.force):
+        job = item.job
         problem = job.problem
-        bar.set_postfix_str(f"{job.label} {problem.dtype_a}")
-        record, source = job.run(selector, force=args.force)
+        bar.set_postfix_str(f"{job.label} {problem.dtype_a}, coverage {plan.coverage():.0%}")
+        record, source = job.run(selector, force=args.force, cap_s=plan.cap_for_next())
+        plan.done(item, record, source)
+        bar.update()
         rows.append(
             [
                 job.label,
@@ -252,6 +268,7 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    out.write(plan.summary() + "\n")
     # After the table: a file that cannot be written after all loses nothing shown.
     if args.json:
         try:

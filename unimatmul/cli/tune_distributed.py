@@ -21,7 +21,7 @@ import math
 import sys
 from typing import Any, TextIO
 
-from unimatmul.cli import tune
+from unimatmul.cli import tune, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, fmt_us, table
 from unimatmul.core.backend import Target
 from unimatmul.tuning.distributed import (
@@ -98,6 +98,10 @@ def _local_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str], str
 def cmd_tune_distributed(args: argparse.Namespace, out: TextIO) -> int:
     from tqdm import tqdm
 
+    tune_model.check_options(args)
+    for flag, given in (("--budget", args.budget), ("--cap", args.cap), ("--dry-run", args.dry_run)):
+        if given:
+            raise CliError(f"{flag} does not apply with --distributed (each rank tunes a share of every job)")
     jobs, notes, kind = _local_jobs(args)
     try:
         group = launch(kind)

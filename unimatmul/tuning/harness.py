@@ -63,6 +63,9 @@ MAX_WIDEN = 64.0
 #: Rotated sets that together take less than this stay in a core's L2 whatever their order.
 TINY_ROTATION_BYTES = 2 << 20
 
+#: The note of a candidate left out because its problem's cap (``cap_s``) was spent.
+CAPPED = "not measured: the problem's time cap was spent"
+
 # Confidence of a record (settings["confidence"]).
 HIGH, LOW = "high", "low"
 
@@ -244,6 +247,8 @@ class Harness:
     def __init__(self, timer: Timer, settings: HarnessSettings | None = None) -> None:
         self.timer = timer
         self.settings = settings or HarnessSettings()
+        # perf_counter() time after which no further candidate starts (measure's cap_s).
+        self._deadline = math.inf
 
     # --- the whole run --------------------------------------------------------------------
     def measure(
@@ -256,13 +261,21 @@ class Harness:
         beta: float = 0.0,
         versions: dict[str, str] | None = None,
         progress: Callable[[str], None] | None = None,
+        cap_s: float | None = None,
     ) -> TuningRecord:
         """Check and time each (candidate, prepare) pair; Default must be among them.
+
+        ``cap_s``: once this many seconds have passed, candidates not started yet are not
+        measured (Default always is); the record says how many were left out
+        (``settings["capped"]``). None: ``UNIMATMUL_TUNE_CAP_S``, else no cap.
 
         Raises :class:`TuningTooLarge` (before allocating anything) when the product
         cannot be tuned within the memory bound.
         """
         started = time.perf_counter()
+        if cap_s is None:
+            cap_s = env.TUNE_CAP_S.get()
+        self._deadline = started + cap_s if cap_s is not None else math.inf
         settings = self.settings
         adapter, device = target.adapter, target.device
         rng = np.random.default_rng(settings.seed)
@@ -289,6 +302,8 @@ class Harness:
             results.append(entry.result)
             if progress is not None:
                 progress(candidate.identity)
+            if self._past_deadline(entry):
+                continue
             try:
                 entry.runner = prepare()
                 for _ in range(2):
@@ -415,6 +430,9 @@ class Harness:
         if verdict:
             # "repeat", not "confirm": that key is the in-situ verdict (unimatmul.tuning.confirm).
             record_settings["repeat"] = verdict if why else {"verdict": verdict["verdict"]}
+        capped = sum(1 for r in results if r.note == CAPPED)
+        if capped:
+            record_settings["capped"] = {"cap_s": round(cap_s or 0.0, 3), "left_out": capped}
         if why:
             record_settings.update(low_because=why, noise=noise)
             if load is not None:
@@ -612,6 +630,8 @@ class Harness:
                 (firsts[id(e)] for e in entries if id(e) in firsts and e.result.status == OK),
                 default=math.inf,
             )
+            if self._past_deadline(entry):
+                continue
             calls = [_bind(runner, s, alpha, beta) for s in sets]
             if settle > 0:
                 # BLAS thread pools (OpenBLAS, OpenMP) spin for a while after their last
@@ -642,6 +662,13 @@ class Harness:
             if entry.times:
                 entry.result.median_s = entry.median()
 
+    def _past_deadline(self, entry: _Entry) -> bool:
+        """Mark a candidate (never Default) left out because the problem's cap is spent."""
+        if entry.candidate == DEFAULT or time.perf_counter() <= self._deadline:
+            return False
+        entry.result.status, entry.result.note = PRUNED, CAPPED
+        return True
+
     def _take(self, entry: _Entry) -> None:
         assert entry.sample is not None
         t0 = time.perf_counter()
@@ -668,6 +695,8 @@ class Harness:
                     return
             if len(entry.times) >= settings.min_samples and entry.spent_s >= settings.budget_s:
                 return
+            if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
+                return  # the problem's cap: two samples give a median to compare
 
     def _sample_rounds(self, live: list[_Entry], late: _LateCheck | None = None) -> None:
         settings = self.settings
@@ -689,6 +718,8 @@ class Harness:
                 for e in self._unpruned(live, everyone)
                 if e.spent_s < settings.budget_s and len(e.times) < settings.max_samples
             ]
+            if time.perf_counter() > self._deadline:
+                return  # the problem's cap: every live entry has min_samples already
 
     def _unpruned(self, live: list[_Entry], everyone: list[_Entry]) -> list[_Entry]:
         """The entries of ``live`` still checked ok and within the prune ratio of the best

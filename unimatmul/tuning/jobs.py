@@ -47,22 +47,43 @@ class TuneJob:
         return record
 
     def run(
-        self, selector: Selector, *, force: bool = False, progress: Progress = None
+        self,
+        selector: Selector,
+        *,
+        force: bool = False,
+        progress: Progress = None,
+        cap_s: float | None = None,
     ) -> tuple[TuningRecord, str]:
         """(record, ``"tuned"`` or ``"cache"``)."""
         before = None if force else self.stored(selector)
         if before is not None:
             return before, "cache"
-        return self.tune(selector, progress=progress), "tuned"
+        return self.tune(selector, progress=progress, cap_s=cap_s), "tuned"
 
-    def tune(self, selector: Selector, *, store: bool = True, progress: Progress = None) -> TuningRecord:
+    def tune(
+        self,
+        selector: Selector,
+        *,
+        store: bool = True,
+        progress: Progress = None,
+        cap_s: float | None = None,
+    ) -> TuningRecord:
         """Tune this job now (whatever the cache holds); ``store=False`` keeps the
-        record out of the cache (distributed tuning stores it once, elsewhere)."""
+        record out of the cache (distributed tuning stores it once, elsewhere);
+        ``cap_s``: the most seconds its measuring may take."""
         if self.buckets is not None:
             return selector.tune_bucket(
-                self.problem, self.target, self.buckets, force=True, store=store, progress=progress
+                self.problem,
+                self.target,
+                self.buckets,
+                force=True,
+                store=store,
+                progress=progress,
+                cap_s=cap_s,
             )
-        return selector.tune(self.problem, self.target, force=True, store=store, progress=progress)
+        return selector.tune(
+            self.problem, self.target, force=True, store=store, progress=progress, cap_s=cap_s
+        )
 
 
 def bucket_jobs(jobs: Iterable[TuneJob], spec: Buckets, max_m: int | None, notes: list[str]) -> list[TuneJob]:

@@ -61,12 +61,14 @@ def default_record_path() -> Path:
 class RecordedProblem:
     """One problem met by a workload, and where: array library and device (``cuda:0``).
 
-    ``device`` is None when the source did not say (TunableOp's untuned file).
+    ``device`` is None when the source did not say (TunableOp's untuned file); ``calls``
+    is how often it was called, where the line says (``"calls"``), else None.
     """
 
     problem: Problem
     array: str = "torch"
     device: str | None = "cpu"
+    calls: int | None = None
 
     def to_line(self) -> str:
         data = {"problem": self.problem.key, "array": self.array, "device": self.device}
@@ -180,11 +182,13 @@ def parse_record_lines(text: str) -> ReadResult:
             if not isinstance(data, dict):
                 raise TypeError("not a JSON object")
             device = data.get("device")
+            calls = data.get("calls")
             problems.append(
                 RecordedProblem(
                     Problem.from_key(str(data["problem"])),
                     str(data.get("array", "torch")),
                     None if device is None else str(device),
+                    calls if isinstance(calls, int) and not isinstance(calls, bool) and calls > 0 else None,
                 )
             )
         except (ValueError, TypeError, KeyError) as exc:

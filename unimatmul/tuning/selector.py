@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from unimatmul import settings as env
 from unimatmul.cache.protocol import CacheStore, open_store
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core import notices
@@ -202,7 +203,10 @@ class Selector:
                 if gate is not None and gate(problem, target):
                     # Deferred (a distributed job decides at its next collective point).
                     return Decision(DefaultRunner(target.adapter, problem.activation), "deferred")
-                record, source = self.tune(problem, target), "tuned"
+                cap = self.tuning_allowance()
+                if cap is not None and cap <= 0.0:
+                    return Decision(default_runner(problem, target.adapter), "default")
+                record, source = self.tune(problem, target, cap_s=cap), "tuned"
             if record is None:
                 return Decision(default_runner(problem, target.adapter), "default")
             return self._decided(problem, target, record, source)
@@ -213,6 +217,25 @@ class Selector:
                 f"using Default for {problem.shape_text} {problem.dtype_a}: {type(exc).__name__}: {exc}",
             )
             return Decision(default_runner(problem, target.adapter), "fallback")
+
+    def tuning_allowance(self) -> float | None:
+        """Seconds the next problem tuned on a call may take: what is left of
+        ``UNIMATMUL_TUNE_BUDGET_S`` after this process's tuning so far (at most
+        ``UNIMATMUL_TUNE_CAP_S``), 0 once spent (one warning); None without a budget."""
+        budget = env.TUNE_BUDGET_S.get()
+        if budget is None:
+            return None
+        left = budget - self.stats.tune_s
+        if left <= 0.0:
+            self.warn_once(
+                "tune-budget",
+                f"the tuning budget ({env.TUNE_BUDGET_S.name}={budget:g}) is spent: {self.stats.tuned} "
+                f"problems tuned in {self.stats.tune_s:.2f} s; problems not tuned yet run Default and "
+                "are not tuned in this process",
+            )
+            return 0.0
+        cap = env.TUNE_CAP_S.get()
+        return left if cap is None else min(left, cap)
 
     def _decided(self, problem: Problem, target: Target, record: TuningRecord, source: str) -> Decision:
         """The Decision for a record's winner: as a window's verdict says, else in a window.
@@ -456,8 +479,10 @@ class Selector:
         force: bool = False,
         store: bool = True,
         progress: Progress = None,
+        cap_s: float | None = None,
     ) -> TuningRecord:
-        """Measure every candidate of ``problem`` and store the winner.
+        """Measure every candidate of ``problem`` and store the winner; ``cap_s``: the most
+        seconds measuring may take (candidates not reached by then are left out).
 
         When several threads ask for the same key at once, one tunes and the others
         wait for and reuse its record.
@@ -468,7 +493,9 @@ class Selector:
                 existing = self.lookup(problem, target)
                 if existing is not None:
                     return existing
-            record = self.tuner.tune(problem, target, versions=dict(platform.versions), progress=progress)
+            record = self.tuner.tune(
+                problem, target, versions=dict(platform.versions), progress=progress, cap_s=cap_s
+            )
             self.stats.tuned += 1
             self.stats.tune_s += record.tune_s
             if store:
@@ -484,9 +511,10 @@ class Selector:
         force: bool = False,
         store: bool = True,
         progress: Progress = None,
+        cap_s: float | None = None,
     ) -> TuningRecord:
         """Tune the bucket that holds ``problem.m``; store (unless ``store=False``) and
-        return its record.
+        return its record (``cap_s``: as for :meth:`tune`).
 
         An existing record of the same bucket (same range) is reused unless ``force``.
         """
@@ -497,7 +525,7 @@ class Selector:
             if existing is not None and bucket_range(existing) == buckets.bounds(rep):
                 return existing
         record = self.tuner.tune_bucket(
-            problem, target, buckets, versions=dict(platform.versions), progress=progress
+            problem, target, buckets, versions=dict(platform.versions), progress=progress, cap_s=cap_s
         )
         self.stats.tuned += 1
         self.stats.tune_s += record.tune_s

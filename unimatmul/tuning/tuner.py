@@ -182,9 +182,10 @@ class Tuner:
         *,
         versions: dict[str, str] | None = None,
         progress: Progress = None,
+        cap_s: float | None = None,
     ) -> TuningRecord:
         harness = Harness(self.timer_for(target), self.settings_for(target))
-        record = harness.measure(problem, target, entries, versions=versions, progress=progress)
+        record = harness.measure(problem, target, entries, versions=versions, progress=progress, cap_s=cap_s)
         if record.settings.get("confidence") == LOW:
             self._warn_unstable(problem, record)
         return record
@@ -231,11 +232,18 @@ class Tuner:
         *,
         versions: dict[str, str] | None = None,
         progress: Progress = None,
+        cap_s: float | None = None,
     ) -> TuningRecord:
-        """Measure every candidate of ``problem`` (stores nothing)."""
+        """Measure every candidate of ``problem`` (stores nothing); ``cap_s``: the most
+        seconds it may take (:meth:`Harness.measure`)."""
         started = time.perf_counter()
         record = self.measure(
-            problem, target, self.entries(problem, target), versions=versions, progress=progress
+            problem,
+            target,
+            self.entries(problem, target),
+            versions=versions,
+            progress=progress,
+            cap_s=cap_s,
         )
         record.tune_s = time.perf_counter() - started
         return record
@@ -263,8 +271,10 @@ class Tuner:
         *,
         versions: dict[str, str] | None = None,
         progress: Progress = None,
+        cap_s: float | None = None,
     ) -> TuningRecord:
-        """The record of the bucket that holds ``problem.m`` (stores nothing).
+        """The record of the bucket that holds ``problem.m`` (stores nothing); ``cap_s``
+        bounds the tuning of the representative (the check points time a few candidates).
 
         Its winner beats Default by ``min_gain`` at the representative, at either edge
         of the bucket and halfway between the representative and each edge, as
@@ -276,7 +286,7 @@ class Tuner:
             raise ValueError(msg)
         lo, hi = buckets.bounds(rep)
         started = time.perf_counter()
-        record = self.tune(problem.with_m(rep), target, versions=versions, progress=progress)
+        record = self.tune(problem.with_m(rep), target, versions=versions, progress=progress, cap_s=cap_s)
         ranked = sorted(
             (r for r in record.results if r.status == OK and r.median_s and r.identity != DEFAULT.identity),
             key=lambda r: r.median_s or math.inf,

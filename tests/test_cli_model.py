@@ -1,0 +1,158 @@
+"""``unimatmul tune --model``, ``--dry-run`` and ``--budget``: real tuning on this CPU
+(oneDNN and CPU torch), the real cache file."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unimatmul.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
+from unimatmul.tuning.model_configs import MODELS
+from unimatmul.tuning.model_gemms import load_config, model_gemms
+
+pytest.importorskip("torch")
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    out = StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue()
+
+
+def tiny_config(tmp_path: Path) -> Path:
+    """A Llama-shaped model small enough to tune many of its products in a second."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 80,
+        "torch_dtype": "float32",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def _rows(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("---")) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.strip() or line.startswith(("geometric-mean", "coverage:", "cache:")) or "GEMMs;" in line:
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_dry_run_lists_every_gemm_with_its_share_and_writes_nothing(isolated: Any) -> None:
+    code, text = run(
+        ["tune", "--model", "qwen3-30b-a3b", "--tokens", "1,2048", "--dry-run", "--device", "cuda"]
+    )
+    assert code == EXIT_OK
+    assert text.startswith("model: built-in qwen3-30b-a3b (https://huggingface.co/Qwen/Qwen3-30B-A3B/")
+    rows = _rows(text)
+    assert len(rows) == 16  # 8 GEMMs a pass (q, k, v, o, router, 2 expert groups, lm_head) x 2
+    shares = [float(next(c for c in row if c.endswith("%"))[:-1]) for row in rows]
+    assert sum(shares) == pytest.approx(100.0, abs=0.05)
+    experts = [row for row in rows if row[0].startswith("mlp.experts")]
+    assert len(experts) == 4 and all(row[-1] == "grouped" for row in experts)
+    assert "16 GEMMs; 10 distinct problems to tune" in text
+    assert re.search(
+        r"skipped: \d+\.\d% of the GEMM time is grouped \(MoE experts\): unimatmul cannot tune", text
+    )
+    assert "simple roofline" in text
+    assert not isolated.cache_path.exists()
+
+
+def test_dry_run_follows_tp_and_dtype(isolated: Any) -> None:
+    code, text = run(
+        ["tune", "--model", "llama-3-8b", "--tokens", "8", "--tp", "2", "--dtype", "f16", "--dry-run"]
+    )
+    assert code == EXIT_OK
+    rows = {row[0]: row for row in _rows(text)}
+    assert rows["q_proj"][2] == "8x2048x4096" and rows["o_proj"][2] == "8x4096x2048"
+    assert rows["mlp.down_proj"][2] == "8x4096x7168" and rows["lm_head"][2] == "8x64128x4096"
+    assert {row[4] for row in rows.values()} == {"f16"}
+
+
+def test_tune_model_tunes_each_distinct_problem_once(isolated: Any, tmp_path: Path) -> None:
+    config = tiny_config(tmp_path)
+    code, text = run(["tune", "--model", str(config), "--tokens", "1,4", "--quiet"])
+    assert code == EXIT_OK
+    derived = model_gemms(load_config(str(config))[0], (1, 4))
+    keys = {g.problem().key for g in derived}
+    assert isolated.store_count() == len(keys) == 10  # q=o, k=v, gate=up, down, lm_head: 5 a pass
+    namespace = next(iter(isolated.selector.store.namespaces()))
+    assert {key for _, key, _ in isolated.selector.store.items(namespace)} == keys
+    assert len(_rows(text)) == 10
+    assert "coverage: 100.0% of the GEMM time tuned in" in text
+    # again: all from the cache, nothing tuned
+    code, text = run(["tune", "--model", str(config), "--tokens", "1,4", "--quiet"])
+    assert code == EXIT_OK and text.count("cached") == 10
+
+
+def test_a_budget_stops_the_run_and_stores_what_it_finished(isolated: Any, tmp_path: Path) -> None:
+    config = tiny_config(tmp_path)
+    tokens = ",".join(str(t) for t in range(1, 61))
+    distinct = {g.problem().key for g in model_gemms(load_config(str(config))[0], range(1, 61))}
+    budget = 1.0
+    started = time.perf_counter()
+    code, text = run(["tune", "--model", str(config), "--tokens", tokens, "--budget", str(budget), "--quiet"])
+    wall = time.perf_counter() - started
+    assert code == EXIT_OK
+    stored = isolated.store_count()
+    assert 0 < stored < len(distinct)
+    assert len(_rows(text)) == stored
+    found = re.search(
+        r"coverage: (\d+\.\d)% of the GEMM time tuned in (\d+\.\d) s \(budget 1 s\); "
+        r"left out: (\d+) products \((\d+\.\d)%\): budget spent",
+        text,
+    )
+    assert found, text
+    coverage, spent, left, left_share = float(found[1]), float(found[2]), int(found[3]), float(found[4])
+    assert left == len(distinct) - stored
+    assert coverage + left_share == pytest.approx(100.0, abs=0.2)
+    # Tuning stopped at the budget (the last problem may finish its Default and checks).
+    assert spent <= budget + 0.3
+    assert wall < budget + 3.0  # the command's own start (plugins, platform) on top
+    # What was finished is in the cache file: a new process would use it.
+    code, text = run(["tune", "--model", str(config), "--tokens", tokens, "--budget", "0.01", "--quiet"])
+    assert code == EXIT_OK and text.count("cached") >= stored
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["--model", "nope"], EXIT_USAGE, "unknown model 'nope'"),
+        (["--model", "llama-3-8b", "--tp", "3", "--dry-run"], EXIT_USAGE, "does not split over --tp 3"),
+        (["--model", "llama-3-8b", "--tokens", "1,x"], EXIT_USAGE, "--tokens '1,x'"),
+        (["--model", "llama-3-8b", "--budget", "0"], EXIT_USAGE, "--budget must be a positive number"),
+        (["--shape", "8x8x8", "--cap", "-1"], EXIT_USAGE, "--cap must be a positive number"),
+        (["--shape", "8x8x8", "--tokens", "1"], EXIT_USAGE, "--tokens only applies with --model"),
+        (["--shape", "8x8x8", "--dry-run"], EXIT_USAGE, "--dry-run lists a model's GEMMs"),
+        (["--model", "llama-3-8b", "--buckets"], EXIT_USAGE, "does not take --buckets"),
+        (["--model", "/no/such/config.json"], EXIT_UNAVAILABLE, "cannot read --model /no/such/config.json"),
+    ],
+)
+def test_bad_model_options_are_refused_with_a_reason(
+    isolated: Any, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    assert run(["tune", *argv])[0] == code
+    assert message in capsys.readouterr().err
+    assert not isolated.cache_path.exists()
+
+
+def test_every_built_in_model_derives(isolated: Any) -> None:
+    for name in MODELS:
+        code, text = run(["tune", "--model", name, "--tokens", "1,512", "--dry-run"])
+        assert code == EXIT_OK, name
+        assert "huggingface.co" in text.splitlines()[0]

@@ -1,0 +1,131 @@
+"""Tuning within a budget: UNIMATMUL_TUNE_BUDGET_S in a program, the per-problem cap,
+and the order a plan spends a run's budget in (real tune mode, oneDNN and NumPy)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+import unimatmul
+from unimatmul.cache.record import PRUNED
+from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Target
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import CAPPED
+from unimatmul.tuning.jobs import TuneJob
+from unimatmul.tuning.plan import PlannedJob, TunePlan
+
+NUMPY = Target(adapter_for_kind("numpy"), CPU)
+
+
+def _shapes(count: int) -> list[tuple[int, int, int]]:
+    return [(8 + i, 16 + 8 * (i % 3), 24 + 8 * (i % 4)) for i in range(count)]
+
+
+def _matmul_checked(m: int, n: int, k: int, rng: np.random.Generator) -> None:
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    out = unimatmul.matmul(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_a_program_stops_tuning_once_its_budget_is_spent(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = 0.25
+    monkeypatch.setenv("UNIMATMUL_TUNE_BUDGET_S", str(budget))
+    rng = np.random.default_rng(3)
+    shapes = _shapes(60)
+    stats = isolated.selector.stats
+    with warnings.catch_warnings(record=True) as caught, unimatmul.mode("tune"):
+        warnings.simplefilter("always")
+        for shape in shapes:
+            _matmul_checked(*shape, rng)
+        tuned = stats.tuned
+        assert 0 < tuned < len(shapes)
+        # The problems met after the budget ran out run Default, and are not tuned later.
+        for shape in shapes:
+            _matmul_checked(*shape, rng)
+    assert stats.tuned == tuned
+    assert isolated.store_count() == tuned  # what was tuned is stored
+    # The last problem started with what was left and stopped at it (its Default
+    # measurement and numeric checks may run past it, by milliseconds here).
+    assert stats.tune_s < budget + 0.2
+    said = [str(w.message) for w in caught if "tuning budget" in str(w.message)]
+    assert len(said) == 1
+    assert "UNIMATMUL_TUNE_BUDGET_S=0.25" in said[0] and "run Default" in said[0]
+
+
+def test_without_a_budget_a_program_tunes_everything(isolated: Any) -> None:
+    rng = np.random.default_rng(4)
+    with unimatmul.mode("tune"):
+        for shape in _shapes(4):
+            _matmul_checked(*shape, rng)
+    assert isolated.selector.stats.tuned == 4
+    assert isolated.selector.tuning_allowance() is None
+
+
+def test_a_cap_measures_default_and_leaves_the_other_candidates_out(isolated: Any) -> None:
+    problem = Problem.from_shape(64, 64, 64, "f32")
+    full = isolated.selector.tune(problem, NUMPY, force=True)
+    assert len(full.results) > 1, "oneDNN offers candidates on this CPU"
+    capped = isolated.selector.tune(problem, NUMPY, force=True, cap_s=0.0)
+    default = capped.result(DEFAULT.identity)
+    assert default is not None and default.median_s and capped.winner == DEFAULT.identity
+    others = [r for r in capped.results if r.identity != DEFAULT.identity]
+    assert others and all(r.status == PRUNED and r.note == CAPPED and r.median_s is None for r in others)
+    assert capped.settings["capped"] == {"cap_s": 0.0, "left_out": len(others)}
+    assert "capped" not in full.settings
+
+
+def test_the_cap_setting_applies_where_no_cap_is_given(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UNIMATMUL_TUNE_CAP_S", "0")
+    record = isolated.selector.tune(Problem.from_shape(32, 48, 40, "f32"), NUMPY)
+    assert record.settings["capped"]["left_out"] >= 1
+    monkeypatch.setenv("UNIMATMUL_TUNE_BUDGET_S", "10")
+    assert isolated.selector.tuning_allowance() == 0.0  # min(what is left of the budget, the cap)
+
+
+def test_a_plan_tunes_the_largest_expected_gain_first_and_reports_coverage(isolated: Any) -> None:
+    problems = [Problem.from_shape(16, 16 * (i + 1), 32, "f32") for i in range(4)]
+    shares = [0.1, 0.4, 0.2, 0.3]
+    items = [
+        PlannedJob(TuneJob(p, NUMPY), s, f"p{i}")
+        for i, (p, s) in enumerate(zip(problems, shares, strict=True))
+    ]
+    cached = Problem.from_shape(8, 8, 8, "f32")
+    isolated.selector.tune(cached, NUMPY)
+    items.append(PlannedJob(TuneJob(cached, NUMPY), 0.01, "cached"))
+    plan = TunePlan(items, by_priority=True)
+    order = []
+    for item in plan.order(isolated.selector):
+        record, source = item.job.run(isolated.selector, cap_s=plan.cap_for_next())
+        plan.done(item, record, source)
+        order.append((item.what, source))
+    assert order[0] == ("cached", "cache")  # free: first, whatever its share
+    assert order[1] == ("p1", "tuned")  # then the largest share (no gain known yet)
+    assert {what for what, _ in order} == {"p0", "p1", "p2", "p3", "cached"}
+    assert plan.coverage() == pytest.approx(1.0)
+    assert plan.summary().startswith("coverage: 100.0% of the GEMM time tuned in ")
+
+
+def test_a_spent_plan_leaves_the_rest_out_with_its_share(isolated: Any) -> None:
+    now = [0.0]
+    items = [PlannedJob(TuneJob(Problem.from_shape(4, 8 * (i + 1), 8, "f32"), NUMPY), 1.0) for i in range(3)]
+    plan = TunePlan(items, budget_s=1.0, clock=lambda: now[0])
+    ran = []
+    for item in plan.order(isolated.selector):
+        assert plan.cap_for_next() == pytest.approx(1.0 - now[0])
+        record, source = item.job.run(isolated.selector, cap_s=plan.cap_for_next())
+        plan.done(item, record, source)
+        ran.append(item)
+        now[0] += 0.6  # each job "takes" 0.6 s on this clock
+    assert len(ran) == 2
+    assert plan.coverage() == pytest.approx(2 / 3)
+    assert [(round(x.share, 3), x.why) for x in plan.left_out] == [(0.333, "budget spent")]
+    assert "left out: 1 product (33.3%): budget spent" in plan.summary()

@@ -1,0 +1,199 @@
+"""``unimatmul tune --model CONFIG`` and ``--budget``: a model's GEMMs from its config, and
+a whole run within a time budget, spent where it is expected to gain the most.
+
+    unimatmul tune --model llama-3-8b --array torch --device cuda --budget 10
+    unimatmul tune --model path/to/config.json --tokens 1,8,64,2048 --tp 2 --dry-run
+
+The GEMMs come from :mod:`unimatmul.tuning.model_gemms`; the order, the budget and the
+coverage from :mod:`unimatmul.tuning.plan`. This module adds the options to the ``tune``
+command of :mod:`unimatmul.cli.tune` and builds what that command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import TextIO
+
+from unimatmul.cli import output
+from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError
+from unimatmul.core.backend import Target
+from unimatmul.tuning.jobs import TuneJob
+from unimatmul.tuning.model_gemms import DEFAULT_TOKENS, ConfigError, ModelGemm, load_config, model_gemms
+from unimatmul.tuning.plan import LeftOut, PlannedJob, TunePlan, problem_seconds, roofline_s
+from unimatmul.tuning.record_mode import parse_record_lines
+
+GROUPED = "grouped (MoE experts): unimatmul cannot tune grouped products yet"
+ROOFLINE_NOTE = (
+    "shares: estimated from FLOPs and bytes with a simple roofline (a nominal {device}), "
+    "each token count weighing the same; attention scores run in SDPA and are not GEMMs here"
+)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        metavar="CONFIG",
+        help="tune every GEMM of a model: a Hugging Face config.json (or its folder) or a built-in name",
+    )
+    p.add_argument(
+        "--tokens",
+        metavar="T1,T2,...",
+        help="with --model: token counts per forward pass (default: 1,2,...,64 and 512,...,8192)",
+    )
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="with --model: tensor-parallel degree")
+    p.add_argument(
+        "--dry-run", action="store_true", help="list what would be tuned, with shares; tune nothing"
+    )
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="the most seconds the whole run may take")
+    p.add_argument(
+        "--cap",
+        type=float,
+        metavar="SECONDS",
+        help="the most seconds one problem may take (UNIMATMUL_TUNE_CAP_S)",
+    )
+
+
+def check_options(args: argparse.Namespace) -> None:
+    for flag, value in (("--budget", args.budget), ("--cap", args.cap)):
+        if value is not None and not (0 < value < math.inf):
+            raise CliError(f"{flag} must be a positive number of seconds, got {value:g}")
+    if args.model is None:
+        for flag, given in (("--tokens", args.tokens), ("--tp", args.tp != 1)):
+            if given:
+                raise CliError(f"{flag} only applies with --model")
+    elif args.buckets:
+        raise CliError("--model tunes each token count exactly (--tokens); it does not take --buckets")
+    if args.tp < 1:
+        raise CliError(f"--tp must be at least 1, got {args.tp}")
+
+
+def tokens(args: argparse.Namespace) -> tuple[int, ...]:
+    if not args.tokens:
+        return DEFAULT_TOKENS
+    try:
+        found = tuple(int(part) for part in args.tokens.split(",") if part.strip())
+    except ValueError:
+        found = ()
+    if not found or min(found) < 1:
+        raise CliError(f"--tokens {args.tokens!r}: expected positive integers separated by commas")
+    return found
+
+
+def gemms(args: argparse.Namespace) -> tuple[list[ModelGemm], str]:
+    """The model's GEMMs as the arguments ask for them, and where its config came from."""
+    try:
+        config, source = load_config(args.model)
+        dtype = args.dtype
+        return model_gemms(config, tokens(args), tp=args.tp, dtype=dtype), source
+    except OSError as exc:
+        raise CliError(f"cannot read --model {args.model}: {exc.strerror or exc}", EXIT_UNAVAILABLE) from exc
+    except (ConfigError, TypeError) as exc:
+        raise CliError(f"--model {args.model}: {exc}") from exc
+
+
+def model_target(args: argparse.Namespace) -> Target:
+    """A model's products run in PyTorch: ``--array`` defaults to torch."""
+    return output.target(args.array or "torch", args.device)
+
+
+def model_jobs(args: argparse.Namespace) -> list[TuneJob]:
+    target = model_target(args)
+    return [TuneJob(g.problem(), target) for g in gemms(args)[0] if not g.grouped]
+
+
+def _gemm_seconds(gemm: ModelGemm, device_kind: str) -> float:
+    return gemm.layers * roofline_s(gemm.flops, gemm.min_bytes, gemm.dtype, device_kind)
+
+
+def _shares(found: list[ModelGemm], device_kind: str) -> list[float]:
+    """Each GEMM's share of its pass's time, divided by the number of passes."""
+    totals: dict[int, float] = {}
+    for g in found:
+        totals[g.tokens] = totals.get(g.tokens, 0.0) + _gemm_seconds(g, device_kind)
+    passes = len(totals)
+    return [_gemm_seconds(g, device_kind) / (totals[g.tokens] * passes) for g in found]
+
+
+def plan(args: argparse.Namespace, jobs: list[TuneJob]) -> TunePlan:
+    """The run's plan: each job's share (the model's roofline, a record file's call counts,
+    else each problem once), the budget and the cap."""
+    items: dict[tuple[str, Target], PlannedJob] = {}
+    left_out: list[LeftOut] = []
+    for job in jobs:
+        items.setdefault((job.problem.key, job.target), PlannedJob(job, 0.0))
+    if args.model:
+        found, _ = gemms(args)
+        target = jobs[0].target if jobs else None
+        kind = target.device.kind if target is not None else "cuda"
+        for gemm, share in zip(found, _shares(found, kind), strict=True):
+            what = f"{gemm.name} @ {gemm.tokens}"
+            if gemm.grouped:
+                left_out.append(LeftOut(what, share, GROUPED))
+                continue
+            item = items.get((gemm.problem().key, target))  # type: ignore[arg-type]
+            if item is not None:
+                item.share += share
+                item.what = f"{item.what}, {gemm.name}" if item.what else what
+    calls = _record_calls(args)
+    for (key, _), item in items.items():
+        if item.share == 0.0:
+            item.share = calls.get(key, 1) * problem_seconds(item.job.problem, item.job.target.device.kind)
+    by_priority = bool(args.model) or args.budget is not None
+    return TunePlan(
+        list(items.values()), left_out, budget_s=args.budget, cap_s=args.cap, by_priority=by_priority
+    )
+
+
+def _record_calls(args: argparse.Namespace) -> dict[str, int]:
+    """Call counts a record file's lines carry (``"calls"``), by problem key."""
+    if not args.from_file:
+        return {}
+    try:
+        text = Path(args.from_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}  # build_jobs read it already; a TunableOp file has no counts
+    counts: dict[str, int] = {}
+    for item in parse_record_lines(text).problems:
+        if item.calls:
+            counts[item.problem.key] = counts.get(item.problem.key, 0) + item.calls
+    return counts
+
+
+def dry_run(args: argparse.Namespace, out: TextIO) -> int:
+    """List the model's GEMMs and their shares; tune nothing, touch no cache."""
+    if not args.model:
+        raise CliError("--dry-run lists a model's GEMMs: give --model CONFIG")
+    found, source = gemms(args)
+    kind = (args.device or "cpu").partition(":")[0]
+    shares = _shares(found, kind)
+    rows = []
+    for gemm, share in zip(found, shares, strict=True):
+        layout = "NT" if gemm.trans_b else "NN"
+        status = "skipped: grouped" if gemm.grouped else "tune"
+        rows.append(
+            [
+                gemm.name,
+                str(gemm.tokens),
+                gemm.shape_text,
+                f"{layout}{' +bias' if gemm.bias else ''}",
+                gemm.dtype,
+                str(gemm.layers),
+                f"{share:.2%}",
+                status,
+            ]
+        )
+    out.write(f"model: {source}; tp {args.tp}\n")
+    output.table(rows, ["gemm", "tokens", "MxNxK", "layout", "dtype", "layers", "share", "status"], out)
+    dense = [g for g in found if not g.grouped]
+    distinct = len({g.problem().key for g in dense})
+    grouped = sum(s for g, s in zip(found, shares, strict=True) if g.grouped)
+    out.write(
+        f"{len(found)} GEMMs; {distinct} distinct problems to tune ({1 - grouped:.1%} of the GEMM time)\n"
+    )
+    if grouped:
+        out.write(f"skipped: {grouped:.1%} of the GEMM time is {GROUPED}\n")
+    device = "CPU" if kind == "cpu" else "GPU (H200)"
+    out.write(ROOFLINE_NOTE.format(device=device) + "\n")
+    return EXIT_OK

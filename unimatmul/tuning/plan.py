@@ -1,0 +1,169 @@
+"""A tuning run under a budget: which problem next, how long it may take, what is covered.
+
+Each job carries its **share** of the workload's GEMM time (a model's roofline estimate,
+a record file's call counts, or each problem once). A :class:`TunePlan` hands out first
+the jobs the cache answers already (they cost nothing), then the rest in order of
+expected gain x share, where the expected gain of a problem is the fraction of time that
+tuning saved on the problems of the same weight (n, k, dtype, layout) tuned so far in
+this run, else on all of them, else the same for all. With a budget, each job may take
+what is left of it (and at most the per-problem cap); once it is spent, the jobs not
+reached are left out. Every record is stored as it is made, so what was tuned is usable
+at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
+
+The roofline behind the shares is a simple one: ``max(flops / peak, bytes / bandwidth)``
+on a nominal device of the target's kind (:data:`ROOFLINES`); only ratios matter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.problem import Problem
+from unimatmul.tuning.jobs import TuneJob
+from unimatmul.tuning.selector import Selector
+
+#: (bytes per second, {dtype: multiply-add flops per second}) of a nominal device of each
+#: kind: an H200 (dense tensor-core peaks; f32 without TF32) and a many-core AVX-512 CPU.
+ROOFLINES: dict[str, tuple[float, dict[str, float]]] = {
+    "gpu": (4.8e12, {"f64": 67e12, "f32": 67e12, "bf16": 989e12, "f16": 989e12, "fp8": 1979e12}),
+    "cpu": (2e11, {"f64": 1.5e12, "f32": 3e12, "bf16": 6e12, "f16": 3e12, "fp8": 6e12}),
+}
+
+
+def roofline_s(flops: float, nbytes: float, dtype: str, device_kind: str = "cuda") -> float:
+    """Seconds a product takes on the nominal device of ``device_kind`` (cpu or a GPU)."""
+    bandwidth, peaks = ROOFLINES["cpu" if device_kind == "cpu" else "gpu"]
+    peak = peaks.get("fp8" if dtype.startswith("f8") else dtype, peaks["f32"])
+    return max(flops / peak, nbytes / bandwidth)
+
+
+def problem_seconds(problem: Problem, device_kind: str) -> float:
+    """:func:`roofline_s` of one call of ``problem``."""
+    return roofline_s(problem.flops, problem.min_bytes, problem.dtype_a, device_kind)
+
+
+@dataclass
+class PlannedJob:
+    """A job and its share of the workload's GEMM time (0..1 once in a plan)."""
+
+    job: TuneJob
+    share: float
+    what: str = ""  # what it serves, for tables (e.g. "q_proj @ 512 tokens")
+    record: TuningRecord | None = None
+    source: str = ""  # "tuned" or "cache" once run
+
+    @property
+    def weight(self) -> tuple[int, int, str, bool]:
+        p = self.job.problem
+        return (p.n, p.k, p.dtype_a, p.trans_b)
+
+
+@dataclass
+class LeftOut:
+    """Something of the workload not tuned, its share, and why."""
+
+    what: str
+    share: float
+    why: str
+
+
+@dataclass
+class TunePlan:
+    """Jobs in the order a budget is best spent on them (see the module docstring)."""
+
+    items: list[PlannedJob]
+    left_out: list[LeftOut] = field(default_factory=list)
+    budget_s: float | None = None
+    cap_s: float | None = None
+    by_priority: bool = True
+    clock: Callable[[], float] = time.perf_counter
+    started: float | None = None
+
+    def __post_init__(self) -> None:
+        total = sum(i.share for i in self.items) + sum(x.share for x in self.left_out)
+        if total > 0:
+            for item in self.items:
+                item.share /= total
+            for out in self.left_out:
+                out.share /= total
+
+    # --- time -------------------------------------------------------------------
+    def spent_s(self) -> float:
+        return 0.0 if self.started is None else self.clock() - self.started
+
+    def left_s(self) -> float:
+        return math.inf if self.budget_s is None else self.budget_s - self.spent_s()
+
+    def cap_for_next(self) -> float | None:
+        """The most seconds the next job may take (None: no limit)."""
+        cap = min(self.left_s(), self.cap_s if self.cap_s is not None else math.inf)
+        return None if math.isinf(cap) else max(cap, 0.0)
+
+    # --- order --------------------------------------------------------------------
+    def expected_gain(self, item: PlannedJob) -> float:
+        """The fraction of time tuning is expected to save on ``item`` (see the module docstring)."""
+        done = [i for i in self.items if i.source == "tuned" and i.record is not None]
+        same = [i for i in done if i.weight == item.weight]
+        pool = same or done
+        if not pool:
+            return 1.0
+        gains = [max(0.0, 1.0 - 1.0 / r.speedup) if r.speedup > 0 else 0.0 for r in _records(pool)]
+        return max(sum(gains) / len(gains), 0.01)  # never 0: the share still orders them
+
+    def order(self, selector: Selector, *, force: bool = False) -> Iterator[PlannedJob]:
+        """The jobs to run, one at a time: call :meth:`done` after each. Those the cache
+        answers come first; the others by priority (or as given) until the budget is spent."""
+        self.started = self.clock()
+        pending = list(self.items)
+        if not force:
+            stored = [i for i in pending if i.job.stored(selector) is not None]
+            for item in stored:
+                yield item
+            pending = [i for i in pending if i.source == ""]
+        while pending:
+            if self.left_s() <= 0:
+                for item in pending:
+                    self.left_out.append(LeftOut(item.what or item.job.label, item.share, "budget spent"))
+                return
+            item = (
+                max(pending, key=lambda i: (i.share * self.expected_gain(i), i.share))
+                if self.by_priority
+                else pending[0]
+            )
+            pending.remove(item)
+            yield item
+
+    def done(self, item: PlannedJob, record: TuningRecord, source: str) -> None:
+        item.record, item.source = record, source
+
+    # --- what was covered ------------------------------------------------------------
+    def coverage(self) -> float:
+        """The share of the workload's GEMM time whose problems now have a record."""
+        return sum(i.share for i in self.items if i.record is not None)
+
+    def summary(self) -> str:
+        """One line: the coverage, how long it took, and what was left out (why)."""
+        text = f"coverage: {self.coverage():.1%} of the GEMM time tuned in {self.spent_s():.1f} s"
+        if self.budget_s is not None:
+            text += f" (budget {self.budget_s:g} s)"
+        reasons: dict[str, list[LeftOut]] = {}
+        for out in self.left_out:
+            reasons.setdefault(out.why, []).append(out)
+        parts = [
+            f"{len(outs)} {'product' if len(outs) == 1 else 'products'} "
+            f"({sum(o.share for o in outs):.1%}): {why}"
+            for why, outs in reasons.items()
+        ]
+        if parts:
+            text += "; left out: " + "; ".join(parts)
+        return text
+
+
+def _records(items: Iterable[PlannedJob]) -> Iterator[TuningRecord]:
+    for item in items:
+        if item.record is not None:
+            yield item.record
