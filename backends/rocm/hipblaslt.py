@@ -69,7 +69,7 @@ _REVISION_BYTES = 128  # what torch and hipblaslt-bench pass to hipblasLtGetGitR
 #: Characters a kernel name may have to be kept in an identity (Tensile names are
 #: ``Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_...``); ``&``, ``=`` or ``?`` would
 #: break the identity's text form.
-_KERNEL_NAME = re.compile(r"[A-Za-z0-9_.:+-]+")
+KERNEL_NAME = re.compile(r"[A-Za-z0-9_.:+-]+")
 _MACRO_TILE = re.compile(r"_MT(\d+)x(\d+)x(\d+)")
 
 
@@ -259,7 +259,7 @@ class HipblasltBackend(LtBackend):
     def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, Any]:
         params: dict[str, Any] = {"index": plan.driver.abi.solution_index(algo.data)}
         kernel = self.ext.kernel_name(plan, algo) if self.ext is not None else ""
-        if kernel and _KERNEL_NAME.fullmatch(kernel):
+        if kernel and KERNEL_NAME.fullmatch(kernel):
             params["kernel"] = kernel
         return params
 
