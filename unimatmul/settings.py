@@ -444,6 +444,28 @@ HIPBLASLT_HEURISTICS = declare(
     owner="rocm",
 )
 
+
+def parse_pool(text: str) -> int:
+    """``all`` (-1), ``0`` (the heuristic only) or a count of solutions beyond the heuristic's."""
+    value = text.strip().lower()
+    if value in ("all", "auto", "on"):
+        return -1
+    if value in ("off", "no", "false"):
+        return 0
+    return parse_int(0)(value)
+
+
+HIPBLASLT_POOL = declare(
+    "UNIMATMUL_HIPBLASLT_POOL",
+    "int",
+    -1,
+    parse_pool,
+    "hipBLASLt solutions offered beyond the heuristic's, through the extension shim built at first "
+    "use: `all` (default: every solution of the type that supports the problem, as TunableOp), "
+    "`0` (the heuristic only, no shim) or a count (the best by the analytic order); see `docs/rocm.md`",
+    owner="rocm",
+)
+
 # The conformance suite
 CONFORMANCE_BACKEND = declare(
     "UNIMATMUL_CONFORMANCE_BACKEND",

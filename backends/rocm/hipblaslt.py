@@ -33,7 +33,9 @@ Nothing here has run on an AMD GPU. CI drives it through a fake libhipblaslt, an
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Mapping
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unimatmul import settings
@@ -47,6 +49,7 @@ from unimatmul_backends.lt.abi import (
 from unimatmul_backends.lt.backend import GEMM, LtBackend
 from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtPlan
 from unimatmul_backends.lt.runner import ArrayHooks
+from unimatmul_backends.rocm.hipblaslt_ext import ExtAPI, load_ext
 from unimatmul_backends.rocm.libraries import (
     ENV_HIPBLASLT,
     LibraryChoice,
@@ -63,9 +66,39 @@ REBUILD_COUNT = 1024
 _REVISION_BYTES = 128  # what torch and hipblaslt-bench pass to hipblasLtGetGitRevision
 
 
-def solution_candidate(index: int) -> Candidate:
-    """The Candidate of one hipBLASLt solution index (TunableOp's ``Gemm_Hipblaslt_<index>``)."""
+#: Characters a kernel name may have to be kept in an identity (Tensile names are
+#: ``Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_...``); ``&``, ``=`` or ``?`` would
+#: break the identity's text form.
+KERNEL_NAME = re.compile(r"[A-Za-z0-9_.:+-]+")
+_MACRO_TILE = re.compile(r"_MT(\d+)x(\d+)x(\d+)")
+
+
+def solution_candidate(index: int, kernel: str | None = None) -> Candidate:
+    """The Candidate of one hipBLASLt solution (TunableOp's ``Gemm_Hipblaslt_<index>``).
+
+    ``kernel``: the kernel name the index had when it was measured; a library build in
+    which the index names another kernel re-resolves it by name (``algo_from_params``).
+    """
+    if kernel:
+        return Candidate.make(NAME, GEMM, index=int(index), kernel=kernel)
     return Candidate.make(NAME, GEMM, index=int(index))
+
+
+def tile_order(m: int, n: int, kernel: str) -> tuple[float, int]:
+    """The analytic order of one solution for an m x n output (smaller first).
+
+    The macro tile of a Tensile kernel name (``MT<m>x<n>x<depth>``): first the share of
+    the tiles' area that holds output (the rest is padding work), then the larger tile
+    (more reuse per loaded byte). A name without a tile sorts last.
+    """
+    found = _MACRO_TILE.search(kernel)
+    if found is None:
+        return (2.0, 0)
+    mt0, mt1 = int(found.group(1)), int(found.group(2))
+    if mt0 < 1 or mt1 < 1:
+        return (2.0, 0)
+    covered = math.ceil(m / mt0) * mt0 * math.ceil(n / mt1) * mt1
+    return (1.0 - round((m * n) / covered, 2), -(mt0 * mt1))
 
 
 def read_version(cdll: Any) -> tuple[int, str]:
@@ -121,6 +154,8 @@ def select_abi(version: int) -> LtABI:
 
 
 Loader = Callable[[], tuple[Any, LibraryChoice]]
+#: (library path, version, revision, ABI table) -> the bound shim; raises when there is none.
+ExtLoader = Callable[[str, int, str, LtABI], ExtAPI]
 
 
 def _load_hipblaslt() -> tuple[Any, LibraryChoice]:
@@ -148,9 +183,16 @@ class HipblasltBackend(LtBackend):
         device_check: Callable[[], str | None] = hip_device_reason,
         runtime_check: Callable[[], str | None] = hip_runtime_device_reason,
         hooks: Callable[[Target], ArrayHooks] | None = None,
+        ext_loader: ExtLoader = load_ext,
     ) -> None:
         super().__init__()
         self._loader = loader or _load_hipblaslt
+        self._ext_loader = ext_loader
+        #: The extension shim (None: the heuristic path only; ``ext_reason`` says why).
+        self.ext: ExtAPI | None = None
+        self.ext_reason = "not loaded yet"
+        # Per GEMM type (operations, data and compute types): getAllAlgos's list.
+        self._pools: LRU[tuple[Any, ...], list[LtAlgo]] = LRU(64)
         self._device_check = device_check
         self._runtime_check = runtime_check
         self._hooks_factory = hooks
@@ -170,6 +212,10 @@ class HipblasltBackend(LtBackend):
         abi = select_abi(version)
         driver = LtDriver(abi, CtypesLtLibrary(abi, cdll, where.path))
         self.location, self.revision = where, revision
+        try:
+            self.ext, self.ext_reason = self._ext_loader(where.path, version, revision, abi), ""
+        except Exception as exc:  # no compiler, no headers, another version: the heuristic stays
+            self.ext, self.ext_reason = None, f"{type(exc).__name__}: {exc}"
         return driver
 
     def availability(self) -> str | None:
@@ -190,6 +236,15 @@ class HipblasltBackend(LtBackend):
     def heuristic_count(self) -> int:
         return settings.HIPBLASLT_HEURISTICS.get()
 
+    @property
+    def exhaustive(self) -> bool:
+        """With the shim, every solution of the type is offered (``extra_params``)."""
+        try:
+            self.driver()
+        except UnsupportedProblem:
+            return False
+        return self.ext is not None and settings.HIPBLASLT_POOL.get() != 0
+
     def hooks(self, target: Target) -> ArrayHooks:
         if self._hooks_factory is not None:
             return self._hooks_factory(target)
@@ -197,11 +252,58 @@ class HipblasltBackend(LtBackend):
 
     def close(self) -> None:
         self._heuristics.clear()
+        self._pools.clear()
         super().close()
 
-    # --- the algo codec: the solution index -------------------------------------------
-    def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, int]:
-        return {"index": plan.driver.abi.solution_index(algo.data)}
+    # --- the algo codec: the solution index and, with the shim, the kernel name ------
+    def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, Any]:
+        params: dict[str, Any] = {"index": plan.driver.abi.solution_index(algo.data)}
+        kernel = self.ext.kernel_name(plan, algo) if self.ext is not None else ""
+        if kernel and KERNEL_NAME.fullmatch(kernel):
+            params["kernel"] = kernel
+        return params
+
+    def _pool(self, plan: LtPlan) -> list[LtAlgo]:
+        """getAllAlgos for the plan's GEMM type (cached: it depends on the type only)."""
+        assert self.ext is not None
+        gemm = plan.gemm
+        key = (gemm.trans_a, gemm.trans_b, tuple(sorted(plan.types.items())), plan.compute)
+        found = self._pools.get(key)
+        if found is None:
+            found = self.ext.all_algos(plan)
+            self._pools.put(key, found)
+        return found
+
+    def extra_params(self, plan: LtPlan, seeds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Every other solution of the type that supports the plan, in the analytic order.
+
+        Pruned before anything is measured: solutions the support check refuses, those over
+        the workspace limit, repeats of an index; ``UNIMATMUL_HIPBLASLT_POOL=N`` keeps the N
+        first of the order (:func:`tile_order`), ``all`` every one.
+        """
+        if self.ext is None:
+            return []
+        abi, limit = plan.driver.abi, plan.workspace_limit
+        seen = {int(p["index"]) for p in seeds}
+        pool = self._pool(plan)
+        kept: list[tuple[tuple[float, int], int, dict[str, Any]]] = []
+        for algo in pool:
+            index = abi.solution_index(algo.data)
+            if index in seen:
+                continue
+            seen.add(index)
+            checked = self.ext.supported(plan, algo)
+            if checked is None or checked.workspace > limit:
+                continue
+            params = self.algo_params(plan, checked)
+            order = tile_order(plan.gemm.m, plan.gemm.n, str(params.get("kernel", "")))
+            kept.append((order, index, params))
+        kept.sort(key=lambda item: (item[0], item[1]))
+        cap = settings.HIPBLASLT_POOL.get()
+        if cap > 0:
+            kept = kept[:cap]
+        self.last_search = {"type_pool": len(pool), "offered": len(kept), "seeds": len(seeds)}
+        return [params for _, _, params in kept]
 
     def _by_index(self, plan: LtPlan) -> dict[int, LtAlgo]:
         """The heuristic's algos for ``plan``'s layout, by solution index (cached)."""
@@ -223,6 +325,18 @@ class HipblasltBackend(LtBackend):
         if not isinstance(index, int) or isinstance(index, bool):
             msg = f"a hipBLASLt identity needs an int 'index', got {dict(params)}"
             raise ValueError(msg)
+        kernel = params.get("kernel")
+        if kernel is not None and not isinstance(kernel, str):
+            msg = f"a hipBLASLt identity's 'kernel' is a name, got {kernel!r}"
+            raise ValueError(msg)
+        if self.ext is not None:
+            return self._rebuild(plan, index, kernel)
+        if kernel is not None:
+            msg = (
+                f"solution {index} was measured as kernel {kernel}; without the extension shim "
+                f"({self.ext_reason}) this library cannot say which kernel the index names now"
+            )
+            raise UnsupportedProblem(msg, backend=NAME)
         algos = self._by_index(plan)
         algo = algos.get(index)
         if algo is None:
@@ -232,3 +346,31 @@ class HipblasltBackend(LtBackend):
             )
             raise UnsupportedProblem(msg, backend=NAME)
         return algo
+
+    def _rebuild(self, plan: LtPlan, index: int, kernel: str | None) -> LtAlgo:
+        """getAlgosFromIndex, the support check, and the kernel name checked (or re-resolved)."""
+        assert self.ext is not None
+        abi = plan.driver.abi
+        algo = None
+        for found in self.ext.from_index(plan, [index]):
+            if abi.solution_index(found.data) == index:
+                algo = self.ext.supported(plan, found)
+                break
+        if algo is not None and (kernel is None or not self.ext.has_kernel_name):
+            return algo
+        if algo is not None and self.ext.kernel_name(plan, algo) == kernel:
+            return algo
+        if kernel is None:
+            msg = f"solution {index} does not exist in this hipBLASLt build or does not support the problem"
+            raise UnsupportedProblem(msg, backend=NAME)
+        # Indices move between builds; the kernel name is what was measured.
+        for candidate in self._pool(plan):
+            if self.ext.kernel_name(plan, candidate) == kernel:
+                moved = self.ext.supported(plan, candidate)
+                if moved is not None:
+                    return moved
+        msg = (
+            f"solution {index} no longer names kernel {kernel} in this hipBLASLt build, and no "
+            f"solution of the type does: the entry must be re-tuned"
+        )
+        raise UnsupportedProblem(msg, backend=NAME)

@@ -7,11 +7,16 @@ NULL list to learn the count, then the list), and keeps each index that
 flag makes rocBLAS validate the index without launching anything). A runner calls
 ``rocblas_gemm_ex`` with ``rocblas_gemm_algo_solution_index`` and that index.
 
-Identity: ``rocblas/solution?index=<i>``; the rocBLAS version string (the same text
-``rocblas_get_version_string`` gives and PyTorch TunableOp >= 2.7 writes as its
-``ROCBLAS_VERSION`` validator) goes into every record's versions. The index is
-the one TunableOp writes as ``Gemm_Rocblas_<i>``: rocBLAS numbers solutions from 1
-(``library/src/tensile_host.cpp`` ``getAllSolutions``: ``index + 1``).
+Identity: ``rocblas/solution?index=<i>&source=s:<tensile|hipblaslt>``; the rocBLAS
+version string (the same text ``rocblas_get_version_string`` gives and PyTorch TunableOp
+>= 2.7 writes as its ``ROCBLAS_VERSION`` validator) goes into every record's versions.
+The index is the one TunableOp writes as ``Gemm_Rocblas_<i>``. What it names depends on
+the rocBLAS version (:mod:`unimatmul.core.rocblas_indices`): up to 4.x every index is a
+Tensile solution numbered from 1; from 5.0 an index > 0 is a hipBLASLt solution and one
+below -10 a Tensile solution. So the identity names the source too, and an index whose
+source differs under the rocBLAS now loaded is refused (``check``, ``prepare``), never run
+as another kernel. An identity without a source (stored before it was recorded) means
+the unbiased numbering, the only one there was.
 
 Row-major ``C[m, n] = A[m, k] @ B[k, n]`` is the column-major ``C^T = B^T A^T``:
 rocBLAS's "A" is our B, its "B" our A, m and n swap, and so do lda/ldb and the batch
@@ -35,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedProblem, make_operands
+from unimatmul.core.rocblas_indices import SOURCES, biased_listing, index_source, legacy_source
 from unimatmul_backends.rocm.libraries import (
     ENV_ROCBLAS,
     LibraryChoice,
@@ -74,9 +80,26 @@ _TYPES: dict[tuple[str, str], tuple[int, int, type[ctypes._SimpleCData[Any]]]] =
 }
 
 
-def solution_candidate(index: int) -> Candidate:
-    """The Candidate of one rocBLAS solution index (TunableOp's ``Gemm_Rocblas_<index>``)."""
-    return Candidate.make(NAME, SOLUTION, index=int(index))
+def solution_candidate(index: int, source: str | None = None) -> Candidate:
+    """The Candidate of one rocBLAS solution (TunableOp's ``Gemm_Rocblas_<index>``).
+
+    ``source``: ``tensile`` or ``hipblaslt``, what the index named where it was listed.
+    """
+    if source is None:
+        return Candidate.make(NAME, SOLUTION, index=int(index))
+    if source not in SOURCES:
+        msg = f"a rocBLAS solution's source is one of {', '.join(SOURCES)}, not {source!r}"
+        raise ValueError(msg)
+    return Candidate.make(NAME, SOLUTION, index=int(index), source=source)
+
+
+def stored_source(candidate: Candidate) -> str | None:
+    """The source an identity names (recorded, or the unbiased meaning of an older one)."""
+    index = candidate.param("index")
+    source = candidate.param("source")
+    if isinstance(source, str):
+        return source
+    return legacy_source(index) if isinstance(index, int) else None
 
 
 class RocblasError(RuntimeError):
@@ -306,6 +329,9 @@ class RocblasBackend(Backend):
         self._version: str | None = None
         self._handles: dict[int, _Handle] = {}
         self._solutions: dict[tuple[str, int], list[int]] = {}
+        #: Whether the loaded rocBLAS numbers solutions the biased way (from its version,
+        #: or from a listing with an index below -10).
+        self.biased = False
         self._lock = threading.Lock()
 
     # --- the library --------------------------------------------------------------
@@ -320,6 +346,7 @@ class RocblasBackend(Backend):
                         if no_device is not None:
                             raise OSError(no_device)
                         self._version = api.version()
+                        self.biased = biased_listing(self._version, ())
                         self._api, self._where = api, where
                     except Exception as exc:  # not found, too old, broken install
                         self._error = f"{type(exc).__name__}: {exc}"
@@ -393,33 +420,46 @@ class RocblasBackend(Backend):
         with handle.lock, _on_device(target):
             listed = api.solutions(handle.value, g, *refs)
             found = [i for i in listed if api.check_index(handle.value, g, i, *refs)]
+        self.biased = self.biased or biased_listing(None, listed)
         self._solutions[key] = found
         return found
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
-        return [solution_candidate(i) for i in self.solution_indices(problem, target)]
+        found = []
+        for index in self.solution_indices(problem, target):
+            source = index_source(index, self.biased)
+            if source is not None:  # a reserved index (-9..0) names no solution
+                found.append(solution_candidate(index, source))
+        return found
+
+    def _refusal(self, problem: Problem, candidate: Candidate, target: Target) -> str | None:
+        """Why this rocBLAS cannot run ``candidate`` for ``problem`` (None: it can)."""
+        index = candidate.param("index")
+        if candidate.backend != NAME or candidate.name != SOLUTION or not isinstance(index, int):
+            return f"{candidate.identity} is not a rocBLAS candidate"
+        valid = self.solution_indices(problem, target)
+        if index not in valid:
+            return f"rocBLAS {self._version} has no solution {index} for {problem.key} ({len(valid)} solutions apply)"
+        now, stored = index_source(index, self.biased), stored_source(candidate)
+        if now != stored:
+            return (
+                f"rocBLAS {self._version} numbers index {index} as a {now or 'reserved'} solution; "
+                f"it was measured as a {stored or 'reserved'} one (another kernel)"
+            )
+        return None
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
-        index = candidate.param("index")
-        if candidate.backend != NAME or not isinstance(index, int):
-            return False
         try:
-            return index in self.solution_indices(problem, target)
+            return self._refusal(problem, candidate, target) is None
         except UnsupportedProblem:
             return False
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> RocblasRunner:
-        index = candidate.param("index")
-        if candidate.backend != NAME or candidate.name != SOLUTION or not isinstance(index, int):
+        if candidate.backend != NAME or candidate.name != SOLUTION:
             raise UnsupportedProblem(f"{candidate.identity} is not a rocBLAS candidate", problem=problem)
-        valid = self.solution_indices(problem, target)
-        if index not in valid:
-            raise UnsupportedProblem(
-                f"rocBLAS {self._version} has no solution {index} for {problem.key} "
-                f"({len(valid)} solutions apply)",
-                problem=problem,
-                backend=NAME,
-            )
+        refusal = self._refusal(problem, candidate, target)
+        if refusal is not None:
+            raise UnsupportedProblem(refusal, problem=problem, backend=NAME)
         return RocblasRunner(self.library(), self._handle(target), blas_view(problem), candidate, target)
 
 

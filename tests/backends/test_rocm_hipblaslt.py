@@ -35,8 +35,10 @@ from unimatmul_backends.lt.abi import (
     select_hipblaslt_abi,
     signatures_for,
 )
+from unimatmul_backends.lt.driver import LtAlgo
 from unimatmul_backends.lt.runner import ArrayHooks
-from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate
+from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate, tile_order
+from unimatmul_backends.rocm.hipblaslt_ext import ExtUnavailable
 from unimatmul_backends.rocm.libraries import LibraryChoice
 
 VERSIONS = {300: HIPBLASLT_5, 600: HIPBLASLT_6_0, 1000: HIPBLASLT_6, 100100: HIPBLASLT_1_1}
@@ -370,12 +372,18 @@ def host_hooks(target: Target) -> ArrayHooks:
     )
 
 
-def make_backend(fake: FakeHipblaslt) -> HipblasltBackend:
+def no_shim(library: str, version: int, revision: str, abi: LtABI) -> Any:
+    msg = "no extension shim in this test"
+    raise ExtUnavailable(msg)
+
+
+def make_backend(fake: FakeHipblaslt, ext: Any = None) -> HipblasltBackend:
     return HipblasltBackend(
         loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
         device_check=lambda: None,
         runtime_check=lambda: None,
         hooks=host_hooks,
+        ext_loader=no_shim if ext is None else (lambda *args: ext),
     )
 
 
@@ -554,3 +562,145 @@ def test_no_device_means_no_handle_is_made() -> None:
     with pytest.raises(UnsupportedProblem, match="no HIP device"):
         backend.versions()
     assert fake.calls == []  # not even hipblasLtCreate
+
+
+# --- the extension shim (getAllAlgos, getAlgosFromIndex, support check, kernel names) ----
+
+
+class FakeExt:
+    """The shim's four calls over one build's solution table (``ExtAPI``).
+
+    ``table`` maps solution index -> (kernel name, largest m it supports, workspace):
+    what ``getAllAlgos`` lists for every type, what ``getAlgosFromIndex`` finds, what
+    ``matmulIsAlgoSupported`` accepts for a plan (its column-major m no larger than the
+    limit) and ``getKernelNameFromAlgo`` names. The runs go through the fake library,
+    which accepts exactly these indices.
+    """
+
+    has_kernel_name = True
+
+    def __init__(self, fake: FakeHipblaslt, table: dict[int, tuple[str, int, int]]) -> None:
+        self.fake, self.table = fake, table
+        fake.valid = set(fake.solutions) | set(table)
+        self.listed = 0
+        self.looked_up: list[list[int]] = []
+
+    def _algo(self, index: int) -> LtAlgo:
+        return LtAlgo(int(index).to_bytes(4, "little", signed=True) + bytes(20), 0, 0.0)
+
+    def all_algos(self, plan: Any) -> list[LtAlgo]:
+        self.listed += 1
+        return [self._algo(i) for i in self.table]
+
+    def from_index(self, plan: Any, indices: Any) -> list[LtAlgo]:
+        self.looked_up.append(list(indices))
+        return [self._algo(i) for i in indices if i in self.table]
+
+    def supported(self, plan: Any, algo: LtAlgo) -> LtAlgo | None:
+        index = int.from_bytes(algo.data[:4], "little", signed=True)
+        found = self.table.get(index)
+        if found is None or plan.gemm.m > found[1]:
+            return None
+        # The library writes the problem into the algo's other bytes: kept from here on.
+        return LtAlgo(algo.data[:4] + b"\x01" * 20, found[2], algo.waves)
+
+    def kernel_name(self, plan: Any, algo: LtAlgo) -> str:
+        index = int.from_bytes(algo.data[:4], "little", signed=True)
+        return self.table[index][0] if index in self.table else ""
+
+
+def kernel(mt0: int, mt1: int) -> str:
+    return f"Cijk_Ailk_Bljk_HHS_BH_MT{mt0}x{mt1}x32_MI16x16x16x1_SN_1LDSB0"
+
+
+def test_tile_order_prefers_tiles_that_fit_then_larger_ones() -> None:
+    # A 64 x 64 output: a 64x64 tile covers it exactly, a 128x128 one is three quarters padding.
+    assert tile_order(64, 64, kernel(64, 64)) < tile_order(64, 64, kernel(128, 128))
+    # A large one is covered by both: the larger tile reuses more of each loaded byte.
+    assert tile_order(4096, 4096, kernel(256, 128)) < tile_order(4096, 4096, kernel(64, 64))
+    assert tile_order(64, 64, "no tile here") > tile_order(64, 64, kernel(256, 256))
+
+
+def test_the_shim_offers_every_supported_solution_of_the_type() -> None:
+    """The pool is TunableOp's: all of getAllAlgos's solutions that support the problem."""
+    fake = FakeHipblaslt(100100, [30, 10])  # the heuristic's answer, best first
+    table = {
+        10: (kernel(64, 64), 1 << 20, 4096),
+        20: (kernel(256, 256), 1 << 20, 4096),  # supported, mostly padding for this problem
+        30: (kernel(128, 64), 1 << 20, 4096),
+        40: (kernel(128, 128), 1 << 20, 4096),
+        50: (kernel(64, 64), 16, 4096),  # the support check refuses m = 128
+        60: (kernel(64, 64), 1 << 20, 1 << 40),  # over the workspace limit
+    }
+    ext = FakeExt(fake, table)
+    backend = make_backend(fake, ext)
+    problem = Problem(m=64, n=128, k=32, dtype_a="f16", dtype_b="f16", dtype_c="f16")
+    found = backend.candidates(problem, TARGET)
+    # The heuristic's first, in its order; then the rest by the analytic order; all named.
+    assert [c.param("index") for c in found] == [30, 10, 40, 20]
+    assert found[0] == solution_candidate(30, kernel(128, 64))
+    assert found[0].identity == f"hipblaslt/gemm?index=30&kernel=s:{kernel(128, 64)}"
+    assert backend.last_search == {"type_pool": 6, "offered": 2, "seeds": 2}
+    # The type's list is asked once and reused for the next problem of the type.
+    backend.candidates(Problem(m=32, n=128, k=32, dtype_a="f16", dtype_b="f16", dtype_c="f16"), TARGET)
+    assert ext.listed == 1
+
+
+def test_the_pool_setting_caps_or_turns_off_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeHipblaslt(100100, [10])
+    table = {i: (kernel(64, 64 * (i % 3 + 1)), 1 << 20, 4096) for i in range(10, 20)}
+    monkeypatch.setenv("UNIMATMUL_HIPBLASLT_POOL", "3")
+    found = make_backend(fake, FakeExt(fake, table)).candidates(Problem(m=64, n=64, k=16), TARGET)
+    assert len(found) == 1 + 3
+    monkeypatch.setenv("UNIMATMUL_HIPBLASLT_POOL", "0")
+    found = make_backend(fake, FakeExt(fake, table)).candidates(Problem(m=64, n=64, k=16), TARGET)
+    assert [c.param("index") for c in found] == [10]
+
+
+@pytest.mark.parametrize("problem", CASES[:4], ids=lambda p: p.key)
+def test_an_index_outside_the_heuristic_is_rebuilt_by_index_and_runs(problem: Problem) -> None:
+    """A TunableOp winner the heuristic never returns: getAlgosFromIndex, then the product."""
+    fake = FakeHipblaslt(100100, [11])
+    ext = FakeExt(fake, {11: (kernel(64, 64), 1 << 20, 4096), 61169: (kernel(128, 128), 1 << 20, 4096)})
+    backend = make_backend(fake, ext)
+    runner = backend.prepare(problem, solution_candidate(61169), TARGET)
+    assert ext.looked_up == [[61169]]
+    ops = make_operands(problem, NumpyAdapter(), TARGET.device, np.random.default_rng(3))
+    runner(ops.a, ops.b, ops.out, 1.0, 0.0, ops.bias)
+    ref = ops.a.astype(np.float64) @ ops.b.astype(np.float64)
+    assert np.linalg.norm(ops.out - ref) / np.linalg.norm(ref) < 1e-5
+    assert fake.ran == [(61169, STREAM)]
+    assert backend.check(problem, solution_candidate(61169), TARGET)
+    assert not backend.check(problem, solution_candidate(777), TARGET)  # not in this build
+
+
+def test_a_moved_kernel_is_found_by_name_never_run_as_another() -> None:
+    """Indices move between builds: the stored kernel name decides what runs."""
+    fake = FakeHipblaslt(100100, [])
+    # This build numbers the measured kernel 9; index 5 is now another kernel.
+    ext = FakeExt(fake, {5: (kernel(64, 64), 1 << 20, 4096), 9: (kernel(128, 128), 1 << 20, 4096)})
+    backend = make_backend(fake, ext)
+    problem = Problem(m=16, n=16, k=16)
+    runner = backend.prepare(problem, solution_candidate(5, kernel(128, 128)), TARGET)
+    ops = make_operands(problem, NumpyAdapter(), TARGET.device, np.random.default_rng(4))
+    runner(ops.a, ops.b, ops.out)
+    assert fake.ran == [(9, STREAM)]
+    # Same index, same name: that index runs.
+    backend.prepare(problem, solution_candidate(5, kernel(64, 64)), TARGET)(ops.a, ops.b, ops.out)
+    assert fake.ran[-1] == (5, STREAM)
+    # A name no solution of this build has: refused (the selector re-tunes or uses Default).
+    gone = solution_candidate(5, kernel(32, 32))
+    with pytest.raises(UnsupportedProblem, match="no longer names kernel"):
+        backend.prepare(problem, gone, TARGET)
+    assert not backend.check(problem, gone, TARGET)
+
+
+def test_without_the_shim_a_named_index_is_refused_and_the_heuristic_stays() -> None:
+    fake = FakeHipblaslt(100100, [5, 6])
+    backend = make_backend(fake)
+    problem = Problem(m=16, n=16, k=16)
+    assert backend.candidates(problem, TARGET) == [solution_candidate(5), solution_candidate(6)]
+    assert backend.ext is None and "no extension shim in this test" in backend.ext_reason
+    with pytest.raises(UnsupportedProblem, match="cannot say which kernel"):
+        backend.prepare(problem, solution_candidate(5, kernel(64, 64)), TARGET)
+    backend.prepare(problem, solution_candidate(5), TARGET)  # an index alone: the heuristic's

@@ -204,8 +204,8 @@ def test_candidates_use_the_two_call_pattern_and_check_each_index(target: Target
 
     found = backend.candidates(problem, target)
 
-    assert found == [solution_candidate(3), solution_candidate(7), solution_candidate(12)]
-    assert found[0].identity == "rocblas/solution?index=3"
+    assert found == [solution_candidate(i, "tensile") for i in (3, 7, 12)]
+    assert found[0].identity == "rocblas/solution?index=3&source=s:tensile"
     gets = [args for name, args in fake.calls if name == "rocblas_gemm_ex_get_solutions"]
     assert len(gets) == 2
     assert gets[0][-2] is None  # first call: NULL list, the size comes back
@@ -235,7 +235,7 @@ def test_batched_problems_ask_the_strided_batched_functions(target: Target) -> N
     fake = FakeRocblas(listed=[9], valid={9})
     backend = make_backend(fake)
     problem = Problem(m=8, n=16, k=32, batch=3)
-    assert backend.candidates(problem, target) == [solution_candidate(9)]
+    assert backend.candidates(problem, target) == [solution_candidate(9, "tensile")]
     names = fake.names()
     assert names.count("rocblas_gemm_strided_batched_ex_get_solutions") == 2
     assert "rocblas_gemm_ex_get_solutions" not in names
@@ -374,3 +374,48 @@ def test_no_device_means_no_handle_is_made() -> None:
     reason = backend.availability()
     assert reason is not None and reason.startswith("librocblas: OSError: no HIP device")
     assert "rocblas_create_handle" not in fake.names()
+
+
+# --- the biased numbering (rocBLAS 5.x: Tensile < -10, hipBLASLt > 0, -9..0 reserved) -----
+
+
+def test_a_biased_rocblas_names_each_index_by_its_source(target: Target) -> None:
+    fake = FakeRocblas(listed=[-61, -11, -3, 0, 4, 9], valid={-61, -11, -3, 0, 4, 9}, version=b"5.1.0.abc")
+    backend = make_backend(fake)
+    problem = Problem(m=8, n=8, k=8)
+    found = backend.candidates(problem, target)
+    assert found == [
+        solution_candidate(-61, "tensile"),
+        solution_candidate(-11, "tensile"),
+        solution_candidate(4, "hipblaslt"),
+        solution_candidate(9, "hipblaslt"),
+    ]  # the reserved -3 and 0 name no solution
+    assert found[0].identity == "rocblas/solution?index=-61&source=s:tensile"
+    runner = backend.prepare(problem, found[0], target)
+    a, b, out = _operands(problem, 6)
+    runner(a, b, out)
+    assert np.allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+    assert fake.ran[-1] == -61
+
+
+def test_an_index_whose_meaning_changed_with_the_version_is_never_run(target: Target) -> None:
+    """Index 4 measured on rocBLAS 4.x (Tensile's 4th) is a hipBLASLt solution on 5.x."""
+    problem = Problem(m=8, n=8, k=8)
+    old = solution_candidate(4, "tensile")
+    legacy = solution_candidate(4)  # stored before identities carried the source
+    unbiased = make_backend(FakeRocblas(listed=[4], valid={4}, version=b"4.4.1."))
+    assert unbiased.check(problem, old, target) and unbiased.check(problem, legacy, target)
+    biased = make_backend(FakeRocblas(listed=[4], valid={4}, version=b"5.0.0.abc"))
+    assert not biased.check(problem, old, target) and not biased.check(problem, legacy, target)
+    with pytest.raises(UnsupportedProblem, match="numbers index 4 as a hipblaslt solution"):
+        biased.prepare(problem, legacy, target)
+    assert biased.check(problem, solution_candidate(4, "hipblaslt"), target)
+
+
+def test_a_listing_below_minus_ten_is_biased_whatever_the_version_says(target: Target) -> None:
+    fake = FakeRocblas(listed=[-20, 5], valid={-20, 5}, version=b"4.9.0.dev")
+    backend = make_backend(fake)
+    assert backend.candidates(Problem(m=8, n=8, k=8), target) == [
+        solution_candidate(-20, "tensile"),
+        solution_candidate(5, "hipblaslt"),
+    ]

@@ -86,7 +86,7 @@ def test_rocm_27_rows_become_row_major_problems_and_solution_candidates(tmp_path
     assert record.settings["validators"]["GCN_ARCH_NAME"] == "gfx942:sramecc+:xnack-"
     # nn_1024_512_256_ld_1024_256_1024: BLAS m=1024 is our n; BLAS lda describes our B.
     rocblas = Problem(m=512, n=1024, k=256, dtype_a="f16", dtype_b="f16", dtype_c="f16", ldb=1024, lda=256)
-    assert got[rocblas.key].winner == "rocblas/solution?index=20981"
+    assert got[rocblas.key].winner == "rocblas/solution?index=20981&source=s:tensile"  # rocBLAS 4.3
     padded = Problem(
         m=512, n=1024, k=256, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_a=True, lda=520, ldb=1040
     )
@@ -121,8 +121,18 @@ def test_identities_are_the_backends_own() -> None:
     from unimatmul_backends.rocm import hipblaslt, rocblas
 
     for index in (1, 20981, -7):
-        assert tio.candidate_of(to.TunableOpSolution.rocblas(index)) == rocblas.solution_candidate(index)
         assert tio.candidate_of(to.TunableOpSolution.hipblaslt(index)) == hipblaslt.solution_candidate(index)
+    for index, version, source in (
+        (1, "4.4.1.", "tensile"),
+        (20981, "5.1.0.abc", "hipblaslt"),
+        (-61, None, "tensile"),
+    ):
+        got = tio.candidate_of(to.TunableOpSolution.rocblas(index), version)
+        assert got == rocblas.solution_candidate(index, source)
+    # No version: a positive index keeps the only meaning there was before the biased numbering.
+    assert tio.candidate_of(to.TunableOpSolution.rocblas(7)) == rocblas.solution_candidate(7)
+    with pytest.raises(tio.RowSkipped, match=r"reserves indices -9\.\.0"):
+        tio.candidate_of(to.TunableOpSolution.rocblas(-7), "5.1.0.abc")
     old_name = to.TunableOpSolution("Gemm_Hipblaslt_TN_572")
     assert tio.candidate_of(old_name) == hipblaslt.solution_candidate(572)
 
@@ -136,7 +146,8 @@ def test_rocm_29_tf32_negative_index_inf_time_and_blas_params_strides(tmp_path: 
     negative = Problem(
         m=16, n=1024, k=4096, dtype_a="f16", dtype_b="f16", dtype_c="f16", trans_b=True, ldb=4096, lda=4096
     )
-    assert got[negative.key].winner == "rocblas/solution?index=-7"
+    # rocBLAS 4.3 numbers solutions from 1; -7 names none (reserved in 5.x too): skipped, said so.
+    assert negative.key not in got
     f64 = Problem(m=64, n=64, k=64, dtype_a="f64", dtype_b="f64", dtype_c="f64", compute="f64")
     assert math.isinf(got[f64.key].winner_s)
     strided = Problem(
@@ -161,7 +172,7 @@ def test_broken_rows_are_reported_with_line_numbers_and_the_rest_imported(tmp_pa
     assert lines == [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17]
     assert {r.winner for r in entries(cache).values()} == {
         "hipblaslt/gemm?index=12",
-        "rocblas/solution?index=5",
+        "rocblas/solution?index=5",  # the file names no rocBLAS version: the unbiased meaning
     }
 
 
@@ -171,7 +182,10 @@ def test_bare_integers_are_unknown_library_and_times_are_optional(tmp_path: Path
     assert re.search(r"line 5: solution '1219' is a bare index: the library it belongs to is unknown", text)
     assert re.search(r"line 6: solution '1216' is a bare index", text)
     got = entries(cache)
-    assert sorted(r.winner for r in got.values()) == ["default/default", "rocblas/solution?index=1216"]
+    assert sorted(r.winner for r in got.values()) == [
+        "default/default",
+        "rocblas/solution?index=1216&source=s:tensile",
+    ]
     assert all(math.isinf(r.winner_s) for r in got.values())
 
 

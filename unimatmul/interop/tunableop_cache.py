@@ -17,9 +17,12 @@ Every GEMM row becomes one entry (a :class:`~unimatmul.cache.record.TuningRecord
   compute type is what torch uses on a GPU: f32 for f16/bf16, ``tf32`` for a ``tf32``
   op name.
 * Winner: ``Default`` -> ``default/default``; ``Gemm_Hipblaslt_[AB_]<i>`` ->
-  ``hipblaslt/gemm?index=<i>``; ``Gemm_Rocblas_<i>`` -> ``rocblas/solution?index=<i>``
-  (the identities the hipBLASLt and rocBLAS backends give those indices; negative
-  indices are kept). The time (ms) becomes ``winner_s``; a row without a time gets
+  ``hipblaslt/gemm?index=<i>`` (rebuilt by index with ``getAlgosFromIndex`` where the
+  backend's extension shim runs); ``Gemm_Rocblas_<i>`` ->
+  ``rocblas/solution?index=<i>&source=s:<tensile|hipblaslt>``, the source read from the
+  file's ``ROCBLAS_VERSION`` (rocBLAS 5.x numbers Tensile solutions below -10 and
+  hipBLASLt ones above 0; :mod:`unimatmul.core.rocblas_indices`); indices -9..0 are
+  reserved and skipped. The time (ms) becomes ``winner_s``; a row without a time gets
   ``inf`` (unknown).
 * Versions: ``HIPBLASLT_VERSION`` -> ``hipblaslt``, ``ROCBLAS_VERSION`` -> ``rocblas``,
   ``ROCM_VERSION`` -> ``hip``: the keys and text formats the ROCm backends and the
@@ -85,6 +88,7 @@ from typing import TYPE_CHECKING, Any
 from unimatmul.cache.record import OK, CandidateResult, TuningRecord
 from unimatmul.core.backend import DEFAULT, Candidate
 from unimatmul.core.problem import SCALED_OUTPUTS, Problem
+from unimatmul.core.rocblas_indices import biased, biased_listing, index_source, legacy_source
 from unimatmul.interop.tunableop import (
     WILDCARD,
     RowMajorGemm,
@@ -265,10 +269,26 @@ def _extents(
     return ((k if trans_a else m) * lda, (n if trans_b else k) * ldb, m * ldc)
 
 
-def candidate_of(solution: TunableOpSolution) -> Candidate:
-    """The Candidate a TunableOp solution name means, or RowSkipped."""
+def candidate_of(solution: TunableOpSolution, rocblas_version: str | None = None) -> Candidate:
+    """The Candidate a TunableOp solution name means, or RowSkipped.
+
+    A rocBLAS index names a Tensile or a hipBLASLt solution depending on the rocBLAS that
+    listed it (:mod:`unimatmul.core.rocblas_indices`): ``rocblas_version`` (the file's
+    ``ROCBLAS_VERSION``) decides, and the candidate records the source. Without a version
+    an index below -10 is still Tensile's; a positive one is left as the unbiased numbering
+    had it (the backend then refuses it under a rocBLAS that numbers the biased way).
+    """
     if solution.source == "default":
         return DEFAULT
+    if solution.source == "rocblas" and solution.index is not None:
+        index = solution.index
+        known = biased(rocblas_version)
+        source = index_source(index, known if known is not None else biased_listing(None, [index]))
+        if source is None:
+            raise RowSkipped(f"solution {solution.name!r}: rocBLAS reserves indices -9..0 (no solution)")
+        if known is None and source == legacy_source(index) and index > 0:
+            return Candidate.make("rocblas", SOLUTION_NAMES["rocblas"], index=index)
+        return Candidate.make("rocblas", SOLUTION_NAMES["rocblas"], index=index, source=source)
     if solution.source in SOLUTION_NAMES and solution.index is not None:
         return Candidate.make(solution.source, SOLUTION_NAMES[solution.source], index=solution.index)
     if solution.source == "bare":
@@ -286,7 +306,7 @@ def versions_of(validators: Mapping[str, str]) -> dict[str, str]:
 def record_of(gemm: TunableOpGemm, problem: Problem, validators: Mapping[str, str]) -> TuningRecord:
     """The cache entry of one imported row."""
     assert gemm.solution is not None
-    winner = candidate_of(gemm.solution)
+    winner = candidate_of(gemm.solution, validators.get("ROCBLAS_VERSION"))
     time_ms = gemm.time_ms
     winner_s = time_ms / 1e3 if time_ms is not None and math.isfinite(time_ms) else math.inf
     note = "imported from PyTorch TunableOp"
