@@ -27,14 +27,18 @@ from unimatmul.cache.lru import LRU, lru_size
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
+from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.confirm import ConfirmingRunner, clock_for
 from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
 
 # signature -> (runner, output shape, Problem, output allocator, whether the caller's stream
-# is being captured into a graph now: confirm.Clock.capturing of its target). Bounded, so
-# that a workload with ever-new shapes cannot grow memory without limit.
-_Found = tuple[Runner, tuple[int, ...], Problem, Callable[[], Any], Callable[[], bool]]
+# is being captured into a graph now: confirm.Clock.capturing of its target, and with an
+# out=: whether a call's out overlaps its inputs: OutGuard.check). Bounded, so that a
+# workload with ever-new shapes cannot grow memory without limit.
+_Found = tuple[
+    Runner, tuple[int, ...], Problem, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None
+]
 _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 
 # The native fast path (torch tensors): the C function, and the tensor types it reads.
@@ -116,6 +120,8 @@ def matmul(
     runner = found[0]
     if out is None:
         out = found[3]()
+    elif found[5](out, a, b, bias):  # type: ignore[misc]
+        return _overlapping(found, adapter, a, b, out, alpha, beta, c, bias, activation)
     if c is not None and beta != 0.0:
         adapter.copy_(out, c)
     try:
@@ -130,6 +136,35 @@ def matmul(
             adapter.copy_(out, c)  # the failed kernel may have written part of out
         runner(a, b, out, alpha, beta, bias)
     return out
+
+
+def _overlapping(
+    found: _Found,
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    out: Any,
+    alpha: float,
+    beta: float,
+    c: Any,
+    bias: Any,
+    activation: str | None,
+) -> Any:
+    """A call whose ``out`` overlaps an input, made as its array library makes it
+    (:mod:`unimatmul.core.overlap`): into a temporary (the same signature's kernel) and
+    copied, or (torch) by the library's own kernel."""
+    if beta != 0.0 and c is None:
+        c = out  # out holds C: the temporary starts as a copy of it
+
+    def run(dst: Any) -> None:
+        matmul(a, b, out=dst, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
+
+    def own(dst: Any) -> None:
+        if c is not None and beta != 0.0 and c is not dst:
+            adapter.copy_(dst, c)
+        DefaultRunner(adapter, activation)(a, b, dst, alpha, beta, bias)
+
+    return run_overlapping(adapter, out, run, own, found[3])
 
 
 def _prepared(
@@ -215,9 +250,8 @@ def _native_wanted() -> bool:
 def _fall_back(sig: tuple[Any, ...], found: _Found, adapter: ArrayAdapter, exc: Exception) -> Runner:
     """Replace a kernel that failed on a call by Default (the Selector's policy): never
     crash the caller."""
-    failed, out_shape, problem, allocate, capturing = found
-    default = get_selector().fall_back(problem, failed.candidate, exc, adapter)
-    _fast.put(sig, (default, out_shape, problem, allocate, capturing))
+    default = get_selector().fall_back(found[2], found[0].candidate, exc, adapter)
+    _fast.put(sig, (default, *found[1:]))
     return default
 
 
@@ -248,7 +282,8 @@ def _resolve(
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         clear_fast_path()
-    return decision.runner, out_shape, problem, allocate, clock_for(target, 0).capturing
+    guard = None if out is None else OutGuard(adapter, out, a, b, bias).check
+    return decision.runner, out_shape, problem, allocate, clock_for(target, 0).capturing, guard
 
 
 def _check_autograd(adapter: ArrayAdapter, **operands: Any) -> None:

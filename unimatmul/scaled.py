@@ -18,14 +18,16 @@ from unimatmul.cache.lru import LRU, lru_size
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import get_mode
+from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import default_failed, default_runner, scaled_problem_of
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import get_selector, on_forget
 
 # signature -> (runner, Problem, output allocator, whether the stream is being captured:
-# confirm.Clock.capturing of the target); bounded like the API's own map.
-_Found = tuple[Runner, Problem, Callable[[], Any], Callable[[], bool]]
+# confirm.Clock.capturing of the target, and with an out=: whether a call's out overlaps
+# its inputs: OutGuard.check); bounded like the API's own map.
+_Found = tuple[Runner, Problem, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None]
 _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 on_forget(_fast.clear)
 
@@ -89,6 +91,14 @@ def scaled_matmul(
     runner = found[0]
     if out is None:
         out = found[2]()
+    elif found[4](out, a, b, bias, scale_a, scale_b):  # type: ignore[misc]
+        # torch's own kernel, as torch makes the call (core/overlap.py).
+        own: Any = default_runner(found[1], adapter)
+
+        def call(dst: Any) -> None:
+            own(a, b, dst, 1.0, 0.0, bias, scale_a, scale_b)
+
+        return run_overlapping(adapter, out, call, call, found[2])
     scaled: Any = runner  # a scaled runner takes the scales last (core/scaled.py)
     try:
         scaled(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
@@ -145,4 +155,5 @@ def _resolve(
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         _fast.clear()
-    return decision.runner, problem, allocate, clock_for(target, 0).capturing
+    guard = None if out is None else OutGuard(adapter, out, a, b, bias, scale_a, scale_b).check
+    return decision.runner, problem, allocate, clock_for(target, 0).capturing, guard

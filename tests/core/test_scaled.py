@@ -440,3 +440,34 @@ def test_a_failing_default_names_torchs_call_and_the_cause(
     assert "ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN below AMX: unset it" in said
     assert isinstance(caught.value, RuntimeError) and isinstance(caught.value.__cause__, RuntimeError)
     assert isolated.store_count() == 0  # nothing tuned or recorded for a failing call
+
+
+def test_an_out_overlapping_an_input_is_torch_scaled_mm_bit_for_bit(isolated: Any, registered: Any) -> None:
+    """A tuned (fake) kernel serves the signature; a call whose out holds its own bias or
+    scale runs torch._scaled_mm (core/overlap.py), as torch makes it."""
+    fake = ScaledFakeBackend("fake-scaled", "correct")
+
+    def operands() -> tuple[Any, ...]:
+        a, b, sa, _ = _operands(16, 32, 64, "tensor")
+        out = torch.randn(16, 32, generator=torch.Generator().manual_seed(5))
+        return a, b, sa, out[3, 4], out  # scale_b: one value of out itself
+
+    with registered(isolated.plugins, fake), unimatmul.mode("tune"):
+        a, b, sa, _, out = operands()
+        unimatmul.scaled_matmul(a, b, sa, torch.tensor(1.5), out_dtype=torch.float32, out=out.clone())
+        (record,) = [r for _, _, r in isolated.selector.store.items(None)]
+        problem = Problem.from_key(record.problem)
+        if record.winner != "fake-scaled/dequantise":
+            _store_winner(isolated, problem, "fake-scaled/dequantise")
+            unimatmul.api.clear_fast_path()
+        a, b, sa, sb, out = operands()
+        unimatmul.scaled_matmul(a, b, sa, sb.clone(), out_dtype=torch.float32, out=out)  # no overlap
+        calls = fake.calls
+        assert calls >= 1  # the tuned kernel serves this signature
+        for _ in range(2):
+            a, b, sa, sb, out = operands()
+            assert unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.float32, out=out) is out
+            a2, b2, sa2, sb2, expected = operands()
+            torch._scaled_mm(a2, b2, sa2, sb2, out_dtype=torch.float32, out=expected)
+            assert torch.equal(out, expected)
+        assert fake.calls == calls

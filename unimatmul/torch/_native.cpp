@@ -43,6 +43,7 @@
 // Python.h first, as CPython asks (it sets feature macros the C library headers read).
 #include <Python.h>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_scaled_mm_cpu_dispatch.h>
@@ -1249,6 +1250,10 @@ PyObject* fast_matmul(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   const int64_t dim = a->dim();
   if (dim != b->dim() || (dim != 2 && dim != 3) || a->requires_grad() || b->requires_grad()) {
     Py_RETURN_NOTIMPLEMENTED;  // the Python path raises what torch.matmul(out=...) raises
+  }
+  if (out != nullptr && (at::get_overlap_status(*out, *a) != at::MemOverlapStatus::No ||
+                         at::get_overlap_status(*out, *b) != at::MemOverlapStatus::No)) {
+    Py_RETURN_NOTIMPLEMENTED;  // out shares memory with an input: core/overlap.py decides
   }
   const int64_t op = dim == 2 ? API_MM : API_BMM;
   Key key;
