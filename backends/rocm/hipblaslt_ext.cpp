@@ -30,8 +30,9 @@ static_assert(sizeof(hipblasLtMatmulHeuristicResult_t) == 56, "a heuristic resul
 #define SHIM_ABI 1
 #define SHIM_HEADER_VERSION \
     (HIPBLASLT_VERSION_MAJOR * 100000 + HIPBLASLT_VERSION_MINOR * 100 + HIPBLASLT_VERSION_PATCH)
-// getKernelNameFromAlgo: the builder compiles with it first and, where these headers do not
-// declare it (older releases), again with -DSHIM_HAS_KERNEL_NAME=0.
+// getKernelNameFromAlgo / getSolutionNameFromAlgo: the builder compiles with them first and,
+// where these headers do not declare them (older releases), again with
+// -DSHIM_HAS_KERNEL_NAME=0.
 #ifndef SHIM_HAS_KERNEL_NAME
 #define SHIM_HAS_KERNEL_NAME 1
 #endif
@@ -186,6 +187,35 @@ int unimatmul_hipblaslt_kernel_name(
     try
     {
         return copy_text(hipblaslt_ext::getKernelNameFromAlgo(
+                             static_cast<hipblasLtHandle_t>(handle), *algo),
+                         buf,
+                         size,
+                         needed);
+    }
+    catch(...)
+    {
+        *needed = 0;
+        return HIPBLAS_STATUS_INTERNAL_ERROR;
+    }
+#else
+    (void)handle;
+    (void)algo;
+    (void)buf;
+    (void)size;
+    *needed = 0;
+    return HIPBLAS_STATUS_NOT_SUPPORTED;
+#endif
+}
+
+// The solution's name: its kernel's name plus the solution's own parameters (GSU and the
+// like), unique where kernel names are not (many solutions share one kernel).
+int unimatmul_hipblaslt_solution_name(
+    void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
+{
+#if SHIM_HAS_KERNEL_NAME
+    try
+    {
+        return copy_text(hipblaslt_ext::getSolutionNameFromAlgo(
                              static_cast<hipblasLtHandle_t>(handle), *algo),
                          buf,
                          size,
