@@ -8,26 +8,35 @@ C API through ctypes is the same path the cuBLASLt backend exercises on real NVI
 hardware.
 
 Candidates: ``hipblasLtMatmulAlgoGetHeuristic`` with a large requested count
-(``UNIMATMUL_HIPBLASLT_HEURISTICS``, default 256). Identity: ``hipblaslt/gemm?index=<i>``
-where ``i`` is the solution index hipBLASLt keeps in the first 4 bytes of the algo
-(``LtABI.solution_index``), the same index PyTorch TunableOp writes as
-``Gemm_Hipblaslt_<i>``; the records carry the library version as torch writes it
+(``UNIMATMUL_HIPBLASLT_HEURISTICS``, default 256), in its order; then, through the
+extension shim (:mod:`.hipblaslt_ext`, built at first use, never required), every other
+solution of the GEMM type (``getAllAlgos``, what PyTorch TunableOp times) that the support
+check accepts within the workspace limit, in the analytic order of :func:`tile_order`
+(``UNIMATMUL_HIPBLASLT_POOL``: ``all``, a count, or ``0`` for the heuristic only).
+
+Identity: ``hipblaslt/gemm?index=<i>[&solution=s:<fingerprint>]``: ``i`` is the solution
+index hipBLASLt keeps in the first 4 bytes of the algo (``LtABI.solution_index``), the
+same index PyTorch TunableOp writes as ``Gemm_Hipblaslt_<i>``; with the shim, the
+fingerprint of the solution's name (:func:`name_fingerprint`), because indices move
+between library builds. The records carry the library version as torch writes it
 (``<hipblasLtGetVersion>-<hipblasLtGetGitRevision>``, e.g. ``1000-a6254b89-dirty``).
 
-Rebuilding an algo from an index: hipBLASLt's C API has none (``getAlgosFromIndex``
-lives in the C++-only ``hipblaslt-ext.hpp``) and no ``hipblasLtMatmulAlgoCheck``
-either. So ``prepare`` and ``check`` re-run the heuristic for the problem with
-:data:`REBUILD_COUNT` results and take the algo whose index matches: an index the
-heuristic does not return for that problem (e.g. one imported from a TunableOp file,
-which tries every solution of the type) is reported as unsupported, and the selector
-falls back to Default. The heuristic answers are cached per problem layout.
+Rebuilding an algo from an identity (``prepare``, ``check``): with the shim,
+``getAlgosFromIndex`` and the support check; a name that the index no longer has is
+looked up among the type's solutions, and refused when none has it (never a silent
+different kernel). Without it (the C API has neither ``getAlgosFromIndex`` nor
+``hipblasLtMatmulAlgoCheck``), the heuristic is re-run for the problem with
+:data:`REBUILD_COUNT` results and the algo whose index matches is taken: an index the
+heuristic does not return for that problem is reported as unsupported, and so is an
+identity with a name (nothing here could check it).
 
 hipBLASLt 0.1 / 0.2 (ROCm 5.5 / 5.6) kept pointers in the algo struct, so their
 algos have no index and no stable identity: those versions are refused.
 
-Nothing here has run on an AMD GPU. CI drives it through a fake libhipblaslt, and
-``tests/amd_real`` drives the descriptor calls through Debian's real libhipblaslt 1.1
-(no device there: the handle is never made, see ``load_driver``).
+Nothing here has run on an AMD GPU. CI drives it through a fake libhipblaslt and a fake
+shim, and ``tests/amd_real`` drives the descriptor calls through Debian's real
+libhipblaslt 1.1 and builds, links and loads the shim against it (no device there: the
+handle is never made, see ``load_driver``).
 """
 
 from __future__ import annotations

@@ -51,6 +51,28 @@ namespace
         return HIPBLAS_STATUS_SUCCESS;
     }
 
+    using NameOf = std::string (*)(hipblasLtHandle_t, hipblasLtMatmulAlgo_t&);
+
+    int copy_text(const std::string& text, char* buf, size_t size, size_t* needed);
+
+    // One of the name functions into the caller's buffer; NOT_SUPPORTED without one.
+    int copy_name(
+        NameOf name_of, void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
+    {
+        *needed = 0;
+        if(name_of == nullptr)
+            return HIPBLAS_STATUS_NOT_SUPPORTED;
+        try
+        {
+            return copy_text(name_of(static_cast<hipblasLtHandle_t>(handle), *algo), buf, size, needed);
+        }
+        catch(...)
+        {
+            *needed = 0;
+            return HIPBLAS_STATUS_INTERNAL_ERROR;
+        }
+    }
+
     int copy_text(const std::string& text, char* buf, size_t size, size_t* needed)
     {
         *needed = text.size() + 1;
@@ -184,26 +206,9 @@ int unimatmul_hipblaslt_kernel_name(
     void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
 {
 #if SHIM_HAS_KERNEL_NAME
-    try
-    {
-        return copy_text(hipblaslt_ext::getKernelNameFromAlgo(
-                             static_cast<hipblasLtHandle_t>(handle), *algo),
-                         buf,
-                         size,
-                         needed);
-    }
-    catch(...)
-    {
-        *needed = 0;
-        return HIPBLAS_STATUS_INTERNAL_ERROR;
-    }
+    return copy_name(hipblaslt_ext::getKernelNameFromAlgo, handle, algo, buf, size, needed);
 #else
-    (void)handle;
-    (void)algo;
-    (void)buf;
-    (void)size;
-    *needed = 0;
-    return HIPBLAS_STATUS_NOT_SUPPORTED;
+    return copy_name(nullptr, handle, algo, buf, size, needed);
 #endif
 }
 
@@ -213,26 +218,9 @@ int unimatmul_hipblaslt_solution_name(
     void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
 {
 #if SHIM_HAS_KERNEL_NAME
-    try
-    {
-        return copy_text(hipblaslt_ext::getSolutionNameFromAlgo(
-                             static_cast<hipblasLtHandle_t>(handle), *algo),
-                         buf,
-                         size,
-                         needed);
-    }
-    catch(...)
-    {
-        *needed = 0;
-        return HIPBLAS_STATUS_INTERNAL_ERROR;
-    }
+    return copy_name(hipblaslt_ext::getSolutionNameFromAlgo, handle, algo, buf, size, needed);
 #else
-    (void)handle;
-    (void)algo;
-    (void)buf;
-    (void)size;
-    *needed = 0;
-    return HIPBLAS_STATUS_NOT_SUPPORTED;
+    return copy_name(nullptr, handle, algo, buf, size, needed);
 #endif
 }
 
