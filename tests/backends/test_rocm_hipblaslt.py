@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -731,3 +732,41 @@ def test_solutions_sharing_a_kernel_are_told_apart_by_the_solution_name() -> Non
     # Measured as index 7 (another build's number) with GSU 2: this build's 4 runs.
     backend.prepare(problem, solution_candidate(7, kernel(64, 64, gsu=2)), TARGET)(ops.a, ops.b, ops.out)
     assert fake.ran == [(4, STREAM)]
+
+
+def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_build() -> None:
+    """Tuning over the pool: every supported solution measured and checked against float64,
+    and the best one's identity runs the same solution where the build numbers it anew."""
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner
+    from unimatmul.testing import fast_settings
+    from unimatmul.tuning.harness import CpuTimer, Harness
+
+    names = {10: kernel(64, 64), 20: kernel(128, 64), 30: kernel(32, 32, gsu=2), 40: kernel(64, 32)}
+    fake = FakeHipblaslt(100100, [10])  # the heuristic knows one of them
+    table = {i: (name, 1 << 20, 4096) for i, name in names.items()}
+    table[40] = (names[40], 8, 4096)  # refuses this problem
+    backend = make_backend(fake, FakeExt(fake, table))
+    problem = Problem(m=48, n=40, k=32)
+    candidates = backend.candidates(problem, TARGET)
+    assert [c.param("index") for c in candidates] == [10, 30, 20]  # heuristic, then the tile order
+    entries = [(DEFAULT, lambda: DefaultRunner(TARGET.adapter))]
+    entries += [(c, lambda c=c: backend.prepare(problem, c, TARGET)) for c in candidates]
+    record = Harness(CpuTimer(), fast_settings()).measure(problem, TARGET, entries)
+    results = {r.identity: r for r in record.results}
+    # Each passed the numeric check (numpy's Default is faster than the fake's Python
+    # matmul, so they may be pruned after it, never rejected).
+    for c in candidates:
+        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
+        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    assert {index for index, _stream in fake.ran} == {10, 20, 30}
+    best = min((results[c.identity].median_s or math.inf, c.identity) for c in candidates)[1]
+    # Another build of the library: the same solutions under other numbers.
+    moved = FakeHipblaslt(100100, [])
+    rebuilt = make_backend(moved, FakeExt(moved, {i + 1000: row for i, row in table.items()}))
+    stored = Candidate.from_identity(best)
+    ops = make_operands(problem, NumpyAdapter(), TARGET.device, np.random.default_rng(9))
+    rebuilt.prepare(problem, stored, TARGET)(ops.a, ops.b, ops.out)
+    assert moved.ran == [(int(stored.param("index")) + 1000, STREAM)]
+    ref = ops.a.astype(np.float64) @ ops.b.astype(np.float64)
+    assert np.linalg.norm(ops.out - ref) / np.linalg.norm(ref) < 1e-5
