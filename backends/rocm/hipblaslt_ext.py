@@ -185,6 +185,8 @@ def load_ext(library: str, version: int, revision: str, abi: LtABI) -> Hipblaslt
 # --- the binding ------------------------------------------------------------------------
 _P = ctypes.c_void_p
 _I = ctypes.c_int
+# (handle, algo, buffer, its size, the size needed) of both name functions.
+_NAME_SIGNATURE = (_I, [_P, _P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "unimatmul_hipblaslt_ext_abi": (_I, []),
     "unimatmul_hipblaslt_ext_header_version": (_I, []),
@@ -198,10 +200,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         _I,
         [_P, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.POINTER(ctypes.c_size_t)],
     ),
-    "unimatmul_hipblaslt_kernel_name": (
-        _I,
-        [_P, _P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
-    ),
+    "unimatmul_hipblaslt_kernel_name": _NAME_SIGNATURE,
+    "unimatmul_hipblaslt_solution_name": _NAME_SIGNATURE,
 }
 
 

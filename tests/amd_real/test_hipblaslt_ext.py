@@ -59,8 +59,8 @@ def test_the_shim_compiles_against_the_real_headers_and_links_the_real_library(
 ) -> None:
     if shutil.which("nm") is None:
         pytest.skip("no nm")
-    exported = _symbols(shim, "T")
-    assert {name for name, *_ in hipblaslt_ext._SIGNATURES.items()} <= exported
+    exported = {s for s in _symbols(shim, "T") if s.startswith("unimatmul_")}
+    assert exported == set(hipblaslt_ext._SIGNATURES)  # every export bound, nothing bound missing
     needed = {s for s in _symbols(shim, "U") if "hipblaslt_ext" in s}
     # getAllAlgos, getAlgosFromIndex, matmulIsAlgoSupported, getKernelNameFromAlgo,
     # getSolutionNameFromAlgo.
