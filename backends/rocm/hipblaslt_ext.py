@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from unimatmul import settings
 from unimatmul_backends.lt.abi import LtABI
 from unimatmul_backends.lt.driver import LtAlgo, LtPlan
+from unimatmul_backends.rocm.libraries import loaded_paths
 
 SOURCE = Path(__file__).with_name("hipblaslt_ext.cpp")
 SHIM_NAME = "libunimatmul_hipblaslt_ext.so"
@@ -154,7 +155,17 @@ def build(library: str, include: Path, out: Path) -> Path:
 
 
 def built_shim(library: str, version: int, revision: str) -> Path:
-    """The shim for this library version: the cached build, or a new one."""
+    """The shim for this library version: the cached build, or a new one.
+
+    ``library`` may be a bare soname (found by the dynamic loader): the file mapped into
+    this process under that name is what the shim is linked against.
+    """
+    if not os.path.isabs(library):
+        mapped = loaded_paths([library])
+        if not mapped:
+            msg = f"{library} is not mapped into this process: no file to build the shim against"
+            raise ExtUnavailable(msg)
+        library = mapped[0]
     include = find_include(library)
     if include is None:
         msg = f"no hipblaslt/hipblaslt-ext.hpp beside {library}, in $ROCM_PATH/include or /opt/rocm/include"

@@ -167,3 +167,8 @@ def test_the_builder_needs_matching_headers(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("UNIMATMUL_HIPBLASLT_POOL", "0")
     with pytest.raises(hipblaslt_ext.ExtUnavailable, match="the heuristic only"):
         hipblaslt_ext.load_ext(str(lib), 100100, "abc", ABI)
+
+
+def test_a_bare_soname_not_in_this_process_builds_nothing() -> None:
+    with pytest.raises(hipblaslt_ext.ExtUnavailable, match="not mapped into this process"):
+        hipblaslt_ext.built_shim("libhipblaslt.so.1", VERSION, "abc")
