@@ -271,7 +271,7 @@ class HipblasltBackend(LtBackend):
         self._pools.clear()
         super().close()
 
-    # --- the algo codec: the solution index and, with the shim, the kernel name ------
+    # --- the algo codec: the solution index and, with the shim, the solution's name -----
     def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, Any]:
         params: dict[str, Any] = {"index": plan.driver.abi.solution_index(algo.data)}
         name = self._solution_name(plan, algo)
@@ -282,9 +282,9 @@ class HipblasltBackend(LtBackend):
     def _solution_name(self, plan: LtPlan, algo: LtAlgo) -> str:
         """The solution's name, else its kernel's ("" without the shim or without names).
 
-        The solution name, because kernel names are shared: in Debian's gfx90a tables about
-        70% of the solutions share their kernel with another one (the same code, another
-        GSU), while solution names repeat only for duplicate entries.
+        The solution name, because kernel names are shared: a large gfx90a table of Debian's
+        build holds 902 solutions with 902 names but 244 kernel names (the same code with
+        another GSU and the like; ``docs/rocm.md``).
         """
         if self.ext is None:
             return ""
@@ -390,13 +390,16 @@ class HipblasltBackend(LtBackend):
             if abi.solution_index(found.data) == index:
                 algo = self.ext.supported(plan, found)
                 break
-        if algo is not None and (name is None or not self.ext.has_kernel_name):
-            return algo
-        if algo is not None and name_fingerprint(self._solution_name(plan, algo)) == name:
-            return algo
         if name is None:
+            if algo is not None:
+                return algo
             msg = f"solution {index} does not exist in this hipBLASLt build or does not support the problem"
             raise UnsupportedProblem(msg, backend=NAME)
+        if not self.ext.has_kernel_name:
+            msg = f"solution {index} was measured by name; this hipBLASLt build has no names to check it"
+            raise UnsupportedProblem(msg, backend=NAME)
+        if algo is not None and name_fingerprint(self._solution_name(plan, algo)) == name:
+            return algo
         # Indices move between builds; the name is what was measured.
         for candidate in self._pool(plan):
             if name_fingerprint(self._solution_name(plan, candidate)) == name:

@@ -770,3 +770,15 @@ def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_bu
     assert moved.ran == [(int(stored.param("index")) + 1000, STREAM)]
     ref = ops.a.astype(np.float64) @ ops.b.astype(np.float64)
     assert np.linalg.norm(ops.out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_named_identity_is_refused_where_the_shim_has_no_names() -> None:
+    """Headers without the name functions: an index alone cannot vouch for a measured name."""
+    fake = FakeHipblaslt(100100, [])
+    ext = FakeExt(fake, {5: (kernel(64, 64), 1 << 20, 4096)})
+    ext.has_kernel_name = False
+    backend = make_backend(fake, ext)
+    problem = Problem(m=16, n=16, k=16)
+    with pytest.raises(UnsupportedProblem, match="no names to check it"):
+        backend.prepare(problem, solution_candidate(5, kernel(64, 64)), TARGET)
+    backend.prepare(problem, solution_candidate(5), TARGET)  # by index, as TunableOp rebuilds it
