@@ -8,31 +8,41 @@ C API through ctypes is the same path the cuBLASLt backend exercises on real NVI
 hardware.
 
 Candidates: ``hipblasLtMatmulAlgoGetHeuristic`` with a large requested count
-(``UNIMATMUL_HIPBLASLT_HEURISTICS``, default 256). Identity: ``hipblaslt/gemm?index=<i>``
-where ``i`` is the solution index hipBLASLt keeps in the first 4 bytes of the algo
-(``LtABI.solution_index``), the same index PyTorch TunableOp writes as
-``Gemm_Hipblaslt_<i>``; the records carry the library version as torch writes it
+(``UNIMATMUL_HIPBLASLT_HEURISTICS``, default 256), in its order; then, through the
+extension shim (:mod:`.hipblaslt_ext`, built at first use, never required), every other
+solution of the GEMM type (``getAllAlgos``, what PyTorch TunableOp times) that the support
+check accepts within the workspace limit, in the analytic order of :func:`tile_order`
+(``UNIMATMUL_HIPBLASLT_POOL``: ``all``, a count, or ``0`` for the heuristic only).
+
+Identity: ``hipblaslt/gemm?index=<i>[&solution=s:<fingerprint>]``: ``i`` is the solution
+index hipBLASLt keeps in the first 4 bytes of the algo (``LtABI.solution_index``), the
+same index PyTorch TunableOp writes as ``Gemm_Hipblaslt_<i>``; with the shim, the
+fingerprint of the solution's name (:func:`name_fingerprint`), because indices move
+between library builds. The records carry the library version as torch writes it
 (``<hipblasLtGetVersion>-<hipblasLtGetGitRevision>``, e.g. ``1000-a6254b89-dirty``).
 
-Rebuilding an algo from an index: hipBLASLt's C API has none (``getAlgosFromIndex``
-lives in the C++-only ``hipblaslt-ext.hpp``) and no ``hipblasLtMatmulAlgoCheck``
-either. So ``prepare`` and ``check`` re-run the heuristic for the problem with
-:data:`REBUILD_COUNT` results and take the algo whose index matches: an index the
-heuristic does not return for that problem (e.g. one imported from a TunableOp file,
-which tries every solution of the type) is reported as unsupported, and the selector
-falls back to Default. The heuristic answers are cached per problem layout.
+Rebuilding an algo from an identity (``prepare``, ``check``): with the shim,
+``getAlgosFromIndex`` and the support check; a name that the index no longer has is
+looked up among the type's solutions, and refused when none has it (never a silent
+different kernel). Without it (the C API has neither ``getAlgosFromIndex`` nor
+``hipblasLtMatmulAlgoCheck``), the heuristic is re-run for the problem with
+:data:`REBUILD_COUNT` results and the algo whose index matches is taken: an index the
+heuristic does not return for that problem is reported as unsupported, and so is an
+identity with a name (nothing here could check it).
 
 hipBLASLt 0.1 / 0.2 (ROCm 5.5 / 5.6) kept pointers in the algo struct, so their
 algos have no index and no stable identity: those versions are refused.
 
-Nothing here has run on an AMD GPU. CI drives it through a fake libhipblaslt, and
-``tests/amd_real`` drives the descriptor calls through Debian's real libhipblaslt 1.1
-(no device there: the handle is never made, see ``load_driver``).
+Nothing here has run on an AMD GPU. CI drives it through a fake libhipblaslt and a fake
+shim, and ``tests/amd_real`` drives the descriptor calls through Debian's real
+libhipblaslt 1.1 and builds, links and loads the shim against it (no device there: the
+handle is never made, see ``load_driver``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -66,32 +76,38 @@ REBUILD_COUNT = 1024
 _REVISION_BYTES = 128  # what torch and hipblaslt-bench pass to hipblasLtGetGitRevision
 
 
-#: Characters a kernel name may have to be kept in an identity (Tensile names are
-#: ``Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_...``); ``&``, ``=`` or ``?`` would
-#: break the identity's text form.
-KERNEL_NAME = re.compile(r"[A-Za-z0-9_.:+-]+")
 _MACRO_TILE = re.compile(r"_MT(\d+)x(\d+)x(\d+)")
 
 
-def solution_candidate(index: int, kernel: str | None = None) -> Candidate:
+def name_fingerprint(name: str) -> str:
+    """16 hex digits of the SHA-256 of a solution's name: what an identity stores of it.
+
+    Names are long (~500 characters) and a record keeps every candidate it measured, so a
+    fingerprint, not the text, rides in the identity; it is compared, never read back.
+    """
+    return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def solution_candidate(index: int, name: str | None = None) -> Candidate:
     """The Candidate of one hipBLASLt solution (TunableOp's ``Gemm_Hipblaslt_<index>``).
 
-    ``kernel``: the kernel name the index had when it was measured; a library build in
-    which the index names another kernel re-resolves it by name (``algo_from_params``).
+    ``name``: the solution's name (``getSolutionNameFromAlgo``) when it was measured; a
+    library build in which the index names another solution re-resolves it by name
+    (``algo_from_params``).
     """
-    if kernel:
-        return Candidate.make(NAME, GEMM, index=int(index), kernel=kernel)
+    if name:
+        return Candidate.make(NAME, GEMM, index=int(index), solution=name_fingerprint(name))
     return Candidate.make(NAME, GEMM, index=int(index))
 
 
-def tile_order(m: int, n: int, kernel: str) -> tuple[float, int]:
+def tile_order(m: int, n: int, name: str) -> tuple[float, int]:
     """The analytic order of one solution for an m x n output (smaller first).
 
-    The macro tile of a Tensile kernel name (``MT<m>x<n>x<depth>``): first the share of
+    The macro tile in a Tensile solution or kernel name (``MT<m>x<n>x<depth>``): first the share of
     the tiles' area that holds output (the rest is padding work), then the larger tile
     (more reuse per loaded byte). A name without a tile sorts last.
     """
-    found = _MACRO_TILE.search(kernel)
+    found = _MACRO_TILE.search(name)
     if found is None:
         return (2.0, 0)
     mt0, mt1 = int(found.group(1)), int(found.group(2))
@@ -255,13 +271,24 @@ class HipblasltBackend(LtBackend):
         self._pools.clear()
         super().close()
 
-    # --- the algo codec: the solution index and, with the shim, the kernel name ------
+    # --- the algo codec: the solution index and, with the shim, the solution's name -----
     def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, Any]:
         params: dict[str, Any] = {"index": plan.driver.abi.solution_index(algo.data)}
-        kernel = self.ext.kernel_name(plan, algo) if self.ext is not None else ""
-        if kernel and KERNEL_NAME.fullmatch(kernel):
-            params["kernel"] = kernel
+        name = self._solution_name(plan, algo)
+        if name:
+            params["solution"] = name_fingerprint(name)
         return params
+
+    def _solution_name(self, plan: LtPlan, algo: LtAlgo) -> str:
+        """The solution's name, else its kernel's ("" without the shim or without names).
+
+        The solution name, because kernel names are shared: a large gfx90a table of Debian's
+        build holds 902 solutions with 902 names but 244 kernel names (the same code with
+        another GSU and the like; ``docs/rocm.md``).
+        """
+        if self.ext is None:
+            return ""
+        return self.ext.solution_name(plan, algo) or self.ext.kernel_name(plan, algo)
 
     def _pool(self, plan: LtPlan) -> list[LtAlgo]:
         """getAllAlgos for the plan's GEMM type (cached: it depends on the type only)."""
@@ -295,9 +322,11 @@ class HipblasltBackend(LtBackend):
             checked = self.ext.supported(plan, algo)
             if checked is None or checked.workspace > limit:
                 continue
-            params = self.algo_params(plan, checked)
-            order = tile_order(plan.gemm.m, plan.gemm.n, str(params.get("kernel", "")))
-            kept.append((order, index, params))
+            name = self._solution_name(plan, checked)
+            params: dict[str, Any] = {"index": index}
+            if name:
+                params["solution"] = name_fingerprint(name)
+            kept.append((tile_order(plan.gemm.m, plan.gemm.n, name), index, params))
         kept.sort(key=lambda item: (item[0], item[1]))
         cap = settings.HIPBLASLT_POOL.get()
         if cap > 0:
@@ -325,16 +354,16 @@ class HipblasltBackend(LtBackend):
         if not isinstance(index, int) or isinstance(index, bool):
             msg = f"a hipBLASLt identity needs an int 'index', got {dict(params)}"
             raise ValueError(msg)
-        kernel = params.get("kernel")
-        if kernel is not None and not isinstance(kernel, str):
-            msg = f"a hipBLASLt identity's 'kernel' is a name, got {kernel!r}"
+        name = params.get("solution")
+        if name is not None and not isinstance(name, str):
+            msg = f"a hipBLASLt identity's 'solution' is a name's fingerprint, got {name!r}"
             raise ValueError(msg)
         if self.ext is not None:
-            return self._rebuild(plan, index, kernel)
-        if kernel is not None:
+            return self._rebuild(plan, index, name)
+        if name is not None:
             msg = (
-                f"solution {index} was measured as kernel {kernel}; without the extension shim "
-                f"({self.ext_reason}) this library cannot say which kernel the index names now"
+                f"solution {index} was measured as the solution named {name}; without the extension "
+                f"shim ({self.ext_reason}) this library cannot say which solution the index names now"
             )
             raise UnsupportedProblem(msg, backend=NAME)
         algos = self._by_index(plan)
@@ -347,8 +376,13 @@ class HipblasltBackend(LtBackend):
             raise UnsupportedProblem(msg, backend=NAME)
         return algo
 
-    def _rebuild(self, plan: LtPlan, index: int, kernel: str | None) -> LtAlgo:
-        """getAlgosFromIndex, the support check, and the kernel name checked (or re-resolved)."""
+    def _rebuild(self, plan: LtPlan, index: int, name: str | None) -> LtAlgo:
+        """getAlgosFromIndex, the support check, and the name checked (or re-resolved).
+
+        ``name`` is the fingerprint of the solution's name when it was measured: an index
+        that names another solution in this build is looked up by that name among the
+        type's solutions, and refused when none has it.
+        """
         assert self.ext is not None
         abi = plan.driver.abi
         algo = None
@@ -356,21 +390,24 @@ class HipblasltBackend(LtBackend):
             if abi.solution_index(found.data) == index:
                 algo = self.ext.supported(plan, found)
                 break
-        if algo is not None and (kernel is None or not self.ext.has_kernel_name):
-            return algo
-        if algo is not None and self.ext.kernel_name(plan, algo) == kernel:
-            return algo
-        if kernel is None:
+        if name is None:
+            if algo is not None:
+                return algo
             msg = f"solution {index} does not exist in this hipBLASLt build or does not support the problem"
             raise UnsupportedProblem(msg, backend=NAME)
-        # Indices move between builds; the kernel name is what was measured.
+        if not self.ext.has_kernel_name:
+            msg = f"solution {index} was measured by name; this hipBLASLt build has no names to check it"
+            raise UnsupportedProblem(msg, backend=NAME)
+        if algo is not None and name_fingerprint(self._solution_name(plan, algo)) == name:
+            return algo
+        # Indices move between builds; the name is what was measured.
         for candidate in self._pool(plan):
-            if self.ext.kernel_name(plan, candidate) == kernel:
+            if name_fingerprint(self._solution_name(plan, candidate)) == name:
                 moved = self.ext.supported(plan, candidate)
                 if moved is not None:
                     return moved
         msg = (
-            f"solution {index} no longer names kernel {kernel} in this hipBLASLt build, and no "
-            f"solution of the type does: the entry must be re-tuned"
+            f"solution {index} no longer is the solution named {name} in this hipBLASLt build, and no "
+            f"solution of the type is: the entry must be re-tuned"
         )
         raise UnsupportedProblem(msg, backend=NAME)

@@ -30,8 +30,9 @@ static_assert(sizeof(hipblasLtMatmulHeuristicResult_t) == 56, "a heuristic resul
 #define SHIM_ABI 1
 #define SHIM_HEADER_VERSION \
     (HIPBLASLT_VERSION_MAJOR * 100000 + HIPBLASLT_VERSION_MINOR * 100 + HIPBLASLT_VERSION_PATCH)
-// getKernelNameFromAlgo: the builder compiles with it first and, where these headers do not
-// declare it (older releases), again with -DSHIM_HAS_KERNEL_NAME=0.
+// getKernelNameFromAlgo / getSolutionNameFromAlgo: the builder compiles with them first and,
+// where these headers do not declare them (older releases), again with
+// -DSHIM_HAS_KERNEL_NAME=0.
 #ifndef SHIM_HAS_KERNEL_NAME
 #define SHIM_HAS_KERNEL_NAME 1
 #endif
@@ -48,6 +49,28 @@ namespace
         if(put > 0 && results != nullptr)
             std::memcpy(results, found.data(), sizeof(found[0]) * static_cast<size_t>(put));
         return HIPBLAS_STATUS_SUCCESS;
+    }
+
+    using NameOf = std::string (*)(hipblasLtHandle_t, hipblasLtMatmulAlgo_t&);
+
+    int copy_text(const std::string& text, char* buf, size_t size, size_t* needed);
+
+    // One of the name functions into the caller's buffer; NOT_SUPPORTED without one.
+    int copy_name(
+        NameOf name_of, void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
+    {
+        *needed = 0;
+        if(name_of == nullptr)
+            return HIPBLAS_STATUS_NOT_SUPPORTED;
+        try
+        {
+            return copy_text(name_of(static_cast<hipblasLtHandle_t>(handle), *algo), buf, size, needed);
+        }
+        catch(...)
+        {
+            *needed = 0;
+            return HIPBLAS_STATUS_INTERNAL_ERROR;
+        }
     }
 
     int copy_text(const std::string& text, char* buf, size_t size, size_t* needed)
@@ -183,26 +206,21 @@ int unimatmul_hipblaslt_kernel_name(
     void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
 {
 #if SHIM_HAS_KERNEL_NAME
-    try
-    {
-        return copy_text(hipblaslt_ext::getKernelNameFromAlgo(
-                             static_cast<hipblasLtHandle_t>(handle), *algo),
-                         buf,
-                         size,
-                         needed);
-    }
-    catch(...)
-    {
-        *needed = 0;
-        return HIPBLAS_STATUS_INTERNAL_ERROR;
-    }
+    return copy_name(hipblaslt_ext::getKernelNameFromAlgo, handle, algo, buf, size, needed);
 #else
-    (void)handle;
-    (void)algo;
-    (void)buf;
-    (void)size;
-    *needed = 0;
-    return HIPBLAS_STATUS_NOT_SUPPORTED;
+    return copy_name(nullptr, handle, algo, buf, size, needed);
+#endif
+}
+
+// The solution's name: its kernel's name plus the solution's own parameters (GSU and the
+// like), unique where kernel names are not (many solutions share one kernel).
+int unimatmul_hipblaslt_solution_name(
+    void* handle, hipblasLtMatmulAlgo_t* algo, char* buf, size_t size, size_t* needed)
+{
+#if SHIM_HAS_KERNEL_NAME
+    return copy_name(hipblaslt_ext::getSolutionNameFromAlgo, handle, algo, buf, size, needed);
+#else
+    return copy_name(nullptr, handle, algo, buf, size, needed);
 #endif
 }
 

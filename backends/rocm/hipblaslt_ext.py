@@ -1,10 +1,11 @@
-"""The hipBLASLt extension shim: getAllAlgos, getAlgosFromIndex, the support check, kernel names.
+"""The hipBLASLt extension shim: getAllAlgos, getAlgosFromIndex, the support check, names.
 
 hipBLASLt's C API offers only its heuristic (``hipblasLtMatmulAlgoGetHeuristic``), which
 returns some of the solutions of a GEMM type and cannot rebuild an algo from a stored
 index; PyTorch TunableOp uses the C++-only ``hipblaslt-ext.hpp`` for that. ctypes cannot
 call C++, so ``hipblaslt_ext.cpp`` (beside this file) wraps the four functions needed in a
-C ABI, and :class:`HipblasltExt` binds it.
+C ABI (with ``getKernelNameFromAlgo`` and ``getSolutionNameFromAlgo`` where the headers
+have them), and :class:`HipblasltExt` binds it.
 
 Built at first use, never required (:func:`load_ext` says why not, and the backend keeps
 the heuristic path): with the system C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``)
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 from unimatmul import settings
 from unimatmul_backends.lt.abi import LtABI
 from unimatmul_backends.lt.driver import LtAlgo, LtPlan
+from unimatmul_backends.rocm.libraries import loaded_paths
 
 SOURCE = Path(__file__).with_name("hipblaslt_ext.cpp")
 SHIM_NAME = "libunimatmul_hipblaslt_ext.so"
@@ -63,6 +65,7 @@ class ExtAPI(Protocol):
     def from_index(self, plan: LtPlan, indices: Sequence[int]) -> list[LtAlgo]: ...
     def supported(self, plan: LtPlan, algo: LtAlgo) -> LtAlgo | None: ...
     def kernel_name(self, plan: LtPlan, algo: LtAlgo) -> str: ...
+    def solution_name(self, plan: LtPlan, algo: LtAlgo) -> str: ...
 
 
 # --- building ---------------------------------------------------------------------------
@@ -152,7 +155,17 @@ def build(library: str, include: Path, out: Path) -> Path:
 
 
 def built_shim(library: str, version: int, revision: str) -> Path:
-    """The shim for this library version: the cached build, or a new one."""
+    """The shim for this library version: the cached build, or a new one.
+
+    ``library`` may be a bare soname (found by the dynamic loader): the file mapped into
+    this process under that name is what the shim is linked against.
+    """
+    if not os.path.isabs(library):
+        mapped = loaded_paths([library])
+        if not mapped:
+            msg = f"{library} is not mapped into this process: no file to build the shim against"
+            raise ExtUnavailable(msg)
+        library = mapped[0]
     include = find_include(library)
     if include is None:
         msg = f"no hipblaslt/hipblaslt-ext.hpp beside {library}, in $ROCM_PATH/include or /opt/rocm/include"
@@ -183,6 +196,8 @@ def load_ext(library: str, version: int, revision: str, abi: LtABI) -> Hipblaslt
 # --- the binding ------------------------------------------------------------------------
 _P = ctypes.c_void_p
 _I = ctypes.c_int
+# (handle, algo, buffer, its size, the size needed) of both name functions.
+_NAME_SIGNATURE = (_I, [_P, _P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "unimatmul_hipblaslt_ext_abi": (_I, []),
     "unimatmul_hipblaslt_ext_header_version": (_I, []),
@@ -196,10 +211,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         _I,
         [_P, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.POINTER(ctypes.c_size_t)],
     ),
-    "unimatmul_hipblaslt_kernel_name": (
-        _I,
-        [_P, _P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
-    ),
+    "unimatmul_hipblaslt_kernel_name": _NAME_SIGNATURE,
+    "unimatmul_hipblaslt_solution_name": _NAME_SIGNATURE,
 }
 
 
@@ -270,16 +283,26 @@ class HipblasltExt:
             return None
         return LtAlgo(bytes(struct), int(workspace.value), algo.waves)
 
-    def kernel_name(self, plan: LtPlan, algo: LtAlgo) -> str:
-        """The kernel an algo runs (``getKernelNameFromAlgo``); "" where this build has none."""
+    def _name(self, function: str, plan: LtPlan, algo: LtAlgo) -> str:
         if not self.has_kernel_name:
             return ""
         struct = self.abi.algo_struct().from_buffer_copy(algo.data)
-        buf = ctypes.create_string_buffer(_NAME_BYTES)
+        fn, handle = self.fn[function], plan.driver.handle
+        size = _NAME_BYTES
         needed = ctypes.c_size_t(0)
-        fn = self.fn["unimatmul_hipblaslt_kernel_name"]
-        status = fn(plan.driver.handle, ctypes.addressof(struct), buf, _NAME_BYTES, ctypes.byref(needed))
-        if status == _SUCCESS and needed.value > _NAME_BYTES:
-            buf = ctypes.create_string_buffer(needed.value)
-            status = fn(plan.driver.handle, ctypes.addressof(struct), buf, needed.value, ctypes.byref(needed))
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            status = fn(handle, ctypes.addressof(struct), buf, size, ctypes.byref(needed))
+            if status != _SUCCESS or needed.value <= size:
+                break
+            size = needed.value
         return buf.value.decode("ascii", "replace") if status == _SUCCESS else ""
+
+    def kernel_name(self, plan: LtPlan, algo: LtAlgo) -> str:
+        """The kernel an algo runs (``getKernelNameFromAlgo``); "" where this build has none."""
+        return self._name("unimatmul_hipblaslt_kernel_name", plan, algo)
+
+    def solution_name(self, plan: LtPlan, algo: LtAlgo) -> str:
+        """The solution's name (``getSolutionNameFromAlgo``): its kernel's name and its own
+        parameters; "" where this build has none."""
+        return self._name("unimatmul_hipblaslt_solution_name", plan, algo)

@@ -23,7 +23,7 @@ from test_solution_tables import DTYPES, row_for, validators
 from unimatmul.cache.protocol import open_store
 from unimatmul.cli import main
 from unimatmul.interop.tunableop import TunableOpGemm, write
-from unimatmul_backends.rocm.hipblaslt import KERNEL_NAME, solution_candidate
+from unimatmul_backends.rocm.hipblaslt import name_fingerprint, solution_candidate
 from unimatmul_backends.rocm.solution_tables import Solution, SolutionTables, resolve_file
 
 ARCH = "gfx90a"
@@ -110,9 +110,18 @@ def test_every_hipblaslt_row_of_a_real_file_imports_as_its_solution(
     print(f"{len(rows)} real gfx90a solutions from {len({s.table for s in solutions})} tables: all imported")
 
 
-def test_the_tables_kernel_names_fit_an_identity(solutions: list[Solution]) -> None:
-    """The kernel names a record stores beside the index: every real one fits the identity."""
-    names = {s.kernel_name for s in solutions}
-    assert names and all(KERNEL_NAME.fullmatch(name) for name in names), names
-    candidate = solution_candidate(5, sorted(names)[0])
-    assert candidate.identity.endswith(f"&kernel=s:{sorted(names)[0]}")
+def test_kernel_names_repeat_where_solution_names_do_not(tables: SolutionTables) -> None:
+    """Why a record stores the solution's name, not its kernel's (the first large gfx90a table)."""
+    name, table = next(
+        (t, tables.table(t))
+        for t, _start, _end in tables.ranges()
+        if t.endswith(f"_{ARCH}") and "_Type_" in t and len(tables.table(t)) > 100
+    )
+    kernels = {s.kernel_name for s in table}
+    names = {s.name for s in table}
+    print(f"{name}: {len(table)} solutions, {len(names)} names, {len(kernels)} kernels")
+    assert len(kernels) < len(names) <= len(table)
+    assert len(names) >= 0.99 * len(table)  # the odd repeat is a duplicate entry
+    assert solution_candidate(5, table[0].name).identity == (
+        f"hipblaslt/gemm?index=5&solution=s:{name_fingerprint(table[0].name)}"
+    )

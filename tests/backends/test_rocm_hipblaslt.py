@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +39,13 @@ from unimatmul_backends.lt.abi import (
 )
 from unimatmul_backends.lt.driver import LtAlgo
 from unimatmul_backends.lt.runner import ArrayHooks
-from unimatmul_backends.rocm.hipblaslt import HipblasltBackend, select_abi, solution_candidate, tile_order
+from unimatmul_backends.rocm.hipblaslt import (
+    HipblasltBackend,
+    name_fingerprint,
+    select_abi,
+    solution_candidate,
+    tile_order,
+)
 from unimatmul_backends.rocm.hipblaslt_ext import ExtUnavailable
 from unimatmul_backends.rocm.libraries import LibraryChoice
 
@@ -568,13 +576,14 @@ def test_no_device_means_no_handle_is_made() -> None:
 
 
 class FakeExt:
-    """The shim's four calls over one build's solution table (``ExtAPI``).
+    """The shim's calls over one build's solution table (``ExtAPI``).
 
-    ``table`` maps solution index -> (kernel name, largest m it supports, workspace):
+    ``table`` maps solution index -> (solution name, largest m it supports, workspace):
     what ``getAllAlgos`` lists for every type, what ``getAlgosFromIndex`` finds, what
     ``matmulIsAlgoSupported`` accepts for a plan (its column-major m no larger than the
-    limit) and ``getKernelNameFromAlgo`` names. The runs go through the fake library,
-    which accepts exactly these indices.
+    limit) and ``getSolutionNameFromAlgo`` names; ``getKernelNameFromAlgo`` is the name
+    without its ``_GSU<n>`` part, as in the real tables, where many solutions share one
+    kernel. The runs go through the fake library, which accepts exactly these indices.
     """
 
     has_kernel_name = True
@@ -604,13 +613,17 @@ class FakeExt:
         # The library writes the problem into the algo's other bytes: kept from here on.
         return LtAlgo(algo.data[:4] + b"\x01" * 20, found[2], algo.waves)
 
-    def kernel_name(self, plan: Any, algo: LtAlgo) -> str:
+    def solution_name(self, plan: Any, algo: LtAlgo) -> str:
         index = int.from_bytes(algo.data[:4], "little", signed=True)
         return self.table[index][0] if index in self.table else ""
 
+    def kernel_name(self, plan: Any, algo: LtAlgo) -> str:
+        return re.sub(r"_GSU\d+", "", self.solution_name(plan, algo))
 
-def kernel(mt0: int, mt1: int) -> str:
-    return f"Cijk_Ailk_Bljk_HHS_BH_MT{mt0}x{mt1}x32_MI16x16x16x1_SN_1LDSB0"
+
+def kernel(mt0: int, mt1: int, gsu: int = 1) -> str:
+    """A solution name in Tensile's form (macro tile, GSU)."""
+    return f"Cijk_Ailk_Bljk_HHS_BH_MT{mt0}x{mt1}x32_MI16x16x16x1_SN_GSU{gsu}_LDSB0"
 
 
 def test_tile_order_prefers_tiles_that_fit_then_larger_ones() -> None:
@@ -639,7 +652,7 @@ def test_the_shim_offers_every_supported_solution_of_the_type() -> None:
     # The heuristic's first, in its order; then the rest by the analytic order; all named.
     assert [c.param("index") for c in found] == [30, 10, 40, 20]
     assert found[0] == solution_candidate(30, kernel(128, 64))
-    assert found[0].identity == f"hipblaslt/gemm?index=30&kernel=s:{kernel(128, 64)}"
+    assert found[0].identity == f"hipblaslt/gemm?index=30&solution=s:{name_fingerprint(kernel(128, 64))}"
     assert backend.last_search == {"type_pool": 6, "offered": 2, "seeds": 2}
     # The type's list is asked once and reused for the next problem of the type.
     backend.candidates(Problem(m=32, n=128, k=32, dtype_a="f16", dtype_b="f16", dtype_c="f16"), TARGET)
@@ -674,8 +687,8 @@ def test_an_index_outside_the_heuristic_is_rebuilt_by_index_and_runs(problem: Pr
     assert not backend.check(problem, solution_candidate(777), TARGET)  # not in this build
 
 
-def test_a_moved_kernel_is_found_by_name_never_run_as_another() -> None:
-    """Indices move between builds: the stored kernel name decides what runs."""
+def test_a_moved_solution_is_found_by_name_never_run_as_another() -> None:
+    """Indices move between builds: the stored solution name decides what runs."""
     fake = FakeHipblaslt(100100, [])
     # This build numbers the measured kernel 9; index 5 is now another kernel.
     ext = FakeExt(fake, {5: (kernel(64, 64), 1 << 20, 4096), 9: (kernel(128, 128), 1 << 20, 4096)})
@@ -690,7 +703,7 @@ def test_a_moved_kernel_is_found_by_name_never_run_as_another() -> None:
     assert fake.ran[-1] == (5, STREAM)
     # A name no solution of this build has: refused (the selector re-tunes or uses Default).
     gone = solution_candidate(5, kernel(32, 32))
-    with pytest.raises(UnsupportedProblem, match="no longer names kernel"):
+    with pytest.raises(UnsupportedProblem, match="no longer is the solution named"):
         backend.prepare(problem, gone, TARGET)
     assert not backend.check(problem, gone, TARGET)
 
@@ -701,6 +714,71 @@ def test_without_the_shim_a_named_index_is_refused_and_the_heuristic_stays() -> 
     problem = Problem(m=16, n=16, k=16)
     assert backend.candidates(problem, TARGET) == [solution_candidate(5), solution_candidate(6)]
     assert backend.ext is None and "no extension shim in this test" in backend.ext_reason
-    with pytest.raises(UnsupportedProblem, match="cannot say which kernel"):
+    with pytest.raises(UnsupportedProblem, match="cannot say which solution"):
         backend.prepare(problem, solution_candidate(5, kernel(64, 64)), TARGET)
     backend.prepare(problem, solution_candidate(5), TARGET)  # an index alone: the heuristic's
+
+
+def test_solutions_sharing_a_kernel_are_told_apart_by_the_solution_name() -> None:
+    """The same kernel with another GSU is another solution: never picked for the stored one."""
+    fake = FakeHipblaslt(100100, [])
+    ext = FakeExt(
+        fake, {3: (kernel(64, 64, gsu=1), 1 << 20, 4096), 4: (kernel(64, 64, gsu=2), 1 << 20, 4096)}
+    )
+    assert ext.kernel_name(None, ext._algo(3)) == ext.kernel_name(None, ext._algo(4))
+    backend = make_backend(fake, ext)
+    problem = Problem(m=16, n=16, k=16)
+    ops = make_operands(problem, NumpyAdapter(), TARGET.device, np.random.default_rng(8))
+    # Measured as index 7 (another build's number) with GSU 2: this build's 4 runs.
+    backend.prepare(problem, solution_candidate(7, kernel(64, 64, gsu=2)), TARGET)(ops.a, ops.b, ops.out)
+    assert fake.ran == [(4, STREAM)]
+
+
+def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_build() -> None:
+    """Tuning over the pool: every supported solution measured and checked against float64,
+    and the best one's identity runs the same solution where the build numbers it anew."""
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner
+    from unimatmul.testing import fast_settings
+    from unimatmul.tuning.harness import CpuTimer, Harness
+
+    names = {10: kernel(64, 64), 20: kernel(128, 64), 30: kernel(32, 32, gsu=2), 40: kernel(64, 32)}
+    fake = FakeHipblaslt(100100, [10])  # the heuristic knows one of them
+    table = {i: (name, 1 << 20, 4096) for i, name in names.items()}
+    table[40] = (names[40], 8, 4096)  # refuses this problem
+    backend = make_backend(fake, FakeExt(fake, table))
+    problem = Problem(m=48, n=40, k=32)
+    candidates = backend.candidates(problem, TARGET)
+    assert [c.param("index") for c in candidates] == [10, 30, 20]  # heuristic, then the tile order
+    entries = [(DEFAULT, lambda: DefaultRunner(TARGET.adapter))]
+    entries += [(c, lambda c=c: backend.prepare(problem, c, TARGET)) for c in candidates]
+    record = Harness(CpuTimer(), fast_settings()).measure(problem, TARGET, entries)
+    results = {r.identity: r for r in record.results}
+    # Each passed the numeric check (numpy's Default is faster than the fake's Python
+    # matmul, so they may be pruned after it, never rejected).
+    for c in candidates:
+        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
+        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    assert {index for index, _stream in fake.ran} == {10, 20, 30}
+    best = min((results[c.identity].median_s or math.inf, c.identity) for c in candidates)[1]
+    # Another build of the library: the same solutions under other numbers.
+    moved = FakeHipblaslt(100100, [])
+    rebuilt = make_backend(moved, FakeExt(moved, {i + 1000: row for i, row in table.items()}))
+    stored = Candidate.from_identity(best)
+    ops = make_operands(problem, NumpyAdapter(), TARGET.device, np.random.default_rng(9))
+    rebuilt.prepare(problem, stored, TARGET)(ops.a, ops.b, ops.out)
+    assert moved.ran == [(int(stored.param("index")) + 1000, STREAM)]
+    ref = ops.a.astype(np.float64) @ ops.b.astype(np.float64)
+    assert np.linalg.norm(ops.out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_named_identity_is_refused_where_the_shim_has_no_names() -> None:
+    """Headers without the name functions: an index alone cannot vouch for a measured name."""
+    fake = FakeHipblaslt(100100, [])
+    ext = FakeExt(fake, {5: (kernel(64, 64), 1 << 20, 4096)})
+    ext.has_kernel_name = False
+    backend = make_backend(fake, ext)
+    problem = Problem(m=16, n=16, k=16)
+    with pytest.raises(UnsupportedProblem, match="no names to check it"):
+        backend.prepare(problem, solution_candidate(5, kernel(64, 64)), TARGET)
+    backend.prepare(problem, solution_candidate(5), TARGET)  # by index, as TunableOp rebuilds it

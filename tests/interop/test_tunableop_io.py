@@ -131,8 +131,10 @@ def test_identities_are_the_backends_own() -> None:
         assert got == rocblas.solution_candidate(index, source)
     # No version: a positive index keeps the only meaning there was before the biased numbering.
     assert tio.candidate_of(to.TunableOpSolution.rocblas(7)) == rocblas.solution_candidate(7)
-    with pytest.raises(tio.RowSkipped, match=r"reserves indices -9\.\.0"):
+    with pytest.raises(tio.RowSkipped, match=r"rocBLAS 5\.1\.0\.abc reserves indices -9\.\.0"):
         tio.candidate_of(to.TunableOpSolution.rocblas(-7), "5.1.0.abc")
+    with pytest.raises(tio.RowSkipped, match=r"rocBLAS 4\.4\.1\. numbers solutions from 1"):
+        tio.candidate_of(to.TunableOpSolution.rocblas(-61), "4.4.1.")
     old_name = to.TunableOpSolution("Gemm_Hipblaslt_TN_572")
     assert tio.candidate_of(old_name) == hipblaslt.solution_candidate(572)
 

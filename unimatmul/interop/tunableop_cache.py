@@ -285,7 +285,10 @@ def candidate_of(solution: TunableOpSolution, rocblas_version: str | None = None
         known = biased(rocblas_version)
         source = index_source(index, known if known is not None else biased_listing(None, [index]))
         if source is None:
-            raise RowSkipped(f"solution {solution.name!r}: rocBLAS reserves indices -9..0 (no solution)")
+            numbering = "numbers solutions from 1" if known is False else "reserves indices -9..0"
+            raise RowSkipped(
+                f"solution {solution.name!r} names no solution: rocBLAS {rocblas_version or ''} {numbering}"
+            )
         if known is None and source == legacy_source(index) and index > 0:
             return Candidate.make("rocblas", SOLUTION_NAMES["rocblas"], index=index)
         return Candidate.make("rocblas", SOLUTION_NAMES["rocblas"], index=index, source=source)
