@@ -222,7 +222,7 @@ def test_existing_entries_are_kept_unless_replace(tmp_path: Path) -> None:
     mine = TuningRecord(problem=linear.key, winner="onednn/x", winner_s=1.0, default_s=2.0)
     open_store(cache).put(MI300, linear.key, mine)
     text = import_file("rocm_2.7_ld.csv", cache)
-    assert "imported 6 entries" in text and "kept 1 existing entries" in text
+    assert "imported 6 entries" in text and "kept 1 existing entry" in text
     assert entries(cache)[linear.key].winner == "onednn/x"
     text = import_file("rocm_2.7_ld.csv", cache, MI300, "--replace")
     assert "imported 7 entries" in text
