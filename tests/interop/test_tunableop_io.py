@@ -191,6 +191,9 @@ def test_namespace_is_required_without_a_matching_gpu(
     code, _ = run("cache", "import", "tunableop", path, "--cache", str(cache))
     assert code == 2
     assert entries(cache) == {}
+    # No GPU here (torch on this CPU is no match for a file that names a GPU): said so.
+    with pytest.raises(Exception, match=r"tuned on gfx942.* and torch sees no GPU here: pass --namespace"):
+        cli_interop.import_tunableop(_args(path, cache), io.StringIO())
     # A GPU of another arch: still refused, and the message names both.
     mi200 = Platform("amd", "gfx90a:sramecc+:xnack-", "AMD Instinct MI250X", 110, array="torch")
     monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: mi200)

@@ -35,6 +35,7 @@ from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError
 from unimatmul.core.backend import Target
 from unimatmul.core.notices import size_text
 from unimatmul.tuning import confirm
+from unimatmul.tuning.harness import LOW
 from unimatmul.tuning.selector import Selector
 
 
@@ -140,7 +141,7 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
     for ns, rows in by_ns.items():
         out.write(f"\n[{ns}]\n")
         output.table(rows, headers, out, optional=["in situ"])
-    low = sum(1 for _, _, r in items if output.confidence(r) == "low")
+    low = sum(1 for _, _, r in items if output.confidence(r) == LOW)
     if low:
         out.write(
             f"\n{entries(low)} of low confidence (measured on a busy or noisy "

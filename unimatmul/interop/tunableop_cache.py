@@ -619,9 +619,8 @@ def namespace_for_import(
         return current.namespace
     if not arch and current is not None and current.vendor == "cpu":
         return current.namespace  # no GPU named and none here: this CPU's (a CPU export read back)
-    here = (
-        f"this machine's GPU is {current.arch} ({current.namespace})" if current else "torch sees no GPU here"
-    )
+    gpu = current if current is not None and current.vendor != "cpu" else None
+    here = f"this machine's GPU is {gpu.arch} ({gpu.namespace})" if gpu else "torch sees no GPU here"
     wanted = f"was tuned on {arch}" if arch else "names no GPU architecture (a CUDA build writes none)"
     msg = (
         f"the file {wanted} and {here}: pass --namespace NAMESPACE "
