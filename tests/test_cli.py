@@ -30,10 +30,12 @@ from unimatmul.cli import (
 )
 from unimatmul.cli import output as cli_output
 from unimatmul.cli import tune as tune_cli
+from unimatmul.core.backend import DEFAULT
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager, reset_plugin_manager
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
+from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.selector import Selector, set_selector
 from unimatmul_backends.onednn import OneDNNBackend
 
@@ -109,30 +111,30 @@ def _rows(text: str) -> list[list[str]]:
 def test_tune_writes_the_cache_and_prints_the_table(isolated: Any) -> None:
     code, text = run(["tune", "--shape", "64x48x32", "--quiet"])
     assert code == EXIT_OK
-    header = text.splitlines()[0].split()
+    header = re.split(r"\s{2,}", text.splitlines()[0])
     assert header == [
         "shape",
+        "array",
         "dtype",
-        "default",
-        "us",
-        "best",
-        "candidate",
-        "best",
-        "us",
+        "epilogue",
+        "default us",
+        "best candidate",
+        "best us",
         "speedup",
-        "tune",
-        "s",
-    ]
+        "confidence",
+        "tune s",
+    ]  # no "in situ": nothing tuned here has been judged where it runs
     [row] = _rows(text)
-    assert row[:2] == ["64x48x32", "f32"]
+    assert row[:4] == ["64x48x32", "numpy", "f32", "none"]
     [(_, key, record)] = list(isolated.selector.store.items())
     assert key == "gemm:f32.f32.f32:f32:NN:m64n48k32b1:ld32,48,48:st0,0,0:beta0:none:al16"
-    assert row[3] == record.winner
-    assert float(row[2].replace(",", "")) == pytest.approx(record.default_s * 1e6, abs=0.06)
-    assert row[5] == f"{record.speedup:.2f}x"
-    assert re.fullmatch(r"\d+\.\d\d", row[6])  # seconds spent tuning
-    assert "geometric-mean speedup over default" in text
-    assert f"cache: {isolated.cache_path} (1 entries)" in text
+    assert row[5] == record.winner
+    assert float(row[4].replace(",", "")) == pytest.approx(record.default_s * 1e6, abs=0.06)
+    assert row[7] == f"{record.speedup:.2f}x"
+    assert row[8] == record.settings["confidence"] == "high"  # fast_settings judge nothing unstable
+    assert re.fullmatch(r"\d+\.\d\d", row[9])  # seconds spent tuning
+    assert "geometric-mean speedup over default: " in text and " on 1 shape\n" in text
+    assert f"cache: {isolated.cache_path} (1 entry)" in text
     assert isolated.cache_path.exists()
 
     # Again: answered from the cache, nothing tuned.
@@ -140,12 +142,12 @@ def test_tune_writes_the_cache_and_prints_the_table(isolated: Any) -> None:
     code, again = run(["tune", "--shape", "64x48x32", "--quiet"])
     assert code == EXIT_OK
     [row2] = _rows(again)
-    assert row2[6] == "cached" and row2[3] == record.winner
+    assert row2[9] == "cached" and row2[5] == record.winner
     assert isolated.selector.stats.tuned == tuned
 
     # --force tunes again.
     code, forced = run(["tune", "--shape", "64x48x32:f32", "--force", "--quiet"])
-    assert code == EXIT_OK and _rows(forced)[0][6] != "cached"
+    assert code == EXIT_OK and _rows(forced)[0][9] != "cached"
     assert isolated.selector.stats.tuned == tuned + 1
 
 
@@ -264,8 +266,14 @@ def test_an_unwritable_json_file_is_refused_before_tuning(
 ) -> None:
     path = tmp_path / "no-such-dir" / "x.json" if where == "missing folder" else tmp_path
     code, _ = run(["tune", "--shape", "8x8x8", "--quiet", "--json", str(path)])
-    assert code == EXIT_ERROR
-    assert f"unimatmul: error: cannot write --json {path}" in capsys.readouterr().err
+    # A folder that does not exist is bad input (the one rule of every file to write);
+    # a folder where the file should be is a write that fails.
+    assert code == (EXIT_USAGE if where == "missing folder" else EXIT_ERROR)
+    err = capsys.readouterr().err
+    assert f"unimatmul: error: cannot write --json {path}" in err
+    if where == "missing folder":
+        assert f"no directory {path.parent}" in err
+    assert not path.parent.exists() or path == tmp_path
     assert isolated.selector.stats.tuned == 0 and not isolated.cache_path.exists()
 
 
@@ -316,7 +324,7 @@ def test_a_read_only_cache_by_request_is_refused_unless_everything_is_cached(
     selector = _fresh_selector()
     # Everything asked for is cached: nothing to write, the table is shown.
     code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
-    assert code == EXIT_OK and _rows(text)[0][6] == "cached"
+    assert code == EXIT_OK and _rows(text)[0][9] == "cached"
     code, text = run(["tune", "--shape", "8x8x8", "--shape", "8x8x16", "--quiet"])
     assert code == EXIT_ERROR and text == ""
     assert "UNIMATMUL_CACHE_READONLY is set; nothing would be saved" in capsys.readouterr().err
@@ -430,3 +438,221 @@ def test_the_readme_lists_every_exit_code() -> None:
     paragraph = readme[readme.index("Exit codes:") :].split("\n\n")[0]
     codes = [EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_CLOSED_OUTPUT]
     assert all(f"`{code}`" in paragraph for code in codes), paragraph
+
+
+# --- what a newcomer meets -------------------------------------------------------------
+
+
+def _noisy(isolated: Any) -> None:
+    """Harness settings under which every measurement counts as unstable (a spread above -1):
+    real tuning whose records are all low-confidence, each with the tuner's warning."""
+    isolated.selector.settings = HarnessSettings(**{**fast_settings().to_dict(), "noise_spread": -1.0})
+
+
+def test_tune_warnings_are_one_line_per_kind_after_the_table(
+    isolated: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _noisy(isolated)
+    code, text = run(["tune", "--shape", "16x8x24", "--shape", "8x16x8", "--shape", "24x8x16"])
+    assert code == EXIT_OK
+    err = capsys.readouterr().err
+    # One short line for the three warnings, none of Python's "<path>:<line>: RuntimeWarning".
+    assert err == (
+        "unimatmul: 3 warnings: measurements were unstable: records marked low-confidence (-v shows them)\n"
+    )
+    rows = _rows(text)
+    assert [r[8] for r in rows] == ["low", "low", "low"]
+    records = [r for _, _, r in isolated.selector.store.items()]
+    assert len(records) == 3 and all(r.settings["confidence"] == "low" for r in records)
+    assert "3 shapes of low confidence" in text
+
+    # -v: each warning in full, still after the table and without Python's decoration.
+    code, text = run(["tune", "--shape", "16x8x32", "--shape", "8x16x16", "-v"])
+    assert code == EXIT_OK and len(_rows(text)) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("unimatmul: warning: measurements of ") for line in lines)
+    assert "16x8x32 f32 were unstable" in lines[0] and "8x16x16 f32 were unstable" in lines[1]
+    assert not any("RuntimeWarning" in line or ".py:" in line for line in lines)
+
+    # --quiet: nothing at all on stderr.
+    code, text = run(["tune", "--shape", "16x8x40", "--quiet"])
+    assert code == EXIT_OK and _rows(text)[0][8] == "low"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_warning_of_no_known_kind_is_cut_short() -> None:
+    from unimatmul.cli import warning_summary
+
+    long = "unimatmul: something odd happened " + "and went on " * 30
+    with warning_summary.collecting() as caught:
+        warnings.warn(long, RuntimeWarning, stacklevel=1)
+        warnings.warn(long, RuntimeWarning, stacklevel=1)
+        warnings.warn("unimatmul cache /x/c.msgpack: read-only", RuntimeWarning, stacklevel=1)
+        warnings.warn("divide by zero", UserWarning, stacklevel=1)
+    summary = warning_summary.lines(caught)
+    assert len(summary) == 3
+    assert summary[0].startswith("unimatmul: 2 warnings: something odd happened and went on")
+    assert summary[0].endswith("... (-v shows them)") and len(summary[0]) < 160
+    assert summary[1:] == [
+        "unimatmul: warning: cache /x/c.msgpack: read-only",
+        "unimatmul: warning: UserWarning: divide by zero",
+    ]
+    full = warning_summary.lines(caught, verbose=True)
+    assert full[0] == f"unimatmul: warning: {long[len('unimatmul: ') :].strip()} (2 times)"
+    assert warning_summary.lines(caught, verbose=True, quiet=True) == []
+
+
+def test_bare_commands_print_their_help_and_version_is_there(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = run([])
+    assert code == EXIT_OK
+    assert text.startswith("usage: unimatmul") and "info" in text and "tune" in text and "cache" in text
+    code, text = run(["cache"])
+    assert code == EXIT_OK
+    assert text.startswith("usage: unimatmul cache") and "merge" in text and "recover" in text
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == EXIT_OK
+    assert capsys.readouterr().out == f"unimatmul {unimatmul.__version__}\n"
+
+
+def test_presets_are_listed_in_tune_help_and_info(isolated: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from unimatmul.core.plugins import get_plugin_manager
+
+    presets = get_plugin_manager().presets()
+    assert {"bert-base", "llama3-8b"} <= set(presets)
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = capsys.readouterr().out
+    for preset in presets.values():
+        assert re.search(rf"\n  {re.escape(preset.name)} +{len(preset.shapes)} shapes: ", text), text
+    code, text = run(["info"])
+    assert code == EXIT_OK
+    line = next(line for line in text.splitlines() if line.startswith("presets:"))
+    assert all(f"{p.name} ({len(p.shapes)} shapes)" in line for p in presets.values())
+    code, text = run(["info", "--json"])
+    assert json.loads(text)["presets"]["bert-base"]["shapes"] == len(presets["bert-base"].shapes)
+
+
+class _Unloadable(OneDNNBackend):
+    """A backend whose library search fails at length, as cuBLASLt's does on a CPU machine."""
+
+    name = "unloadable"  # type: ignore[assignment]
+    REASON = (
+        "OSError: libunloadable could not be loaded (tried: "
+        + ", ".join(f"/opt/lib{i}.so" for i in range(40))
+        + ")"
+    )
+
+    def availability(self) -> str | None:
+        return self.REASON
+
+
+def test_info_says_why_a_backend_is_unavailable_in_a_few_words(isolated: Any, registered: Any) -> None:
+    with registered(isolated.plugins, _Unloadable()):
+        code, text = run(["info"])
+        assert code == EXIT_OK
+        line = next(line for line in text.splitlines() if "unloadable " in line)
+        assert line.split(None, 2)[2] == "OSError: libunloadable could not be loaded"
+        assert "`unimatmul info -v`" in text
+        assert max(len(line) for line in text.splitlines() if "unavailable" in line) < 120
+        code, text = run(["info", "-v"])
+        assert code == EXIT_OK and _Unloadable.REASON in text
+        code, text = run(["info", "--json"])
+        [found] = [b for b in json.loads(text)["backends"] if b["name"] == "unloadable"]
+        assert found["reason"] == _Unloadable.REASON
+
+
+def test_the_tune_table_names_the_array_library_and_the_epilogue(
+    isolated: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    code, text = run(["tune", "--shape", "24x16x8", "--array", "numpy", "--quiet"])
+    assert code == EXIT_OK
+    code, text = run(["tune", "--shape", "24x16x8", "--array", "torch", "--quiet"])
+    assert code == EXIT_OK
+    # Problems met with a bias and an activation, recorded, then tuned from the file.
+    monkeypatch.setenv("UNIMATMUL_RECORD_FILE", str(tmp_path / "rec.jsonl"))
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((24, 8), (8, 16)))
+    bias = rng.standard_normal(16).astype(np.float32)
+    with unimatmul.mode("record"):
+        out = unimatmul.matmul(a, b, bias=bias, activation="relu")
+    expected = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    code, text = run(["tune", "--from", str(tmp_path / "rec.jsonl"), "--shape", "24x16x8", "--quiet"])
+    assert code == EXIT_OK
+    rows = _rows(text)
+    assert [r[:4] for r in rows] == [
+        ["24x16x8", "numpy", "f32", "none"],
+        ["24x16x8", "numpy", "f32", "bias_relu"],
+    ]
+    assert [r[9] for r in rows] == ["cached", f"{float(rows[1][9]):.2f}"]
+    code, text = run(["tune", "--shape", "24x16x8", "--array", "torch", "--quiet"])
+    assert _rows(text)[0][:2] == ["24x16x8", "torch"]
+
+
+def test_cache_show_has_a_confidence_column_and_in_situ_only_when_judged(
+    isolated: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["tune", "--shape", "16x16x8", "--quiet"])[0] == EXIT_OK
+    _noisy(isolated)
+    assert run(["tune", "--shape", "8x16x16", "--quiet"])[0] == EXIT_OK
+    code, text = run(["cache", "show"])
+    assert code == EXIT_OK
+    lines = text.splitlines()
+    header = re.split(r"\s{2,}", next(line for line in lines if line.startswith("problem")))
+    assert header == ["problem", "winner", "us", "default us", "speedup", "confidence"]  # nothing judged
+    confidence = {line.split()[0]: line.split()[-1] for line in lines if line.startswith("gemm:")}
+    assert sorted(confidence.values()) == ["high", "low"]
+    assert next(v for k, v in confidence.items() if "m8n16k16" in k) == "low"
+    assert "1 entry of low confidence" in text
+    data = json.loads(run(["cache", "show", "--json"])[1])
+    assert sorted(e["settings"]["confidence"] for e in data) == ["high", "low"]
+
+
+def test_a_cpu_tunableop_export_imports_back_without_a_namespace(
+    isolated: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    assert run(["tune", "--shape", "16x24x8", "--array", "numpy", "--quiet"])[0] == EXIT_OK
+    # Only numpy entries: TunableOp is PyTorch's, and the message says the array library is why.
+    code, _ = run(["cache", "export", "--format", "tunableop", "-o", str(tmp_path / "n.csv")])
+    assert code == EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert re.search(r"holds entries tuned on numpy arrays .* tuned with --array torch", err), err
+    assert "with torch installed" not in err and not (tmp_path / "n.csv").exists()
+    # A win must take no time at all (min_gain 1): Default wins, the one winner TunableOp names
+    # on a CPU (a oneDNN winner would be skipped, rightly, and the file would be empty).
+    isolated.selector.settings = HarnessSettings(**{**fast_settings().to_dict(), "min_gain": 1.0})
+    assert run(["tune", "--shape", "16x24x8", "--array", "torch", "--quiet"])[0] == EXIT_OK
+    stored = {ns: (k, r) for ns, k, r in isolated.selector.store.items()}
+    [torch_ns] = [ns for ns in stored if ns.endswith("/torch")]
+    csv = tmp_path / "t.csv"
+    # Two namespaces: the one of torch on this CPU is chosen; no --namespace either way.
+    code, text = run(["cache", "export", "--format", "tunableop", "-o", str(csv)])
+    assert code == EXIT_OK and f"wrote 1 row of {torch_ns}" in text, text
+    other = tmp_path / "other.msgpack"
+    code, text = run(["cache", "import", "tunableop", str(csv), "--cache", str(other)])
+    assert code == EXIT_OK and f"imported 1 entry into {torch_ns}" in text, text
+    from unimatmul.cache.file_store import MsgpackFileStore
+
+    [(ns, key, record)] = list(MsgpackFileStore(other, read_only=True).items())
+    assert (ns, key) == (torch_ns, stored[torch_ns][0])
+    assert record.winner == stored[torch_ns][1].winner == DEFAULT.identity  # what TunableOp names here
+    assert record.winner_s == pytest.approx(stored[torch_ns][1].winner_s, rel=1e-9)
+
+
+def test_bad_settings_are_refused_before_any_command(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value, said in [
+        ("UNIMATMUL_BUCKETS", "weird", "UNIMATMUL_BUCKETS='weird': bad bucket spec 'weird'"),
+        ("UNIMATMUL_LRU_SIZE", "-1", "UNIMATMUL_LRU_SIZE='-1' is less than 1"),
+        ("UNIMATMUL_LRU_SIZE", "abc", "UNIMATMUL_LRU_SIZE='abc' is not an integer"),
+    ]:
+        monkeypatch.setenv(name, value)
+        for argv in (["info"], ["cache", "path"]):
+            assert run(argv) == (EXIT_USAGE, "")
+            err = capsys.readouterr().err
+            assert err.startswith(f"unimatmul: error: {said}") and err.count("\n") == 1, err
+        monkeypatch.delenv(name)

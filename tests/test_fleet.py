@@ -58,7 +58,7 @@ def test_tune_merge_pin_and_serve_read_only(tmp_path: Path, capsys: pytest.Captu
     _tune(machine_b, "--shape", "32x48x80", "--shape", "16x64x32")
     _tune(machine_b, "--shape", "16x64x32", "--array", "torch")
     assert main(["cache", "merge", str(machine_a), str(machine_b), "-o", str(fleet)]) == 0
-    assert "1 keys in several files (the faster record kept)" in capsys.readouterr().out
+    assert "1 key in several files (the faster record kept)" in capsys.readouterr().out
     code, pinned = _verify(fleet, capsys)
     assert code == 0 and pinned["valid"]
     assert pinned["entries"] == 4 and pinned["namespaces"] == 2

@@ -11,7 +11,7 @@ import pytest
 from cache_helpers import NS, PLATFORM, assert_same, key, record
 
 from unimatmul.cache.file_store import MsgpackFileStore, read_file
-from unimatmul.cli import main
+from unimatmul.cli import EXIT_USAGE, main
 
 OTHER = "nvidia/sm_90/NVIDIA H200/132/torch"
 
@@ -33,7 +33,7 @@ def test_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     assert main(["cache", "stats", "--cache", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "entries:  6 in 2 namespace(s)" in text
+    assert "entries:  6 in 2 namespaces" in text
     assert f"[{NS}]" in text and "winners:   fake 5" in text
     assert "temp files of interrupted writers: 1" in text
     assert main(["cache", "stats", "--cache", str(path), "--json"]) == 0
@@ -52,7 +52,7 @@ def test_verify_prints_a_checksum_to_pin(tmp_path: Path, capsys: pytest.CaptureF
     capsys.readouterr()
     assert main(["cache", "verify", "--cache", str(path)]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("ok: 8 entries in 1 namespace(s)")
+    assert text.startswith("ok: 8 entries in 1 namespace,")
     digest = re.search(r"sha256 ([0-9a-f]{64})", text)
     assert digest is not None
     assert main(["cache", "verify", "--cache", str(path), "--expect", digest.group(1)]) == 0
@@ -74,8 +74,12 @@ def test_merge_keeps_the_faster_record_and_every_platform(
     _fill(a, {(NS, key(0)): 1e-3, (NS, key(1)): 3e-3}, writer="a")
     _fill(b, {(NS, key(1)): 2e-3, (OTHER, key(2)): 1e-3}, writer="b")
     capsys.readouterr()
+    # The folder of -o must exist, as for every file a command writes: nothing is made.
+    assert main(["cache", "merge", str(a), str(b), "-o", str(c)]) == EXIT_USAGE
+    assert f"no directory {c.parent}" in capsys.readouterr().err and not c.parent.exists()
+    c.parent.mkdir()
     assert main(["cache", "merge", str(a), str(b), "-o", str(c)]) == 0
-    assert "3 entries, 1 keys in several files" in capsys.readouterr().out
+    assert "3 entries, 1 key in several files" in capsys.readouterr().out
     merged = MsgpackFileStore(c)
     assert merged.count() == 3
     assert_same(merged.get(NS, key(1)), record(key(1), 2e-3, writer="b"))

@@ -99,9 +99,9 @@ def test_the_cli_reports_validation_and_prunes_invalid_entries(
     assert "1 matched, 1 revalidated, 1 invalidated, 1 not available here" in capsys.readouterr().out
     assert main(["cache", "prune", "--cache", str(path), "--invalid", "-v"]) == 0
     text = capsys.readouterr().out
-    assert "removed 1 entries" in text and PROBLEMS[1].key in text
+    assert "removed 1 entry" in text and PROBLEMS[1].key in text
     assert MsgpackFileStore(path).count() == 3
     assert main(["cache", "prune", "--cache", str(path), "--unavailable", "-v"]) == 0
     text = capsys.readouterr().out
-    assert "removed 1 entries" in text and PROBLEMS[3].key in text
+    assert "removed 1 entry" in text and PROBLEMS[3].key in text
     assert MsgpackFileStore(path).count() == 2

@@ -117,6 +117,9 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
     (row,) = [line for line in text.getvalue().splitlines() if "sleepy/k0" in line]
     ratio = found["default_s"] / found["kernel_s"]
     assert row.split()[-2:] == ["reverted", f"{ratio:.2f}x"]
+    # The column is there because an entry has a verdict (an empty one would say nothing).
+    header = next(line for line in text.getvalue().splitlines() if line.startswith("problem"))
+    assert header.split()[-3:] == ["confidence", "in", "situ"]
 
 
 def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any) -> None:

@@ -372,7 +372,7 @@ def test_not_a_tunableop_file_raises(text: str) -> None:
 
 
 def test_untuned_file_given_to_parse_says_so() -> None:
-    with pytest.raises(ValueError, match="parse_untuned"):
+    with pytest.raises(ValueError, match=r"an untuned file\? `unimatmul tune --from FILE`"):
         to.parse(_DATA / "untuned.csv")
 
 

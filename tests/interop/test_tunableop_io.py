@@ -207,6 +207,9 @@ def test_namespace_is_required_without_a_matching_gpu(
     code, _ = run("cache", "import", "tunableop", path, "--cache", str(cache))
     assert code == 2
     assert entries(cache) == {}
+    # No GPU here (torch on this CPU is no match for a file that names a GPU): said so.
+    with pytest.raises(Exception, match=r"tuned on gfx942.* and torch sees no GPU here: pass --namespace"):
+        cli_interop.import_tunableop(_args(path, cache), io.StringIO())
     # A GPU of another arch: still refused, and the message names both.
     mi200 = Platform("amd", "gfx90a:sramecc+:xnack-", "AMD Instinct MI250X", 110, array="torch")
     monkeypatch.setattr(cli_interop, "current_gpu_platform", lambda: mi200)
@@ -238,7 +241,7 @@ def test_existing_entries_are_kept_unless_replace(tmp_path: Path) -> None:
     mine = TuningRecord(problem=linear.key, winner="onednn/x", winner_s=1.0, default_s=2.0)
     open_store(cache).put(MI300, linear.key, mine)
     text = import_file("rocm_2.7_ld.csv", cache)
-    assert "imported 6 entries" in text and "kept 1 existing entries" in text
+    assert "imported 6 entries" in text and "kept 1 existing entry" in text
     assert entries(cache)[linear.key].winner == "onednn/x"
     text = import_file("rocm_2.7_ld.csv", cache, MI300, "--replace")
     assert "imported 7 entries" in text

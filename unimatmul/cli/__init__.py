@@ -17,8 +17,8 @@ import traceback
 from collections.abc import Sequence
 from typing import TextIO
 
-from unimatmul import settings
-from unimatmul.cli import cache, info, tune, tune_distributed
+from unimatmul import __version__, settings
+from unimatmul.cli import cache, info, output, tune, tune_distributed, warning_summary
 from unimatmul.cli.output import (
     EXIT_CLOSED_OUTPUT,
     EXIT_ERROR,
@@ -28,7 +28,9 @@ from unimatmul.cli.output import (
     EXIT_USAGE,
     CliError,
 )
+from unimatmul.core.modes import get_mode
 from unimatmul.core.plugins import get_plugin_manager
+from unimatmul.tuning.buckets import Buckets
 
 __all__ = [
     "EXIT_CLOSED_OUTPUT",
@@ -39,6 +41,7 @@ __all__ = [
     "EXIT_USAGE",
     "CliError",
     "build_parser",
+    "check_settings",
     "main",
 ]
 
@@ -47,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unimatmul",
         description="Measure, pick and remember the fastest GEMM kernel on this machine.",
+        epilog="Run `unimatmul COMMAND --help` for a command's options.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"unimatmul {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info.add_command(sub)
     tune.add_command(sub)
     tune_distributed.add_options(sub.choices["tune"])  # --distributed, under torchrun
@@ -57,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command.name, help=command.help)
         command.configure(p)
         p.set_defaults(func=command.run)
+    parser.set_defaults(func=output.help_of(parser))
     return parser
 
 
@@ -64,42 +70,66 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command ``argv`` names (default: ``sys.argv``) and return its exit code.
 
     argparse's own errors (an unknown option) still end in ``SystemExit(2)``, and
-    ``--help`` in ``SystemExit(0)``.
+    ``--help`` in ``SystemExit(0)``. The warnings the command meets are shown after its
+    output, one line per kind (:mod:`unimatmul.cli.warning_summary`), then its error.
     """
     out = out or sys.stdout
-    try:
-        args = build_parser().parse_args(argv)
-        code: int = args.func(args, out)
-        return code
-    except CliError as exc:
-        return _fail(str(exc), exc.code)
-    except settings.SettingError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except KeyboardInterrupt:
-        _say("unimatmul: interrupted")
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader of our output went away (`| head -1`): nothing to tell it, and no
-        # one to tell; end as a tool that SIGPIPE stops does.
-        _silence_stdout()
-        return EXIT_CLOSED_OUTPUT
-    except MemoryError:
+    args: argparse.Namespace | None = None
+    with warning_summary.collecting() as caught:
+        try:
+            args = build_parser().parse_args(argv)
+            check_settings()
+            code: int = args.func(args, out)
+            failure = ""
+        except BrokenPipeError:
+            # The reader of our output went away (`| head -1`): nothing to tell it, and no
+            # one to tell; end as a tool that SIGPIPE stops does.
+            _silence_stdout()
+            return EXIT_CLOSED_OUTPUT
+        except BaseException as exc:  # SystemExit (argparse) goes on below
+            code, failure = _failure(exc)
+    verbose, quiet = bool(getattr(args, "verbose", False)), bool(getattr(args, "quiet", False))
+    for line in warning_summary.lines(caught, verbose=verbose, quiet=quiet):
+        _say(line)
+    if failure:
+        _say(failure)
+    return code
+
+
+def check_settings() -> None:
+    """Every ``UNIMATMUL_*`` variable set now must parse (SettingError, exit 2, names the
+    first that does not), before a command starts rather than in the middle of its work."""
+    get_mode()  # UNIMATMUL_MODE through its own reader, the message every entry point gives
+    for setting in settings.REGISTRY.values():
+        setting.get()
+    Buckets.from_env()  # a spec, which its Setting keeps as text
+
+
+def _failure(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the last line for a command that ended in ``exc``."""
+    if isinstance(exc, CliError):
+        return exc.code, _error(str(exc))
+    if isinstance(exc, settings.SettingError):
+        return EXIT_USAGE, _error(str(exc))
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "unimatmul: interrupted"
+    if isinstance(exc, MemoryError):
         _debug_traceback()
-        return _fail("out of memory (a problem too large for this machine?)", EXIT_UNAVAILABLE)
-    except OSError as exc:
+        return EXIT_UNAVAILABLE, _error("out of memory (a problem too large for this machine?)")
+    if isinstance(exc, OSError):
         # A file or a device the command needed and could not use: not a bug.
         _debug_traceback()
         where = f"{exc.filename}: " if exc.filename else ""
-        return _fail(f"{where}{exc.strerror or exc}", EXIT_UNAVAILABLE)
-    except Exception as exc:
+        return EXIT_UNAVAILABLE, _error(f"{where}{exc.strerror or exc}")
+    if isinstance(exc, Exception):
         _debug_traceback()
         hint = "" if _debug() else " (an unexpected error; UNIMATMUL_DEBUG=1 shows its traceback)"
-        return _fail(f"{type(exc).__name__}: {exc}{hint}", EXIT_ERROR)
+        return EXIT_ERROR, _error(f"{type(exc).__name__}: {exc}{hint}")
+    raise exc  # SystemExit and the like: not a failure of the command's own
 
 
-def _fail(message: str, code: int) -> int:
-    _say(f"unimatmul: error: {message}")
-    return code
+def _error(message: str) -> str:
+    return f"unimatmul: error: {message}"
 
 
 def _say(line: str) -> None:

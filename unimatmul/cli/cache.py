@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,10 +31,11 @@ from unimatmul.cache.fields import is_date
 from unimatmul.cache.file_store import MsgpackFileStore, faster, kept_copies, read_file, record_signature
 from unimatmul.cli import interop, output
 from unimatmul.cli.interop import reader
-from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
 from unimatmul.core.backend import Target
 from unimatmul.core.notices import size_text
 from unimatmul.tuning import confirm
+from unimatmul.tuning.harness import LOW
 from unimatmul.tuning.selector import Selector
 
 
@@ -43,9 +45,9 @@ def _date(seconds: Any) -> str:
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _read_or_exit(path: Path, *, verify: bool = True) -> Snapshot:
+def _read_or_exit(path: Path, *, verify: bool = True, recovering: bool = False) -> Snapshot:
     """The snapshot of a file a command was given; CliError (exit 3) when there is none or
-    nothing in it can be read."""
+    nothing in it can be read (``recovering``: by ``cache recover`` itself)."""
     if not path.exists() and not path.is_symlink():
         raise CliError(f"no cache file at {path}", EXIT_UNAVAILABLE)
     try:
@@ -53,10 +55,15 @@ def _read_or_exit(path: Path, *, verify: bool = True) -> Snapshot:
     except NotRegularFile as exc:
         raise CliError(f"{path}: {exc}", EXIT_UNAVAILABLE) from exc
     except (CacheFileError, OSError) as exc:
-        raise _unreadable(path, exc) from exc
+        raise _unreadable(path, exc, recovering=recovering) from exc
 
 
-def _unreadable(path: Path, exc: Exception) -> CliError:
+def _unreadable(path: Path, exc: Exception, *, recovering: bool = False) -> CliError:
+    if recovering:
+        hint = "nothing in it can be salvaged: it is not a unimatmul cache file, or every entry is damaged"
+        if "checksum" in str(exc):
+            hint += " (`--unverified` also reads a schema 2 body whose checksum fails)"
+        return CliError(f"{path} cannot be read ({exc}); {hint}", EXIT_UNAVAILABLE)
     return CliError(
         f"{path} cannot be read ({exc}); it is left in place "
         f"(`unimatmul cache recover {path}` salvages what can be read of a damaged file)",
@@ -87,7 +94,7 @@ def _damage_lines(snapshot: Snapshot, limit: int = 5) -> list[str]:
     if len(snapshot.damage) > limit:
         lines.append(f"damage:   ... and {len(snapshot.damage) - limit} more")
     if snapshot.damage:
-        lost = f"{snapshot.lost} entries" if snapshot.lost else "an unknown number of entries"
+        lost = entries(snapshot.lost) if snapshot.lost else "an unknown number of entries"
         lines.append(f"damage:   {lost} could not be read; the rest can")
     return lines
 
@@ -116,7 +123,7 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
         json.dump([{"namespace": ns, "key": k, **r.to_dict()} for ns, k, r in items], out, indent=2)
         out.write("\n")
         return EXIT_OK
-    out.write(f"cache: {store.location} ({len(items)} entries)\n")
+    out.write(f"cache: {store.location} ({entries(len(items))})\n")
     by_ns: dict[str, list[list[str]]] = {}
     for ns, key, record in items:
         by_ns.setdefault(ns, []).append(
@@ -126,12 +133,20 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
                 fmt_us(record.winner_s),
                 fmt_us(record.default_s),
                 f"{record.speedup:.2f}x",
+                output.confidence(record),
                 confirm.describe(record),
             ]
         )
+    headers = ["problem", "winner", "us", "default us", "speedup", "confidence", "in situ"]
     for ns, rows in by_ns.items():
         out.write(f"\n[{ns}]\n")
-        output.table(rows, ["problem", "winner", "us", "default us", "speedup", "in situ"], out)
+        output.table(rows, headers, out, optional=["in situ"])
+    low = sum(1 for _, _, r in items if output.confidence(r) == LOW)
+    if low:
+        out.write(
+            f"\n{entries(low)} of low confidence (measured on a busy or noisy "
+            "machine): tune them again on a quieter one with `unimatmul tune --force`\n"
+        )
     return EXIT_OK
 
 
@@ -217,7 +232,9 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
             f"dates:    created {_date(header.get('created'))}, updated {_date(header.get('updated'))}\n"
         )
     out.write(
-        f"entries:  {count} in {len(namespaces)} namespace(s)" + (f", {bad} unreadable" if bad else "") + "\n"
+        f"entries:  {count} in {plural(len(namespaces), 'namespace')}"
+        + (f", {bad} unreadable" if bad else "")
+        + "\n"
     )
     for info in namespaces:
         libs = ", ".join(f"{k} {v}" for k, v in sorted(info["platform"].get("libraries", {}).items()))
@@ -232,7 +249,8 @@ def cmd_cache_stats(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"problem:  {line}\n")
     if snapshot.damage:
         out.write(
-            f"damage:   {snapshot.lost} entries could not be read (`cache prune --bad` rewrites without them)\n"
+            f"damage:   {entries(snapshot.lost)} could not be read "
+            "(`cache prune --bad` rewrites without them)\n"
         )
     if leftovers:
         out.write(f"temp files of interrupted writers: {len(leftovers)} (removed by the next write)\n")
@@ -294,11 +312,12 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     if result["valid"]:
         state = "ok"
     else:
-        parts = [f"{len(bad)} unreadable entries"] if bad else []
-        parts += [f"damaged ({snapshot.lost} entries lost)"] if snapshot.damage else []
+        parts = [plural(len(bad), "unreadable entry", "unreadable entries")] if bad else []
+        parts += [f"damaged ({entries(snapshot.lost)} lost)"] if snapshot.damage else []
         state = ", ".join(parts)
     out.write(
-        f"{state}: {result['entries']} entries in {result['namespaces']} namespace(s), schema {snapshot.schema}\n"
+        f"{state}: {entries(result['entries'])} in {plural(result['namespaces'], 'namespace')}, "
+        f"schema {snapshot.schema}\n"
     )
     for ns, key, why in bad[:20]:
         out.write(f"  bad entry [{ns}] {key}: {why}\n")
@@ -319,13 +338,15 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
 # --- merge and recover -----------------------------------------------------------------
 
 
-def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, int, int, int]:
+def _gather(
+    names: list[str], *, verify: bool, out: TextIO, recovering: bool = False
+) -> tuple[Snapshot, int, int, int]:
     """The entries of several files in one snapshot (the faster record on a key in several):
     (snapshot, entries read, conflicts, entries that could not be read)."""
     merged = Snapshot()
     conflicts = skipped = total = 0
     for name in names:
-        snapshot = _read_or_exit(Path(name), verify=verify)
+        snapshot = _read_or_exit(Path(name), verify=verify, recovering=recovering)
         for ns_name, ns in snapshot.namespaces.items():
             if ns.platform:
                 merged.namespace(ns_name).platform.update(ns.platform)
@@ -343,7 +364,7 @@ def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, i
         skipped += len(snapshot.bad) + snapshot.lost
         if snapshot.damage:
             out.write(
-                f"{name}: damaged, {snapshot.lost} entries could not be read; {snapshot.count()} could\n"
+                f"{name}: damaged, {entries(snapshot.lost)} could not be read; {snapshot.count()} could\n"
             )
             for line in _damage_lines(snapshot, limit=3)[:-1]:
                 out.write(f"  {line}\n")
@@ -356,14 +377,16 @@ def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
 
 
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
+    output.check_writable(args.output, "-o")
     merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out)
     destination = Path(args.output)
     store = MsgpackFileStore(destination)  # honours UNIMATMUL_CACHE_READONLY
     _write(store, lambda _disk: merged)
     out.write(
-        f"merged {total} entries from {len(args.inputs)} files into {destination}: {merged.count()} entries, "
-        f"{conflicts} keys in several files (the faster record kept)"
-        + (f", {skipped} unreadable entries skipped" if skipped else "")
+        f"merged {entries(total)} from {plural(len(args.inputs), 'file')} into "
+        f"{destination}: {entries(merged.count())}, "
+        f"{plural(conflicts, 'key')} in several files (the faster record kept)"
+        + (f", {plural(skipped, 'unreadable entry', 'unreadable entries')} skipped" if skipped else "")
         + "\n"
     )
     _kept_lines(store, out)
@@ -372,7 +395,7 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_cache_recover(args: argparse.Namespace, out: TextIO) -> int:
     """Read back what can be read of damaged files (kept copies) into the cache."""
-    found, total, _, skipped = _gather(args.files, verify=not args.unverified, out=out)
+    found, total, _, skipped = _gather(args.files, verify=not args.unverified, out=out, recovering=True)
     path = output.cache_path(args)
     store = MsgpackFileStore(path)  # honours UNIMATMUL_CACHE_READONLY
     added: list[int] = [0, 0]
@@ -397,7 +420,7 @@ def cmd_cache_recover(args: argparse.Namespace, out: TextIO) -> int:
 
     _write(store, change)
     out.write(
-        f"recovered {added[0]} entries into {path} from {len(args.files)} file(s) "
+        f"recovered {entries(added[0])} into {path} from {plural(len(args.files), 'file')} "
         f"({total} read, {added[1]} already there with a faster record"
         + (f", {skipped} could not be read" if skipped else "")
         + ")\n"
@@ -414,6 +437,8 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(
             "nothing to prune: give --older-than DAYS, --namespace NS, --invalid, --unavailable or --bad"
         )
+    if args.older_than is not None and not (0 <= args.older_than < math.inf):
+        raise CliError(f"--older-than must be a number of days, 0 or more, got {args.older_than:g}")
     path = output.cache_path(args)
     if not path.exists() and not path.is_symlink():
         out.write(f"no cache file at {path}\n")
@@ -470,10 +495,10 @@ def cmd_cache_prune(args: argparse.Namespace, out: TextIO) -> int:
         kind = why.split(" ")[0]
         reasons[kind] = reasons.get(kind, 0) + 1
     detail = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items()))
-    out.write(f"{verb} {len(removed)} entries from {path}" + (f" ({detail})" if detail else "") + "\n")
+    out.write(f"{verb} {entries(len(removed))} from {path}" + (f" ({detail})" if detail else "") + "\n")
     if lost[0]:
         out.write(
-            f"{lost[0]} entries of the file could not be read (damaged); "
+            f"{entries(lost[0])} of the file could not be read (damaged); "
             + (
                 "a rewrite keeps a copy of the damaged file\n"
                 if args.dry_run
@@ -505,10 +530,13 @@ def cmd_cache_export(args: argparse.Namespace, out: TextIO) -> int:
 
 def add_command(sub: Any) -> None:
     p = sub.add_parser("cache", help="inspect, check, merge, prune, recover, import and export the cache")
-    cache_sub = p.add_subparsers(dest="cache_command", required=True)
+    p.set_defaults(func=output.help_of(p))
+    cache_sub = p.add_subparsers(dest="cache_command", metavar="COMMAND")
 
-    def common(c: argparse.ArgumentParser) -> None:
+    def common(c: argparse.ArgumentParser, *, verbose: bool = True) -> None:
         c.add_argument("--cache", default=None, help="cache file (default: $UNIMATMUL_CACHE or the user's)")
+        if verbose:
+            output.add_verbosity(c)
 
     def target(c: argparse.ArgumentParser) -> None:
         c.add_argument("--array", default="numpy", choices=["numpy", "torch", "cupy"], help="for validation")
@@ -542,8 +570,11 @@ def add_command(sub: Any) -> None:
     c.set_defaults(func=cmd_cache_verify)
 
     c = cache_sub.add_parser("merge", help="merge cache files into one (the faster record wins)")
+    output.add_verbosity(c)
     c.add_argument("inputs", nargs="+", metavar="FILE", help="cache files to merge")
-    c.add_argument("-o", "--output", required=True, help="file to write (replaced atomically)")
+    c.add_argument(
+        "-o", "--output", required=True, help="file to write (replaced atomically), in a folder that exists"
+    )
     c.set_defaults(func=cmd_cache_merge)
 
     c = cache_sub.add_parser(
@@ -561,7 +592,7 @@ def add_command(sub: Any) -> None:
     c.set_defaults(func=cmd_cache_recover)
 
     c = cache_sub.add_parser("prune", help="remove entries by age, namespace, or validity; compacts")
-    common(c)
+    common(c, verbose=False)  # its own -v also lists what it removes
     target(c)
     c.add_argument("--older-than", type=float, metavar="DAYS", default=None, help="tuned more than DAYS ago")
     c.add_argument("--namespace", action="append", metavar="NS", help="a whole namespace (repeatable)")
@@ -577,7 +608,9 @@ def add_command(sub: Any) -> None:
         help="entries that cannot be read (a damaged file is kept as a copy first)",
     )
     c.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
-    c.add_argument("-v", "--verbose", action="store_true", help="list every removed entry")
+    c.add_argument(
+        "-v", "--verbose", action="store_true", help="list every removed entry; show every warning in full"
+    )
     c.set_defaults(func=cmd_cache_prune)
 
     c = cache_sub.add_parser("import", help="import another tool's results (e.g. tunableop FILE.csv)")

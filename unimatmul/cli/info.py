@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from unimatmul import __version__
 from unimatmul.cli import output
-from unimatmul.cli.output import EXIT_OK
+from unimatmul.cli.output import EXIT_OK, entries, plural
 from unimatmul.core.modes import get_mode
 from unimatmul.tuning.selector import get_selector
 
@@ -17,6 +17,7 @@ def add_command(sub: Any) -> None:
     p = sub.add_parser("info", help="platform, backends and their versions, cache")
     output.add_target_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_verbosity(p)
     p.set_defaults(func=cmd_info)
 
 
@@ -56,6 +57,10 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         "no_backend_reason": no_backend,
         "plugins": {"loaded": report.loaded, "skipped": report.skipped, "failed": report.failed},
         "cache": {"path": store.location, "entries": store.count()},
+        "presets": {
+            p.name: {"description": p.description, "shapes": len(p.shapes), "plugin": p.plugin}
+            for p in selector.plugins.presets().values()
+        },
     }
     if args.json:
         json.dump(data, out, indent=2)
@@ -66,12 +71,17 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
     libs = ", ".join(f"{k} {v}" for k, v in platform.libraries)
     out.write(f"libraries: {libs}\n")
     out.write("backends:\n")
+    shortened = False
     for b in backends:
         if b["available"]:
             names = ", ".join(f"{k} {v}" for k, v in b["versions"].items())
             out.write(f"  {b['name']:<10} available    {names}   devices: {', '.join(b['devices'])}\n")
         else:
-            out.write(f"  {b['name']:<10} unavailable  {b['reason']}\n")
+            reason = b["reason"] if args.verbose else short_reason(b["reason"])
+            shortened = shortened or reason != b["reason"]
+            out.write(f"  {b['name']:<10} unavailable  {reason}\n")
+    if shortened:
+        out.write("  (`unimatmul info -v` says in full why a backend is unavailable)\n")
     if no_backend is not None:
         where = f"{target.array_kind} on {target.device}"
         out.write(f"  none serves {where}, so tuning measures only Default: {no_backend}\n")
@@ -81,5 +91,21 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"  {name}: {why}\n")
     if report.skipped:
         out.write("plugins skipped: " + ", ".join(f"{k} ({v})" for k, v in report.skipped.items()) + "\n")
-    out.write(f"cache:     {store.location} ({data['cache']['entries']} entries)\n")
+    presets = ", ".join(f"{name} ({plural(p['shapes'], 'shape')})" for name, p in data["presets"].items())
+    out.write(f"presets:   {presets or 'none'} (`unimatmul tune --preset NAME`)\n")
+    out.write(f"cache:     {store.location} ({entries(data['cache']['entries'])})\n")
     return EXIT_OK
+
+
+#: The longest reason ``info`` prints for an unavailable backend without ``-v``.
+REASON_WIDTH = 90
+
+
+def short_reason(reason: str) -> str:
+    """The first clause of why a backend is unavailable (the search of every library
+    path it tried is for ``-v``), at most :data:`REASON_WIDTH` characters."""
+    cut = min((i for i in (reason.find(" ("), reason.find("; ")) if i > 0), default=len(reason))
+    first = reason[:cut].rstrip(" .:;")
+    if len(first) > REASON_WIDTH:
+        first = first[: REASON_WIDTH - 3].rstrip() + "..."
+    return first

@@ -58,6 +58,24 @@ def current_gpu_platform() -> Platform | None:
         return None
 
 
+def current_cpu_platform() -> Platform | None:
+    """The Platform of torch tensors on this CPU, or None (no torch, any failure): where a
+    TunableOp file that names no GPU goes on a machine where torch sees none."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        return get_selector().platform(Target(adapter_for_kind("torch"), Device("cpu", 0)))
+    except Exception:
+        return None
+
+
+def current_platform() -> Platform | None:
+    """The GPU torch uses now, else torch on this CPU (None without torch)."""
+    return current_gpu_platform() or current_cpu_platform()
+
+
 def reader(args: argparse.Namespace) -> CacheStore:
     """The cache a reading command looks at: a store that never writes (``--cache
     :memory:`` is an empty one). Shared with :mod:`unimatmul.cli.cache`."""
@@ -98,7 +116,7 @@ def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
     requested = getattr(args, "namespace", None)
     try:
         namespace = namespace_for_import(
-            parsed.validators, requested, None if requested else current_gpu_platform()
+            parsed.validators, requested, None if requested else current_platform()
         )
     except ValueError as exc:
         raise CliError(str(exc)) from exc
@@ -114,12 +132,14 @@ def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(str(exc), EXIT_ERROR) from exc
 
     shown = ", ".join(f"{k}={v}" for k, v in parsed.validators.items()) or "none"
-    out.write(f"read {args.file}: {result.rows} rows; validators: {shown}\n")
-    out.write(f"imported {len(new)} entries into {namespace} ({store.location})\n")
+    out.write(f"read {args.file}: {output.plural(result.rows, 'row')}; validators: {shown}\n")
+    out.write(f"imported {output.entries(len(new))} into {namespace} ({store.location})\n")
     if kept:
-        out.write(f"kept {len(kept)} existing entries (--replace overwrites them)\n")
+        out.write(
+            f"kept {output.plural(len(kept), 'existing entry', 'existing entries')} (--replace overwrites them)\n"
+        )
     if result.skipped:
-        out.write(f"skipped {len(result.skipped)} rows:\n")
+        out.write(f"skipped {output.plural(len(result.skipped), 'row')}:\n")
         for line, reason in result.skipped:
             out.write(f"  line {line}: {reason}\n")
     return EXIT_OK
@@ -128,7 +148,8 @@ def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
 def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
     """``cache export --format tunableop -o FILE.csv [--namespace NS]``."""
     store = reader(args)
-    current = current_gpu_platform()
+    output.check_writable(args.output, "-o")
+    current = current_platform()
     try:
         namespace = namespace_for_export(
             (ns for ns, _, _ in store.items()), getattr(args, "namespace", None), current
@@ -145,10 +166,10 @@ def export_tunableop(args: argparse.Namespace, out: TextIO) -> int:
         write(args.output, TunableOpValidators(validators), result.rows)
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {exc}", EXIT_ERROR) from exc
-    out.write(f"wrote {len(result.rows)} rows of {namespace} to {args.output}\n")
+    out.write(f"wrote {output.plural(len(result.rows), 'row')} of {namespace} to {args.output}\n")
     out.write(f"validators ({source}): {', '.join(f'{k}={v}' for k, v in validators.items())}\n")
     if result.skipped:
-        out.write(f"skipped {sum(result.skipped.values())} entries:\n")
+        out.write(f"skipped {output.entries(sum(result.skipped.values()))}:\n")
         for reason, count in result.skipped.most_common():
             out.write(f"  {count} x {reason}\n")
     return EXIT_OK
@@ -164,13 +185,14 @@ def export_json(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(document, sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
         return EXIT_OK
+    output.check_writable(args.output, "-o")
     try:
         with open(args.output, "w", encoding="utf-8") as fh:
             json.dump(document, fh, indent=1, allow_nan=False)
             fh.write("\n")
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {exc}", EXIT_ERROR) from exc
-    out.write(f"exported {count} entries from {path} to {args.output}\n")
+    out.write(f"exported {output.entries(count)} from {path} to {args.output}\n")
     return EXIT_OK
 
 

@@ -3,14 +3,16 @@ and the checks a command makes before it starts work (files it will write, memor
 
 Exit codes a script can rely on (the README lists the same):
 
-* 0 success;
+* 0 success (bare ``unimatmul`` and ``unimatmul cache`` print their help);
 * 1 an unexpected error (a bug: ``unimatmul: error: ...`` names the exception;
-  ``UNIMATMUL_DEBUG=1`` prints its traceback);
+  ``UNIMATMUL_DEBUG=1`` prints its traceback), or a write that fails (a read-only cache,
+  a file or folder that cannot be written: checked before work starts where it can be);
 * 2 bad usage or input: an unknown option (argparse's own code), a bad ``--shape``, an
-  unknown preset, a dtype the array library cannot hold, a bad ``UNIMATMUL_*`` value;
+  unknown preset, a dtype the array library cannot hold, a bad ``UNIMATMUL_*`` value
+  (every one is checked before a command starts), a file to write (``-o``, ``--json``)
+  in a folder that does not exist;
 * 3 nothing could be done here: no backend or no such device for what was asked, a file
-  that cannot be read or written (checked before work starts where it can be), a
-  problem too large for the memory here;
+  that cannot be read, a problem too large for the memory here;
 * 130 interrupted (Ctrl-C);
 * 141 the output was closed early (``unimatmul info --json | head -1``): quietly, as a
   tool killed by SIGPIPE ends.
@@ -21,16 +23,19 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TextIO
 
 from unimatmul import settings
 from unimatmul.cache.protocol import default_cache_path
+from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.errors import CommandError
 from unimatmul.core.problem import Problem
+from unimatmul.tuning.harness import HIGH, LOW
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
@@ -93,10 +98,13 @@ def _check_gpu(array: str, device: Device) -> None:
 
 
 def check_writable(path: str | os.PathLike[str], what: str, *, make_parent: bool = False) -> Path:
-    """Fail now, with the reason, if ``path`` cannot be written (exit 1, as for every write that fails), rather than after
-    the work that would fill it. ``make_parent``: create a missing folder (as the cache
-    store would); otherwise a missing folder is an error. Leaves nothing else behind: the
-    probe file it writes (``os.access`` says yes to root on a read-only mount) is removed."""
+    """Fail now, with the reason, if ``path`` cannot be written, rather than after the work
+    that would fill it. The rule for every file a command is told to write (``-o``,
+    ``--json``): its folder must exist, and a missing one is bad input (exit 2, naming
+    it); any other reason it cannot be written is a write that fails (exit 1).
+    ``make_parent``: create a missing folder instead (the cache file, as the cache store
+    would). Leaves nothing else behind: the probe file it writes (``os.access`` says yes
+    to root on a read-only mount) is removed."""
     file = Path(path).expanduser()
     folder = file.parent
     if file.is_dir():
@@ -104,11 +112,11 @@ def check_writable(path: str | os.PathLike[str], what: str, *, make_parent: bool
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise CliError(f"cannot write {what} {file}: {existing} is a file, not a directory", EXIT_ERROR)
+    if not make_parent and not folder.is_dir():
+        raise CliError(f"cannot write {what} {file}: no directory {folder} (create it first)", EXIT_USAGE)
     try:
         if make_parent:
             folder.mkdir(parents=True, exist_ok=True)
-        elif not folder.is_dir():
-            raise CliError(f"cannot write {what} {file}: no directory {folder}", EXIT_ERROR)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{file.name}.probe-"):
             pass
     except OSError as exc:
@@ -163,13 +171,28 @@ def _host_available() -> int | None:
 # --- printing ----------------------------------------------------------------------------
 
 
+def plural(count: int, word: str, many: str = "") -> str:
+    """A count and its noun: ``1 entry``, ``2 entries`` (``many`` defaults to ``word + "s"``)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+def entries(count: int) -> str:
+    """``1 entry``, ``2 entries``: the count every command reports most."""
+    return plural(count, "entry", "entries")
+
+
 def fmt_us(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds * 1e6:,.1f}"
 
 
-def table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
+def table(rows: list[list[str]], headers: list[str], out: TextIO, *, optional: Collection[str] = ()) -> None:
+    """Rows under their headers, first column left-aligned, the others right-aligned. A
+    column named in ``optional`` is left out when none of its cells says anything."""
+    keep = [i for i, h in enumerate(headers) if h not in optional or any(r[i] for r in rows)]
+    headers = [headers[i] for i in keep]
+    rows = [[row[i] for i in keep] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out.write(line.rstrip() + "\n")
@@ -177,6 +200,32 @@ def table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
     for row in rows:
         cells = [c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         out.write("  ".join(cells).rstrip() + "\n")
+
+
+def confidence(record: TuningRecord) -> str:
+    """How far a record's measurements can be trusted: ``high``, ``low`` (a busy or noisy
+    machine: the tuner warned), or ``-`` for a record that does not say (imported, older)."""
+    found = record.settings.get("confidence")
+    return found if found in (HIGH, LOW) else "-"
+
+
+def help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace, TextIO], int]:
+    """A command that prints ``parser``'s help: what bare ``unimatmul`` (or ``unimatmul
+    cache``) does, rather than an error about the missing command."""
+
+    def show(args: argparse.Namespace, out: TextIO) -> int:
+        parser.print_help(out)
+        return EXIT_OK
+
+    return show
+
+
+def add_verbosity(p: argparse.ArgumentParser, *, quiet: str = "") -> None:
+    """``-v``: the warnings met (and what else the command elides) in full; ``quiet``, when
+    given, the help of a ``-q/--quiet`` that hides them too."""
+    p.add_argument("-v", "--verbose", action="store_true", help="show every warning in full")
+    if quiet:
+        p.add_argument("-q", "--quiet", action="store_true", help=quiet)
 
 
 def add_target_args(p: Any, *, defaults_from_file: bool = False) -> None:

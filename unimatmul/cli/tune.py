@@ -17,21 +17,34 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from unimatmul.cache.errors import CacheWriteError
+from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output, tune_model
-from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
 from unimatmul.core.backend import Target
 from unimatmul.core.notices import size_text
+from unimatmul.core.plugins import get_plugin_manager
 from unimatmul.core.problem import Problem
 from unimatmul.interop.tunableop_cache import untuned_problems
+from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import LOW, HarnessSettings
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
 from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
 from unimatmul.tuning.selector import Selector, get_selector
 
 
 def add_command(sub: Any) -> None:
-    p = sub.add_parser("tune", help="tune shapes and write the cache; prints a table")
+    presets = get_plugin_manager().presets()
+    listed = "\n".join(
+        f"  {p.name:<12} {plural(len(p.shapes), 'shape')}: {p.description}" for p in presets.values()
+    )
+    p = sub.add_parser(
+        "tune",
+        help="tune shapes and write the cache; prints a table",
+        description="Tune shapes, presets or a record file, write the cache and print a table.",
+        epilog=f"presets (--preset NAME):\n{listed or '  none'}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     output.add_target_args(p, defaults_from_file=True)
     p.add_argument(
         "--shape",
@@ -39,7 +52,12 @@ def add_command(sub: Any) -> None:
         metavar="MxNxK[:dtype]",
         help="a problem to tune (repeatable); BxMxNxK for batched",
     )
-    p.add_argument("--preset", action="append", metavar="NAME", help="a shape suite of a real model")
+    p.add_argument(
+        "--preset",
+        action="append",
+        metavar="NAME",
+        help=f"a shape suite of a real model (repeatable): {', '.join(presets) or 'none'}",
+    )
     p.add_argument(
         "--dtype",
         help="dtype for shapes without one (default: f32), or of a --model (default: its torch_dtype)",
@@ -47,7 +65,7 @@ def add_command(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="tune again even when the cache has an answer")
     p.add_argument("--budget-ms", type=float, default=None, help="measuring time per candidate")
     p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_verbosity(p, quiet="no progress bar and no warnings")
     p.add_argument(
         "--from",
         dest="from_file",
@@ -249,25 +267,10 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         record, source = job.run(selector, force=args.force, cap_s=plan.cap_for_next())
         plan.done(item, record, source)
         bar.update()
-        rows.append(
-            [
-                job.label,
-                problem.dtype_a,
-                fmt_us(record.default_s),
-                record.winner,
-                fmt_us(record.winner_s),
-                f"{record.speedup:.2f}x",
-                f"{record.tune_s:.2f}" if source == "tuned" else "cached",
-            ]
-        )
+        rows.append(row(job, record, source))
         results.append({"problem": problem.key, "source": source, **record.to_dict()})
     bar.close()
-    headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
-    output.table(rows, headers, out)
-    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    write_table(rows, HEADERS, results, out)
     out.write(plan.summary() + "\n")
     # After the table: a file that cannot be written after all loses nothing shown.
     if args.json:
@@ -278,5 +281,63 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(f"cannot write --json {args.json}: {exc.strerror or exc}", EXIT_ERROR) from exc
     if any(r["source"] == "tuned" for r in results):
         check_cache_written(selector)
-    out.write(f"cache: {selector.store.location} ({selector.store.count()} entries)\n")
+    out.write(f"cache: {selector.store.location} ({entries(selector.store.count())})\n")
     return EXIT_OK
+
+
+#: The columns of the table ``tune`` prints (``--distributed`` adds the rank's).
+HEADERS = [
+    "shape",
+    "array",
+    "dtype",
+    "epilogue",
+    "default us",
+    "best candidate",
+    "best us",
+    "speedup",
+    "confidence",
+    "tune s",
+    "in situ",
+]
+#: Left out of the table when no row has one.
+OPTIONAL = ["in situ"]
+
+
+def row(job: TuneJob, record: TuningRecord, source: str) -> list[str]:
+    """The cells of one job's row, in the order of :data:`HEADERS`."""
+    problem = job.problem
+    return [
+        job.label,
+        array_text(job.target),
+        problem.dtype_a,
+        problem.epilogue,
+        fmt_us(record.default_s),
+        record.winner,
+        fmt_us(record.winner_s),
+        f"{record.speedup:.2f}x",
+        output.confidence(record),
+        f"{record.tune_s:.2f}" if source == "tuned" else "cached",
+        confirm.describe(record),
+    ]
+
+
+def array_text(target: Target) -> str:
+    """The array column: the library, and the device when it is not the CPU."""
+    return target.array_kind if target.device.kind == "cpu" else f"{target.array_kind} {target.device}"
+
+
+def write_table(
+    rows: list[list[str]], headers: list[str], results: list[dict[str, Any]], out: TextIO
+) -> None:
+    """The table, the geometric-mean speedup of the rows, and a note on low-confidence ones."""
+    output.table(rows, headers, out, optional=OPTIONAL)
+    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {plural(len(speedups), 'shape')}\n")
+    low = sum(1 for r in results if (r.get("settings") or {}).get("confidence") == LOW)
+    if low:
+        out.write(
+            f"{plural(low, 'shape')} of low confidence (a busy or noisy machine): "
+            "tune again on a quieter one with --force\n"
+        )

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any, TextIO
 
-from unimatmul.cli import tune, tune_model
-from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, fmt_us, table
+from unimatmul.cli import output, tune, tune_model
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from unimatmul.core.backend import Target
 from unimatmul.tuning.distributed import (
     DistributedError,
@@ -142,33 +141,20 @@ def _report(
     for job, outcome in zip(jobs, run.outcomes, strict=True):
         record = outcome.record
         if record is None:
-            rows.append([job.label, job.problem.dtype_a, "-", f"failed: {outcome.error}", "-", "-", "-", "-"])
+            cells = ["-"] * len(tune.HEADERS)
+            cells[:3] = [job.label, tune.array_text(job.target), job.problem.dtype_a]
+            cells[5] = f"failed: {outcome.error}"
+            rows.append([*cells[:-1], "", "-"])  # no verdict, no rank
             continue
         tuned = outcome.source == "tuned"
-        rows.append(
-            [
-                job.label,
-                job.problem.dtype_a,
-                fmt_us(record.default_s),
-                record.winner,
-                fmt_us(record.winner_s),
-                f"{record.speedup:.2f}x",
-                f"{record.tune_s:.2f}" if tuned else "cached",
-                str(outcome.rank) if tuned else "-",
-            ]
-        )
+        rows.append([*tune.row(job, record, outcome.source), str(outcome.rank) if tuned else "-"])
         results.append(
             {"problem": job.problem.key, "source": outcome.source, "rank": outcome.rank, **record.to_dict()}
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)
-    headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s", "rank"]
-    table(rows, headers, out)
-    speedups = [r["default_s"] / r["winner_s"] for r in results if r["default_s"] and r["winner_s"]]
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        out.write(f"geometric-mean speedup over default: {geo:.3f}x on {len(speedups)} shapes\n")
+    tune.write_table(rows, [*tune.HEADERS, "rank"], results, out)
     how = "claimed largest first" if run.claiming else "dealt out statically, largest first"
     out.write(f"ranks: {run.ranks} ({run.backend}), jobs {how}\n")
     for rank in range(run.ranks):
@@ -193,4 +179,4 @@ def _report(
             )
     for outcome in run.failed:
         out.write(f"failed: {jobs[outcome.index].label}: {outcome.error}\n")
-    out.write(f"cache: {where} ({entries} entries; {run.written} written once by rank 0)\n")
+    out.write(f"cache: {where} ({output.entries(entries)}; {run.written} written once by rank 0)\n")

@@ -660,12 +660,12 @@ def _row_from_fields(parts: list[str], line_no: int, *, untuned: bool) -> Tunabl
             raise _RowError(msg)
         extra = ",".join(parts[_UNTUNED_FIELDS:]) if len(parts) > _UNTUNED_FIELDS else None
         if extra is not None and not extra.startswith("BLAS_PARAMS"):
-            msg = "third field is not BLAS_PARAMS (a results file? use parse())"
+            msg = "third field is not BLAS_PARAMS (a results file? `unimatmul cache import tunableop` reads those)"
             raise _RowError(msg)
         return TunableOpRow(parts[0], parts[1], None, None, line_no, extra)
     if len(parts) < _RESULT_FIELDS:
         untuned_like = len(parts) == _UNTUNED_FIELDS
-        hint = " (an untuned file? use parse_untuned())" if untuned_like else ""
+        hint = " (an untuned file? `unimatmul tune --from FILE` tunes its problems)" if untuned_like else ""
         msg = f"expected <op>,<params>,<solution>[,<time>]: found {len(parts)} field(s){hint}"
         raise _RowError(msg)
     if not parts[2]:

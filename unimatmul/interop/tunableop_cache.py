@@ -41,8 +41,10 @@ Every GEMM row becomes one entry (a :class:`~unimatmul.cache.record.TuningRecord
   rows are imported with ``fast_accum = 0``. An fp8 output (which needs
   ``scale_result``) has no Problem here and is skipped.
 * Namespace: ``--namespace`` when given; else the namespace of the GPU torch sees
-  now, if its gcnArchName equals the file's ``GCN_ARCH_NAME``. A file carries no
-  device name or CU count, so anything else needs ``--namespace``.
+  now, if its gcnArchName equals the file's ``GCN_ARCH_NAME``; else, for a file that
+  names no GPU architecture on a machine where torch sees no GPU (``current`` is torch on
+  the CPU), this CPU's torch namespace, so that a CPU export reads back as it was. A file
+  carries no device name or CU count, so anything else needs ``--namespace``.
 
 Rows that cannot become an entry are reported with their line numbers and skipped:
 unreadable lines, ScaledGemm rows with an fp8 output, complex dtypes,
@@ -539,6 +541,14 @@ def synthesized_validators(namespace: str, records: list[TuningRecord]) -> dict[
         return values.most_common(1)[0][0] if values else None
 
     torch_version = common("torch")
+    array = namespace.rsplit("/", 1)[-1]
+    if torch_version is None and array in ("numpy", "cupy"):
+        msg = (
+            f"namespace {namespace!r} holds entries tuned on {array} arrays (their Default is {array}'s "
+            "matmul), and a TunableOp file is read by PyTorch: export a namespace of entries tuned with "
+            "--array torch"
+        )
+        raise ValueError(msg)
     if torch_version is None:
         msg = (
             f"cannot write validators for namespace {namespace!r}: its entries name no torch version "
@@ -630,9 +640,10 @@ def namespace_for_import(
         return requested
     if arch and current is not None and current.arch == arch:
         return current.namespace
-    here = (
-        f"this machine's GPU is {current.arch} ({current.namespace})" if current else "torch sees no GPU here"
-    )
+    if not arch and current is not None and current.vendor == "cpu":
+        return current.namespace  # no GPU named and none here: this CPU's (a CPU export read back)
+    gpu = current if current is not None and current.vendor != "cpu" else None
+    here = f"this machine's GPU is {gpu.arch} ({gpu.namespace})" if gpu else "torch sees no GPU here"
     wanted = f"was tuned on {arch}" if arch else "names no GPU architecture (a CUDA build writes none)"
     msg = (
         f"the file {wanted} and {here}: pass --namespace NAMESPACE "

@@ -80,7 +80,12 @@ class Buckets:
 
     @classmethod
     def from_env(cls) -> Buckets | None:
-        return cls.parse(settings.BUCKETS.get())
+        """The buckets ``UNIMATMUL_BUCKETS`` names; SettingError (naming it) for a bad spec."""
+        text = settings.BUCKETS.get()
+        try:
+            return cls.parse(text)
+        except ValueError as exc:
+            raise settings.SettingError(f"{ENV}={text!r}: {exc}", name=ENV) from None
 
     def representative(self, m: int) -> int | None:
         """The representative whose bucket holds ``m``; None above the largest one."""
