@@ -140,6 +140,7 @@ def test_a_budget_stops_the_run_and_stores_what_it_finished(isolated: Any, tmp_p
         (["--shape", "8x8x8", "--tokens", "1"], EXIT_USAGE, "--tokens only applies with --model"),
         (["--shape", "8x8x8", "--dry-run"], EXIT_USAGE, "--dry-run lists a model's GEMMs"),
         (["--model", "llama-3-8b", "--buckets"], EXIT_USAGE, "does not take --buckets"),
+        (["--model", "llama-3-8b", "--shape", "8x8x8"], EXIT_USAGE, "in a run of their own"),
         (["--model", "/no/such/config.json"], EXIT_UNAVAILABLE, "cannot read --model /no/such/config.json"),
     ],
 )
@@ -156,3 +157,20 @@ def test_every_built_in_model_derives(isolated: Any) -> None:
         code, text = run(["tune", "--model", name, "--tokens", "1,512", "--dry-run"])
         assert code == EXIT_OK, name
         assert "huggingface.co" in text.splitlines()[0]
+
+
+def test_a_record_files_call_counts_order_a_budgeted_run(isolated: Any, tmp_path: Path) -> None:
+    from unimatmul.core.problem import Problem
+
+    problems = [Problem.from_shape(16, 8 * (i + 1), 24, "f32") for i in range(3)]
+    calls = [5, 4000, 300]  # the second is called most: it goes first, then the third
+    lines = [
+        json.dumps({"problem": p.key, "array": "numpy", "device": "cpu", "calls": c})
+        for p, c in zip(problems, calls, strict=True)
+    ]
+    record = tmp_path / "recorded.jsonl"
+    record.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, text = run(["tune", "--from", str(record), "--budget", "120", "--quiet"])
+    assert code == EXIT_OK
+    assert [row[0] for row in _rows(text)] == ["16x16x24", "16x24x24", "16x8x24"]
+    assert "coverage: 100.0% of the GEMM time tuned" in text

@@ -65,6 +65,11 @@ def check_options(args: argparse.Namespace) -> None:
                 raise CliError(f"{flag} only applies with --model")
     elif args.buckets:
         raise CliError("--model tunes each token count exactly (--tokens); it does not take --buckets")
+    elif args.shape or args.preset or args.from_file:
+        raise CliError(
+            "--model tunes one model's products (their shares are of its time): give --shape, "
+            "--preset or --from in a run of their own"
+        )
     if args.tp < 1:
         raise CliError(f"--tp must be at least 1, got {args.tp}")
 
