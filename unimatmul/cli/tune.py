@@ -260,7 +260,7 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
                 f"{record.tune_s:.2f}" if source == "tuned" else "cached",
             ]
         )
-        results.append({"problem": problem.key, "source": source, **record.to_dict()})
+        results.append({"problem": problem.key, "source": source, "share": item.share, **record.to_dict()})
     bar.close()
     headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
     output.table(rows, headers, out)

@@ -9,7 +9,9 @@ timed on inputs rotated through more memory than the last-level cache, pruning c
 losers early, within a time budget, and the median is kept. A winner over Default is
 then measured again against Default, sample against sample; a win that does not hold
 there, or that is within the spread of the samples, is not stored (Default is), and an
-unstable measurement is marked ``confidence: low`` in the record's settings.
+unstable measurement is marked ``confidence: low`` in the record's settings. A problem may
+have a time cap (``cap_s``, ``UNIMATMUL_TUNE_CAP_S``): candidates not started when it is
+spent are left out of the record (``settings["capped"]``), Default never.
 
 Memory is bounded (``UNIMATMUL_TUNE_MEMORY``): a product larger than the rotation target
 (twice the last-level cache) may take a multiple of its own operands plus that target,
