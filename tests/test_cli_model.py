@@ -174,3 +174,38 @@ def test_a_record_files_call_counts_order_a_budgeted_run(isolated: Any, tmp_path
     assert code == EXIT_OK
     assert [row[0] for row in _rows(text)] == ["16x16x24", "16x24x24", "16x8x24"]
     assert "coverage: 100.0% of the GEMM time tuned" in text
+
+
+def test_a_moe_model_tunes_its_dense_products_and_says_the_experts_were_skipped(
+    isolated: Any, tmp_path: Path
+) -> None:
+    config = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 80,
+        "torch_dtype": "float32",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    code, text = run(["tune", "--model", str(path), "--tokens", "2", "--quiet"])
+    assert code == EXIT_OK
+    derived = model_gemms(config, (2,))
+    dense = {g.problem().key for g in derived if not g.grouped}
+    namespace = next(iter(isolated.selector.store.namespaces()))
+    assert {key for _, key, _ in isolated.selector.store.items(namespace)} == dense
+    # q = o (2x64x64), k = v (2x32x64), the router (2x8x64), lm_head (2x80x64); no expert shape
+    assert len(dense) == 4
+    found = re.search(
+        r"coverage: (\d+\.\d)% .*left out: 2 products \((\d+\.\d)%\): grouped \(MoE experts\)", text
+    )
+    assert found, text
+    assert float(found[1]) + float(found[2]) == pytest.approx(100.0, abs=0.2)
+    assert 0 < float(found[2]) < 100
