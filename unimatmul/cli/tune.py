@@ -261,6 +261,8 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
             ]
         )
         results.append({"problem": problem.key, "source": source, "share": item.share, **record.to_dict()})
+    if plan.left_out:
+        bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()
     headers = ["shape", "dtype", "default us", "best candidate", "best us", "speedup", "tune s"]
     output.table(rows, headers, out)
