@@ -343,7 +343,7 @@ class Harness:
         del reference, c0
         late = (
             self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds)
-            if measured
+            if measured and not self._only_default_timed(measured)
             else None
         )
         settle = settings.settle_s if _macs(problem) >= settings.settle_min_macs else 0.0
@@ -355,7 +355,7 @@ class Harness:
         #    a kernel that remembers results by address has seen the last ones.
         del late
         survivors = [e for e in measured if e.result.status == OK]
-        if survivors:
+        if survivors and not self._only_default_timed(measured):
             final = self._late_check_set(
                 problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds
             )
@@ -663,6 +663,13 @@ class Harness:
             entry.result.samples = len(entry.times)
             if entry.times:
                 entry.result.median_s = entry.median()
+
+    def _only_default_timed(self, entries: Sequence[_Entry]) -> bool:
+        """Whether the problem's cap is spent with no candidate but Default timed (or to be):
+        Default is then the winner whatever a check after timing finds, so none is made."""
+        if time.perf_counter() <= self._deadline:
+            return False
+        return all(e.candidate == DEFAULT or not e.times for e in entries)
 
     def _past_deadline(self, entry: _Entry) -> bool:
         """Mark a candidate (never Default) left out because the problem's cap is spent."""
