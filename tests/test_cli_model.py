@@ -122,7 +122,7 @@ def test_a_budget_stops_the_run_and_stores_what_it_finished(isolated: Any, tmp_p
     assert left == len(distinct) - stored
     assert coverage + left_share == pytest.approx(100.0, abs=0.2)
     # Tuning stopped at the budget (the last problem may finish its Default and checks).
-    assert spent <= budget + 0.3
+    assert spent <= budget + 0.5
     assert wall < budget + 3.0  # the command's own start (plugins, platform) on top
     # What was finished is in the cache file: a new process would use it.
     code, text = run(["tune", "--model", str(config), "--tokens", tokens, "--budget", "0.01", "--quiet"])
