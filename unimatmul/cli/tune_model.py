@@ -44,9 +44,16 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tp", type=int, default=1, metavar="N", help="with --model: tensor-parallel degree")
     p.add_argument(
-        "--dry-run", action="store_true", help="list what would be tuned, with shares; tune nothing"
+        "--dry-run",
+        action="store_true",
+        help="with --model: list its GEMMs and their shares of its time; tune nothing",
     )
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="the most seconds the whole run may take")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="the most seconds of tuning for the whole run, spent where expected gain x share is largest",
+    )
     p.add_argument(
         "--cap",
         type=float,
