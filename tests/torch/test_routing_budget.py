@@ -1,46 +1,23 @@
 """UNIMATMUL_TUNE_BUDGET_S for a routed PyTorch model: tuning on its calls stops at the
-budget, the rest runs PyTorch's kernels, results stay right (Python kernels at the CPU key)."""
+budget, the rest runs PyTorch's kernels, results stay right (Python and native kernels)."""
 
 from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_helpers import FAST  # noqa: E402
+from torch_helpers import Env  # noqa: E402
 
 import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
-from unimatmul.core.plugins import PluginManager  # noqa: E402
-from unimatmul.tuning.selector import Selector, set_selector  # noqa: E402
 
 
-@pytest.fixture
-def selector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Selector]:
-    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0")
-    monkeypatch.setenv("UNIMATMUL_CACHE", str(tmp_path / "cache.msgpack"))
-    monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
-    monkeypatch.delenv("UNIMATMUL_BUCKETS", raising=False)
-    found = Selector(plugins=PluginManager(), settings=FAST)
-    found.confirm_calls = 0
-    old = set_selector(found)
-    ut.disable()
-    try:
-        yield found
-    finally:
-        ut.disable()
-        ut.reset_stats()
-        set_selector(old)
-
-
-def test_a_routed_model_tunes_until_its_budget_is_spent(
-    selector: Selector, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_routed_model_tunes_until_its_budget_is_spent(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    selector = env.selector
     monkeypatch.setenv("UNIMATMUL_TUNE_BUDGET_S", "0.15")
     torch.manual_seed(0)
     widths = [24 + 8 * i for i in range(31)]
