@@ -53,7 +53,7 @@ def test_a_program_stops_tuning_once_its_budget_is_spent(
     assert isolated.store_count() == tuned  # what was tuned is stored
     # The last problem started with what was left and stopped at it (its Default
     # measurement and numeric checks may run past it, by milliseconds here).
-    assert stats.tune_s < budget + 0.2
+    assert stats.tune_s < budget + 0.4
     said = [str(w.message) for w in caught if "tuning budget" in str(w.message)]
     assert len(said) == 1
     assert "UNIMATMUL_TUNE_BUDGET_S=0.25" in said[0] and "run Default" in said[0]

@@ -187,3 +187,48 @@ def test_a_config_json_path_and_what_is_refused(tmp_path: Path) -> None:
         )
     with pytest.raises(ConfigError, match="token counts must be positive"):
         model_gemms(llama(), (0,))
+
+
+def test_deepseek_v3_low_rank_queries_and_qwen2_moe_shared_experts() -> None:
+    v3 = {
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "vocab_size": 129280,
+        "torch_dtype": "bfloat16",
+    }
+    names = _by_name(model_gemms(v3, (4,)), 4)
+    assert names["q_a_proj"] == (4, 1536, 7168, 61)
+    assert names["q_b_proj"] == (4, 128 * 192, 1536, 61)
+    assert "q_proj" not in names
+    assert names["mlp.gate_proj"][3] == 3 and names["mlp.experts.down"][3] == 58
+    assert names["mlp.shared_experts.gate_proj"] == (4, 2048, 7168, 58)
+    qwen2_moe = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "vocab_size": 151936,
+    }
+    gemms = {g.name: g for g in model_gemms(qwen2_moe, (2,))}
+    assert gemms["q_proj"].bias and not gemms["o_proj"].bias
+    assert (gemms["mlp.shared_experts.up_proj"].n, gemms["mlp.shared_expert_gate"].n) == (5632, 1)
+    assert gemms["mlp.experts.gate_up"].experts == 60 and "mlp.gate_proj" not in gemms

@@ -268,7 +268,9 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         plan.done(item, record, source)
         bar.update()
         rows.append(row(job, record, source))
-        results.append({"problem": problem.key, "source": source, **record.to_dict()})
+        results.append({"problem": problem.key, "source": source, "share": item.share, **record.to_dict()})
+    if plan.left_out:
+        bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()
     write_table(rows, HEADERS, results, out)
     out.write(plan.summary() + "\n")

@@ -44,9 +44,16 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tp", type=int, default=1, metavar="N", help="with --model: tensor-parallel degree")
     p.add_argument(
-        "--dry-run", action="store_true", help="list what would be tuned, with shares; tune nothing"
+        "--dry-run",
+        action="store_true",
+        help="with --model: list its GEMMs and their shares of its time; tune nothing",
     )
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="the most seconds the whole run may take")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="the most seconds of tuning for the whole run, spent where expected gain x share is largest",
+    )
     p.add_argument(
         "--cap",
         type=float,
@@ -65,6 +72,11 @@ def check_options(args: argparse.Namespace) -> None:
                 raise CliError(f"{flag} only applies with --model")
     elif args.buckets:
         raise CliError("--model tunes each token count exactly (--tokens); it does not take --buckets")
+    elif args.shape or args.preset or args.from_file:
+        raise CliError(
+            "--model tunes one model's products (their shares are of its time): give --shape, "
+            "--preset or --from in a run of their own"
+        )
     if args.tp < 1:
         raise CliError(f"--tp must be at least 1, got {args.tp}")
 

@@ -9,7 +9,9 @@ timed on inputs rotated through more memory than the last-level cache, pruning c
 losers early, within a time budget, and the median is kept. A winner over Default is
 then measured again against Default, sample against sample; a win that does not hold
 there, or that is within the spread of the samples, is not stored (Default is), and an
-unstable measurement is marked ``confidence: low`` in the record's settings.
+unstable measurement is marked ``confidence: low`` in the record's settings. A problem may
+have a time cap (``cap_s``, ``UNIMATMUL_TUNE_CAP_S``): candidates not started when it is
+spent are left out of the record (``settings["capped"]``), Default never.
 
 Memory is bounded (``UNIMATMUL_TUNE_MEMORY``): a product larger than the rotation target
 (twice the last-level cache) may take a multiple of its own operands plus that target,
@@ -341,7 +343,7 @@ class Harness:
         del reference, c0
         late = (
             self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds)
-            if measured
+            if measured and not self._only_default_timed(measured)
             else None
         )
         settle = settings.settle_s if _macs(problem) >= settings.settle_min_macs else 0.0
@@ -353,7 +355,7 @@ class Harness:
         #    a kernel that remembers results by address has seen the last ones.
         del late
         survivors = [e for e in measured if e.result.status == OK]
-        if survivors:
+        if survivors and not self._only_default_timed(measured):
             final = self._late_check_set(
                 problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds
             )
@@ -661,6 +663,13 @@ class Harness:
             entry.result.samples = len(entry.times)
             if entry.times:
                 entry.result.median_s = entry.median()
+
+    def _only_default_timed(self, entries: Sequence[_Entry]) -> bool:
+        """Whether the problem's cap is spent with no candidate but Default timed (or to be):
+        Default is then the winner whatever a check after timing finds, so none is made."""
+        if time.perf_counter() <= self._deadline:
+            return False
+        return all(e.candidate == DEFAULT or not e.times for e in entries)
 
     def _past_deadline(self, entry: _Entry) -> bool:
         """Mark a candidate (never Default) left out because the problem's cap is spent."""

@@ -6,8 +6,8 @@ the jobs the cache answers already (they cost nothing), then the rest in order o
 expected gain x share, where the expected gain of a problem is the fraction of time that
 tuning saved on the problems of the same weight (n, k, dtype, layout) tuned so far in
 this run, else on all of them, else the same for all. With a budget, each job may take
-what is left of it (and at most the per-problem cap); once it is spent, the jobs not
-reached are left out. Every record is stored as it is made, so what was tuned is usable
+what is left of it (and at most the per-problem cap); once it is spent, or what is left
+is less than the quickest problem of the run took, the jobs not reached are left out. Every record is stored as it is made, so what was tuned is usable
 at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
 
 The roofline behind the shares is a simple one: ``max(flops / peak, bytes / bandwidth)``
@@ -125,7 +125,8 @@ class TunePlan:
                 yield item
             pending = [i for i in pending if i.source == ""]
         while pending:
-            if self.left_s() <= 0:
+            # What is left must be worth a start: no problem so far took less than the quickest.
+            if self.left_s() <= 0 or self.left_s() < self._quickest_s():
                 for item in pending:
                     self.left_out.append(LeftOut(item.what or item.job.label, item.share, "budget spent"))
                 return
@@ -136,6 +137,10 @@ class TunePlan:
             )
             pending.remove(item)
             yield item
+
+    def _quickest_s(self) -> float:
+        """The least time a problem tuned in this run took (0 before any)."""
+        return min((r.tune_s for r in _records(i for i in self.items if i.source == "tuned")), default=0.0)
 
     def done(self, item: PlannedJob, record: TuningRecord, source: str) -> None:
         item.record, item.source = record, source

@@ -6,7 +6,8 @@ the mode allows -> Default. The callers (``unimatmul.matmul``, PyTorch routing) 
 their own maps of prepared runners in front of it. A failure anywhere warns once and
 falls back to Default (:meth:`Selector.fall_back` is the one fallback policy, also for
 a kernel that fails on a call): the user's program never crashes because of tuning.
-One tuning per key at a time.
+One tuning per key at a time. ``UNIMATMUL_TUNE_BUDGET_S`` bounds the tuning a process does
+on its calls (:meth:`Selector.tuning_allowance`): once spent, untuned problems run Default.
 """
 
 from __future__ import annotations
