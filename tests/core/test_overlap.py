@@ -152,7 +152,9 @@ def test_extents_and_the_guard() -> None:
     guard = OutGuard(adapter, buf[:2], buf[2:], buf[2:]).check
     assert not guard(buf[:2], buf[2:], buf[2:])  # adjacent rows: no byte in common
     assert guard(buf[:2], buf[1:3], buf[2:])  # one row in common
-    assert guard(buf[:2], buf[2:], buf[2:], buf[1])  # the bias is out's second row
+    with_bias = OutGuard(adapter, buf[:2], buf[2:], buf[2:], buf[3]).check
+    assert not with_bias(buf[:2], buf[2:], buf[2:], buf[3])
+    assert with_bias(buf[:2], buf[2:], buf[2:], buf[1])  # the bias is out's second row
     torch = pytest.importorskip("torch")
     t = torch.zeros(4, 8)
     guard = OutGuard(adapter_of(t), t[:2], t[2:], t[2:]).check
