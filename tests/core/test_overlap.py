@@ -115,3 +115,16 @@ def test_extents_and_the_guard() -> None:
     assert guard(t[:2], t[1:3], t[2:])
     seen = t.t()[:, 2:]  # a transposed view of the rows out holds
     assert OutGuard(adapter_of(t), t[2:], t[:2], seen).check(t[2:], t[:2], seen)
+
+
+def test_c_overlapping_out_is_copied_as_numpy_copies(isolated: Any) -> None:
+    """C is copied into out first (by NumPy, which handles the overlap), then read from out."""
+    a, b = randn("numpy", N, N, 1), randn("numpy", N, N, 2)
+    winner = tune_onednn(isolated.selector, a, b, out=np.empty((N, N), np.float32), beta=1.0)
+    for _ in range(2):
+        buf = randn("numpy", N + 1, N, 3)
+        ref = a.astype(np.float64) @ b.astype(np.float64) + buf[:N].astype(np.float64)
+        with unimatmul.mode("tune"):
+            unimatmul.matmul(a, b, c=buf[:N], beta=1.0, out=buf[1:])
+        _assert_close(buf[1:], ref)
+    assert served(winner)
