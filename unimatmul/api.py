@@ -28,7 +28,7 @@ from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
-from unimatmul.core.problem import Problem
+from unimatmul.core.problem import EmptyProduct, Problem
 from unimatmul.tuning.confirm import ConfirmingRunner, clock_for
 from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
 
@@ -36,8 +36,9 @@ from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
 # is being captured into a graph now: confirm.Clock.capturing of its target, and with an
 # out=: whether a call's out overlaps its inputs: OutGuard.check). Bounded, so that a
 # workload with ever-new shapes cannot grow memory without limit.
+# The Problem is None for an empty product (served by Default alone).
 _Found = tuple[
-    Runner, tuple[int, ...], Problem, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None
+    Runner, tuple[int, ...], Problem | None, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None
 ]
 _fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 
@@ -93,13 +94,16 @@ def matmul(
         done = _native_call(a, b, out, alpha, beta, c, bias, activation)  # type: ignore[misc]
         if done is not NotImplemented:
             return done
+    if alpha.__class__ is not float or beta.__class__ is not float:
+        alpha, beta = _real(alpha, "alpha"), _real(beta, "beta")
     adapter = adapter_of(a)
     signature = adapter.signature
     mode = get_mode()
     try:
         sig = (
             mode,
-            adapter.kind,
+            type(a),  # the array library, and for NumPy the array type matmul returns
+            type(b),
             signature(a),
             signature(b),
             None if out is None else signature(out),
@@ -267,23 +271,59 @@ def _resolve(
     beta: float,
     mode: str,
 ) -> _Found:
-    problem, out_shape = Problem.from_operands(
-        adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta
-    )
+    problem: Problem | None
+    try:
+        problem, out_shape = Problem.from_operands(
+            adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta
+        )
+    except EmptyProduct as empty:
+        # NumPy's answer (an empty array; zeros plus any C or bias when k is 0), as the
+        # array library gives it: no kernel to choose, nothing to tune or record.
+        problem, out_shape = None, empty.out_shape
     _check_autograd(adapter, a=a, b=b, out=out, c=c, bias=bias)
     device = adapter.device(a)
     target = Target(adapter, device)
-    allocate = adapter.allocator(out_shape, problem.dtype_c, device)
+    allocate = adapter.allocator(out_shape, adapter.dtype(a), device)
+    if adapter.kind == "numpy":
+        allocate = _numpy_result(allocate, a, b)
     if mode in ("tune", "record"):
         # These modes write (the cache, the record file): a call that is going to fail
         # must fail before, so that nothing is written for it (the README promises it).
         _rehearse(adapter, a, b, out, c, bias, activation, alpha, beta, allocate)
+    guard = None if out is None else OutGuard(adapter, out, a, b, bias).check
+    capturing = clock_for(target, 0).capturing
+    if problem is None:
+        return DefaultRunner(adapter, activation), out_shape, problem, allocate, capturing, guard
     decision = get_selector().decide(problem, target, mode)
     if decision.source == "tuned":
         # Signatures resolved earlier in another mode may hold Default for this problem.
         clear_fast_path()
-    guard = None if out is None else OutGuard(adapter, out, a, b, bias).check
-    return decision.runner, out_shape, problem, allocate, clock_for(target, 0).capturing, guard
+    return decision.runner, out_shape, problem, allocate, capturing, guard
+
+
+def _numpy_result(allocate: Callable[[], Any], a: Any, b: Any) -> Callable[[], Any]:
+    """The output allocator of a NumPy call: an array of the type ``numpy.matmul`` returns,
+    which for ndarray subclasses is that of the operand with the highest
+    ``__array_priority__`` among those that are not plain ndarrays (the first on a tie)."""
+    import numpy as np
+
+    chosen: Any = None
+    for x in (a, b):
+        if type(x) is not np.ndarray and (chosen is None or x.__array_priority__ > chosen.__array_priority__):
+            chosen = x
+    if chosen is None:
+        return allocate
+    kind = type(chosen)
+    return lambda: allocate().view(kind)
+
+
+def _real(value: Any, name: str) -> float:
+    """``alpha`` or ``beta`` as a float; TypeError for what NumPy would not multiply by (a
+    string, None, a complex number)."""
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        msg = f"matmul: {name} must be a real number, not {type(value).__name__} ({value!r})"
+        raise TypeError(msg)
+    return float(value)
 
 
 def _check_autograd(adapter: ArrayAdapter, **operands: Any) -> None:

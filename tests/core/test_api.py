@@ -518,3 +518,114 @@ def test_unknown_mode_names_the_valid_ones(isolated: Any, monkeypatch: pytest.Mo
     monkeypatch.setenv("UNIMATMUL_MODE", "always")
     with pytest.raises(ValueError, match="unknown unimatmul mode 'always'"):
         unimatmul.matmul(_A, _B)
+
+
+# --- NumPy's semantics: empty operands, alpha and beta, ndarray subclasses ---------------------
+
+EMPTY = [((0, 3), (3, 4)), ((2, 0), (0, 4)), ((2, 3), (3, 0)), ((5, 0, 3), (3, 4)), ((2, 4, 0), (2, 0, 3))]
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize(("a_shape", "b_shape"), EMPTY, ids=[f"{a}@{b}" for a, b in EMPTY])
+def test_empty_operands_give_what_the_library_gives(
+    isolated: Any, lib: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+) -> None:
+    a, b = np.ones(a_shape, np.float32), np.ones(b_shape, np.float32)
+    expected = np.matmul(a, b)  # an empty array, or zeros where k is 0
+    if lib == "torch":
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    with unimatmul.mode("tune"):
+        for _ in range(2):  # resolved, then cached
+            got = unimatmul.matmul(a, b)
+            assert type(got) is type(a) and tuple(got.shape) == expected.shape
+            np.testing.assert_array_equal(_f64(got), expected)
+        out = _poisoned_like(got)
+        assert unimatmul.matmul(a, b, out=out) is out
+        np.testing.assert_array_equal(_f64(out), expected)
+    assert isolated.store_count() == 0  # no kernel to choose: nothing tuned
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_k_zero_with_an_epilogue_is_the_epilogue_alone(isolated: Any, lib: str) -> None:
+    a, b = np.ones((3, 0), np.float32), np.ones((0, 4), np.float32)
+    bias = np.arange(4, dtype=np.float32) - 2
+    c = np.full((3, 4), 3.0, np.float32)
+    if lib == "torch":
+        a, b, bias, c = (torch.from_numpy(x) for x in (a, b, bias, c))
+    got = unimatmul.matmul(a, b, alpha=2.0, beta=0.5, c=c, bias=bias, activation="relu")
+    np.testing.assert_array_equal(_f64(got), np.maximum(1.5 + (np.arange(4) - 2.0), 0)[None].repeat(3, 0))
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("bad", ["2", b"2", None, 1j, [2.0]])
+def test_alpha_and_beta_must_be_real_numbers(isolated: Any, lib: str, bad: Any) -> None:
+    a, b = _randn((4, 5), "f32", lib), _randn((5, 6), "f32", lib)
+    unimatmul.matmul(a, b, alpha=2.0)  # the signature is known: the cached call checks too
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        unimatmul.matmul(a, b, alpha=bad)
+    c = _randn((4, 6), "f32", lib)
+    with pytest.raises(TypeError, match="beta must be a real number"):
+        unimatmul.matmul(a, b, c=c, beta=bad)
+    with pytest.raises(TypeError):  # numpy refuses a string factor too
+        np.multiply(np.ones(2, np.float32), "2")
+    # Real numbers of any kind are taken, as numpy takes them.
+    ref = _f64(a) @ _f64(b)
+    for two in (2, np.float32(2.0), np.int64(2), np.array(2.0)):
+        assert_close(unimatmul.matmul(a, b, alpha=two), 2 * ref, "f32")
+
+
+class _Tagged(np.ndarray):
+    """A plain ndarray subclass, as user code defines one."""
+
+
+class _Preferred(np.ndarray):
+    __array_priority__ = 5.0
+
+
+SUBCLASSES: list[tuple[str, Callable[[np.ndarray], Any], Callable[[np.ndarray], Any]]] = [
+    ("np.matrix @ ndarray", np.asmatrix, lambda b: b),
+    ("subclass @ ndarray", lambda a: a.view(_Tagged), lambda b: b),
+    ("ndarray @ subclass", lambda a: a, lambda b: b.view(_Tagged)),
+    ("subclass @ higher priority", lambda a: a.view(_Tagged), lambda b: b.view(_Preferred)),
+    ("higher priority @ subclass", lambda a: a.view(_Preferred), lambda b: b.view(_Tagged)),
+]
+
+
+@pytest.mark.parametrize(("name", "wrap_a", "wrap_b"), SUBCLASSES, ids=[s[0] for s in SUBCLASSES])
+def test_ndarray_subclasses_return_what_numpy_matmul_returns(
+    isolated: Any, name: str, wrap_a: Callable[[np.ndarray], Any], wrap_b: Callable[[np.ndarray], Any]
+) -> None:
+    a, b = wrap_a(_randn((6, 5), "f32", "numpy")), wrap_b(_randn((5, 7), "f32", "numpy"))
+    expected = np.matmul(a, b)
+    ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    with unimatmul.mode("tune"):
+        for _ in range(2):
+            got = unimatmul.matmul(a, b)
+            assert type(got) is type(expected), name
+            assert_close(np.asarray(got), ref, "f32")
+    plain = unimatmul.matmul(np.asarray(a), np.asarray(b))  # the same signature, plain arrays
+    assert type(plain) is np.ndarray
+    out = np.empty((6, 7), np.float32).view(_Tagged)
+    assert unimatmul.matmul(a, b, out=out) is out  # numpy.matmul returns out, whatever its type
+
+
+def test_masked_arrays_are_refused_clearly(isolated: Any) -> None:
+    a = np.ma.masked_array(_randn((4, 5), "f32", "numpy"), mask=np.eye(4, 5, dtype=bool))
+    b = _randn((5, 6), "f32", "numpy")
+    with pytest.raises(ValueError):
+        np.matmul(a, b)  # numpy itself cannot carry the mask through a 4x5 @ 5x6 product
+    for call in (lambda: unimatmul.matmul(a, b), lambda: unimatmul.matmul(b.T, a.T)):
+        with pytest.raises(TypeError, match=r"no masked arrays.*numpy\.ma\.dot"):
+            call()
+    with unimatmul.mode("tune"), pytest.raises(TypeError, match="masked"):
+        unimatmul.matmul(b.T.copy(), b, out=np.ma.masked_array(np.empty((6, 6), np.float32)))
+    assert isolated.store_count() == 0
+
+
+def test_a_subclass_with_its_own_ufunc_rules_is_refused() -> None:
+    class Units(np.ndarray):
+        def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+            return NotImplemented
+
+    with pytest.raises(TypeError, match=r"__array_ufunc__ decides"):
+        unimatmul.matmul(np.ones((2, 2), np.float32).view(Units), np.ones((2, 2), np.float32))

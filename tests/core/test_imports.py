@@ -25,3 +25,21 @@ def test_public_names_load_on_first_use() -> None:
     loaded = _modules_after("import unimatmul; unimatmul.Problem; from unimatmul import hookimpl")
     assert "unimatmul.core.problem" in loaded and "unimatmul.core.hookspecs" in loaded
     assert "unimatmul.api" not in loaded  # matmul was never asked for
+
+
+def test_routing_without_torch_says_what_to_install() -> None:
+    """As the CLI's ``--array torch`` says it: an ImportError naming torch and the extra."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # what an environment without torch gives
+        "import unimatmul.torch as ut\n"
+        "from unimatmul.core.errors import MissingDependency\n"
+        "try:\n"
+        "    ut.enable()\n"
+        "except MissingDependency as exc:\n"
+        "    assert isinstance(exc, ImportError) and exc.name == 'torch', exc\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "unimatmul.torch needs torch installed" in done.stdout
+    assert "pip install torch" in done.stdout and "'.[torch]'" in done.stdout
+    assert "Traceback" not in done.stderr

@@ -417,3 +417,16 @@ def test_a_kernel_failing_on_a_call_falls_back_to_pytorch_and_warns_once(env: En
     assert len([w for w in caught if "broken/k" in str(w.message)]) == 1
     assert torch.allclose(first, a @ b) and torch.allclose(second, a @ b)
     assert ut.stats()["by_source"] == {"fallback": 2}
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((0, 3), (3, 4)), ((2, 0), (0, 4)), ((2, 3), (3, 0))])
+def test_empty_products_pass_to_torch(env: Env, a_shape: tuple[int, int], b_shape: tuple[int, int]) -> None:
+    a, b, c = torch.randn(a_shape), torch.randn(b_shape), torch.randn(a_shape[0], b_shape[1])
+    expected = (torch.mm(a, b), torch.addmm(c, a, b))
+    with ut.enabled(), unimatmul.mode("tune"):
+        got = (torch.mm(a, b), torch.addmm(c, a, b))
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g, e)
+    # (the native kernels pass them on without asking Python: no plan at all there)
+    assert all(p.source == "passthrough" for p in ut.plans())
+    assert env.selector.stats.tuned == 0

@@ -1083,6 +1083,9 @@ def adapter_of(x: Any) -> ArrayAdapter:
     if found is not None:
         return found
     root = cls.__module__.split(".", 1)[0]
+    if issubclass(cls, np.ndarray):
+        _check_ndarray_subclass(cls)
+        root = "numpy"
     if root not in _FACTORIES:
         msg = (
             f"unimatmul.matmul takes NumPy arrays, torch tensors or CuPy arrays, "
@@ -1091,6 +1094,29 @@ def adapter_of(x: Any) -> ArrayAdapter:
         raise TypeError(msg)
     found = _BY_TYPE[cls] = adapter_for_kind(root)
     return found
+
+
+def _check_ndarray_subclass(cls: type) -> None:
+    """Refuse the ndarray subclasses whose ``numpy.matmul`` result their own code decides
+    (so that unimatmul cannot give the same); others (np.matrix, plain subclasses) are taken
+    as NumPy arrays, and the API returns the type numpy.matmul returns."""
+    if cls is np.ndarray:
+        return
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if issubclass(cls, np.ma.MaskedArray):
+        msg = (
+            f"unimatmul.matmul takes no masked arrays ({name}): numpy.matmul does not carry "
+            "their mask through a product either (it fails, or masks element by element); "
+            "use numpy.ma.dot for a masked product, or pass x.filled(0) for the data"
+        )
+        raise TypeError(msg)
+    for hook in ("__array_ufunc__", "__array_function__", "__array_wrap__"):
+        if getattr(cls, hook, None) is not getattr(np.ndarray, hook):
+            msg = (
+                f"unimatmul.matmul cannot follow numpy.matmul for {name}: its own {hook} "
+                "decides what numpy.matmul returns; call numpy.matmul, or pass numpy.asarray(x)"
+            )
+            raise TypeError(msg)
 
 
 def operand_layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:

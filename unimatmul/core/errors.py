@@ -62,3 +62,13 @@ class CommandError(UnimatmulError):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+class MissingDependency(UnimatmulError, ImportError):
+    """A feature needs a package that is not installed; the message says what to install.
+
+    An ImportError (``except ImportError`` catches it), naming the missing module."""
+
+    def __init__(self, msg: str, *, name: str | None = None) -> None:
+        super().__init__(msg)
+        self.name = name

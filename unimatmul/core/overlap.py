@@ -26,7 +26,9 @@ import numpy as np
 
 from unimatmul.core.arrays import ArrayAdapter
 
-_may_share = np.may_share_memory
+# The C function itself: NumPy's public name dispatches through __array_function__ first,
+# which costs more than the test (the cached call pays it per operand).
+_may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
 
 
 def extent(adapter: ArrayAdapter, x: Any) -> tuple[int, int]:
@@ -61,32 +63,37 @@ class OutGuard:
     def __init__(
         self, adapter: ArrayAdapter, out: Any, a: Any, b: Any, bias: Any = None, *extra: Any
     ) -> None:
-        self._ptr = adapter.ptr
+        # torch: Tensor.data_ptr itself, a C call (the adapter's ptr wraps it in Python).
+        self._ptr = type(out).data_ptr if adapter.kind == "torch" else adapter.ptr
         self._out = extent(adapter, out)
-        self._spans = tuple(None if x is None else extent(adapter, x) for x in (a, b, bias, *extra))
+        # None: no such input, or one without elements (it occupies no memory).
+        spans = [None if x is None else extent(adapter, x) for x in (a, b, bias, *extra)]
+        self._spans = tuple(None if s is None or s[0] == s[1] else s for s in spans)
         #: ``check(out, a, b, bias, *extra) -> bool``: the test for this signature's calls.
-        self.check: Callable[..., bool] = self._numpy if adapter.kind == "numpy" else self._ranges
+        self.check: Callable[..., bool] = self._ranges
+        if adapter.kind == "numpy":
+            self.check = _numpy_pair if bias is None and not extra else _numpy_all
 
-    @staticmethod
-    def _numpy(out: Any, a: Any, b: Any, bias: Any = None, *extra: Any) -> bool:
-        if _may_share(out, a) or _may_share(out, b) or (bias is not None and _may_share(out, bias)):
-            return True
-        return any(_may_share(out, x) for x in extra)
-
-    def _ranges(self, out: Any, a: Any, b: Any, bias: Any = None, *extra: Any) -> bool:
+    def _ranges(self, out: Any, *inputs: Any) -> bool:
         low, high = self._out
         if low == high:
             return False
         ptr = self._ptr
         base = ptr(out)
-        low += base
-        high += base
-        for x, span in zip((a, b, bias, *extra), self._spans, strict=True):
-            if x is not None and span is not None and span[0] != span[1]:
-                at = ptr(x)
+        for x, span in zip(inputs, self._spans, strict=False):
+            if span is not None and x is not None:
+                at = ptr(x) - base  # where x starts, from out's pointer
                 if at + span[0] < high and low < at + span[1]:
                     return True
         return False
+
+
+def _numpy_pair(out: Any, a: Any, b: Any, *unused: Any) -> bool:
+    return bool(_may_share(out, a) or _may_share(out, b))
+
+
+def _numpy_all(out: Any, *inputs: Any) -> bool:
+    return any(x is not None and _may_share(out, x) for x in inputs)
 
 
 def run_overlapping(

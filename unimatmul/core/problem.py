@@ -297,7 +297,8 @@ class Problem:
         The one place a Problem is made from arrays (``unimatmul.matmul``, PyTorch
         routing, the conformance suite): ``adapter`` is the operands' array adapter
         (:func:`unimatmul.core.arrays.adapter_of`). Bad input raises ``ValueError`` or
-        ``TypeError`` with a message that names the operand, in NumPy's style.
+        ``TypeError`` with a message that names the operand, in NumPy's style; valid operands
+        with an empty dimension raise :class:`EmptyProduct` (the array library computes those).
         """
         if not adapter.same_library(b):
             msg = f"matmul: a and b must come from the same array library, got {type(a).__name__} and {type(b).__name__}"
@@ -320,7 +321,7 @@ class Problem:
         if adapter.dtype(b) != dtype:
             msg = f"matmul: a is {dtype} but b is {adapter.dtype(b)}; both operands must have one dtype"
             raise TypeError(msg)
-        m, n, k = product_dims(a_shape, b_shape, "matmul")
+        m, n, k = product_dims(a_shape, b_shape, "matmul", empty=True)
         batch_a = a_shape[0] if len(a_shape) == 3 else 1
         batch_b = b_shape[0] if len(b_shape) == 3 else 1
         if batch_a != batch_b and 1 not in (batch_a, batch_b):
@@ -354,6 +355,9 @@ class Problem:
         if beta != 0.0 and c is None and out is None:
             msg = "matmul: beta != 0 needs c, or out holding C"
             raise ValueError(msg)
+        if min(m, n, k) < 1:
+            msg = f"matmul: empty operands (m={m}, n={n}, k={k}): no kernel to choose"
+            raise EmptyProduct(msg, out_shape)
 
         a_strides, b_strides = adapter.strides(a), adapter.strides(b)
         trans_a, lda = matrix_layout(a_shape, a_strides, "a")
@@ -454,10 +458,22 @@ def matrix_layout(shape: tuple[int, ...], strides: tuple[int, ...], what: str) -
     raise ValueError(msg)
 
 
-def product_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str) -> tuple[int, int, int]:
+class EmptyProduct(ValueError):
+    """A product with an empty dimension: no Problem (no kernel to choose), yet a valid call
+    where the array library takes it (``numpy.matmul`` returns an empty array, or zeros
+    when k is 0). Carries the output's shape."""
+
+    def __init__(self, msg: str, out_shape: tuple[int, ...]) -> None:
+        super().__init__(msg)
+        self.out_shape = out_shape
+
+
+def product_dims(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str, *, empty: bool = False
+) -> tuple[int, int, int]:
     """(m, n, k) of ``a @ b`` from the operands' last two dimensions; ValueError (its
-    message starting with ``what``, the function the user called) when k differs or a
-    dimension is empty."""
+    message starting with ``what``, the function the user called) when k differs or (unless
+    ``empty``) a dimension is empty."""
     m, k = a_shape[-2], a_shape[-1]
     k2, n = b_shape[-2], b_shape[-1]
     if k != k2:
@@ -466,7 +482,7 @@ def product_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str) 
             f"{b_shape} (size {k} is different from {k2})"
         )
         raise ValueError(msg)
-    if min(m, n, k) < 1:
+    if min(m, n, k) < 1 and not empty:
         msg = f"{what}: empty operands (m={m}, n={n}, k={k}) are not supported"
         raise ValueError(msg)
     return m, n, k

@@ -52,7 +52,9 @@ def enable() -> None:
     """Route eligible products from now on, in every thread (idempotent).
 
     Reads ``UNIMATMUL_MODE`` now; change the mode later with :func:`unimatmul.mode`.
+    Without torch installed: :class:`~unimatmul.core.errors.MissingDependency` (an ImportError).
     """
+    _need_torch()
     from unimatmul.torch import compiled, routing, scaled_routing
     from unimatmul.tuning import agreement
     from unimatmul.tuning.selector import on_forget
@@ -63,6 +65,22 @@ def enable() -> None:
     on_forget(routing.clear_plans)
     on_forget(scaled_routing.clear_plans)
     agreement.install()  # inert unless UNIMATMUL_DISTRIBUTED=1 in a process group
+
+
+def _need_torch() -> None:
+    """Say what to install where torch is missing (the CLI's words), not a bare ModuleNotFoundError."""
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        from unimatmul.core.errors import MissingDependency
+
+        msg = (
+            f"unimatmul.torch needs torch installed ({exc}): pip install torch, or the torch extra "
+            "from the source tree: pip install -e '.[torch]'"
+        )
+        raise MissingDependency(msg, name="torch") from exc
 
 
 def disable() -> None:

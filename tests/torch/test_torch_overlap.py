@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from overlap_cases import CASES, N  # noqa: E402
 from torch_helpers import Env, onednn_available, tune_preferring_kernels  # noqa: E402
 
 import unimatmul  # noqa: E402
@@ -27,8 +28,6 @@ from unimatmul import api  # noqa: E402
 from unimatmul.core.arrays import CPU, adapter_of  # noqa: E402
 from unimatmul.core.backend import Target  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
-
-N = 256
 
 
 @pytest.fixture(autouse=True)
@@ -63,47 +62,6 @@ def _same(got: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
 
 
-# Each case: fresh operands (a, b, out, keywords), out overlapping an input.
-def _out_is_a() -> tuple[Any, ...]:
-    a = _randn(N, N, seed=1)
-    return a, _randn(N, N, seed=2), a, {}
-
-
-def _out_is_b() -> tuple[Any, ...]:
-    b = _randn(N, N, seed=2)
-    return _randn(N, N, seed=1), b, b, {}
-
-
-def _out_one_row_below_a() -> tuple[Any, ...]:
-    buf = _randn(N + 1, N, seed=1)
-    return buf[:N], _randn(N, N, seed=2), buf[1:], {}
-
-
-def _out_is_the_storage_of_a_transposed() -> tuple[Any, ...]:
-    buf = _randn(N, N, seed=1)
-    return buf.t(), _randn(N, N, seed=2), buf, {}
-
-
-def _out_columns_overlap_b() -> tuple[Any, ...]:
-    buf = _randn(N, 2 * N, seed=2)
-    return _randn(N, N, seed=1), buf[:, :N], buf[:, N // 2 : N // 2 + N], {}
-
-
-def _out_overlaps_bias() -> tuple[Any, ...]:
-    out = _randn(N, N, seed=3)
-    return _randn(N, N, seed=1), _randn(N, N, seed=2), out, {"bias": out[5]}
-
-
-CASES: dict[str, Callable[[], tuple[Any, ...]]] = {
-    "out=a": _out_is_a,
-    "out=b": _out_is_b,
-    "out one row below a": _out_one_row_below_a,
-    "out=a.T's storage (view)": _out_is_the_storage_of_a_transposed,
-    "out columns overlap b (views)": _out_columns_overlap_b,
-    "out overlaps bias": _out_overlaps_bias,
-}
-
-
 def _torch_itself(a: Any, b: Any, out: Any, kwargs: dict[str, Any]) -> None:
     """What torch does with the call (unimatmul's Default for it)."""
     if "bias" in kwargs:
@@ -114,9 +72,9 @@ def _torch_itself(a: Any, b: Any, out: Any, kwargs: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_unimatmul_matmul_gives_torchs_result(env: Env, case: str) -> None:
-    a, b, out, kwargs = CASES[case]()
+    a, b, out, kwargs = CASES[case]("torch")
     winner = _tune(env, a, b, out=torch.empty(N, N), **kwargs)
-    a, b, _, kwargs = CASES[case]()
+    a, b, _, kwargs = CASES[case]("torch")
     fresh = torch.full((N, N), float("nan"))
     with unimatmul.mode("tune"):
         unimatmul.matmul(a, b, out=fresh, **kwargs)  # no overlap: the tuned kernel
@@ -126,17 +84,17 @@ def test_unimatmul_matmul_gives_torchs_result(env: Env, case: str) -> None:
     wrong = 0
     for mode in ("tune", "cached"):  # the first resolves the signature; the next are cached calls
         for _ in range(2):
-            a, b, out, kwargs = CASES[case]()
+            a, b, out, kwargs = CASES[case]("torch")
             with unimatmul.mode(mode):
                 assert unimatmul.matmul(a, b, out=out, **kwargs) is out
-            a2, b2, expected, kwargs2 = CASES[case]()
+            a2, b2, expected, kwargs2 = CASES[case]("torch")
             _torch_itself(a2, b2, expected, kwargs2)
             _same(out, expected)
             wrong += not torch.allclose(out.double(), ref, rtol=1e-4, atol=1e-4)
     if case != "out overlaps bias":
         assert wrong, "torch's own result was expected to differ from a @ b here"
     # The native path serves the same calls without an overlap the same way as before.
-    a, b, _, kwargs = CASES[case]()
+    a, b, _, kwargs = CASES[case]("torch")
     fresh.fill_(float("nan"))
     unimatmul.matmul(a, b, out=fresh, **kwargs)
     torch.testing.assert_close(fresh.double(), ref, rtol=1e-4, atol=1e-4)
