@@ -190,9 +190,13 @@ class Outcome:
     calls: int  # timed calls per candidate
     clock: str  # "host", "cuda-events", ...
     at: float
+    # Set when the choice's output was wrong on a real call (unimatmul.tuning.trust): why.
+    reason: str = ""
 
     @property
     def verdict(self) -> str:
+        if self.reason:
+            return REVERTED
         if self.calls == 0:
             return UNJUDGED
         return CONFIRMED if self.keep else REVERTED
@@ -212,6 +216,7 @@ class Outcome:
             "clock": self.clock,
             "statistic": "median",
             "at": self.at,
+            **({"reason": self.reason} if self.reason else {}),
         }
 
 
@@ -261,6 +266,22 @@ class Confirmation:
         for listener in listeners:
             listener(outcome)
         return outcome.keep
+
+    def reject(self, reason: str) -> bool:
+        """End the judgement: the choice's output was wrong on a real call (``reason``), and
+        the key goes back to Default whatever the timings say. False: it was judged before
+        and kept (the caller's own Default serves anyway)."""
+        with self._lock:
+            if self.outcome is not None:
+                return False
+            outcome = Outcome(False, self.kernel, math.nan, math.nan, 0, "none", time.time(), reason)
+            self.outcome = outcome
+            listeners = list(self._listeners)
+        if self._report is not None:
+            self._report(outcome)
+        for listener in listeners:
+            listener(outcome)
+        return True
 
     def abandon(self) -> None:
         """End the window without a verdict (Default cannot run where the choice does):
