@@ -28,6 +28,7 @@ from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, compact, c
 from unimatmul.cache.errors import CacheWriteError, NotRegularFile
 from unimatmul.cache.fields import is_date
 from unimatmul.cache.file_store import MsgpackFileStore, faster, kept_copies, read_file, record_signature
+from unimatmul.cache.record import mark_from_elsewhere
 from unimatmul.cli import interop, output
 from unimatmul.cli.interop import reader
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, fmt_us
@@ -319,13 +320,18 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
 # --- merge and recover -----------------------------------------------------------------
 
 
-def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, int, int, int]:
+def _gather(
+    names: list[str], *, verify: bool, out: TextIO, home: Path | None = None
+) -> tuple[Snapshot, int, int, int]:
     """The entries of several files in one snapshot (the faster record on a key in several):
-    (snapshot, entries read, conflicts, entries that could not be read)."""
+    (snapshot, entries read, conflicts, entries that could not be read). With ``home`` (a
+    merge's output), entries of the other files are marked as come by merge: checked on
+    their first call wherever they serve (docs/trust.md)."""
     merged = Snapshot()
     conflicts = skipped = total = 0
     for name in names:
         snapshot = _read_or_exit(Path(name), verify=verify)
+        elsewhere = home is not None and not _same_file(Path(name), home)
         for ns_name, ns in snapshot.namespaces.items():
             if ns.platform:
                 merged.namespace(ns_name).platform.update(ns.platform)
@@ -334,6 +340,8 @@ def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, i
                 skipped += 1
                 continue
             total += 1
+            if elsewhere:
+                record = mark_from_elsewhere(record, "merge")
             target = merged.namespace(ns_name)
             mine = target.fresh.get(key)
             if mine is not None:
@@ -350,14 +358,21 @@ def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, i
     return merged, total, conflicts, skipped
 
 
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return path.resolve() == other.resolve()
+    except OSError:
+        return False
+
+
 def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
     for copy in store.kept:
         out.write(f"the damaged file it replaced was kept as {copy}\n")
 
 
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
-    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out)
     destination = Path(args.output)
+    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out, home=destination)
     store = MsgpackFileStore(destination)  # honours UNIMATMUL_CACHE_READONLY
     _write(store, lambda _disk: merged)
     out.write(
