@@ -329,30 +329,17 @@ def _resolve(
         if a.device.type.upper() in _state.native_keys and _mode_var.get() is None:
             _native_put(plan, op, a, b, c, beta)
     if isinstance(plan.runner, CheckingRunner):  # judged on this very call (tuning/trust.py)
-        plan.runner.on_final.append(lambda final: _checked(key, plan, final, op, a, b, c, beta))
+
+        def checked(final: Runner) -> None:
+            def put_again() -> None:
+                if _state.plans.get(key) is plan:
+                    _native_put(plan, op, a, b, c, beta)
+
+            with _state.lock:
+                native.take_checked(plan, final, _to_default, put_again)
+
+        plan.runner.on_final.append(checked)
     return plan
-
-
-def _checked(
-    key: tuple[Any, ...],
-    plan: Plan,
-    final: Runner,
-    op: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor | None,
-    beta: Any,
-) -> None:
-    """A first-call check judged the plan's choice: the plan (and its native entry, which
-    sent calls here meanwhile) takes what the check settled on."""
-    with _state.lock:
-        if final.candidate == DEFAULT:
-            if plan.runner is not None:
-                _to_default(plan, "reverted")
-        elif plan.runner is not None:
-            plan.runner = final
-        if plan.native != -1 and _state.plans.get(key) is plan:
-            _native_put(plan, op, a, b, c, beta)
 
 
 def _native_put(

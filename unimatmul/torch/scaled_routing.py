@@ -237,14 +237,12 @@ def _resolve(
     if isinstance(plan.runner, CheckingRunner):  # judged on this very call (tuning/trust.py)
 
         def checked(final: Runner) -> None:
-            with _state.lock:
-                if final.candidate == DEFAULT:
-                    if plan.runner is not None:
-                        _to_default(plan, "reverted")
-                elif plan.runner is not None:
-                    plan.runner = final
-                if plan.native != -1 and _state.plans.get(key) is plan:
+            def put_again() -> None:
+                if _state.plans.get(key) is plan:
                     _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+
+            with _state.lock:
+                native.take_checked(plan, final, _to_default, put_again)
 
         plan.runner.on_final.append(checked)
     return plan

@@ -172,6 +172,8 @@ def describe(record: TuningRecord) -> str:
     if verdict is None:
         return ""
     prefix = f"tie {kernel} " if tie else ""
+    if found.get("reason"):
+        return prefix + verdict + " (wrong result)"  # the first-call check (tuning/trust.py)
     try:
         ratio = float(found["default_s"]) / float(found["kernel_s"])
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
