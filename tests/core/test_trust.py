@@ -34,7 +34,7 @@ from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings, prefer_kernel, registered
 from unimatmul.tuning import confirm, trust
-from unimatmul.tuning.selector import Selector
+from unimatmul.tuning.selector import Selector, set_selector
 
 N = 32  # square, so that B taken transposed has the right shape
 SENTINEL = 7.125  # the data-dependent kernel is wrong when A starts with this value
@@ -255,3 +255,38 @@ def test_a_tuned_choice_wrong_on_the_programs_inputs_is_reverted_by_its_window(
     namespace = isolated.selector.platform(_target(a)).namespace
     found = isolated.selector.store.get(namespace, problem.key).settings[confirm.KEY]
     assert found["verdict"] == confirm.REVERTED and "wrong on a real call" in found["reason"]
+
+
+def test_an_entry_merged_into_the_live_file_is_checked_even_if_it_claims_this_host(
+    isolated: Any, wrong: KernelBackend, tmp_path: Any
+) -> None:
+    """``cache merge OTHER LIVE -o LIVE``: the other file's entries come by merge, whatever
+    their mark says; the live file's own entries keep theirs."""
+    from unimatmul.cache.file_store import MsgpackFileStore
+    from unimatmul.cli import main
+
+    a, b = _arrays("numpy")
+    c, d = _arrays("numpy", seed=8)
+    c, d = c[:, :16].copy(), d[:16].copy()  # another problem, tuned here for real
+    with unimatmul.mode("tune"):
+        unimatmul.matmul(c, d)
+    isolated.selector.store.flush()
+    other = MsgpackFileStore(tmp_path / "other.msgpack")
+    problem = Problem.from_operands(adapter_of(a), a, b)[0]
+    platform = isolated.selector.platform(_target(a))
+    crafted = TuningRecord(problem.key, "buggy/transposed", 1e-6, 2e-6, versions=dict(platform.versions))
+    other.put(platform.namespace, problem.key, mark_checked(crafted))  # it claims this host
+    other.flush()
+    live = str(isolated.cache_path)
+    assert main(["cache", "merge", str(tmp_path / "other.msgpack"), live, "-o", live]) == 0
+    merged = {key: r for _, key, r in MsgpackFileStore(isolated.cache_path).items()}
+    assert merged[problem.key].settings["trust"] == {"checked": [], "origin": "merge"}
+    own = Problem.from_operands(adapter_of(c), c, d)[0].key
+    assert checked_hosts(merged[own]) == [local_host()]
+    fresh = Selector(plugins=isolated.plugins, settings=fast_settings())
+    set_selector(fresh)  # a new process on the merged file
+    calls = wrong.calls
+    with pytest.warns(RuntimeWarning, match="buggy/transposed returned a wrong result"):
+        _right(unimatmul.matmul(a, b), a, b)
+    _right(unimatmul.matmul(a, b), a, b)
+    assert wrong.calls == calls + 1
