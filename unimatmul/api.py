@@ -31,6 +31,7 @@ from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import EmptyProduct, Problem
 from unimatmul.tuning.confirm import ConfirmingRunner, clock_for
 from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
+from unimatmul.tuning.trust import CheckingRunner
 
 # signature -> (runner, output shape, Problem, output allocator, whether the caller's stream
 # is being captured into a graph now: confirm.Clock.capturing of its target, and with an
@@ -186,8 +187,19 @@ def _prepared(
     mode: str,
 ) -> None:
     """After a new signature's first resolution: let a window's winner replace it here,
-    and give torch tensors' plain calls an entry in the native table."""
+    and give torch tensors' plain calls an entry in the native table. A choice behind its
+    first-call check (tuning/trust.py) has no native entry until it is judged; then what
+    it settled on is prepared the same way."""
     runner = found[0]
+    if isinstance(runner, CheckingRunner):
+
+        def settled(final: Runner) -> None:
+            now = (final, *found[1:])
+            _fast.put(sig, now)
+            _prepared(sig, now, adapter, a, b, out, c, bias, activation, alpha, beta, mode)
+
+        runner.on_final.append(settled)
+        return
     if isinstance(runner, ConfirmingRunner):
         runner.on_final.append(lambda final: _fast.put(sig, (final, *found[1:])))
     if (

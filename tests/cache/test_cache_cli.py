@@ -11,6 +11,7 @@ import pytest
 from cache_helpers import NS, PLATFORM, assert_same, key, record
 
 from unimatmul.cache.file_store import MsgpackFileStore, read_file
+from unimatmul.cache.record import mark_from_elsewhere
 from unimatmul.cli import EXIT_USAGE, main
 
 OTHER = "nvidia/sm_90/NVIDIA H200/132/torch"
@@ -82,7 +83,8 @@ def test_merge_keeps_the_faster_record_and_every_platform(
     assert "3 entries, 1 key in several files" in capsys.readouterr().out
     merged = MsgpackFileStore(c)
     assert merged.count() == 3
-    assert_same(merged.get(NS, key(1)), record(key(1), 2e-3, writer="b"))
+    # Entries from the merged files are marked as come by merge (checked on first call).
+    assert_same(merged.get(NS, key(1)), mark_from_elsewhere(record(key(1), 2e-3, writer="b"), "merge"))
     assert merged.get(OTHER, key(2)) is not None
     assert merged.namespaces()[NS] == PLATFORM
     # Merging in the other order gives the same content.

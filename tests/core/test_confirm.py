@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import unimatmul
-from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord
+from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord, mark_checked
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_of
 from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
-from unimatmul.tuning import confirm
+from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.selector import Selector
 
 CALLS = 4  # timed calls per candidate: the smallest window UNIMATMUL_CONFIRM_CALLS takes
@@ -56,6 +56,11 @@ def _store_winner(
     record = TuningRecord(problem.key, winner, winner_s, 2e-6, results=results or [], versions=versions)
     selector.store.put(namespace, problem.key, record)
     return namespace
+
+
+def _window(runner: Any) -> Any:
+    """The window behind a choice's first-call check (tuning/trust.py)."""
+    return runner.inner if isinstance(runner, trust.CheckingRunner) else runner
 
 
 def _check(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
@@ -208,12 +213,14 @@ def test_the_window_survives_default_failing_where_the_kernel_runs(isolated: Any
     isolated.selector.confirm_calls = CALLS
     _store_winner(isolated.selector, problem, "quick/k0")
     decision = isolated.selector.decide(problem, _target(), "cached")
-    window = decision.runner
+    checking = decision.runner  # a window's first call is checked too (tuning/trust.py)
+    assert isinstance(checking, trust.CheckingRunner)
+    window = checking.inner
     assert isinstance(window, confirm.ConfirmingRunner)
-    window.default = Refusing()
+    window.default = checking.default = Refusing()
     for _ in range(3):
         out = np.full((24, 16), np.nan, np.float32)
-        window(a, b, out)
+        checking(a, b, out)
         _check(out, a, b)
     assert decision.confirmation is not None and decision.confirmation.outcome is not None
     assert decision.confirmation.outcome.verdict == confirm.UNJUDGED
@@ -369,7 +376,7 @@ def test_a_tie_runs_default_while_the_stream_is_captured(
     a, b = _operands()
     problem = _problem(a, b)
     _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.99e-6)
-    window = isolated.selector.decide(problem, _target(), "cached").runner
+    window = _window(isolated.selector.decide(problem, _target(), "cached").runner)
     assert isinstance(window, confirm.ConfirmingRunner) and window.tie
     for _ in range(3):
         _check(unimatmul.matmul(a, b), a, b)
@@ -403,8 +410,11 @@ def test_a_kernel_that_won_outright_is_captured_as_it_is(
     isolated.selector.confirm_calls = CALLS
     a, b = _operands()
     problem = _problem(a, b)
-    _store_winner(isolated.selector, problem, "quick/k0")
-    window = isolated.selector.decide(problem, _target(), "cached").runner
+    namespace = _store_winner(isolated.selector, problem, "quick/k0")
+    # Tuned here (so trusted under capture, where its first-call check cannot run).
+    stored = isolated.selector.store.get(namespace, problem.key)
+    isolated.selector.store.put(namespace, problem.key, mark_checked(stored))
+    window = _window(isolated.selector.decide(problem, _target(), "cached").runner)
     assert isinstance(window, confirm.ConfirmingRunner) and not window.tie
     _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 1

@@ -471,3 +471,28 @@ def test_an_out_overlapping_an_input_is_torch_scaled_mm_bit_for_bit(isolated: An
             torch._scaled_mm(a2, b2, sa2, sb2, out_dtype=torch.float32, out=expected)
             assert torch.equal(out, expected)
         assert fake.calls == calls
+
+
+def test_a_foreign_scaled_entry_naming_a_kernel_that_ignores_row_wise_scales_is_caught(
+    isolated: Any, registered: Any
+) -> None:
+    """An entry from elsewhere (docs/trust.md) naming a kernel that applies only the first
+    scale: its first call returns the dequantised product, warns once and stores why."""
+    fake = ScaledFakeBackend("fake-first-scale", "first_scale")
+    a, b, sa, sb = _operands(32, 48, 64, "rowwise")
+    problem = scaled_problem_of(adapter_for_kind("torch"), a, b, sa, sb, out_dtype="bf16")
+    _store_winner(isolated, problem, "fake-first-scale/dequantise")  # no mark: checked nowhere
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    with registered(isolated.plugins, fake):
+        with pytest.warns(RuntimeWarning, match="fake-first-scale/dequantise returned a wrong result"):
+            out = unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+        assert _rel(out, ref) <= scaled_tolerance("bf16")
+        for _ in range(3):
+            assert _rel(
+                unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16), ref
+            ) <= scaled_tolerance("bf16")
+    assert fake.calls == 1
+    assert isolated.selector.settle(timeout=10)
+    namespace = isolated.selector.platform(Target(adapter_for_kind("torch"), CPU)).namespace
+    found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
+    assert found["verdict"] == "reverted" and "wrong on a real call" in found["reason"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from unimatmul.cache.protocol import open_store
-from unimatmul.cache.record import TuningRecord
+from unimatmul.cache.record import TuningRecord, checked_here
 from unimatmul.cli import interop as cli_interop
 from unimatmul.cli import main
 from unimatmul.core.backend import DEFAULT
@@ -176,6 +176,17 @@ def test_broken_rows_are_reported_with_line_numbers_and_the_rest_imported(tmp_pa
         "hipblaslt/gemm?index=12",
         "rocblas/solution?index=5",  # the file names no rocBLAS version: the unbiased meaning
     }
+
+
+def test_imported_entries_are_marked_as_checked_nowhere(tmp_path: Path) -> None:
+    """Their first call in every process checks them (docs/trust.md): no host vouches for them."""
+    cache = tmp_path / "c.msgpack"
+    import_file("broken_rows.csv", cache)
+    got = entries(cache)
+    assert got
+    for record in got.values():
+        assert record.settings["trust"] == {"checked": [], "origin": "import:tunableop"}
+        assert not checked_here(record)
 
 
 def test_bare_integers_are_unknown_library_and_times_are_optional(tmp_path: Path) -> None:

@@ -21,12 +21,13 @@ from torch_helpers import Env
 
 import unimatmul
 import unimatmul.torch as ut
-from unimatmul.cache.record import TuningRecord
+from unimatmul.cache.record import TuningRecord, mark_checked
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.scaled import scaled_problem_of, scaled_reference
 from unimatmul.testing import registered
 from unimatmul.torch import native, routing, scaled_routing
+from unimatmul.tuning.trust import CheckingRunner
 
 torch = pytest.importorskip("torch")
 
@@ -387,15 +388,22 @@ def test_a_scaled_choice_with_a_slim_margin_stays_out_of_cuda_graphs(
     env.selector.confirm_calls = 4
     with registered(env.selector.plugins, fake):
         namespace = env.selector.platform(target).namespace
-        record = TuningRecord(problem.key, "fake-scaled/dequantise", winner_s, 2e-6)
+        # Tuned here (checked on this host): a verdict then serves without a first-call check.
+        record = mark_checked(TuningRecord(problem.key, "fake-scaled/dequantise", winner_s, 2e-6))
         env.selector.store.put(namespace, problem.key, record)
         decisions = [env.selector.decide(problem, target, "cached")]
         kept = replace(
-            record, settings={confirm.KEY: {"verdict": confirm.CONFIRMED, "kernel": record.winner}}
+            record,
+            settings={
+                **record.settings,
+                confirm.KEY: {"verdict": confirm.CONFIRMED, "kernel": record.winner},
+            },
         )
         env.selector.store.put(namespace, problem.key, kept)
         decisions.append(env.selector.decide(problem, target, "cached"))
-        window, confirmed = (d.runner for d in decisions)
+        checking, confirmed = (d.runner for d in decisions)
+        assert isinstance(checking, CheckingRunner)  # a window's first call is checked (tuning/trust.py)
+        window = checking.inner
         assert isinstance(window, confirm.ConfirmingRunner) and window.tie is not in_graphs
         assert isinstance(confirmed, confirm.TieRunner) is not in_graphs
         for runner in (window, confirmed):

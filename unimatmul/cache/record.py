@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+import socket
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # Statuses of one candidate in one tuning run.
@@ -110,6 +112,50 @@ class TuningRecord:
             writer=_str(data.get("writer", "")),
             device_state=check_device_state(device_state),
         )
+
+
+# --- provenance: where an entry's choice was checked (docs/trust.md) -------------------------
+
+#: The settings key of an entry's provenance: ``{"checked": [host, ...], "origin": str}``.
+TRUST = "trust"
+#: Hosts kept in one entry's ``checked`` list (a cache file shared by a few machines).
+MAX_CHECKED_HOSTS = 8
+
+
+@functools.cache
+def local_host() -> str:
+    """This machine's name, as entries record the hosts that checked them."""
+    return socket.gethostname() or "unknown"
+
+
+def checked_hosts(record: TuningRecord) -> list[str]:
+    """The hosts on which ``record``'s choice passed a numeric check (empty: none known)."""
+    found = record.settings.get(TRUST)
+    hosts = found.get("checked") if isinstance(found, dict) else None
+    if not isinstance(hosts, list):
+        return []
+    return [h for h in hosts if isinstance(h, str)]
+
+
+def checked_here(record: TuningRecord) -> bool:
+    """Whether this machine checked ``record``'s choice (an entry without the mark was not)."""
+    return local_host() in checked_hosts(record)
+
+
+def mark_checked(record: TuningRecord, host: str | None = None) -> TuningRecord:
+    """``record`` with ``host`` (default: this machine) among the hosts that checked it."""
+    host = host or local_host()
+    hosts = [h for h in checked_hosts(record) if h != host][-(MAX_CHECKED_HOSTS - 1) :]
+    found = record.settings.get(TRUST)
+    mark: dict[str, Any] = dict(found) if isinstance(found, dict) else {}
+    mark["checked"] = [*hosts, host]
+    return replace(record, settings={**record.settings, TRUST: mark})
+
+
+def mark_from_elsewhere(record: TuningRecord, origin: str) -> TuningRecord:
+    """``record`` as it arrives by ``origin`` (``import:tunableop``, ``merge``): checked
+    nowhere yet, so that its first call in every process on every host checks it."""
+    return replace(record, settings={**record.settings, TRUST: {"checked": [], "origin": origin}})
 
 
 def check_settings(value: Any, depth: int = 0) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from unimatmul.cache.codec import BadEntry, CacheFileError, Snapshot, compact, c
 from unimatmul.cache.errors import CacheWriteError, NotRegularFile
 from unimatmul.cache.fields import is_date
 from unimatmul.cache.file_store import MsgpackFileStore, faster, kept_copies, read_file, record_signature
+from unimatmul.cache.record import mark_from_elsewhere
 from unimatmul.cli import interop, output
 from unimatmul.cli.interop import reader
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
@@ -339,14 +340,17 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _gather(
-    names: list[str], *, verify: bool, out: TextIO, recovering: bool = False
+    names: list[str], *, verify: bool, out: TextIO, recovering: bool = False, home: Path | None = None
 ) -> tuple[Snapshot, int, int, int]:
     """The entries of several files in one snapshot (the faster record on a key in several):
-    (snapshot, entries read, conflicts, entries that could not be read)."""
+    (snapshot, entries read, conflicts, entries that could not be read). With ``home`` (a
+    merge's output), entries of the other files are marked as come by merge: checked on
+    their first call wherever they serve (docs/trust.md)."""
     merged = Snapshot()
     conflicts = skipped = total = 0
     for name in names:
         snapshot = _read_or_exit(Path(name), verify=verify, recovering=recovering)
+        elsewhere = home is not None and not _same_file(Path(name), home)
         for ns_name, ns in snapshot.namespaces.items():
             if ns.platform:
                 merged.namespace(ns_name).platform.update(ns.platform)
@@ -355,6 +359,8 @@ def _gather(
                 skipped += 1
                 continue
             total += 1
+            if elsewhere:
+                record = mark_from_elsewhere(record, "merge")
             target = merged.namespace(ns_name)
             mine = target.fresh.get(key)
             if mine is not None:
@@ -371,6 +377,13 @@ def _gather(
     return merged, total, conflicts, skipped
 
 
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return path.resolve() == other.resolve()
+    except OSError:
+        return False
+
+
 def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
     for copy in store.kept:
         out.write(f"the damaged file it replaced was kept as {copy}\n")
@@ -378,8 +391,8 @@ def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
 
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
     output.check_writable(args.output, "-o")
-    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out)
     destination = Path(args.output)
+    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out, home=destination)
     store = MsgpackFileStore(destination)  # honours UNIMATMUL_CACHE_READONLY
     _write(store, lambda _disk: merged)
     out.write(

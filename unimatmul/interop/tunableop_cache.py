@@ -87,7 +87,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from unimatmul.cache.record import OK, CandidateResult, TuningRecord
+from unimatmul.cache.record import OK, CandidateResult, TuningRecord, mark_from_elsewhere
 from unimatmul.core.backend import DEFAULT, Candidate
 from unimatmul.core.problem import SCALED_OUTPUTS, Problem
 from unimatmul.core.rocblas_indices import biased, biased_listing, index_source, legacy_source
@@ -315,7 +315,7 @@ def record_of(gemm: TunableOpGemm, problem: Problem, validators: Mapping[str, st
     time_ms = gemm.time_ms
     winner_s = time_ms / 1e3 if time_ms is not None and math.isfinite(time_ms) else math.inf
     note = "imported from PyTorch TunableOp"
-    return TuningRecord(
+    record = TuningRecord(
         problem=problem.key,
         winner=winner.identity,
         winner_s=winner_s,
@@ -327,6 +327,7 @@ def record_of(gemm: TunableOpGemm, problem: Problem, validators: Mapping[str, st
         settings={"source": SOURCE, "validators": dict(validators)},
         writer=f"{SOURCE} {validators.get('PT_VERSION', '?')}",
     )
+    return mark_from_elsewhere(record, "import:tunableop")  # checked on its first call (docs/trust.md)
 
 
 @dataclass

@@ -47,6 +47,7 @@ import torch
 from unimatmul import settings
 from unimatmul.core import modes
 from unimatmul.core.arrays import hold_for_graphs
+from unimatmul.core.backend import DEFAULT as DEFAULT_CANDIDATE
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
 
 ENV = settings.TORCH_NATIVE.name
@@ -250,6 +251,22 @@ def entered(entry: Entry, plan: Any, kept: Kept) -> None:
         watch(plan.ident, entry.window.confirmation.conclude)
         plan.runner = entry.window.kept()
     kept.add(plan.ident, entry.kernel)
+
+
+def take_checked(
+    plan: Any, final: Any, to_default: Callable[[Any, str], None], put_again: Callable[[], None]
+) -> None:
+    """A first-call check (``tuning/trust.py``) judged a routing or scaled ``plan``'s choice
+    and settled on ``final``: the plan takes it (PyTorch's kernel, through ``to_default``,
+    when the choice was wrong), and its native entry, which sent calls to Python until now,
+    is put again (``put_again``) when the plan has one. The caller holds its state's lock."""
+    if final.candidate == DEFAULT_CANDIDATE:
+        if plan.runner is not None:
+            to_default(plan, "reverted")
+    elif plan.runner is not None:
+        plan.runner = final
+    if plan.native != -1:
+        put_again()
 
 
 class Kept:

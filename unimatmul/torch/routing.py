@@ -48,6 +48,7 @@ from unimatmul.core.problem import Problem
 from unimatmul.torch import native
 from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, TieRunner
 from unimatmul.tuning.selector import get_selector
+from unimatmul.tuning.trust import CheckingRunner, unwrapped
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
@@ -327,6 +328,17 @@ def _resolve(
         plans[key] = plan
         if a.device.type.upper() in _state.native_keys and _mode_var.get() is None:
             _native_put(plan, op, a, b, c, beta)
+    if isinstance(plan.runner, CheckingRunner):  # judged on this very call (tuning/trust.py)
+
+        def checked(final: Runner) -> None:
+            def put_again() -> None:
+                if _state.plans.get(key) is plan:
+                    _native_put(plan, op, a, b, c, beta)
+
+            with _state.lock:
+                native.take_checked(plan, final, _to_default, put_again)
+
+        plan.runner.on_final.append(checked)
     return plan
 
 
@@ -424,10 +436,14 @@ def _fill_plan(
         plan.label = f"unimatmul::{op} [{candidate.identity}]"
         if decision.source == "confirmed" and decision.record is not None:
             plan.saved_s = _saved_per_call(decision.record.settings)
-    if isinstance(plan.runner, (ConfirmingRunner, TieRunner)):
+    runner = plan.runner
+    if isinstance(runner, CheckingRunner):
+        runner.default = _PYTORCH
+        runner = runner.inner
+    if isinstance(runner, (ConfirmingRunner, TieRunner)):
         # Inside a dispatcher kernel, Default is PyTorch's kernel through its out= and
         # in-place forms (torch.matmul(out=...) would refuse operands that require grad).
-        plan.runner.default = _PYTORCH
+        runner.default = _PYTORCH
     if decision.confirmation is not None:
         plan.confirmation = decision.confirmation
         decision.confirmation.listen(lambda outcome: _judged(plan, outcome))
@@ -479,24 +495,35 @@ def _judged(plan: Plan, outcome: Outcome) -> None:
     The calls made so far stay counted under the plan's old source; later ones count
     under ``confirmed`` or ``reverted``.
     """
-    runner = plan.runner
+    runner = unwrapped(plan.runner)
     kernel = runner.kept() if isinstance(runner, ConfirmingRunner) else runner
     with _state.lock:
         _state.verdicts[outcome.verdict] += 1
         if outcome.verdict == UNJUDGED:
             plan.runner = kernel  # nothing measured: the choice stays, under its old source
             return
+        if not outcome.keep:
+            _to_default(plan, outcome.verdict)
+            return
         _sync_native_counts()
         if plan.calls:
             _state.retired[(plan.op, plan.source, plan.label)] += plan.calls
             plan.calls = 0
         plan.source = outcome.verdict
-        if outcome.keep:
-            plan.runner = kernel
-            plan.saved_s = outcome.saved_s
-        else:
-            plan.runner = None
-            plan.label = f"unimatmul::{plan.op} [default]"
+        plan.runner = kernel
+        plan.saved_s = outcome.saved_s
+
+
+def _to_default(plan: Plan, source: str) -> None:
+    """The plan becomes PyTorch's kernel under ``source``; the calls made so far stay
+    counted under its old one. The caller holds the state's lock."""
+    _sync_native_counts()
+    if plan.calls:
+        _state.retired[(plan.op, plan.source, plan.label)] += plan.calls
+        plan.calls = 0
+    plan.source = source
+    plan.runner = None
+    plan.label = f"unimatmul::{plan.op} [default]"
 
 
 def _ineligible(a: torch.Tensor, b: torch.Tensor) -> str:

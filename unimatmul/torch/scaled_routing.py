@@ -51,6 +51,7 @@ from unimatmul.core.scaled import scaled_problem_of
 from unimatmul.torch import native
 from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
 from unimatmul.tuning.selector import get_selector
+from unimatmul.tuning.trust import CheckingRunner, unwrapped
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # The keys the native kernel may serve (where the native build does): both. On a CPU no
@@ -233,6 +234,17 @@ def _resolve(
         _state.plans[key] = plan
         if scale_result is None and a.device.type.upper() in _state.native_keys and _mode_var.get() is None:
             _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+    if isinstance(plan.runner, CheckingRunner):  # judged on this very call (tuning/trust.py)
+
+        def checked(final: Runner) -> None:
+            def put_again() -> None:
+                if _state.plans.get(key) is plan:
+                    _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+
+            with _state.lock:
+                native.take_checked(plan, final, _to_default, put_again)
+
+        plan.runner.on_final.append(checked)
     return plan
 
 
@@ -328,7 +340,7 @@ def _judged(plan: ScaledPlan, outcome: Outcome) -> None:
     """A window's verdict: the plan keeps its kernel or becomes PyTorch's kernel (the native
     entry has switched itself). The calls made so far stay counted under the plan's old
     source; later ones count under ``confirmed`` or ``reverted``."""
-    runner = plan.runner
+    runner = unwrapped(plan.runner)
     kernel = runner.kept() if isinstance(runner, ConfirmingRunner) else runner
     with _state.lock:
         _state.verdicts[outcome.verdict] += 1
@@ -336,16 +348,27 @@ def _judged(plan: ScaledPlan, outcome: Outcome) -> None:
         if outcome.verdict == UNJUDGED:
             plan.runner = kernel  # nothing measured: the choice stays, under its old source
             return
+        if not outcome.keep:
+            _to_default(plan, outcome.verdict)
+            return
         _sync_native_counts()
         if plan.calls:
             _state.retired[(plan.source, plan.label)] += plan.calls
             plan.calls = 0
         plan.source = outcome.verdict
-        if outcome.keep:
-            plan.runner = kernel
-        else:
-            plan.runner = None
-            plan.label = "unimatmul::scaled_mm [default]"
+        plan.runner = kernel
+
+
+def _to_default(plan: ScaledPlan, source: str) -> None:
+    """The plan becomes PyTorch's kernel under ``source``; the calls made so far stay
+    counted under its old one. The caller holds the state's lock."""
+    _sync_native_counts()
+    if plan.calls:
+        _state.retired[(plan.source, plan.label)] += plan.calls
+        plan.calls = 0
+    plan.source = source
+    plan.runner = None
+    plan.label = "unimatmul::scaled_mm [default]"
 
 
 def _sync_native_counts(clear: bool = False) -> None:

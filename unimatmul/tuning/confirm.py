@@ -171,6 +171,8 @@ def describe(record: TuningRecord) -> str:
     if verdict is None:
         return ""
     prefix = f"tie {kernel} " if tie else ""
+    if found.get("reason"):
+        return prefix + verdict + " (wrong result)"  # the first-call check (tuning/trust.py)
     try:
         ratio = float(found["default_s"]) / float(found["kernel_s"])
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
@@ -189,9 +191,13 @@ class Outcome:
     calls: int  # timed calls per candidate
     clock: str  # "host", "cuda-events", ...
     at: float
+    # Set when the choice's output was wrong on a real call (unimatmul.tuning.trust): why.
+    reason: str = ""
 
     @property
     def verdict(self) -> str:
+        if self.reason:
+            return REVERTED
         if self.calls == 0:
             return UNJUDGED
         return CONFIRMED if self.keep else REVERTED
@@ -211,6 +217,7 @@ class Outcome:
             "clock": self.clock,
             "statistic": "median",
             "at": self.at,
+            **({"reason": self.reason} if self.reason else {}),
         }
 
 
@@ -260,6 +267,22 @@ class Confirmation:
         for listener in listeners:
             listener(outcome)
         return outcome.keep
+
+    def reject(self, reason: str) -> bool:
+        """End the judgement: the choice's output was wrong on a real call (``reason``), and
+        the key goes back to Default whatever the timings say. False: it was judged before
+        and kept (the caller's own Default serves anyway)."""
+        with self._lock:
+            if self.outcome is not None:
+                return False
+            outcome = Outcome(False, self.kernel, math.nan, math.nan, 0, "none", time.time(), reason)
+            self.outcome = outcome
+            listeners = list(self._listeners)
+        if self._report is not None:
+            self._report(outcome)
+        for listener in listeners:
+            listener(outcome)
+        return True
 
     def abandon(self) -> None:
         """End the window without a verdict (Default cannot run where the choice does):

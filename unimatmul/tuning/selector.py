@@ -13,6 +13,7 @@ on its calls (:meth:`Selector.tuning_allowance`): once spent, untuned problems r
 from __future__ import annotations
 
 import atexit
+import math
 import threading
 import time
 import weakref
@@ -23,14 +24,14 @@ from typing import Any
 
 from unimatmul import settings as env
 from unimatmul.cache.protocol import CacheStore, open_store
-from unimatmul.cache.record import TuningRecord
+from unimatmul.cache.record import TuningRecord, checked_here, mark_checked
 from unimatmul.core import notices
 from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import default_runner
-from unimatmul.tuning import confirm
+from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.record_mode import record_problem
@@ -117,6 +118,8 @@ class Selector:
         self.stats = SelectorStats()
         self._platforms: dict[tuple[str, Any], Platform] = {}
         self._tune_locks: dict[tuple[str, str], threading.Lock] = {}
+        # (problem key, choice) -> whether its first-call check passed in this process.
+        self._checked: dict[tuple[str, str], bool] = {}
         self._locks_guard = threading.Lock()
         # Record mode hands every problem it resolves here (default: the record file).
         self.on_problem: Callable[[Problem, Target], None] | None = record_problem
@@ -260,8 +263,9 @@ class Selector:
             choice = tie
         candidate = Candidate.from_identity(choice)
         verdict = confirm.verdict_of(record, choice) if source != "bucket" else None
-        if verdict == confirm.REVERTED:
-            return Decision(default_runner(problem, target.adapter), verdict, record)
+        checked = self._checked.get((problem.key, choice))
+        if verdict == confirm.REVERTED or checked is False:
+            return Decision(default_runner(problem, target.adapter), verdict or confirm.REVERTED, record)
         try:
             runner = self.prepare(problem, candidate, target)
         except Exception:
@@ -272,21 +276,82 @@ class Selector:
         if candidate == DEFAULT:
             return Decision(runner, verdict or source, record)
         graph_default = confirm.default_in_graphs(problem, record, tie)
-        if verdict == confirm.CONFIRMED or not windows:
-            if graph_default:  # Default under graph capture (confirm.TieRunner)
-                capturing = confirm.clock_for(target, 0).capturing
-                runner = confirm.TieRunner(runner, default_runner(problem, target.adapter), capturing)
-            return Decision(runner, verdict or source, record)
+        # Checked on its first call (tuning/trust.py): a choice this machine never checked,
+        # and every choice in a window (on the program's own inputs), once per process.
+        check = checked is None and (
+            not checked_here(record) or not (verdict == confirm.CONFIRMED or not windows)
+        )
         min_gain = self.tuner.settings_for(target).min_gain
 
         def report(outcome: confirm.Outcome) -> None:
             self.confirmed(problem, target, record, source, outcome)
 
         confirmation = confirm.Confirmation(choice, calls, min_gain, report)
+        capturing = confirm.clock_for(target, 0).capturing
+        if verdict == confirm.CONFIRMED or not windows:
+            if graph_default:  # Default under graph capture (confirm.TieRunner)
+                runner = confirm.TieRunner(runner, default_runner(problem, target.adapter), capturing)
+            if check:
+                runner = self._checking(problem, target, record, source, runner, confirmation)
+            return Decision(runner, verdict or source, record)
         default = default_runner(problem, target.adapter)
         clock = confirm.clock_for(target, 2 * calls)
-        window = confirm.ConfirmingRunner(runner, default, confirmation, clock, tie=graph_default)
+        window: Runner = confirm.ConfirmingRunner(runner, default, confirmation, clock, tie=graph_default)
+        if check:
+            window = self._checking(problem, target, record, source, window, confirmation)
         return Decision(window, source, record, confirmation)
+
+    def _checking(
+        self,
+        problem: Problem,
+        target: Target,
+        record: TuningRecord,
+        source: str,
+        runner: Runner,
+        confirmation: confirm.Confirmation,
+    ) -> trust.CheckingRunner:
+        """``runner`` behind its first-call check (:class:`trust.CheckingRunner`): a wrong
+        output sends the key back to Default through ``confirmation`` (warned once, stored
+        with why); a right one marks an entry from elsewhere as checked on this host."""
+        choice = confirmation.kernel
+
+        def judged(reason: str | None) -> None:
+            if reason is None:
+                return  # nothing to compare with (Default refused the operands)
+            self._checked[(problem.key, choice)] = not reason
+            if reason:
+                self.warn_once(
+                    ("wrong", problem.key, choice),
+                    f"{choice} returned a wrong result on {problem.shape_text} {problem.dtype_a} "
+                    f"({reason}); the call got Default's result, and Default serves from now on",
+                )
+                confirmation.reject(f"wrong on a real call: {reason}")
+            elif source != "bucket" and not checked_here(record):
+                self._in_background(lambda: self._store_checked(problem, target, record))
+
+        capturing = confirm.clock_for(target, 0).capturing
+        return trust.CheckingRunner(
+            runner,
+            default_runner(problem, target.adapter),
+            problem,
+            target,
+            judged,
+            capturing,
+            trusted=checked_here(record),
+        )
+
+    def _store_checked(self, problem: Problem, target: Target, record: TuningRecord) -> None:
+        """Mark the stored entry as checked on this host (its choice passed a first-call check)."""
+        try:
+            namespace = self.platform(target).namespace
+            current = self.store.get(namespace, problem.key)
+            if current is None or current.winner != record.winner:
+                return  # tuned again meanwhile
+            self.store.put(namespace, problem.key, mark_checked(current))
+        except Exception as exc:
+            self.warn_once(
+                ("checked", problem.key), f"could not mark {problem.shape_text} as checked: {exc!r}"
+            )
 
     def confirmed(
         self, problem: Problem, target: Target, record: TuningRecord, source: str, outcome: confirm.Outcome
@@ -348,8 +413,8 @@ class Selector:
                 entry = TuningRecord(
                     problem=problem.key,
                     winner=DEFAULT.identity,
-                    winner_s=outcome.default_s,
-                    default_s=outcome.default_s,
+                    winner_s=outcome.default_s if math.isfinite(outcome.default_s) else math.inf,
+                    default_s=outcome.default_s if math.isfinite(outcome.default_s) else None,
                     versions=dict(record.versions),
                     tuned_at=time.time(),
                     settings={confirm.KEY: {**outcome.as_settings(), "bucket": record.problem}},
@@ -497,6 +562,7 @@ class Selector:
             record = self.tuner.tune(
                 problem, target, versions=dict(platform.versions), progress=progress, cap_s=cap_s
             )
+            record = mark_checked(record)  # the harness's check ran here
             self.stats.tuned += 1
             self.stats.tune_s += record.tune_s
             if store:
@@ -528,6 +594,7 @@ class Selector:
         record = self.tuner.tune_bucket(
             problem, target, buckets, versions=dict(platform.versions), progress=progress, cap_s=cap_s
         )
+        record = mark_checked(record)
         self.stats.tuned += 1
         self.stats.tune_s += record.tune_s
         if store:
