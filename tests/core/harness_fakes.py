@@ -9,6 +9,7 @@ per name; ``calls`` counts every call, so a test can tell checks from timing.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -155,6 +156,63 @@ def interrupted_on_call(n: int) -> Kernel:
         k.right(a, b, out, alpha, beta, bias)
 
     return behave
+
+
+def _whole_rows(out: Any) -> Any:
+    """``out``'s rows at their full stride: the row padding after the last column included."""
+    shape = (
+        *out.shape[:-1],
+        (out.strides[-2] // out.itemsize) if isinstance(out, np.ndarray) else out.stride(-2),
+    )
+    if isinstance(out, np.ndarray):
+        return np.lib.stride_tricks.as_strided(out, shape=shape, strides=out.strides)
+    return out.as_strided(shape, out.stride(), out.storage_offset())
+
+
+def writes_row_padding(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right, then stores zeros over each row's whole stride, as a kernel whose tile is
+    wider than n and that stores the whole tile does: the row padding is overwritten."""
+    k.right(a, b, out, alpha, beta, bias)
+    _whole_rows(out)[..., out.shape[-1] :] = 0.0
+
+
+def writes_past_the_end(
+    k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any
+) -> None:
+    """Right, then writes the element just after the output's last one (an off-by-one store)."""
+    k.right(a, b, out, alpha, beta, bias)
+    last = out[(slice(-1, None),) * len(out.shape)]  # the last element, as a view
+    if isinstance(out, np.ndarray):
+        np.lib.stride_tricks.as_strided(last, shape=(2,), strides=(out.itemsize,))[1] = 0.0
+    else:
+        last.as_strided((2,), (1,), last.storage_offset())[1] = 0.0
+
+
+def sleeps(seconds: float, after: int = 0) -> Kernel:
+    """Right, but each call from the ``after``-th on first sleeps ``seconds`` (to tuning,
+    a kernel that hangs)."""
+
+    def behave(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        if k.calls > after:
+            time.sleep(seconds)
+        k.right(a, b, out, alpha, beta, bias)
+
+    return behave
+
+
+def row_scaled(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Divides each row of A by its largest magnitude and multiplies the product's row
+    back, as a kernel that quantises rows does: right on random inputs, NaN on a row of
+    zeros (0 / 0). Plain products only (alpha 1, beta 0, no bias)."""
+    if isinstance(a, np.ndarray):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = np.abs(a).max(axis=-1, keepdims=True)
+            k.right(a / scale, b, out, 1.0, 0.0, None)
+            out *= scale
+    else:
+        scale = a.abs().amax(dim=-1, keepdim=True)
+        k.right(a / scale, b, out, 1.0, 0.0, None)
+        out *= scale
 
 
 NUMPY = adapter_for_kind("numpy")
