@@ -14,11 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
-from unimatmul.core.arrays import ArrayAdapter, adapter_for_kind
-from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.arrays import CPU, ArrayAdapter, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
+from unimatmul.testing import fast_settings
+from unimatmul.tuning.harness import CpuTimer, Harness
 
 Kernel = Callable[["FakeKernel", Any, Any, Any, float, float, Any], None]
 
@@ -158,7 +162,7 @@ def interrupted_on_call(n: int) -> Kernel:
     return behave
 
 
-def _whole_rows(out: Any) -> Any:
+def whole_rows(out: Any) -> Any:
     """``out``'s rows at their full stride: the row padding after the last column included."""
     shape = (
         *out.shape[:-1],
@@ -173,7 +177,7 @@ def writes_row_padding(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, be
     """Right, then stores zeros over each row's whole stride, as a kernel whose tile is
     wider than n and that stores the whole tile does: the row padding is overwritten."""
     k.right(a, b, out, alpha, beta, bias)
-    _whole_rows(out)[..., out.shape[-1] :] = 0.0
+    whole_rows(out)[..., out.shape[-1] :] = 0.0
 
 
 def writes_past_the_end(
@@ -240,3 +244,29 @@ class CostTimer:
             return self.clock.current
 
         return sample
+
+
+def fake_target(kind: str) -> Target:
+    """The CPU target of one array library (torch skipped where it is not installed)."""
+    if kind == "torch":
+        pytest.importorskip("torch")
+    return Target(adapter_for_kind(kind), CPU)
+
+
+def measure_kernels(
+    problem: Problem, kind: str, kernels: dict[str, Kernel], timer: Any = None, **overrides: Any
+) -> TuningRecord:
+    """Default and the given fake kernels (backend ``fake``), measured by the harness with
+    fast settings and ``overrides`` of them."""
+    target = fake_target(kind)
+    backend = KernelBackend("fake", kernels)
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
+    ]
+    for name in kernels:
+        candidate = Candidate.make("fake", name)
+        entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
+    settings = fast_settings()
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return Harness(timer or CpuTimer(), settings).measure(problem, target, entries)

@@ -12,7 +12,6 @@ mixed magnitudes, blocks of zeros beside normal values).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,9 +22,11 @@ from harness_fakes import (
     CostTimer,
     FakeKernel,
     KernelBackend,
-    _whole_rows,
+    fake_target,
+    measure_kernels,
     right,
     row_scaled,
+    whole_rows,
     writes_past_the_end,
     writes_row_padding,
 )
@@ -39,33 +40,13 @@ from unimatmul.core.arrays import (
     make_operands,
     structure_inputs,
 )
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
-from unimatmul.core.dtypes import ErrorModel
+from unimatmul.core.backend import DEFAULT, Candidate
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings, registered
-from unimatmul.tuning.harness import CpuTimer, Harness
+from unimatmul.testing import fast_settings
+from unimatmul.tuning.harness import Harness, _error_model
 
 KINDS = ["numpy", "torch"]
-
-
-def _target(kind: str) -> Target:
-    if kind == "torch":
-        pytest.importorskip("torch")
-    return Target(adapter_for_kind(kind), CPU)
-
-
-def _measure(problem: Problem, kind: str, kernels: dict[str, Any], timer: Any = None) -> TuningRecord:
-    target = _target(kind)
-    backend = KernelBackend("fake", kernels)
-    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
-        (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
-    ]
-    for name in kernels:
-        candidate = Candidate.make("fake", name)
-        entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
-    settings = fast_settings()
-    settings.prune_ratio = settings.first_prune_ratio = math.inf  # nothing escapes the checks by noise
-    return Harness(timer or CpuTimer(), settings).measure(problem, target, entries)
+UNPRUNED = {"prune_ratio": math.inf, "first_prune_ratio": math.inf}  # nothing escapes the checks by noise
 
 
 def _result(record: TuningRecord, name: str) -> Any:
@@ -74,18 +55,15 @@ def _result(record: TuningRecord, name: str) -> Any:
     return found
 
 
-@pytest.fixture
-def backends(isolated: Any) -> Iterator[Callable[..., None]]:
-    stack: list[Any] = []
-
-    def add(*found: KernelBackend) -> None:
-        context = registered(isolated.plugins, *found)
-        context.__enter__()
-        stack.append(context)
-
-    yield add
-    for context in reversed(stack):
-        context.__exit__(None, None, None)
+def _inputs(kind: str, m: int, k: int, n: int, seed: int) -> tuple[Any, Any]:
+    """Standard-normal float32 A (m x k) and B (k x n), as NumPy arrays or torch tensors."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        return torch.from_numpy(a), torch.from_numpy(b)
+    return a, b
 
 
 def _padded(kind: str, m: int, n: int, ld: int) -> tuple[Any, Any]:
@@ -108,12 +86,7 @@ def test_a_kernel_that_writes_its_rows_padding_is_rejected_and_the_users_padding
 ) -> None:
     # The issue's case: n = 256 in rows of 260 elements (1040 bytes), tuned for real.
     backends(KernelBackend("tile", {"wide": writes_row_padding}))
-    rng = np.random.default_rng(4)
-    a = rng.standard_normal((64, 96)).astype(np.float32)
-    b = rng.standard_normal((96, 256)).astype(np.float32)
-    if kind == "torch":
-        torch = pytest.importorskip("torch")
-        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    a, b = _inputs(kind, 64, 96, 256, seed=4)
     out, buffer = _padded(kind, 64, 256, 260)
     with unimatmul.mode("tune"):
         for _ in range(3):
@@ -135,10 +108,10 @@ def test_writes_of_either_poison_value_are_seen(value: float) -> None:
     # one of them is caught by the other.
     def writes(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
         k.right(a, b, out, alpha, beta, bias)
-        _whole_rows(out)[..., out.shape[-1] :] = value
+        whole_rows(out)[..., out.shape[-1] :] = value
 
     problem = replace(Problem.from_shape(40, 24, 32), ldc=30)
-    record = _measure(problem, "numpy", {"pad": writes, "good": right})
+    record = measure_kernels(problem, "numpy", {"pad": writes, "good": right}, **UNPRUNED)
     pad = _result(record, "pad")
     assert pad.status == REJECTED and "240 element(s) outside the output" in pad.note, pad.note
     assert _result(record, "good").status == OK
@@ -147,8 +120,11 @@ def test_writes_of_either_poison_value_are_seen(value: float) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_write_just_past_the_end_is_rejected(kind: str, batch: int) -> None:
-    record = _measure(
-        Problem.from_shape(33, 17, 20, batch=batch), kind, {"over": writes_past_the_end, "good": right}
+    record = measure_kernels(
+        Problem.from_shape(33, 17, 20, batch=batch),
+        kind,
+        {"over": writes_past_the_end, "good": right},
+        **UNPRUNED,
     )
     over = _result(record, "over")
     assert over.status == REJECTED, over
@@ -161,7 +137,7 @@ def test_a_write_just_past_the_end_is_rejected(kind: str, batch: int) -> None:
 def test_batched_padded_outputs_guard_the_gaps_between_matrices(kind: str) -> None:
     # Rows of 20 for n = 16, and 8 spare elements after each matrix of the batch.
     problem = replace(Problem.from_shape(12, 16, 8, batch=3), ldc=20, stride_c=12 * 20 + 8)
-    record = _measure(problem, kind, {"pad": writes_row_padding, "good": right})
+    record = measure_kernels(problem, kind, {"pad": writes_row_padding, "good": right}, **UNPRUNED)
     pad = _result(record, "pad")
     assert pad.status == REJECTED and "outside the output" in pad.note, pad.note
     assert _result(record, "good").status == OK
@@ -183,7 +159,7 @@ def test_a_kernel_nan_on_a_row_of_zeros_is_rejected_even_when_it_is_the_fastest(
         return run
 
     problem = Problem.from_shape(60, 48, 40)
-    target = _target("numpy")
+    target = fake_target("numpy")
     backend = KernelBackend("fake", {"default": costed(right, 1.0), "scaled": costed(row_scaled, 0.2)})
     backend.kernels["good"] = costed(right, 0.5)
     entries = [(DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "default"), target))]
@@ -206,12 +182,7 @@ def test_the_api_never_serves_a_kernel_nan_on_some_inputs(isolated: Any, backend
     backends(KernelBackend("quant", {"rows": row_scaled}))
     # It is slower than Default (it divides first): unpruned, it reaches the later checks.
     isolated.selector.settings.prune_ratio = isolated.selector.settings.first_prune_ratio = math.inf
-    rng = np.random.default_rng(8)
-    a = rng.standard_normal((80, 64)).astype(np.float32)
-    b = rng.standard_normal((64, 72)).astype(np.float32)
-    if kind == "torch":
-        torch = pytest.importorskip("torch")
-        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    a, b = _inputs(kind, 80, 64, 72, seed=8)
     with unimatmul.mode("tune"):
         unimatmul.matmul(a, b)
     (_, _, record), *_ = list(isolated.selector.store.items())
@@ -242,7 +213,7 @@ def test_defaults_pass_the_structured_inputs_and_one_wrong_element_does_not(
 ) -> None:
     # Default is what the caller has without tuning: it must pass on every character of
     # input, in every dtype, while one element off is still caught there.
-    adapter = _target(kind).adapter
+    adapter = fake_target(kind).adapter
     problem = Problem.from_shape(m, 96, 700, dtype=dtype, epilogue=epilogue)
     if beta:
         problem = Problem(**{**problem.__dict__, "beta_zero": False})
@@ -251,14 +222,7 @@ def test_defaults_pass_the_structured_inputs_and_one_wrong_element_does_not(
         structure_inputs(adapter, ops.a, ops.b, variant, (dtype, dtype, dtype))
         c0 = adapter.empty(tuple(ops.out.shape), dtype, CPU)
         adapter.copy_(c0, ops.out)
-        model = ErrorModel.for_problem(
-            k=problem.k,
-            dtype_in=dtype,
-            dtype_out=dtype,
-            compute=problem.compute,
-            activation=problem.activation,
-            ref_dtype="f64" if dtype == "f64" else "f32",
-        )
+        model = _error_model(problem)  # the bound the harness holds every candidate to
         reference = adapter.make_reference(ops, c0, 1.0, beta, problem.activation, model, CPU)
         adapter.matmul(ops.a, ops.b, ops.out, 1.0, beta, ops.bias, problem.activation)
         check = adapter.compare(ops.out, reference, CPU)
@@ -291,3 +255,18 @@ def test_structured_inputs_have_every_character_and_are_never_all_zeros(m: int) 
     ops2 = make_operands(problem, adapter, CPU, np.random.default_rng(1))
     structure_inputs(adapter, ops2.a, ops2.b, 1, ("f32", "f32", "f32"))
     assert (np.asarray(ops2.a) != a).any()  # another variant: other values in the same bands
+
+
+@pytest.mark.parametrize("ldc", [30, 31, 2000])
+def test_guarded_outputs_keep_the_alignment_the_problem_says(ldc: int) -> None:
+    # Rows of 120, 124 or 8000 bytes: the bands before the output are whole 256-byte
+    # units, so a kernel sees the same pointer alignment as the caller's output had.
+    seen: list[int] = []
+
+    def notes(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        seen.append(k.adapter.ptr(out) % 16)
+        k.right(a, b, out, alpha, beta, bias)
+
+    record = measure_kernels(replace(Problem.from_shape(9, 24, 16), ldc=ldc), "numpy", {"notes": notes})
+    assert _result(record, "notes").status in (OK, "pruned")
+    assert seen and set(seen) == {0}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,25 +24,11 @@ from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings, registered
+from unimatmul.testing import fast_settings
 from unimatmul.tuning.harness import CpuTimer, Harness
 from unimatmul.tuning.time_limit import OverLimit, run_within
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
-
-
-@pytest.fixture
-def backends(isolated: Any) -> Iterator[Callable[..., None]]:
-    stack: list[Any] = []
-
-    def add(*found: KernelBackend) -> None:
-        context = registered(isolated.plugins, *found)
-        context.__enter__()
-        stack.append(context)
-
-    yield add
-    for context in reversed(stack):
-        context.__exit__(None, None, None)
 
 
 def _operands(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1263,9 +1263,9 @@ def guarded_output(
     """An output of this layout in a buffer with guard bands before and after it
     (``GUARD_BYTES`` or a row, whichever is more) and its :class:`Guard`; ``like``: a
     guard of the same layout whose indices are reused."""
-    band = max(GUARD_BYTES // ITEMSIZE[dtype], strides[-2] if len(strides) > 1 else 1)
+    band = _band(strides, dtype)
     start = band + offset
-    end = start + 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+    end = start + _span(shape, strides)
     base = adapter.random_strided((end + band,), (1,), dtype, device, rng, fill=fill)
     out = adapter.strided_view(base, shape, strides, start)
     if like is not None:
@@ -1277,11 +1277,23 @@ def guarded_output(
 def guard_bytes(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> tuple[int, int]:
     """Bytes one guarded output takes beyond its own span (its bands), and bytes of the
     indices its guard keeps (shared by the outputs of one layout)."""
-    band = max(GUARD_BYTES // ITEMSIZE[dtype], strides[-2] if len(strides) > 1 else 1)
-    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
-    padding = span - math.prod(shape)
+    band = _band(strides, dtype)
+    padding = _span(shape, strides) - math.prod(shape)
     rows = math.prod(shape[:-1]) if strides[-1] == 1 else math.prod(shape)
     return 2 * band * ITEMSIZE[dtype], 8 * (2 * (padding + 2 * band) + rows)
+
+
+def _band(strides: tuple[int, ...], dtype: str) -> int:
+    """Elements of each guard band: GUARD_BYTES or a row, whichever is more, in whole
+    256-byte units (the output keeps the alignment its Problem says)."""
+    itemsize = ITEMSIZE[dtype]
+    row = strides[-2] * itemsize if len(strides) > 1 else itemsize
+    return -(-max(GUARD_BYTES, row) // 256) * 256 // itemsize
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements from a strided layout's first element to its last, both included."""
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
 
 
 def _outside_indices(
