@@ -9,6 +9,8 @@ a call, and recorded ``abandoned``; the others are measured on outputs of their 
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -152,3 +154,19 @@ def test_with_the_default_limit_a_30_s_kernel_ends_tuning_within_it(isolated: An
     assert time.perf_counter() - started < unimatmul.settings.TUNE_LIMIT_S.default + 3.0
     (_, _, record), *_ = list(isolated.selector.store.items())
     assert record.result("slow/k").status == ABANDONED
+
+
+def _step_in_a_child(results: Any) -> None:
+    results.put(run_within(lambda: 9, 5.0))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_worker_of_its_own() -> None:
+    # The parent's worker thread does not exist in a child forked after it started.
+    assert run_within(lambda: 1, 5.0) == 1
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_step_in_a_child, args=(results,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and results.get(timeout=5) == 9

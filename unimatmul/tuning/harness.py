@@ -254,8 +254,12 @@ class _Limit:
             return math.inf
         return max(self.absolute_s, self.ratio * self.default_s) - entry.used_s
 
-    def run(self, entry: _Entry, step: Callable[[], Any]) -> Any:
-        """``step()`` within what is left of ``entry``'s limit; OverLimit past it."""
+    def run(self, entry: _Entry, step: Callable[[], Any], *, judged: bool = True) -> Any:
+        """``step()`` within what is left of ``entry``'s limit; OverLimit past it. A step
+        not ``judged`` (a GPU candidate's preparation, where the limit could only be
+        applied once it is over) runs without one and counts for nothing."""
+        if not judged:
+            return step()
         allowed = self.allowance(entry)
         started = time.perf_counter()
         try:
@@ -357,13 +361,11 @@ class Harness:
             if progress is not None:
                 progress(candidate.identity)
 
-            def checks(
-                entry: _Entry = entry,
-                prepare: Callable[[], Runner] = prepare,
-                c0: Any = c0,
-                reference: Reference = reference,
-            ) -> None:
+            def prepared(entry: _Entry = entry, prepare: Callable[[], Runner] = prepare) -> None:
                 entry.runner = prepare()
+
+            def checks(entry: _Entry = entry, c0: Any = c0, reference: Reference = reference) -> None:
+                assert entry.runner is not None
                 for poison in range(2):
                     found = self._check_call(
                         entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], poison
@@ -371,6 +373,7 @@ class Harness:
                     entry.check = found if entry.check is None else _worse(entry.check, found)
 
             try:
+                limit.run(entry, prepared, judged=limit.worker)  # a GPU's compiling is not held against it
                 limit.run(entry, checks)
             except UnsupportedProblem as exc:
                 entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import os
 import queue
 import threading
 import time
@@ -97,6 +98,15 @@ class _PerThread(threading.local):
 
 
 _local = _PerThread()
+
+
+def _forget_worker() -> None:
+    # A forked child has no worker thread, only the parent's record of one.
+    _local.worker = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_worker)
 
 
 def run_within(fn: Callable[[], T], limit_s: float) -> T:
