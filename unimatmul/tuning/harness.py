@@ -4,7 +4,13 @@ For each Candidate of a Problem it prepares a Runner and checks its output, elem
 element, against a float64 reference (:class:`unimatmul.core.dtypes.ErrorModel`): twice
 on poisoned memory before it is timed, and once more after timing on an input set
 whose values were replaced in place, so that a kernel that is right only on its first
-call, or that returns a stale result for the same pointers, is caught. Survivors are
+call, or that returns a stale result for the same pointers, is caught. The values
+written after timing are of several characters (``structure_inputs``: ones, small
+integers, mixed magnitudes, zero rows), so that a kernel wrong only on some inputs is
+caught too; every checked output sits between guard bands, poisoned with its rows'
+padding before each check call (``Guard``), and a write there rejects the candidate.
+Each candidate's steps run within its time limit (``unimatmul.tuning.time_limit``):
+past it, it is abandoned and recorded so. Survivors are
 timed on inputs rotated through more memory than the last-level cache, pruning clear
 losers early, within a time budget, and the median is kept. A winner over Default is
 then measured again against Default, sample against sample; a win that does not hold
