@@ -28,7 +28,7 @@ from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
 from unimatmul.tuning.harness import CpuTimer, Harness
-from unimatmul.tuning.time_limit import OverLimit, run_within
+from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 
@@ -170,3 +170,12 @@ def test_a_forked_child_gets_a_worker_of_its_own() -> None:
     child.start()
     child.join(30)
     assert child.exitcode == 0 and results.get(timeout=5) == 9
+
+
+def test_inline_steps_are_judged_once_they_return() -> None:
+    # Where calls must stay on the tuning thread (a GPU's stream), a step over its limit
+    # is abandoned after it returns: its result is not used.
+    assert run_inline(lambda: 3, 1.0) == 3
+    assert run_inline(threading.get_ident, 1.0) == threading.get_ident()
+    with pytest.raises(OverLimit, match=r"took 0\.\d+ s, over its 0\.01 s"):
+        run_inline(lambda: time.sleep(0.05), 0.01)
