@@ -36,6 +36,7 @@ from unimatmul.cache.record import OK, REJECTED, TuningRecord
 from unimatmul.core.arrays import (
     A_CHARACTERS,
     CPU,
+    Check,
     adapter_for_kind,
     make_operands,
     structure_inputs,
@@ -43,7 +44,7 @@ from unimatmul.core.arrays import (
 from unimatmul.core.backend import DEFAULT, Candidate
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
-from unimatmul.tuning.harness import Harness, _error_model
+from unimatmul.tuning.harness import Harness, _error_model, _worse
 
 KINDS = ["numpy", "torch"]
 UNPRUNED = {"prune_ratio": math.inf, "first_prune_ratio": math.inf}  # nothing escapes the checks by noise
@@ -270,3 +271,14 @@ def test_guarded_outputs_keep_the_alignment_the_problem_says(ldc: int) -> None:
     record = measure_kernels(replace(Problem.from_shape(9, 24, 16), ldc=ldc), "numpy", {"notes": notes})
     assert _result(record, "notes").status in (OK, "pruned")
     assert seen and set(seen) == {0}
+
+
+def test_a_write_seen_by_one_check_call_only_still_rejects() -> None:
+    # Right values on both calls; the writes show only on the call whose poison differs
+    # from what the kernel writes: the record keeps them whichever call looked worse.
+    seen = Check(1e-7, 0.01, 0, 0, outside=3, outside_where="the first at 1 element(s) before the output")
+    clean = Check(2e-7, 0.02, 0, 0)
+    for a, b in ((seen, clean), (clean, seen)):
+        merged = _worse(a, b)
+        assert not merged.ok() and merged.outside == 3 and merged.worst_ratio == 0.02
+        assert merged.describe().startswith("wrote 3 element(s) outside the output (the first at 1")

@@ -35,7 +35,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -1038,8 +1038,13 @@ def _bounds_bytes(problem: Problem) -> int:
 
 
 def _worse(a: Check, b: Check) -> Check:
-    """The less favourable of two checks of one candidate (what the record reports)."""
-    return a if (a.worst_ratio, a.nonfinite) >= (b.worst_ratio, b.nonfinite) else b
+    """The less favourable of two checks of one candidate (what the record reports), with
+    the writes outside the output that either saw (each check poisons with one value)."""
+    worse = a if (a.worst_ratio, a.nonfinite) >= (b.worst_ratio, b.nonfinite) else b
+    writer = a if a.outside >= b.outside else b
+    if writer.outside > worse.outside:
+        worse = replace(worse, outside=writer.outside, outside_where=writer.outside_where)
+    return worse
 
 
 def _failure(exc: BaseException) -> str:
