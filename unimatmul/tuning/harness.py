@@ -379,8 +379,11 @@ class Harness:
                     entry.check = found if entry.check is None else _worse(entry.check, found)
 
             try:
-                limit.run(entry, prepared, judged=limit.worker)  # a GPU's compiling is not held against it
-                limit.run(entry, checks)
+                if limit.worker:  # one step on the worker thread
+                    limit.run(entry, functools.partial(_both, prepared, checks))
+                else:  # a GPU's preparation (compiling) is not held against it
+                    limit.run(entry, prepared, judged=False)
+                    limit.run(entry, checks)
             except UnsupportedProblem as exc:
                 entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"
                 continue
@@ -1035,6 +1038,11 @@ def _bounds_bytes(problem: Problem) -> int:
     reference's dtype; see ArrayAdapter._within); 0 for a screened one."""
     out_elements = problem.m * problem.n * problem.batch
     return out_elements * (8 if problem.dtype_c == "f64" else 4) if out_elements <= SCREEN_ELEMENTS else 0
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
+    first()
+    then()
 
 
 def _worse(a: Check, b: Check) -> Check:
