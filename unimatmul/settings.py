@@ -239,6 +239,23 @@ TUNE_MEMORY = declare(
     "through it and the check); never over 3/4 of the memory free. A product that needs more runs "
     "Default (one warning)",
 )
+TUNE_LIMIT_S = declare(
+    "UNIMATMUL_TUNE_LIMIT_S",
+    "float",
+    10.0,
+    parse_float(0.0),
+    "a candidate's time limit in tuning, at least (default 10): past it, or past "
+    "`UNIMATMUL_TUNE_LIMIT_RATIO` times Default's time if that is more, the candidate is abandoned "
+    "(recorded `abandoned`; on the CPU even in the middle of a call, see `docs/plugins.md`)",
+)
+TUNE_LIMIT_RATIO = declare(
+    "UNIMATMUL_TUNE_LIMIT_RATIO",
+    "float",
+    10.0,
+    parse_float(1.0),
+    "a candidate's time limit in tuning as a multiple of Default's time over the same steps (default 10; "
+    "never below `UNIMATMUL_TUNE_LIMIT_S`)",
+)
 GPU_BUDGET_S = declare(
     "UNIMATMUL_GPU_BUDGET_S",
     "float",

@@ -86,29 +86,6 @@ def host64(adapter: ArrayAdapter, x: Any) -> np.ndarray:
     return np.array(adapter.to_numpy(x), dtype=np.float64, copy=True)
 
 
-def strided_view(
-    adapter: ArrayAdapter,
-    buffer: Any,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    offset: int,
-    dtype: str,
-) -> Any:
-    """A view of a flat ``buffer`` with element ``strides`` starting at element ``offset``."""
-    if adapter.kind == "torch":
-        return buffer.as_strided(shape, strides, offset)
-    itemsize = ITEMSIZE[dtype]
-    if adapter.kind == "cupy":
-        import cupy
-
-        return cupy.lib.stride_tricks.as_strided(
-            buffer[offset:], shape=shape, strides=tuple(s * itemsize for s in strides)
-        )
-    return np.lib.stride_tricks.as_strided(
-        buffer[offset:], shape=shape, strides=tuple(s * itemsize for s in strides), writeable=True
-    )
-
-
 def element_offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
     """Offsets (in elements) of every element of a strided layout, in C order."""
     offsets = np.zeros((), dtype=np.int64)
@@ -179,7 +156,7 @@ def guarded_output(problem: Problem, adapter: ArrayAdapter, device: Device) -> G
     size = guard + misalign + span + guard
     buffer = adapter.empty((size,), dtype, device)
     offset = guard + misalign
-    view = strided_view(adapter, buffer, shape, strides, offset, dtype)
+    view = adapter.strided_view(buffer, shape, strides, offset)
     inside = np.zeros(size, dtype=bool)
     inside[offset + element_offsets(shape, strides).ravel()] = True
     return GuardedOutput(problem, adapter, buffer, view, offset, inside)

@@ -9,15 +9,20 @@ per name; ``calls`` counts every call, so a test can tell checks from timing.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
-from unimatmul.core.arrays import ArrayAdapter, adapter_for_kind
-from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.cache.record import TuningRecord
+from unimatmul.core.arrays import CPU, ArrayAdapter, adapter_for_kind
+from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
+from unimatmul.testing import fast_settings
+from unimatmul.tuning.harness import CpuTimer, Harness
 
 Kernel = Callable[["FakeKernel", Any, Any, Any, float, float, Any], None]
 
@@ -157,6 +162,63 @@ def interrupted_on_call(n: int) -> Kernel:
     return behave
 
 
+def whole_rows(out: Any) -> Any:
+    """``out``'s rows at their full stride: the row padding after the last column included."""
+    shape = (
+        *out.shape[:-1],
+        (out.strides[-2] // out.itemsize) if isinstance(out, np.ndarray) else out.stride(-2),
+    )
+    if isinstance(out, np.ndarray):
+        return np.lib.stride_tricks.as_strided(out, shape=shape, strides=out.strides)
+    return out.as_strided(shape, out.stride(), out.storage_offset())
+
+
+def writes_row_padding(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right, then stores zeros over each row's whole stride, as a kernel whose tile is
+    wider than n and that stores the whole tile does: the row padding is overwritten."""
+    k.right(a, b, out, alpha, beta, bias)
+    whole_rows(out)[..., out.shape[-1] :] = 0.0
+
+
+def writes_past_the_end(
+    k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any
+) -> None:
+    """Right, then writes the element just after the output's last one (an off-by-one store)."""
+    k.right(a, b, out, alpha, beta, bias)
+    last = out[(slice(-1, None),) * len(out.shape)]  # the last element, as a view
+    if isinstance(out, np.ndarray):
+        np.lib.stride_tricks.as_strided(last, shape=(2,), strides=(out.itemsize,))[1] = 0.0
+    else:
+        last.as_strided((2,), (1,), last.storage_offset())[1] = 0.0
+
+
+def sleeps(seconds: float, after: int = 0) -> Kernel:
+    """Right, but each call from the ``after``-th on first sleeps ``seconds`` (to tuning,
+    a kernel that hangs)."""
+
+    def behave(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+        if k.calls > after:
+            time.sleep(seconds)
+        k.right(a, b, out, alpha, beta, bias)
+
+    return behave
+
+
+def row_scaled(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Divides each row of A by its largest magnitude and multiplies the product's row
+    back, as a kernel that quantises rows does: right on random inputs, NaN on a row of
+    zeros (0 / 0). Plain products only (alpha 1, beta 0, no bias)."""
+    if isinstance(a, np.ndarray):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = np.abs(a).max(axis=-1, keepdims=True)
+            k.right(a / scale, b, out, 1.0, 0.0, None)
+            out *= scale
+    else:
+        scale = a.abs().amax(dim=-1, keepdim=True)
+        k.right(a / scale, b, out, 1.0, 0.0, None)
+        out *= scale
+
+
 NUMPY = adapter_for_kind("numpy")
 
 
@@ -182,3 +244,29 @@ class CostTimer:
             return self.clock.current
 
         return sample
+
+
+def fake_target(kind: str) -> Target:
+    """The CPU target of one array library (torch skipped where it is not installed)."""
+    if kind == "torch":
+        pytest.importorskip("torch")
+    return Target(adapter_for_kind(kind), CPU)
+
+
+def measure_kernels(
+    problem: Problem, kind: str, kernels: dict[str, Kernel], timer: Any = None, **overrides: Any
+) -> TuningRecord:
+    """Default and the given fake kernels (backend ``fake``), measured by the harness with
+    fast settings and ``overrides`` of them."""
+    target = fake_target(kind)
+    backend = KernelBackend("fake", kernels)
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
+    ]
+    for name in kernels:
+        candidate = Candidate.make("fake", name)
+        entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
+    settings = fast_settings()
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return Harness(timer or CpuTimer(), settings).measure(problem, target, entries)

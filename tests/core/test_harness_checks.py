@@ -17,7 +17,9 @@ from harness_fakes import (
     CostClock,
     CostTimer,
     KernelBackend,
+    fake_target,
     first_call_only,
+    measure_kernels,
     memo_by_pointer,
     one_inf,
     one_nan,
@@ -29,35 +31,13 @@ from harness_fakes import (
 import unimatmul
 from unimatmul.cache.record import OK, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import ErrorModel
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings, registered
 from unimatmul.tuning.harness import MAX_WIDEN, CpuTimer, Harness
 
 KINDS = ["numpy", "torch"]
-
-
-def _target(kind: str) -> Target:
-    if kind == "torch":
-        pytest.importorskip("torch")
-    return Target(adapter_for_kind(kind), CPU)
-
-
-def _measure(problem: Problem, kind: str, kernels: dict[str, Any], **overrides: Any) -> TuningRecord:
-    """Default and the given fake kernels, measured by the harness with fast settings."""
-    target = _target(kind)
-    backend = KernelBackend("fake", kernels)
-    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
-        (DEFAULT, lambda: DefaultRunner(target.adapter, problem.activation))
-    ]
-    for name in kernels:
-        candidate = Candidate.make("fake", name)
-        entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
-    settings = fast_settings()
-    for key, value in overrides.items():
-        setattr(settings, key, value)
-    return Harness(CpuTimer(), settings).measure(problem, target, entries)
 
 
 def _result(record: TuningRecord, name: str) -> Any:
@@ -72,7 +52,7 @@ def _result(record: TuningRecord, name: str) -> Any:
 def test_one_element_off_by_one_at_1024_cubed_is_rejected() -> None:
     # The issue's case: the whole-matrix relative error of this output is ~3e-5, under
     # f32's 1e-4, so the old check passed it in 4 of 4 runs.
-    record = _measure(Problem.from_shape(1024, 1024, 1024), "numpy", {"off": one_off}, max_sets=1)
+    record = measure_kernels(Problem.from_shape(1024, 1024, 1024), "numpy", {"off": one_off}, max_sets=1)
     result = _result(record, "off")
     assert result.error < 1e-4  # what the old check looked at: it would have passed
     assert result.status == REJECTED
@@ -86,7 +66,7 @@ def test_one_element_off_by_one_at_1024_cubed_is_rejected() -> None:
     ("behave", "says"), [(one_off, "over the error bound"), (one_nan, "NaN/inf"), (one_inf, "NaN/inf")]
 )
 def test_one_wrong_element_is_rejected(kind: str, behave: Any, says: str) -> None:
-    record = _measure(
+    record = measure_kernels(
         Problem.from_shape(96, 80, 200, batch=3),
         kind,
         {"bad": behave, "good": right},
@@ -121,7 +101,7 @@ def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) 
     # A tuning run keeps each block's bound with its reference (the one-pass check of
     # ArrayAdapter._within): a right output gets the worst ratio the full pass finds,
     # and an output with one wrong element or one NaN is still counted exactly.
-    target = _target(kind)
+    target = fake_target(kind)
     adapter = target.adapter
     problem = Problem.from_shape(300, 520, 700)  # above HOST_CHECK_ELEMENTS: on the array's device
     ops = make_operands(problem, adapter, CPU, np.random.default_rng(8))
@@ -150,7 +130,7 @@ def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) 
 
 def test_the_tuning_plan_keeps_bounds_for_small_outputs_only() -> None:
     harness = Harness(CpuTimer(), fast_settings())
-    target = _target("numpy")
+    target = fake_target("numpy")
     assert harness.plan_memory(Problem.from_shape(300, 520, 700), target, 0.0).keep_bounds
     # Above SCREEN_ELEMENTS the output is screened: no bounds are kept.
     assert not harness.plan_memory(Problem.from_shape(2100, 2048, 4), target, 0.0).keep_bounds
@@ -160,7 +140,7 @@ def test_the_tuning_plan_keeps_bounds_for_small_outputs_only() -> None:
 def test_a_large_output_is_screened_and_still_catches_one_element(kind: str) -> None:
     # Above SCREEN_ELEMENTS a cheap screen clears most blocks; a block with one wrong
     # element gets the whole bound, so the element is found all the same.
-    target = _target(kind)
+    target = fake_target(kind)
     adapter = target.adapter
     problem = Problem.from_shape(2100, 2048, 4)  # 4.3 M elements > SCREEN_ELEMENTS
     ops = make_operands(problem, adapter, CPU, np.random.default_rng(6))
@@ -252,7 +232,7 @@ def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_stil
     # If Default itself is further from float64 than the model allows, the model is too
     # strict on this platform: candidates as accurate as Default must not be rejected.
     torch = pytest.importorskip("torch")
-    target = _target("torch")
+    target = fake_target("torch")
     problem = Problem.from_shape(64, 64, 256)
 
     def sloppy(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
@@ -289,7 +269,7 @@ def test_a_default_far_beyond_the_bound_is_rejected_not_followed() -> None:
     # Widening stops at MAX_WIDEN: a Default ~115x over (products of bf16-rounded f32
     # inputs) is wrong for an f32 problem, as the old relative-error rule also said.
     torch = pytest.importorskip("torch")
-    target = _target("torch")
+    target = fake_target("torch")
     problem = Problem.from_shape(64, 64, 256)
 
     def bf16ish(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
@@ -311,7 +291,7 @@ def test_a_default_far_beyond_the_bound_is_rejected_not_followed() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_kernel_that_does_nothing_after_its_first_call_is_never_timed(kind: str) -> None:
-    record = _measure(Problem.from_shape(128, 128, 128), kind, {"lazy": first_call_only})
+    record = measure_kernels(Problem.from_shape(128, 128, 128), kind, {"lazy": first_call_only})
     lazy = _result(record, "lazy")
     assert lazy.status == REJECTED and "NaN/inf" in lazy.note  # the poison was left in place
     assert lazy.samples == 0 and lazy.median_s is None
@@ -324,7 +304,7 @@ def test_a_kernel_wrong_on_new_inputs_is_rejected_after_timing(kind: str, behave
     # Right twice on the first set (the same inputs), fast because it only copies: it is
     # timed, then checked on a set whose values were replaced in place, and rejected.
     # (Nothing is pruned here: a cheat slowed by a busy moment must not escape the check.)
-    record = _measure(
+    record = measure_kernels(
         Problem.from_shape(192, 160, 256),
         kind,
         {"cheat": behave, "good": right},
@@ -344,7 +324,7 @@ def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> Non
     # right after its own block, the cheat is out before good is compared with it; else
     # good (0.5 > 1.3 x 0.1) would be pruned as a loser and Default would win.
     clock = CostClock()
-    target = _target("numpy")
+    target = fake_target("numpy")
     problem = Problem.from_shape(48, 40, 32)
     backend = KernelBackend("fake", {})
 

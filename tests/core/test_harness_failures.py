@@ -8,7 +8,6 @@ program. ``MatmulPrimitive.__del__`` must not print
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +20,6 @@ from unimatmul.cache.record import FAILED, OK
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
-from unimatmul.testing import registered
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 
@@ -29,21 +27,6 @@ NUMPY = Target(adapter_for_kind("numpy"), CPU)
 def _operands(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return rng.standard_normal((48, 40)).astype(np.float32), rng.standard_normal((40, 56)).astype(np.float32)
-
-
-@pytest.fixture
-def backends(isolated: Any) -> Iterator[Any]:
-    """``backends(*KernelBackend)``: registered on the isolated selector for the test."""
-    stack: list[Any] = []
-
-    def add(*found: KernelBackend) -> None:
-        context = registered(isolated.plugins, *found)
-        context.__enter__()
-        stack.append(context)
-
-    yield add
-    for context in reversed(stack):
-        context.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("call", [1, 2, 3, 6], ids=["first-check", "second-check", "late-check", "timing"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import pytest
 from onednn_caps import skip_unless_offered
@@ -255,6 +256,48 @@ def test_tuning_inside_a_routed_call_does_not_recurse(env: Env) -> None:
     assert torch.equal(out, expected)
     assert _rel(out32, expected) < 1e-5
     assert env.selector.stats.tuned == 2
+
+
+def test_a_candidates_own_products_on_the_tuning_worker_are_not_routed_back(env: Env) -> None:
+    # The harness runs each candidate's steps on a worker thread (its time limit): the
+    # routing "busy" flag of the tuning thread goes with them, or the kernel's `a @ b`
+    # would ask the Selector for the problem being tuned and wait for itself.
+    from unimatmul.core.backend import Backend, Candidate, Target
+    from unimatmul.core.problem import Problem
+    from unimatmul.testing import registered
+
+    class PlainProduct(Backend):
+        """A plugin whose one kernel is ``out.copy_(a @ b)``: a product routing would catch."""
+
+        name = "plainmm"  # type: ignore[misc]
+        device_kinds = frozenset({"cpu"})
+        array_kinds = frozenset({"torch"})
+
+        def availability(self) -> str | None:
+            return None
+
+        def versions(self) -> dict[str, str]:
+            return {"plainmm": "1"}
+
+        def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+            return [Candidate.make("plainmm", "k")]
+
+        def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
+            def run(
+                a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+            ) -> None:
+                out.copy_(a @ b)
+
+            return run
+
+    a, b = torch.randn(20, 12), torch.randn(12, 16)
+    with registered(env.selector.plugins, PlainProduct()), ut.enabled(), unimatmul.mode("tune"):
+        out = a @ b
+    assert _rel(out, a.double() @ b.double()) < 1e-5
+    assert env.selector.stats.tuned == 1
+    (_, _, record), *_ = list(env.selector.store.items())
+    plain = record.result("plainmm/k")
+    assert plain is not None and plain.status in ("ok", "pruned"), plain
 
 
 # --- modes --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ OK = "ok"
 REJECTED = "rejected"  # ran, but the numeric check failed: never chosen
 FAILED = "failed"  # raised while preparing or running
 PRUNED = "pruned"  # measured briefly, a clear loser, not measured further
+ABANDONED = "abandoned"  # over its time limit: left running, never chosen
 
 Scalar = str | int | float | bool | None
 

@@ -90,18 +90,25 @@ class Check:
     nonfinite: int  # NaN or inf where the reference is finite
     worst: str = ""  # the worst element, when one is over its bound
     exact: bool = True
+    outside: int = 0  # elements written outside the output (its guard bands, its rows' padding)
+    outside_where: str = ""  # the first of them, as text
 
     def ok(self, widen: float = 1.0) -> bool:
-        """Whether every element is within ``widen`` times its bound."""
-        return self.nonfinite == 0 and self.worst_ratio <= widen
+        """Whether every element is within ``widen`` times its bound, and nothing else was written."""
+        return self.nonfinite == 0 and self.outside == 0 and self.worst_ratio <= widen
 
     def describe(self, widen: float = 1.0) -> str:
         """One line for a rejected candidate's note."""
+        wrote = f"wrote {self.outside} element(s) outside the output ({self.outside_where})"
+        if self.outside and self.nonfinite == 0 and self.worst_ratio <= widen:
+            return wrote
         what = f"{self.bad} element(s) over the error bound"
         if widen != 1.0:
             what += f" (widened {widen:.3g}x to Default's own error)"
         if self.nonfinite:
             what += f", {self.nonfinite} NaN/inf where the reference is finite"
+        if self.outside:
+            what = f"{wrote}; {what}"
         return f"{what}; {self.worst}; relative error {self.rel_error:.3g}"
 
 
@@ -252,6 +259,14 @@ class ArrayAdapter:
         fill: bool = True,
     ) -> Any:
         """Standard-normal values (``fill=False``: uninitialised) at the given strides."""
+        raise NotImplementedError
+
+    def strided_view(self, base: Any, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Any:
+        """A view of the flat array ``base`` at ``offset`` with these strides (in elements)."""
+        raise NotImplementedError
+
+    def host_indices(self, indices: np.ndarray, device: Device) -> Any:
+        """Integer indices made on the host, as this library's array on ``device``."""
         raise NotImplementedError
 
     def to_float64(self, x: Any) -> Any:
@@ -486,7 +501,8 @@ class ArrayAdapter:
                 if reference.keep_bounds:
                     made.append(bound)
             diff = abs(self._like(out3[bs, rs], ref) - ref)
-            worst.append((diff / bound).max())  # NaN where an element is NaN
+            with np.errstate(invalid="ignore", divide="ignore"):  # a bound of 0 (a row of zeros in A)
+                worst.append((diff / bound).max())  # NaN where an element is NaN
             squares.append(self._sumsq(diff))
             del bound, diff  # one block's temporaries at a time
         if made:
@@ -555,6 +571,21 @@ class ArrayAdapter:
             beta_c=beta_c,
             bias=reference.bias,
         )
+
+    def poison_guard(self, guard: Guard, value: float) -> None:
+        """Fill every element of ``guard``'s buffer that is not the output's with ``value``."""
+        guard.base[guard.outside] = value
+
+    def guard_writes(self, guard: Guard, value: float) -> tuple[int, str]:
+        """How many elements outside the output no longer hold ``value`` (poisoned by
+        :meth:`poison_guard`), and where the first of them is, as text ("" if none)."""
+        got = self.to_float64(guard.base[guard.outside])
+        changed = ~self._math().isnan(got) if math.isnan(value) else got != value
+        (count,) = self._scalars([changed.sum()])
+        if count == 0:
+            return 0, ""
+        first = int(np.flatnonzero(self.to_numpy(changed))[0])
+        return int(count), guard.where(int(guard.host[first]))
 
     def _scalars(self, parts: list[Any]) -> list[float]:
         """Python floats of 0-d arrays of this library (NaN read as inf)."""
@@ -648,6 +679,14 @@ class NumpyAdapter(ArrayAdapter):
         return np.lib.stride_tricks.as_strided(
             base[offset:], shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
         )
+
+    def strided_view(self, base: Any, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Any:
+        return np.lib.stride_tricks.as_strided(
+            base[offset:], shape=shape, strides=tuple(s * base.itemsize for s in strides)
+        )
+
+    def host_indices(self, indices: np.ndarray, device: Device) -> Any:
+        return indices
 
     def to_float64(self, x: Any) -> Any:
         return np.asarray(x, dtype=np.float64)
@@ -807,6 +846,12 @@ class TorchAdapter(ArrayAdapter):
         base = torch.randn(size, generator=gen, dtype=torch.float32, device=self.torch_device(device))
         base = base.to(self.torch_dtype(dtype))
         return base.as_strided(shape, strides, offset)
+
+    def strided_view(self, base: Any, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Any:
+        return base.as_strided(shape, strides, base.storage_offset() + offset)
+
+    def host_indices(self, indices: np.ndarray, device: Device) -> Any:
+        return self.torch.from_numpy(indices).to(self.torch_device(device))
 
     def to_float64(self, x: Any) -> Any:
         return x.to(self.torch.float64)
@@ -974,6 +1019,15 @@ class CupyAdapter(ArrayAdapter):
             return cupy.lib.stride_tricks.as_strided(
                 base[offset:], shape=shape, strides=tuple(s * npdt.itemsize for s in strides)
             )
+
+    def strided_view(self, base: Any, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Any:
+        return self.cupy.lib.stride_tricks.as_strided(
+            base[offset:], shape=shape, strides=tuple(s * base.itemsize for s in strides)
+        )
+
+    def host_indices(self, indices: np.ndarray, device: Device) -> Any:
+        with self.cupy.cuda.Device(device.index):
+            return self.cupy.asarray(indices)
 
     def to_float64(self, x: Any) -> Any:
         return x.astype(self.cupy.float64)
@@ -1179,3 +1233,154 @@ def make_operands(
     if problem.has_bias:
         bias = adapter.random_strided((problem.n,), (1,), problem.dtype_bias or problem.dtype_c, device, rng)
     return Operands(out["a"], out["b"], out["c"], bias)
+
+
+# --- what the harness checks a candidate on, besides its reference ---------------------
+
+#: Bytes of poison before and after an output the harness checks (at least one of its rows).
+GUARD_BYTES = 4096
+#: What the guard bands hold, check call by check call: NaN, then a finite value, so that
+#: a write of either one is seen the other time (-3.5 is exact in every output dtype).
+GUARD_VALUES = (math.nan, -3.5)
+
+
+@dataclass
+class Guard:
+    """Poisoned memory around one output: bands before and after it and its rows' padding.
+
+    ``base`` is the flat buffer the output is a view of, and ``outside`` the indices (into
+    ``base``, on its device) of every element that is not one of the output's; ``host``
+    holds them on the host, to say where a write went. ``start`` and ``end`` are the
+    output's first element and one past its last; ``rows`` its rows' starts, sorted.
+    """
+
+    base: Any
+    outside: Any
+    host: np.ndarray
+    start: int
+    end: int
+    rows: np.ndarray
+    width: int
+
+    def where(self, index: int) -> str:
+        """Where element ``index`` of ``base`` is, relative to the output."""
+        if index < self.start:
+            return f"the first at {self.start - index} element(s) before the output"
+        if index >= self.end:
+            return f"the first at {index - self.end + 1} element(s) after the output's last"
+        row = int(np.searchsorted(self.rows, index, side="right")) - 1
+        column = index - int(self.rows[row])
+        return f"the first in the padding of row {row}, at column {column} of a row {self.width} wide"
+
+
+def guarded_output(
+    adapter: ArrayAdapter,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: str,
+    device: Device,
+    rng: np.random.Generator,
+    offset: int = 0,
+    *,
+    fill: bool = True,
+    like: Guard | None = None,
+) -> tuple[Any, Guard]:
+    """An output of this layout in a buffer with guard bands before and after it
+    (``GUARD_BYTES`` or a row, whichever is more) and its :class:`Guard`; ``like``: a
+    guard of the same layout whose indices are reused."""
+    band = _band(strides, dtype)
+    start = band + offset
+    end = start + _span(shape, strides)
+    base = adapter.random_strided((end + band,), (1,), dtype, device, rng, fill=fill)
+    out = adapter.strided_view(base, shape, strides, start)
+    if like is not None:
+        return out, Guard(base, like.outside, like.host, start, end, like.rows, like.width)
+    host, rows, width = _outside_indices(end + band, start, shape, strides)
+    return out, Guard(base, adapter.host_indices(host, device), host, start, end, rows, width)
+
+
+def guard_bytes(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> tuple[int, int]:
+    """Bytes one guarded output takes beyond its own span (its bands), and bytes of the
+    indices its guard keeps (shared by the outputs of one layout)."""
+    band = _band(strides, dtype)
+    padding = _span(shape, strides) - math.prod(shape)
+    rows = math.prod(shape[:-1]) if strides[-1] == 1 else math.prod(shape)
+    return 2 * band * ITEMSIZE[dtype], 8 * (2 * (padding + 2 * band) + rows)
+
+
+def _band(strides: tuple[int, ...], dtype: str) -> int:
+    """Elements of each guard band: GUARD_BYTES or a row, whichever is more, in whole
+    256-byte units (the output keeps the alignment its Problem says)."""
+    itemsize = ITEMSIZE[dtype]
+    row = strides[-2] * itemsize if len(strides) > 1 else itemsize
+    return -(-max(GUARD_BYTES, row) // 256) * 256 // itemsize
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements from a strided layout's first element to its last, both included."""
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+
+
+def _outside_indices(
+    size: int, start: int, shape: tuple[int, ...], strides: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(flat indices of every element of ``size`` that is not the output's, the output's
+    rows' starts sorted, a row's width): the gaps between rows, found without a mask."""
+    width = shape[-1] if strides[-1] == 1 else 1
+    dims = (
+        list(zip(shape[:-1], strides[:-1], strict=True))
+        if width > 1
+        else list(zip(shape, strides, strict=True))
+    )
+    rows = np.array([start], dtype=np.int64)
+    for extent, stride in dims:
+        rows = (rows[:, None] + np.arange(extent, dtype=np.int64) * stride).ravel()
+    rows.sort()
+    low = np.concatenate(([0], rows + width))
+    high = np.concatenate((rows, [size]))
+    lengths = np.maximum(high - low, 0)
+    firsts = np.cumsum(lengths) - lengths  # where each gap begins among the indices
+    indices = np.repeat(low - firsts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return indices, rows, width
+
+
+#: Characters of the inputs' bands in the checks after timing (see structure_inputs): A's
+#: rows (or, with fewer than five rows, its columns) and B's columns.
+A_CHARACTERS = ("ones", "integers", "magnitudes", "zeros", "normal")
+B_CHARACTERS = ("integers", "ones", "normal")
+
+
+def structure_inputs(adapter: ArrayAdapter, a: Any, b: Any, variant: int, dtypes: tuple[str, ...]) -> None:
+    """Turn standard-normal inputs into ones of several characters, in place, in bands:
+    A's rows ones, small integers, mixed magnitudes (along k), zeros and normal; B's
+    columns small integers, ones and normal (never zeros or magnitudes there: the check's
+    screen bounds a block by its smallest column norm). ``variant`` rotates which band
+    gets which character, so that two checks see different values in every band.
+    ``a`` and ``b`` are 2-D or batched 3-D; ``dtypes`` those of A, B and C, which bound
+    the magnitudes (no subnormals, no overflow)."""
+    xp = adapter._math()
+    power = 4 if "f16" in dtypes else 12
+    big, small = float(2**power), float(2.0**-power)
+
+    def bands(x: Any, count: int, axis: int) -> list[Any]:
+        extent = x.shape[axis]
+        step = -(-extent // count)
+        pick = (lambda lo, hi: x[..., lo:hi, :]) if axis == -2 else (lambda lo, hi: x[..., lo:hi])
+        return [pick(lo, min(lo + step, extent)) for lo in range(0, extent, step)]
+
+    def give(v: Any, character: str) -> None:
+        if character == "ones":
+            v[...] = 1.0
+        elif character == "zeros":
+            v[...] = 0.0
+        elif character == "integers":
+            v[...] = xp.clip(xp.round(v * 2.0), -4.0, 4.0)
+        elif character == "magnitudes":
+            v[..., ::2] *= big
+            v[..., 1::2] *= small
+
+    rows = a.shape[-2] >= len(A_CHARACTERS)
+    for i, v in enumerate(bands(a, len(A_CHARACTERS), -2 if rows else -1)):
+        give(v, A_CHARACTERS[(i + variant) % len(A_CHARACTERS)])
+    for i, v in enumerate(bands(b, len(B_CHARACTERS), -1)):
+        give(v, B_CHARACTERS[(i + variant) % len(B_CHARACTERS)])

@@ -32,10 +32,11 @@ verdict either keeps it or turns the plan into PyTorch's kernel (source ``confir
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ from unimatmul.torch import native
 from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, TieRunner
 from unimatmul.tuning.selector import get_selector
 from unimatmul.tuning.trust import CheckingRunner, unwrapped
+from unimatmul.tuning.time_limit import carry_thread_state
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
@@ -131,6 +133,31 @@ class _State:
 
 _state = _State()
 _busy = _Busy()
+
+
+@contextlib.contextmanager
+def _busy_here(native: bool) -> Iterator[None]:
+    was = _busy.on
+    _busy.on = True
+    if native:
+        _native_busy(True)
+    try:
+        yield
+    finally:
+        _busy.on = was
+        if native:
+            _native_busy(False)
+
+
+def _carry_busy() -> contextlib.AbstractContextManager[None]:
+    """The tuning thread's "busy" flag, re-created on the harness's worker thread: the
+    candidates' own torch calls there must not be routed back into unimatmul."""
+    if not _busy.on:
+        return contextlib.nullcontext()
+    return _busy_here(bool(_state.native_keys))
+
+
+carry_thread_state(_carry_busy)
 _mode_var = _config._mode  # the context variable behind unimatmul.mode(): read per call
 
 

@@ -4,7 +4,13 @@ For each Candidate of a Problem it prepares a Runner and checks its output, elem
 element, against a float64 reference (:class:`unimatmul.core.dtypes.ErrorModel`): twice
 on poisoned memory before it is timed, and once more after timing on an input set
 whose values were replaced in place, so that a kernel that is right only on its first
-call, or that returns a stale result for the same pointers, is caught. Survivors are
+call, or that returns a stale result for the same pointers, is caught. The values
+written after timing are of several characters (``structure_inputs``: ones, small
+integers, mixed magnitudes, zero rows), so that a kernel wrong only on some inputs is
+caught too; every checked output sits between guard bands, poisoned with its rows'
+padding before each check call (``Guard``), and a write there rejects the candidate.
+Each candidate's steps run within its time limit (``unimatmul.tuning.time_limit``):
+past it, it is abandoned and recorded so. Survivors are
 timed on inputs rotated through more memory than the last-level cache, pruning clear
 losers early, within a time budget, and the median is kept. A winner over Default is
 then measured again against Default, sample against sample; a win that does not hold
@@ -31,21 +37,27 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from unimatmul import settings as env
 from unimatmul._version import __version__
-from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
+from unimatmul.cache.record import ABANDONED, FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.core.arrays import (
+    GUARD_VALUES,
     SCREEN_ELEMENTS,
     Check,
+    Guard,
     Operands,
     Reference,
+    guard_bytes,
+    guarded_output,
     make_operands,
     operand_bytes,
+    operand_layouts,
+    structure_inputs,
 )
 from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
@@ -54,6 +66,7 @@ from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
 from unimatmul.tuning.conditions import read_device_state
+from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
 #: What a plugin's code may raise that makes its candidate FAILED. ``SystemExit`` from a
 #: kernel is the plugin's failure, not a request to end the user's program;
@@ -161,6 +174,8 @@ class HarnessSettings:
     max_sets: int = 16
     memory_factor: float | None = None  # None: UNIMATMUL_TUNE_MEMORY
     memory_fraction: float = 0.75  # of the memory free when tuning starts
+    limit_s: float | None = None  # a candidate's time limit, at least (None: UNIMATMUL_TUNE_LIMIT_S)
+    limit_ratio: float | None = None  # ... or this multiple of Default's (None: UNIMATMUL_TUNE_LIMIT_RATIO)
     seed: int = 0x5EED
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,6 +208,8 @@ class _Entry:
     times: list[float] = field(default_factory=list)
     spent_s: float = 0.0
     check: Check | None = None
+    limit: _Limit | None = None
+    used_s: float = 0.0  # wall time of its steps so far, for its time limit
 
     def median(self) -> float:
         return statistics.median(self.times) if self.times else math.inf
@@ -225,6 +242,55 @@ class _LateCheck:
     beta: float
     widen: float
     target: Target
+    guards: dict[int, Guard] | None = None  # by id(ops): looked up at each check (renewed outputs)
+
+
+@dataclass
+class _Limit:
+    """The time limit of the candidates of one run (see ``unimatmul.tuning.time_limit``).
+
+    A candidate may take ``ratio`` times Default's time over the same steps, and never
+    less than ``absolute_s`` (first-call set-up, a busy machine); Default has none (it is
+    what the caller runs anyway). On the CPU each step runs on a worker thread and is
+    abandoned at the limit; on a GPU (``worker`` False) it is judged once it returns.
+    """
+
+    absolute_s: float
+    ratio: float
+    worker: bool
+    default_s: float = 0.0  # Default's time over its steps so far
+
+    def allowance(self, entry: _Entry) -> float:
+        if entry.candidate == DEFAULT:
+            return math.inf
+        return max(self.absolute_s, self.ratio * self.default_s) - entry.used_s
+
+    def run(self, entry: _Entry, step: Callable[[], Any], *, judged: bool = True) -> Any:
+        """``step()`` within what is left of ``entry``'s limit; OverLimit past it. A step
+        not ``judged`` (a GPU candidate's preparation, where the limit could only be
+        applied once it is over) runs without one and counts for nothing."""
+        if not judged:
+            return step()
+        allowed = self.allowance(entry)
+        started = time.perf_counter()
+        try:
+            if self.worker:
+                return run_within(step, allowed)
+            return run_inline(step, allowed)
+        finally:
+            self.account(entry, time.perf_counter() - started)
+
+    def account(self, entry: _Entry, seconds: float) -> None:
+        entry.used_s += seconds
+        if entry.candidate == DEFAULT:
+            self.default_s += seconds
+
+    def abandon(self, entry: _Entry, exc: OverLimit, when: str) -> None:
+        entry.result.status = ABANDONED
+        entry.result.note = (
+            f"abandoned {when}: {exc} (its limit: {env.TUNE_LIMIT_S.name}={self.absolute_s:g} s "
+            f"or {env.TUNE_LIMIT_RATIO.name}={self.ratio:g} x Default's time, whichever is more)"
+        )
 
 
 @dataclass
@@ -285,6 +351,17 @@ class Harness:
             beta = 1.0
         plan = self.plan_memory(problem, target, beta)
         sets = self._operand_sets(problem, target, rng, plan.sets, beta)
+        guards = self._guard(problem, target, sets, rng, beta, {})
+        limit = _Limit(
+            settings.limit_s if settings.limit_s is not None else env.TUNE_LIMIT_S.get(),
+            settings.limit_ratio if settings.limit_ratio is not None else env.TUNE_LIMIT_RATIO.get(),
+            worker=device.kind == "cpu",
+        )
+
+        def renew(used: Sequence[Operands]) -> None:
+            # An abandoned call may still write into these outputs: the others get new ones.
+            self._guard(problem, target, used, rng, beta, guards, renewing=True)
+
         first = sets[0]
         model = _error_model(problem)
         c0 = None
@@ -299,20 +376,37 @@ class Harness:
         checked: list[_Entry] = []
         results: list[CandidateResult] = []
         for candidate, prepare in entries:
-            entry = _Entry(candidate)
+            entry = _Entry(candidate, limit=limit)
             entry.result = CandidateResult(candidate.identity, OK)
             results.append(entry.result)
             if progress is not None:
                 progress(candidate.identity)
             if self._past_deadline(entry):
                 continue
-            try:
+
+            def prepared(entry: _Entry = entry, prepare: Callable[[], Runner] = prepare) -> None:
                 entry.runner = prepare()
-                for _ in range(2):
-                    found = self._check_call(entry.runner, first, c0, reference, alpha, beta, target)
+
+            def checks(entry: _Entry = entry, c0: Any = c0, reference: Reference = reference) -> None:
+                assert entry.runner is not None
+                for poison in range(2):
+                    found = self._check_call(
+                        entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], poison
+                    )
                     entry.check = found if entry.check is None else _worse(entry.check, found)
+
+            try:
+                if limit.worker:  # one step on the worker thread
+                    limit.run(entry, functools.partial(_both, prepared, checks))
+                else:  # a GPU's preparation (compiling) is not held against it
+                    limit.run(entry, prepared, judged=False)
+                    limit.run(entry, checks)
             except UnsupportedProblem as exc:
                 entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"
+                continue
+            except OverLimit as exc:
+                limit.abandon(entry, exc, "while prepared and checked")
+                renew([first])
                 continue
             except PLUGIN_FAILURES as exc:
                 entry.result.status, entry.result.note = FAILED, _failure(exc)
@@ -321,6 +415,7 @@ class Harness:
             entry.result.error = entry.check.rel_error
             checked.append(entry)
 
+        del checks  # it holds the reference, freed below
         # Default is what the caller gets anyway: if it is further from the reference
         # than the model allows, the model is too strict here, and every candidate
         # gets Default's own margin (a wrong element is still orders of magnitude out),
@@ -342,12 +437,14 @@ class Harness:
         #    whose inputs got new values in place (before its times can prune anyone).
         del reference, c0
         late = (
-            self._late_check_set(problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds)
+            self._late_check_set(
+                problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds, guards=guards
+            )
             if measured and not self._only_default_timed(measured)
             else None
         )
         settle = settings.settle_s if _macs(problem) >= settings.settle_min_macs else 0.0
-        self._time(measured, sets, target, alpha, beta, settle, late)
+        self._time(measured, sets, target, alpha, beta, settle, late, renew)
         # Read right after the last sample, while clocks still reflect the load.
         device_state = read_device_state(device)
 
@@ -357,10 +454,10 @@ class Harness:
         survivors = [e for e in measured if e.result.status == OK]
         if survivors and not self._only_default_timed(measured):
             final = self._late_check_set(
-                problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds
+                problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds, 1, guards
             )
             for entry in survivors:
-                self._late_check(entry, final, "after all timing")
+                self._late_check(entry, final, "after all timing", renew)
             del final
 
         # 4. Choose, and confirm a win against Default.
@@ -374,7 +471,15 @@ class Harness:
                 if best.median() > default_entry.median() * (1.0 - settings.min_gain):
                     best = default_entry  # not a clear win: keep what the user would have had
                 else:
-                    best, verdict = self._confirm(best, default_entry, settle)
+                    try:
+                        best, verdict = limit.run(best, lambda: self._confirm(best, default_entry, settle))
+                    except OverLimit as exc:
+                        limit.abandon(best, exc, "while its win was measured again")
+                        renew(sets)
+                        best, verdict = (
+                            default_entry,
+                            {"candidate": best.candidate.identity, "verdict": "abandoned"},
+                        )
             winner, winner_s = best.candidate.identity, best.median()
         default_s = default_entry.median() if default_entry is not None else None
         for entry in measured:
@@ -423,7 +528,9 @@ class Harness:
                 if problem.is_scaled
                 else tolerance(problem.dtype_c, problem.compute)
             ),
-            check={"model": "elementwise", "calls": 4},
+            check={"model": "elementwise", "calls": 4, "inputs": "normal, structured", "guarded": True},
+            limit_s=limit.absolute_s,
+            limit_ratio=limit.ratio,
             settled=settle > 0,
             confidence=confidence,
         )
@@ -475,6 +582,8 @@ class Harness:
         # The check may keep the output's bounds (ArrayAdapter._within): a few launches a
         # check instead of dozens. Taken where they cost no rotated set.
         bounds = _bounds_bytes(problem)
+        bands, indices = guard_bytes(*operand_layouts(problem)["c"], problem.dtype_c)
+        check += indices + wanted * bands  # the outputs' guard bands (Harness._guard)
         if per_set < rotate:
             # A product smaller than the rotation target gets the sets it rotates through
             # and the check: its multiple would not even hold the check's blocks.
@@ -525,6 +634,35 @@ class Harness:
             for _ in range(count)
         ]
 
+    def _guard(
+        self,
+        problem: Problem,
+        target: Target,
+        sets: Sequence[Operands],
+        rng: np.random.Generator,
+        beta: float,
+        guards: dict[int, Guard],
+        *,
+        renewing: bool = False,
+    ) -> dict[int, Guard]:
+        """Give each set a new output with guard bands around it (``guards``, by id of the
+        set, gets their guards): its values copied over when beta != 0, new random ones
+        when ``renewing`` (the old output may still be written by an abandoned call)."""
+        adapter, device = target.adapter, target.device
+        shape, strides = operand_layouts(problem)["c"]
+        offset = problem.align // ITEMSIZE[problem.dtype_c] if problem.align < 16 else 0
+        like = next(iter(guards.values()), None)
+        for ops in sets:
+            fill = renewing and beta != 0.0
+            out, like = guarded_output(
+                adapter, shape, strides, problem.dtype_c, device, rng, offset, fill=fill, like=like
+            )
+            if beta != 0.0 and not renewing:
+                adapter.copy_(out, ops.out)
+            ops.out = out
+            guards[id(ops)] = like
+        return guards
+
     # --- the numeric check ------------------------------------------------------------------
     def _check_call(
         self,
@@ -535,9 +673,14 @@ class Harness:
         alpha: float,
         beta: float,
         target: Target,
+        guard: Guard | None = None,
+        poison: int = 0,
     ) -> Check:
-        """Poison the output (C copied in when beta != 0), run once, compare."""
+        """Poison the output (C copied in when beta != 0) and, with a ``guard``, the memory
+        around it (``GUARD_VALUES[poison]``); run once; compare, and look for writes outside."""
         adapter = target.adapter
+        if guard is not None:
+            adapter.poison_guard(guard, GUARD_VALUES[poison])
         if beta != 0.0:
             adapter.copy_(ops.out, c0)
         else:
@@ -546,7 +689,10 @@ class Harness:
         # No synchronisation of its own: the comparison runs on the same stream after the
         # call, and reading its scalars back waits for both (an error of the call surfaces
         # there, to the same handler).
-        return adapter.compare(ops.out, reference, target.device)
+        found = adapter.compare(ops.out, reference, target.device)
+        if guard is not None:
+            found.outside, found.outside_where = adapter.guard_writes(guard, GUARD_VALUES[poison])
+        return found
 
     def _late_check_set(
         self,
@@ -559,10 +705,15 @@ class Harness:
         model: ErrorModel,
         widen: float,
         keep_bounds: bool = False,
+        variant: int = 0,
+        guards: dict[int, Guard] | None = None,
     ) -> _LateCheck:
         """A rotated set with new values written into its inputs, and their reference:
         the same pointers the kernels are timed on, new numbers, so that a kernel that
-        returns a stale result (or one remembered by address) is caught."""
+        returns a stale result (or one remembered by address) is caught. The new values
+        are of several characters (``structure_inputs``, its ``variant``), so that a
+        kernel wrong only on some inputs (zeros, integers, mixed magnitudes) is caught too;
+        a scaled problem's stay normal (fp8 draws of their own)."""
         adapter, device = target.adapter, target.device
         ops = sets[1 % len(sets)]
         fresh: Operands
@@ -576,23 +727,47 @@ class Harness:
         # An operand broadcast over the batch (batch stride 0) is one matrix in memory.
         broadcast_a = problem.batch > 1 and problem.stride_a == 0
         broadcast_b = problem.batch > 1 and problem.stride_b == 0
-        adapter.copy_(ops.a[0] if broadcast_a else ops.a, fresh.a[0] if broadcast_a else fresh.a)
-        adapter.copy_(ops.b[0] if broadcast_b else ops.b, fresh.b[0] if broadcast_b else fresh.b)
+        fresh_a = fresh.a[0] if broadcast_a else fresh.a
+        fresh_b = fresh.b[0] if broadcast_b else fresh.b
+        if not problem.is_scaled:
+            structure_inputs(
+                adapter, fresh_a, fresh_b, variant, (problem.dtype_a, problem.dtype_b, problem.dtype_c)
+            )
+        adapter.copy_(ops.a[0] if broadcast_a else ops.a, fresh_a)
+        adapter.copy_(ops.b[0] if broadcast_b else ops.b, fresh_b)
         if ops.bias is not None:
             adapter.copy_(ops.bias, fresh.bias)
         c0 = fresh.out if beta != 0.0 else None
         del fresh
         adapter.synchronize(device)
         reference = _reference(problem, target, ops, c0, alpha, beta, model, keep_bounds)
-        return _LateCheck(ops, c0, reference, alpha, beta, widen, target)
+        return _LateCheck(ops, c0, reference, alpha, beta, widen, target, guards)
 
-    def _late_check(self, entry: _Entry, late: _LateCheck, when: str = "after timing") -> bool:
-        """Check ``entry`` on the late set; False (and REJECTED or FAILED) if it fails."""
-        assert entry.runner is not None
-        try:
-            found = self._check_call(
-                entry.runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target
+    def _late_check(
+        self,
+        entry: _Entry,
+        late: _LateCheck,
+        when: str = "after timing",
+        renew: Callable[[Sequence[Operands]], None] | None = None,
+    ) -> bool:
+        """Check ``entry`` on the late set; False (and REJECTED, FAILED or ABANDONED) if it fails."""
+        runner = entry.runner
+        assert runner is not None
+
+        def check() -> Check:
+            guard = late.guards.get(id(late.ops)) if late.guards is not None else None
+            return self._check_call(
+                runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
             )
+
+        try:
+            found = entry.limit.run(entry, check) if entry.limit is not None else check()
+        except OverLimit as exc:
+            assert entry.limit is not None
+            entry.limit.abandon(entry, exc, when)
+            if renew is not None:
+                renew([late.ops])
+            return False
         except PLUGIN_FAILURES as exc:
             entry.result.status, entry.result.note = FAILED, f"{when}: {_failure(exc)}"
             return False
@@ -614,6 +789,7 @@ class Harness:
         beta: float,
         settle: float = 0.0,
         late: _LateCheck | None = None,
+        renew: Callable[[Sequence[Operands]], None] | None = None,
     ) -> None:
         """Take samples of every checked candidate; the median is kept.
 
@@ -639,11 +815,20 @@ class Harness:
                 # BLAS thread pools (OpenBLAS, OpenMP) spin for a while after their last
                 # call; on a small machine they would steal the cores of the next kernel.
                 time.sleep(settle)
-            try:
+
+            def warm_up(entry: _Entry = entry, calls: list[Callable[[], None]] = calls) -> float:
                 entry.sample = self.timer.prepare(calls)
                 first = math.inf
                 for _ in range(max(1, settings.warmup)):
                     first = entry.sample()
+                return first
+
+            try:
+                first = self._step(entry, warm_up, "while warmed up")
+            except OverLimit:
+                if renew is not None:
+                    renew(sets)
+                continue
             except PLUGIN_FAILURES as exc:
                 entry.result.status, entry.result.note = FAILED, _failure(exc)
                 continue
@@ -654,11 +839,20 @@ class Harness:
                 continue
             firsts[id(entry)] = first
             if not settings.interleave:
-                self._sample_block(entry, entries)
+
+                def block(entry: _Entry = entry) -> None:
+                    self._sample_block(entry, entries)
+
+                try:
+                    self._step(entry, block, "while timed")
+                except OverLimit:
+                    if renew is not None:
+                        renew(sets)
+                    continue
                 if late is not None and entry.result.status == OK:
-                    self._late_check(entry, late)
+                    self._late_check(entry, late, renew=renew)
         if settings.interleave:
-            self._sample_rounds([e for e in entries if e.result.status == OK], late)
+            self._sample_rounds([e for e in entries if e.result.status == OK], late, renew)
         for entry in entries:
             entry.result.samples = len(entry.times)
             if entry.times:
@@ -678,14 +872,36 @@ class Harness:
         entry.result.status, entry.result.note = PRUNED, CAPPED
         return True
 
-    def _take(self, entry: _Entry) -> None:
+    def _step(self, entry: _Entry, step: Callable[[], Any], when: str) -> Any:
+        """``step()`` within ``entry``'s time limit; OverLimit (and ABANDONED) past it."""
+        if entry.limit is None:
+            return step()
+        try:
+            return entry.limit.run(entry, step)
+        except OverLimit as exc:
+            entry.limit.abandon(entry, exc, when)
+            raise
+
+    def _take(self, entry: _Entry, *, rounds: bool = False) -> None:
         assert entry.sample is not None
         t0 = time.perf_counter()
         try:
             entry.times.append(entry.sample())
         except PLUGIN_FAILURES as exc:
             entry.result.status, entry.result.note = FAILED, _failure(exc)
-        entry.spent_s += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        entry.spent_s += spent
+        limit = entry.limit
+        if rounds and limit is not None:
+            # Rounds across candidates (a GPU) are not steps of one: judged sample by sample.
+            left = limit.allowance(entry)
+            limit.account(entry, spent)
+            if spent > left and entry.result.status == OK:
+                limit.abandon(
+                    entry,
+                    OverLimit(f"over its limit after {entry.used_s:.3g} s", limit_s=left),
+                    "while timed",
+                )
 
     def _prune(self, entry: _Entry, best: float) -> bool:
         if entry.candidate != DEFAULT and entry.median() > best * self.settings.prune_ratio:
@@ -707,21 +923,26 @@ class Harness:
             if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 
-    def _sample_rounds(self, live: list[_Entry], late: _LateCheck | None = None) -> None:
+    def _sample_rounds(
+        self,
+        live: list[_Entry],
+        late: _LateCheck | None = None,
+        renew: Callable[[Sequence[Operands]], None] | None = None,
+    ) -> None:
         settings = self.settings
         everyone = list(live)
         for _ in range(settings.min_samples):
             for entry in live:
                 if entry.result.status == OK:
-                    self._take(entry)
+                    self._take(entry, rounds=True)
         if late is not None:
             for entry in live:
                 if entry.result.status == OK:
-                    self._late_check(entry, late)
+                    self._late_check(entry, late, renew=renew)
         live = self._unpruned(live, everyone)
         while live:
             for entry in live:
-                self._take(entry)
+                self._take(entry, rounds=True)
             live = [
                 e
                 for e in self._unpruned(live, everyone)
@@ -859,9 +1080,19 @@ def _bounds_bytes(problem: Problem) -> int:
     return out_elements * (8 if problem.dtype_c == "f64" else 4) if out_elements <= SCREEN_ELEMENTS else 0
 
 
+def _both(first: Callable[[], None], then: Callable[[], None]) -> None:
+    first()
+    then()
+
+
 def _worse(a: Check, b: Check) -> Check:
-    """The less favourable of two checks of one candidate (what the record reports)."""
-    return a if (a.worst_ratio, a.nonfinite) >= (b.worst_ratio, b.nonfinite) else b
+    """The less favourable of two checks of one candidate (what the record reports), with
+    the writes outside the output that either saw (each check poisons with one value)."""
+    worse = a if (a.worst_ratio, a.nonfinite) >= (b.worst_ratio, b.nonfinite) else b
+    writer = a if a.outside >= b.outside else b
+    if writer.outside > worse.outside:
+        worse = replace(worse, outside=writer.outside, outside_where=writer.outside_where)
+    return worse
 
 
 def _failure(exc: BaseException) -> str:
