@@ -49,8 +49,8 @@ from unimatmul.core.problem import Problem
 from unimatmul.torch import native
 from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, TieRunner
 from unimatmul.tuning.selector import get_selector
-from unimatmul.tuning.trust import CheckingRunner, unwrapped
 from unimatmul.tuning.time_limit import carry_thread_state
+from unimatmul.tuning.trust import CheckingRunner, unwrapped
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
