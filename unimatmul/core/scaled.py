@@ -396,15 +396,16 @@ def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> Operands:
 
 
 def expanded_scale(scale: Any, shape: tuple[int, ...]) -> Any:
-    """A scale as it multiplies a ``shape`` operand element by element: per-tensor and
-    row-wise scales broadcast as they are, block scales have each value repeated over its
-    block (1x128 of A, 128x128 of B: a dimension of the scale shorter than the operand's,
-    and not 1, is one value per 128)."""
-    if scale.dim() != 2:
+    """A scale (a torch tensor or a NumPy array) as it multiplies a ``shape`` operand
+    element by element: per-tensor and row-wise scales broadcast as they are, block
+    scales have each value repeated over its block (1x128 of A, 128x128 of B: a dimension
+    of the scale shorter than the operand's, and not 1, is one value per 128)."""
+    if len(scale.shape) != 2:
         return scale
     for dim in (0, 1):
         if scale.shape[dim] not in (1, shape[dim]):
-            scale = scale.repeat_interleave(SCALE_BLOCK, dim=dim).narrow(dim, 0, shape[dim])
+            index = np.arange(shape[dim]) // SCALE_BLOCK
+            scale = scale[index] if dim == 0 else scale[:, index]
     return scale
 
 
