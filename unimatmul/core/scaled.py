@@ -442,10 +442,10 @@ class ScaledDefaultRunner:
             self._scaled_mm = self._block_scaled_mm
 
     def _block_scaled_mm(self, a: Any, b: Any, scale_a: Any, scale_b: Any, **kwargs: Any) -> Any:
-        torch = _torch(self.adapter)
-        if not a.is_cuda or getattr(torch.version, "hip", None):
-            raise block_default_missing(self.adapter.device(a))
-        return torch._scaled_mm(a, b, scale_a, scale_b, **kwargs)
+        device = self.adapter.device(a)
+        if not torch_has_block_scaled(self.adapter, device):
+            raise block_default_missing(device)
+        return _torch(self.adapter)._scaled_mm(a, b, scale_a, scale_b, **kwargs)
 
     def __call__(
         self,
@@ -471,6 +471,13 @@ class ScaledDefaultRunner:
             use_fast_accum=self.fast_accum,
             out=out,
         )
+
+
+def torch_has_block_scaled(adapter: ArrayAdapter, device: Device) -> bool:
+    """Whether torch may compute a block-scaled product on ``device``: on CUDA only, not
+    ROCm (ScaledBlas.cpp; torch itself then refuses GPUs other than sm90, and cuBLASLt
+    before 12.9, with its own error)."""
+    return device.kind == "cuda" and not getattr(_torch(adapter).version, "hip", None)
 
 
 def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
@@ -523,4 +530,5 @@ __all__ = [
     "scaled_problem_of",
     "scaled_reference",
     "torch_fp8",
+    "torch_has_block_scaled",
 ]
