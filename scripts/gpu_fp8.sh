@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for fp8 (scaled GEMMs, issue #15): install unimatmul (its entry points),
+# One device call for fp8 (scaled GEMMs): install unimatmul (its entry points),
 # then scripts/gpu_fp8.py runs the fp8 GPU tests, the benchmark against torch._scaled_mm
 # and the fp8 linear stack, and prints its summary table last. Results under $OUT.
 #   bash scripts/gpu_fp8.sh            # about 5 minutes on one H200
