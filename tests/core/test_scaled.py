@@ -473,7 +473,12 @@ def test_a_block_scaled_key_reads_as_it_is_written_and_round_trips() -> None:
 
 @pytest.mark.parametrize(
     ("scale_a", "scale_b"),
-    [("block1x128", "tensor"), ("rowwise", "block128x128"), ("block128x128", "block1x128"), ("tensor", "rowwise")],
+    [
+        ("block1x128", "tensor"),
+        ("rowwise", "block128x128"),
+        ("block128x128", "block1x128"),
+        ("tensor", "rowwise"),
+    ],
 )
 def test_only_torchs_scale_pairs_are_problems(scale_a: str, scale_b: str) -> None:
     with pytest.raises(ValueError, match=f"scales {scale_a},{scale_b} are not a pair a scaled GEMM takes"):
@@ -481,7 +486,9 @@ def test_only_torchs_scale_pairs_are_problems(scale_a: str, scale_b: str) -> Non
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(5, 256, 384), (1, 160, 320), (33, 144, 272)])
-def test_a_block_scaled_call_is_its_problem_and_the_reference_applies_each_block(m: int, n: int, k: int) -> None:
+def test_a_block_scaled_call_is_its_problem_and_the_reference_applies_each_block(
+    m: int, n: int, k: int
+) -> None:
     a, b, sa, sb = _block_operands(m, n, k)
     adapter = adapter_for_kind("torch")
     problem = scaled_problem_of(adapter, a, b, sa, sb, out_dtype="bf16")
@@ -501,16 +508,27 @@ def test_a_block_scaled_call_is_its_problem_and_the_reference_applies_each_block
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda a, b, sa, sb: (a, b, sa.contiguous(), sb), r"scale_a has strides \(3, 1\), expected \(1, 5\)"),
-        (lambda a, b, sa, sb: (a, b, sa, sb.contiguous()), r"scale_b has strides \(2, 1\), expected \(1, 3\)"),
+        (
+            lambda a, b, sa, sb: (a, b, sa.contiguous(), sb),
+            r"scale_a has strides \(3, 1\), expected \(1, 5\)",
+        ),
+        (
+            lambda a, b, sa, sb: (a, b, sa, sb.contiguous()),
+            r"scale_b has strides \(2, 1\), expected \(1, 3\)",
+        ),
         (
             lambda a, b, sa, sb: (a, b, sa, torch.rand(3, 3)),
             r"block scales of shapes \(5, 3\) \(1x128 groups of a\) and \(3, 2\) \(128x128 blocks of b\)",
         ),
-        (lambda a, b, sa, sb: (a, b, torch.rand(5, 2), sb), r"scale_a has shape \(5, 2\) and scale_b \(3, 2\)"),
+        (
+            lambda a, b, sa, sb: (a, b, torch.rand(5, 2), sb),
+            r"scale_a has shape \(5, 2\) and scale_b \(3, 2\)",
+        ),
     ],
 )
-def test_bad_block_scales_are_a_clear_error_naming_the_expected_shape(isolated: Any, make: Any, message: str) -> None:
+def test_bad_block_scales_are_a_clear_error_naming_the_expected_shape(
+    isolated: Any, make: Any, message: str
+) -> None:
     args = make(*_block_operands(5, 256, 384))
     with pytest.raises(ValueError, match=message):
         unimatmul.scaled_matmul(*args, out_dtype=torch.bfloat16)
@@ -518,7 +536,9 @@ def test_bad_block_scales_are_a_clear_error_naming_the_expected_shape(isolated: 
 
 
 @pytest.mark.parametrize("mode", ["off", "cached", "tune", "record"])
-def test_where_torch_has_no_block_scaled_product_the_default_says_it_cannot_run(isolated: Any, mode: str) -> None:
+def test_where_torch_has_no_block_scaled_product_the_default_says_it_cannot_run(
+    isolated: Any, mode: str
+) -> None:
     a, b, sa, sb = _block_operands(5, 256, 384)
     with unimatmul.mode(mode), pytest.raises(unimatmul.DefaultFailed) as caught:
         unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)

@@ -394,7 +394,9 @@ def test_every_scaled_family_computes_the_dequantised_product(
         runner = backend.prepare(problem, candidate, TARGET)
         for call in range(2):  # split-K leaves its workspace zeroed for the next call
             error = check_scaled_runner(runner, problem, seed=call)
-            assert error <= tol, f"{label}: {candidate.identity} call {call}: relative error {error:.3g} > {tol}"
+            assert error <= tol, (
+                f"{label}: {candidate.identity} call {call}: relative error {error:.3g} > {tol}"
+            )
 
 
 def test_a_kernel_that_applied_one_block_scale_to_all_would_fail_the_check(backend: TritonBackend) -> None:
@@ -429,7 +431,10 @@ def test_scaled_configs_apply_their_scales() -> None:
 def test_scaled_plans_pass_the_scales_after_beta() -> None:
     from unimatmul_triton.kernels import KERNELS
 
-    for problem in (scaled_problem(1, 256, 384, scales="block"), scaled_problem(40, 48, 96, scales="rowwise")):
+    for problem in (
+        scaled_problem(1, 256, 384, scales="block"),
+        scaled_problem(40, 48, 96, scales="rowwise"),
+    ):
         for config in space(problem):
             plan = plan_for(problem, config)
             fn = getattr(KERNELS[plan.kernel], "fn", KERNELS[plan.kernel])

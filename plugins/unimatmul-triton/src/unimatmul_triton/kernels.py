@@ -153,9 +153,7 @@ def _scaled(acc, sa_ptr, sb_ptr, offs_m, offs_n, M, N, SCALE_A: tl.constexpr, SC
 
 
 @triton.jit
-def _block_scales(
-    sa_ptr, sb_ptr, offs_m, offs_n, kb, M, N, stride_sam, stride_sak, stride_sbk, stride_sbn
-):
+def _block_scales(sa_ptr, sb_ptr, offs_m, offs_n, kb, M, N, stride_sam, stride_sak, stride_sbk, stride_sbn):
     """The block scales of K block ``kb`` (a vector: each its own block): A's [BLOCK_M] (1x128
     groups) and B's [BLOCK_N] (128x128 blocks), 0 outside the matrix."""
     sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak, mask=offs_m < M, other=0.0)
@@ -168,7 +166,7 @@ def _dot(a, b, acc, FAST_ACCUM: tl.constexpr):
     """``acc + a @ b`` on tensor cores; fp8 without FAST_ACCUM promotes every instruction's
     sum to fp32 (cuBLASLt's precise mode), with it keeps Hopper's fast accumulator over
     the whole loop (Triton's default there; no effect on 16-bit inputs)."""
-    if FAST_ACCUM:
+    if FAST_ACCUM:  # noqa: SIM108 - a compile-time branch, as Triton reads it
         acc = tl.dot(a, b, acc)
     else:
         acc = tl.dot(a, b, acc, max_num_imprecise_acc=0)
@@ -357,7 +355,9 @@ def rows_kernel(
             kg = k // 128 + tl.arange(0, BLOCK_K // 128)
             in_g = kg[None, :] < tl.cdiv(k_stop, 128)
             sa = tl.load(
-                sa_ptr + offs_m[:, None] * stride_sam + kg[None, :] * stride_sak, mask=mask_m & in_g, other=0.0
+                sa_ptr + offs_m[:, None] * stride_sam + kg[None, :] * stride_sak,
+                mask=mask_m & in_g,
+                other=0.0,
             )
             sb = tl.load(
                 sb_ptr + (offs_n // 128)[:, None] * stride_sbn + kg[None, :] * stride_sbk,

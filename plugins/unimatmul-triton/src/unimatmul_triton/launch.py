@@ -119,25 +119,33 @@ def _scale_params(p: Problem) -> list[Param]:
     ceil(n/128)]`` with strides ``(1, ceil(k/128))``, the layouts the Problem stands for
     (``unimatmul.core.scaled``). A plain GEMM has none of them (compiled-in Nones and 0s)."""
     if not p.is_scaled:
-        return [Param("sa_ptr", "constexpr", None), Param("sb_ptr", "constexpr", None)] + [
-            Param(name, "constexpr", 0) for name in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn")
+        return [
+            Param("sa_ptr", "constexpr", None),
+            Param("sb_ptr", "constexpr", None),
+            *(
+                Param(name, "constexpr", 0)
+                for name in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn")
+            ),
         ]
     # The scales' own addresses are part of the Problem's alignment.
+    aligned = p.align >= 16
     params = [
-        Param("sa_ptr", "ptr", None, role="scale_a", dtype="fp32", divisible=p.align >= 16),
-        Param("sb_ptr", "ptr", None, role="scale_b", dtype="fp32", divisible=p.align >= 16),
+        Param("sa_ptr", "ptr", None, role="scale_a", dtype="fp32", divisible=aligned),
+        Param("sb_ptr", "ptr", None, role="scale_b", dtype="fp32", divisible=aligned),
     ]
-    if p.is_block_scaled:
-        kb = math.ceil(p.k / 128)
-        return params + [
-            _int_param("stride_sam", 1),
-            _int_param("stride_sak", p.m),
-            _int_param("stride_sbk", 1),
-            _int_param("stride_sbn", kb),
+    if not p.is_block_scaled:
+        strides = [
+            Param(name, "constexpr", 0) for name in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn")
         ]
-    return params + [
-        Param(name, "constexpr", 0) for name in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn")
+        return [*params, *strides]
+    kb = math.ceil(p.k / 128)
+    strides = [
+        _int_param("stride_sam", 1),
+        _int_param("stride_sak", p.m),
+        _int_param("stride_sbk", 1),
+        _int_param("stride_sbn", kb),
     ]
+    return [*params, *strides]
 
 
 def plan_for(problem: Problem, config: KernelConfig) -> LaunchPlan:

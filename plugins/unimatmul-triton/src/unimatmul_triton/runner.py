@@ -207,7 +207,7 @@ class ScaledCompiledRunner(CompiledRunner):
         self._after_scales = self._tail[2:]
         self._no_split: tuple[Any, ...] = (None, None) if self._six_slots else ()
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         a: Any,
         b: Any,
