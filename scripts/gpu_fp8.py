@@ -344,6 +344,32 @@ class Run:
         samplers.clear()
         return row
 
+    def measured(
+        self, rows: list[dict[str, Any]], model: str, layer: str, m: int, n: int, k: int, scales: str
+    ) -> None:
+        """One shape tuned and timed into ``rows`` (``shape``), within the budget; a failing
+        one is recorded in ``errors`` and the run goes on."""
+        label = f"{model} {layer} {n}x{k} m={m} {scales}"
+        if self.elapsed() > self.budget_s:
+            self.data["skipped"].append(f"{label}: over the {self.budget_s:.0f} s budget")
+            return
+        try:
+            row = self.shape(model, layer, m, n, k, scales)
+        except Exception as exc:
+            traceback.print_exc(limit=3)
+            said = " ".join(str(exc).split())[:300]
+            self.data["errors"].append(f"{label}: {type(exc).__name__}: {said}")
+            return
+        finally:
+            if self.gpu:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(
+            f"{label:48s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
+            f"{row['speedup']:.3f}x  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
+        )
+        self.write()
+
     def bench(self) -> None:
         m_values = (1, 16, 128) if self.quick or not self.gpu else M_VALUES
         if self.m_values:
@@ -352,24 +378,7 @@ class Run:
         for scales in ("tensor", "rowwise"):
             for model, layer, n, k in layers:
                 for m in m_values:
-                    label = f"{model} {layer} m={m} {scales}"
-                    if self.elapsed() > self.budget_s:
-                        self.data["skipped"].append(f"{label}: over the {self.budget_s:.0f} s budget")
-                        continue
-                    try:
-                        row = self.shape(model, layer, m, n, k, scales)
-                    except Exception as exc:
-                        traceback.print_exc()
-                        self.data["errors"].append(f"{label}: {type(exc).__name__}: {exc}")
-                        continue
-                    self.data["rows"].append(row)
-                    print(
-                        f"{label:38s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
-                        f"{row['speedup']:.3f}x  {row['winner'][:60]}"
-                    )
-                    self.write()
-                    if self.gpu:
-                        torch.cuda.empty_cache()
+                    self.measured(self.data["rows"], model, layer, m, n, k, scales)
 
     def models(self) -> None:
         """The fp8 products of real fp8 checkpoints (MODEL_PRODUCTS), each tuned and timed as
@@ -381,26 +390,7 @@ class Run:
         rows = self.data.setdefault("models", [])
         for model, layer, n, k, scales, m_values in products:
             for m in m_values:
-                label = f"{model} {layer} {n}x{k} m={m} {scales}"
-                if self.elapsed() > self.budget_s:
-                    self.data["skipped"].append(f"{label}: over the {self.budget_s:.0f} s budget")
-                    continue
-                try:
-                    row = self.shape(model, layer, m, n, k, scales)
-                except Exception as exc:
-                    traceback.print_exc(limit=3)
-                    said = " ".join(str(exc).split())[:300]
-                    self.data["errors"].append(f"{label}: {type(exc).__name__}: {said}")
-                    continue
-                finally:
-                    if self.gpu:
-                        torch.cuda.empty_cache()
-                rows.append(row)
-                print(
-                    f"{label:48s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
-                    f"{row['speedup']:.3f}x  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
-                )
-                self.write()
+                self.measured(rows, model, layer, m, n, k, scales)
 
     def models_summary(self) -> list[str]:
         """The ``models`` part's table and its figures against the issue's targets."""
