@@ -5,7 +5,8 @@ interpreter on the CPU): ``triton.jit`` decides at decoration time which of the 
 kernel becomes, so ``TRITON_INTERPRET`` must be set before this module is imported.
 
 Every kernel computes ``C[m, n] = act(alpha * A[m, k] @ B[k, n] + beta * C + bias)``
-over a batch, with any strides (a transposed operand is a pair of strides, the unit
+(a scaled, fp8, problem: ``(scale_a * A) @ (scale_b * B) + bias``, the scales per
+tensor, per row / column, or per block, SCALE_A / SCALE_B) over a batch, with any strides (a transposed operand is a pair of strides, the unit
 one passed as the constant 1 so that loads along it are vectorised), fp32
 accumulation, and the same epilogue (``_epilogue``). Split-K partial sums go through
 an fp32 workspace with one arrival counter per output tile: every split adds its

@@ -3,7 +3,8 @@
 :func:`plan_for` turns (Problem, KernelConfig) into a :class:`LaunchPlan`: every
 argument of the Triton kernel in order, each either a value fixed for the problem (a
 size, a stride, a constexpr) or a slot filled per call (``a``, ``b``, ``out``,
-``bias``, ``workspace``, ``counters``, ``alpha``, ``beta``). The plan also gives the
+``bias``, ``workspace``, ``counters``, ``alpha``, ``beta``, and a scaled problem's
+``scale_a`` and ``scale_b``). The plan also gives the
 Triton signature, constexprs and divisibility attributes the kernel is compiled with,
 following Triton's own JIT rules (an int equal to 1 becomes a constant, an int or a
 pointer divisible by 16 is marked so), except that pointers are marked from the
