@@ -30,6 +30,13 @@ Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points fir
    and times their mean: two graphs of the same kernels can run ~1 % apart, and the
    spread column (a state's slowest graph over its fastest) shows by how much.
 
+5. **Products of fp8 checkpoints** (``--parts models``): 25 fp8 products of Llama-3.1-8B/70B
+   (row-wise; two per-tensor), Qwen3-8B/32B-FP8 and DeepSeek-V3 (block-scaled: 1x128
+   activation groups, 128x128 weight blocks), nn.Linear layout, m from 1 to 4096, each
+   tuned (cuBLASLt and Triton candidates) and timed as in 3; block-scaled rows also time
+   torch's per-tensor product on the same shape (the figure where torch has no
+   block-scaled one). The summary states each figure against the issue's targets.
+
 Everything is written under ``--out`` as it is measured (``fp8-bench.json``,
 ``fp8-summary.md``), and the summary table is printed last. ``--device cpu`` runs the
 same code on tiny shapes with host timing: a smoke test of this script, not a result.
@@ -65,6 +72,38 @@ LAYERS = [
     ("qwen-7b", "w1_w2", 22016, 4096),
     ("qwen-7b", "mlp_c_proj", 4096, 11008),
 ]
+#: The ``models`` part: fp8 products of real fp8 checkpoints, nn.Linear layout (n, k from
+#: their configs), each at the m values listed, in this order (the budget cuts the tail).
+#: Scales as the checkpoints ship them: Llama-3.1-FP8 row-wise (per-channel weights,
+#: per-token activations; per-tensor for two rows), Qwen3-FP8 and DeepSeek-V3 block-scaled
+#: (128x128 weight blocks, 1x128 activation groups). (model, layer, n, k, scales, m values)
+MODEL_PRODUCTS: list[tuple[str, str, int, int, str, tuple[int, ...]]] = [
+    ("llama3.1-8b", "gate_up", 28672, 4096, "rowwise", (1, 4, 256)),
+    ("llama3.1-70b", "gate_up", 57344, 8192, "rowwise", (1, 16)),
+    ("deepseek-v3", "o_proj", 7168, 16384, "block", (1, 1024)),
+    ("qwen3-8b", "gate_up", 24576, 4096, "block", (16, 256)),
+    ("llama3.1-8b", "qkv", 6144, 4096, "rowwise", (1, 64)),
+    ("llama3.1-8b", "down", 4096, 14336, "rowwise", (16, 4096)),
+    ("deepseek-v3", "dense_gate_up", 36864, 7168, "block", (4,)),
+    ("deepseek-v3", "dense_down", 7168, 18432, "block", (16,)),
+    ("qwen3-32b", "o_proj", 5120, 8192, "block", (1,)),
+    ("llama3.1-70b", "down", 8192, 28672, "rowwise", (64,)),
+    ("qwen3-8b", "qkv", 6144, 4096, "block", (1, 1024)),
+    ("llama3.1-8b", "o_proj", 4096, 4096, "rowwise", (16, 1024)),
+    ("deepseek-v3", "q_a_kv_a", 2112, 7168, "block", (16,)),
+    ("deepseek-v3", "q_b", 24576, 1536, "block", (256,)),
+    ("deepseek-v3", "kv_b", 32768, 512, "block", (64,)),
+    ("deepseek-v3", "expert_gate_up", 4096, 7168, "block", (64,)),
+    ("deepseek-v3", "expert_down", 7168, 2048, "block", (256,)),
+    ("qwen3-8b", "down", 4096, 12288, "block", (4,)),
+    ("qwen3-32b", "gate_up", 51200, 5120, "block", (16,)),
+    ("qwen3-32b", "qkv", 10240, 5120, "block", (64,)),
+    ("qwen3-32b", "down", 5120, 25600, "block", (4096,)),
+    ("llama3.1-70b", "qkv", 10240, 8192, "rowwise", (1, 256)),
+    ("llama3.1-70b", "o_proj", 8192, 8192, "rowwise", (4,)),
+    ("llama3.1-8b", "gate_up", 28672, 4096, "tensor", (1,)),
+    ("llama3.1-8b", "down", 4096, 14336, "tensor", (1024,)),
+]
 FP8_MAX = 448.0  # float8_e4m3fn
 #: benchmarks/: the host-time and profiling helpers this script borrows (api_overhead, profile_decode).
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -86,7 +125,7 @@ def operands(
     m: int, n: int, k: int, scales: str, count: int, device: Any, seed: int
 ) -> list[tuple[Any, ...]]:
     """``count`` input sets of an fp8 linear product: (a, w.t(), scale_a, scale_b, out),
-    e4m3 operands, per-tensor or row-wise scales, a bf16 output."""
+    e4m3 operands, per-tensor, row-wise or block scales, a bf16 output."""
     gen = torch.Generator(device=device).manual_seed(seed)
     sets = []
     for _ in range(count):
@@ -95,6 +134,11 @@ def operands(
         if scales == "rowwise":
             sa = torch.rand(m, 1, device=device, generator=gen).add_(0.5).div_(16)
             sb = torch.rand(1, n, device=device, generator=gen).add_(0.5).div_(16)
+        elif scales == "block":
+            # torch's layouts: [m, k/128] outer-dim-major, and w_scale.t() of [n/128, k/128].
+            kb, nb = -(-k // 128), -(-n // 128)
+            sa = torch.rand(kb, m, device=device, generator=gen).add_(0.5).div_(16).t()
+            sb = torch.rand(nb, kb, device=device, generator=gen).add_(0.5).div_(16).t()
         else:
             sa = torch.tensor(0.0625, device=device)
             sb = torch.tensor(0.03125, device=device)
@@ -243,7 +287,7 @@ class Run:
 
     def shape(self, model: str, layer: str, m: int, n: int, k: int, scales: str) -> dict[str, Any]:
         from unimatmul.core.backend import Candidate
-        from unimatmul.core.scaled import scaled_problem
+        from unimatmul.core.scaled import scaled_problem, scaled_reference
 
         row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
         count = rotated_sets(m, n, k, self.l2)
@@ -255,6 +299,13 @@ class Run:
 
         samplers: dict[str, Any] = {}
         samplers["torch"], row["torch_method"] = self.sampler([torch_call(s) for s in sets])
+        if scales == "block":
+            # The figure where torch has no block-scaled product: its per-tensor one, same shape.
+            tensorwise = [
+                (s[0], s[1], torch.ones((), device=self.device), torch.ones((), device=self.device), s[4])
+                for s in sets
+            ]
+            samplers["torch_tensor"], _ = self.sampler([torch_call(s) for s in tensorwise])
         problem = scaled_problem(m, n, k, scales=scales)
         self.sync()
         t0 = time.perf_counter()
@@ -273,6 +324,8 @@ class Run:
                 times[name].append(sample())
         row["torch_us"] = statistics.median(times["torch"]) * 1e6
         row["unimatmul_us"] = statistics.median(times["unimatmul"]) * 1e6
+        if "torch_tensor" in times:
+            row["torch_tensor_us"] = statistics.median(times["torch_tensor"]) * 1e6
         row["speedup"] = row["torch_us"] / row["unimatmul_us"]
         row["winner"] = record.winner
         row["harness_default_us"] = (record.default_s or 0) * 1e6
@@ -286,10 +339,36 @@ class Run:
         out.fill_(float("nan"))
         runner(a, b, out, 1.0, 0.0, None, sa, sb)
         self.sync()
-        ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+        ref = scaled_reference(self.adapter, a, b, sa, sb, None)
         row["winner_rel_error"] = float((out.double() - ref).norm() / ref.norm())
         samplers.clear()
         return row
+
+    def measured(
+        self, rows: list[dict[str, Any]], model: str, layer: str, m: int, n: int, k: int, scales: str
+    ) -> None:
+        """One shape tuned and timed into ``rows`` (``shape``), within the budget; a failing
+        one is recorded in ``errors`` and the run goes on."""
+        label = f"{model} {layer} {n}x{k} m={m} {scales}"
+        if self.elapsed() > self.budget_s:
+            self.data["skipped"].append(f"{label}: over the {self.budget_s:.0f} s budget")
+            return
+        try:
+            row = self.shape(model, layer, m, n, k, scales)
+        except Exception as exc:
+            traceback.print_exc(limit=3)
+            said = " ".join(str(exc).split())[:300]
+            self.data["errors"].append(f"{label}: {type(exc).__name__}: {said}")
+            return
+        finally:
+            if self.gpu:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(
+            f"{label:48s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
+            f"{row['speedup']:.3f}x  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
+        )
+        self.write()
 
     def bench(self) -> None:
         m_values = (1, 16, 128) if self.quick or not self.gpu else M_VALUES
@@ -299,24 +378,64 @@ class Run:
         for scales in ("tensor", "rowwise"):
             for model, layer, n, k in layers:
                 for m in m_values:
-                    label = f"{model} {layer} m={m} {scales}"
-                    if self.elapsed() > self.budget_s:
-                        self.data["skipped"].append(f"{label}: over the {self.budget_s:.0f} s budget")
-                        continue
-                    try:
-                        row = self.shape(model, layer, m, n, k, scales)
-                    except Exception as exc:
-                        traceback.print_exc()
-                        self.data["errors"].append(f"{label}: {type(exc).__name__}: {exc}")
-                        continue
-                    self.data["rows"].append(row)
-                    print(
-                        f"{label:38s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
-                        f"{row['speedup']:.3f}x  {row['winner'][:60]}"
-                    )
-                    self.write()
-                    if self.gpu:
-                        torch.cuda.empty_cache()
+                    self.measured(self.data["rows"], model, layer, m, n, k, scales)
+
+    def models(self) -> None:
+        """The fp8 products of real fp8 checkpoints (MODEL_PRODUCTS), each tuned and timed as
+        ``bench`` times its shapes; one failing product is recorded and the rest still run."""
+        if self.gpu:
+            products = MODEL_PRODUCTS
+        else:  # a smoke test of this code: tiny shapes of each scale mode
+            products = [("tiny", "x", 256, 384, scales, (1, 16)) for scales in ("rowwise", "block", "tensor")]
+        rows = self.data.setdefault("models", [])
+        for model, layer, n, k, scales, m_values in products:
+            for m in m_values:
+                self.measured(rows, model, layer, m, n, k, scales)
+
+    def models_summary(self) -> list[str]:
+        """The ``models`` part's table and its figures against the issue's targets."""
+        rows = self.data.get("models", [])
+        if not rows:
+            return []
+        lines = [
+            "",
+            "fp8 products of real fp8 checkpoints (CUDA-graph replays, inputs rotated through > 3x L2, "
+            f"unimatmul and torch interleaved, median of {REPLAYS}):",
+            "",
+            "| model | layer n x k | m | scales | torch us | unimatmul us | speedup | torch per-tensor us | winner |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            tensor_us = f"{r['torch_tensor_us']:.2f}" if "torch_tensor_us" in r else "-"
+            lines.append(
+                f"| {r['model']} | {r['layer']} {r['n']}x{r['k']} | {r['m']} | {r['scales']} | {r['torch_us']:.2f} | "
+                f"{r['unimatmul_us']:.2f} | {r['speedup']:.3f}x | {tensor_us} | {r['winner'][:44]} |"
+            )
+        speedups = [r["speedup"] for r in rows]
+        lines.append("")
+        lines.append(
+            f"all {len(rows)} rows ({len({(r['model'], r['layer'], r['scales']) for r in rows})} products): geomean "
+            f"{geomean(speedups):.3f}x (target >= 1.15x), min {min(speedups):.3f}x (target >= 0.99x), "
+            f"below 0.99x: {sum(x < 0.99 for x in speedups)}"
+        )
+        decode = [
+            r["speedup"]
+            for r in rows
+            if r["scales"] == "rowwise" and r["m"] <= 16 and r["n"] * r["k"] >= 32 << 20
+        ]
+        if decode:
+            lines.append(
+                f"row-wise decode (m <= 16, weights >= 32 MB): median {statistics.median(decode):.3f}x over "
+                f"{len(decode)} rows (target >= 1.3x)"
+            )
+        block = [r for r in rows if r["scales"] == "block"]
+        if block:
+            lines.append(
+                f"block-scaled against torch's block-scaled product: geomean {geomean([r['speedup'] for r in block]):.3f}x "
+                f"over {len(block)} rows (target >= 1.1x); against torch's per-tensor product on the same shapes: "
+                f"geomean {geomean([r['torch_tensor_us'] / r['unimatmul_us'] for r in block]):.3f}x"
+            )
+        return lines
 
     # --- the fp8 linear stack ---------------------------------------------------------------------
     def hostcost(self) -> None:
@@ -716,6 +835,7 @@ class Run:
                             f"| {scales} | {which} ({got['winner'][:40]}) | {got['off_us']:.2f} | "
                             f"{got['routed_us']:.2f} | {got['extra_us']:+.2f} |"
                         )
+        lines += self.models_summary()
         if self.data["skipped"]:
             lines.append(f"\nskipped (budget): {len(self.data['skipped'])}")
         for error in self.data["errors"][:10]:
@@ -807,7 +927,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts",
         default="kernels,bench,hostcost,stack",
-        help="comma-separated parts after the tests: kernels (torch's kernel names), bench, hostcost, stack",
+        help="comma-separated parts after the tests: kernels (torch's kernel names), bench, hostcost, stack, "
+        "models (the fp8 products of real fp8 checkpoints, block-scaled ones included)",
     )
     parser.add_argument(
         "--exhaustive",
@@ -834,7 +955,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["UNIMATMUL_LT_EXHAUSTIVE_CHECKS"] = "600"
     run.data["exhaustive"] = args.exhaustive
     run.started = time.perf_counter()  # the budget is the benchmark's
-    parts = {"kernels": run.torch_kernels, "bench": run.bench, "hostcost": run.hostcost, "stack": run.stack}
+    parts = {
+        "kernels": run.torch_kernels,
+        "bench": run.bench,
+        "hostcost": run.hostcost,
+        "stack": run.stack,
+        "models": run.models,
+    }
     chosen = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = sorted(set(chosen) - set(parts))
     if unknown:

@@ -12,5 +12,6 @@ export OUT PYTHONUNBUFFERED=1
 # Python kernel only, as before they did).
 cd "$(dirname "$0")/.."
 . scripts/gpu_install.sh
+. scripts/gpu_install_triton.sh  # the Triton fp8 kernels are candidates too
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$OUT/env.log"
 python3 scripts/gpu_fp8.py --out "$OUT" --budget-s "${BENCH_BUDGET_S:-150}" "$@"

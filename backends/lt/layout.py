@@ -153,8 +153,15 @@ def _swapped(problem: Problem) -> tuple[LtMatrix, LtMatrix, LtMatrix]:
     return lt_a, lt_b, lt_c
 
 
-#: Problem scale mode -> the ABI matrix-scale key the library reads it with.
-SCALE_MODES: dict[str, str] = {"tensor": "SCALAR_32F", "rowwise": "OUTER_VEC_32F"}
+#: Problem scale mode -> the ABI matrix-scale key the library reads it with. The block
+#: modes' scale layouts are the ones torch._scaled_mm hands cuBLASLt unchanged; a library
+#: whose ABI table lacks a mode refuses it when the plan is made (driver._set_scaling).
+SCALE_MODES: dict[str, str] = {
+    "tensor": "SCALAR_32F",
+    "rowwise": "OUTER_VEC_32F",
+    "block1x128": "VEC128_32F",
+    "block128x128": "BLK128x128_32F",
+}
 
 
 def lt_scaled_gemm(problem: Problem) -> LtGemm:

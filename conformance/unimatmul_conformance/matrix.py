@@ -10,7 +10,8 @@ is still asked about, in a couple of probes each, to check that it answers
 Scaled (fp8) GEMMs (``op == "scaled_gemm"``, what ``torch._scaled_mm`` computes) have a
 matrix of their own: the layout torch's fp8 linear uses (A row-major, B column-major)
 with per-tensor and row-wise scales, every output dtype, a bias, fast accumulation,
-mixed e5m2/e4m3 inputs, padded leading dimensions, sizes with m of 1 and odd m; its
+mixed e5m2/e4m3 inputs, padded leading dimensions, sizes with m of 1 and odd m, and a
+block-scaled part (1x128 groups of A, 128x128 blocks of B, K and N over partial blocks); its
 probes (a plain-GEMM layout, dimensions no fp8 kernel takes, a misaligned pointer)
 must be refused cleanly. The plain-GEMM fp8 dtypes of ``DTYPES`` (no scales) stay
 probes: no backend runs an unscaled fp8 product.
@@ -287,7 +288,27 @@ def _scaled(quick: bool, large: list[tuple[int, int, int]]) -> list[Spec]:
         out.append((make_scaled_problem(7, 32, 48, other, scales="rowwise"), 1.0, 0.0))
         if other[2] != "f32":  # torch: no bias with a float32 output
             out.append((make_scaled_problem(31, 48, 64, other, scales="rowwise", bias=True), 1.0, 0.0))
-    return out + _scaled_probes(dt)
+    return out + _block_scaled(quick) + _scaled_probes(dt)
+
+
+#: Block-scaled sizes: K over several 128-blocks and a part of one, N likewise, m of 1
+#: (decode), a few rows and more than a tile's; all multiples of 16 where torch needs it.
+BLOCK_SCALED_SHAPES = [(1, 256, 384), (7, 160, 320), (33, 144, 272)]
+
+
+def _block_scaled(quick: bool) -> list[Spec]:
+    """The block-scaled part (1x128 groups of A, 128x128 blocks of B: DeepSeek-V3's and
+    Qwen3-FP8's layers), for a backend that runs the main scaled kind."""
+    dt = SCALED_DTYPES[0]
+    shapes = BLOCK_SCALED_SHAPES[:2] if quick else BLOCK_SCALED_SHAPES
+    out: list[Spec] = [(make_scaled_problem(*s, dt, scales="block"), 1.0, 0.0) for s in shapes]
+    out.append((make_scaled_problem(7, 160, 320, dt, scales="block", bias=True), 1.0, 0.0))
+    if not quick:
+        out.append((make_scaled_problem(33, 144, 272, dt, scales="block", fast_accum=True), 1.0, 0.0))
+        out.append((make_scaled_problem(7, 160, 320, dt, scales="block", pad=(16, 32, 8)), 1.0, 0.0))
+        out.append((make_scaled_problem(7, 160, 320, SCALED_DTYPES[3], scales="block"), 1.0, 0.0))
+        out.append((make_scaled_problem(1, 256, 384, SCALED_DTYPES[2], scales="block"), 1.0, 0.0))
+    return out
 
 
 def _scaled_probes(dt: tuple[str, str, str]) -> list[Spec]:

@@ -24,7 +24,7 @@ import numpy as np
 from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
 from unimatmul.core.dtypes import ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import make_scaled_operands, scaled_error_model
+from unimatmul.core.scaled import expanded_scale, make_scaled_operands, scaled_error_model
 from unimatmul_conformance.guards import host64
 
 
@@ -145,8 +145,9 @@ def _scaled_case_data(problem: Problem, adapter: ArrayAdapter, device: Device, r
     a64, b64, c64 = host64(adapter, ops.a), host64(adapter, ops.b), host64(adapter, ops.out)
     sa64, sb64 = host64(adapter, ops.scale_a), host64(adapter, ops.scale_b)
     bias64 = host64(adapter, ops.bias) if ops.bias is not None else None
-    # Dequantised inputs: a [m, 1] / [1, n] scale broadcasts over rows / columns, one value over all.
-    da, db = a64 * sa64, b64 * sb64
+    # Dequantised inputs: a [m, 1] / [1, n] scale broadcasts over rows / columns, one value
+    # over all, a block scale over its blocks.
+    da, db = a64 * expanded_scale(sa64, a64.shape), b64 * expanded_scale(sb64, b64.shape)
     reference = da @ db
     if bias64 is not None:
         reference = reference + bias64

@@ -81,6 +81,23 @@ def test_per_tensor_scales_and_the_tables_without_scale_modes() -> None:
         old_driver.plan(lt_scaled_gemm(ROWWISE_BIAS), 0)
 
 
+def test_block_scales_are_cublaslt_13s_block_modes_on_the_swapped_operands() -> None:
+    """The caller's B (128x128 blocks) is the library's A: BLK128x128_32F there, and the
+    caller's A (1x128 groups) is the library's B: VEC128_32F; an older table refuses."""
+    block = scaled_problem(16, 256, 384, scales="block")
+    lib = RecordingLtLibrary(CUBLASLT_13)
+    driver = LtDriver(CUBLASLT_13, lib)
+    plan = driver.plan(lt_scaled_gemm(block), 0)
+    attrs = desc_attrs(lib, plan)
+    assert attrs["A_SCALE_MODE"] == CUBLASLT_13.matrix_scale["BLK128x128_32F"] == 5
+    assert attrs["B_SCALE_MODE"] == CUBLASLT_13.matrix_scale["VEC128_32F"] == 4
+    plan.close()
+    driver.close()
+    old_driver = LtDriver(CUBLASLT_12, RecordingLtLibrary(CUBLASLT_12))
+    with pytest.raises(KeyError, match="no A_SCALE_MODE BLK128x128_32F"):
+        old_driver.plan(lt_scaled_gemm(block), 0)
+
+
 def test_scaled_problems_the_lt_kernels_refuse() -> None:
     with pytest.raises(UnsupportedProblem, match="16-byte aligned"):
         lt_problem(replace(TENSOR, align=8))

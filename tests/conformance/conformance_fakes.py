@@ -368,8 +368,12 @@ class ScaledRunner:
     def dequantised(self, a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Any, Any]:
         import torch
 
-        return a.to(torch.float64) * scale_a.to(torch.float64), b.to(torch.float64) * scale_b.to(
-            torch.float64
+        from unimatmul.core.scaled import expanded_scale
+
+        f64 = torch.float64
+        return (
+            a.to(f64) * expanded_scale(scale_a.to(f64), a.shape),
+            b.to(f64) * expanded_scale(scale_b.to(f64), b.shape),
         )
 
     def __call__(
@@ -393,7 +397,7 @@ class ScaledRunner:
 
 
 class ScaledGood(Backend):
-    """Correct: scaled GEMMs only (fp8 OCP inputs, per-tensor or row-wise), any layout, on torch CPU."""
+    """Correct: scaled GEMMs only (fp8 OCP inputs, per-tensor, row-wise or block scales), any layout, on torch CPU."""
 
     name = "fake-scaled"
     device_kinds = frozenset({"cpu"})
@@ -422,7 +426,7 @@ class ScaledGood(Backend):
 
 class FirstRowScaleRunner(ScaledRunner):
     def dequantised(self, a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Any, Any]:
-        # Treats row-wise scales as one scale per tensor: its first element for every row.
+        # Treats row-wise and block scales as one scale per tensor: its first element for all.
         return super().dequantised(a, b, scale_a.reshape(-1)[:1], scale_b.reshape(-1)[:1])
 
 

@@ -1,7 +1,7 @@
 """The conformance suite on scaled (fp8) GEMMs: it checks a backend that runs them.
 
 The fakes (conformance_fakes.py) run on torch CPU tensors: one correct, one that
-applies the first row-wise scale to every row. The suite must pass the first on every
+applies the first row-wise (or block) scale to every row (and block). The suite must pass the first on every
 scaled case of its matrix and find exactly the wrong results of the second.
 """
 
@@ -25,6 +25,8 @@ def test_a_correct_scaled_backend_passes_every_check() -> None:
     # Both scale modes, a bias, every output dtype, mixed e5m2 x e4m3 inputs, padded leading dimensions.
     assert any("scales=tensor,tensor" in c for c in cases)
     assert any("scales=rowwise,rowwise" in c for c in cases)
+    block = [c for c in cases if "scales=block1x128,block128x128" in c]
+    assert any(":m1n256k384" in c for c in block) and any(":bias:biasbf16:" in c for c in block)
     assert any(":bias:biasbf16:" in c for c in cases)
     assert {c.split(":")[1] for c in cases} >= {
         "f8e4m3.f8e4m3.bf16",
@@ -42,11 +44,15 @@ def test_a_correct_scaled_backend_passes_every_check() -> None:
     assert any((r.case or "").startswith("gemm:f32.") for r in refused)
 
 
-def test_a_backend_that_ignores_row_wise_scales_is_caught() -> None:
+def test_a_backend_that_ignores_row_wise_and_block_scales_is_caught() -> None:
     report = run_suite(fakes.IgnoresRowWiseScales(), quick=True, checks=FAST - {"threads"})
     failed = report.failed()
     assert {r.check for r in failed} == {"result"}
-    assert all("scales=rowwise,rowwise" in (r.case or "") for r in failed)
+    assert all(
+        "scales=rowwise,rowwise" in (r.case or "") or "scales=block1x128,block128x128" in (r.case or "")
+        for r in failed
+    )
+    assert any("scales=block1x128,block128x128" in (r.case or "") for r in failed)  # one scale for all blocks
     # Per-tensor cases (one scale each, which the fake does apply) still pass.
     passed = [r for r in report.results if r.check == "result" and r.status == "passed"]
     assert any("scales=tensor,tensor" in (r.case or "") for r in passed)

@@ -496,3 +496,109 @@ def test_a_foreign_scaled_entry_naming_a_kernel_that_ignores_row_wise_scales_is_
     namespace = isolated.selector.platform(Target(adapter_for_kind("torch"), CPU)).namespace
     found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
     assert found["verdict"] == "reverted" and "wrong on a real call" in found["reason"]
+
+
+# --- block-scaled products (1x128 groups of A, 128x128 blocks of B) -----------------------
+
+
+def _block_operands(m: int, n: int, k: int, seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    """A DeepSeek-V3-style call in torch's layouts: ``x [m, k]``, ``w.t()`` of ``w [n, k]``,
+    an outer-dim-major ``[m, ceil(k/128)]`` activation scale and ``w_scale.t()`` of a
+    contiguous ``[ceil(n/128), ceil(k/128)]`` weight scale."""
+    a = _fp8((m, k), torch.float8_e4m3fn, seed)
+    w = _fp8((n, k), torch.float8_e4m3fn, seed + 1)
+    kb, nb = -(-k // 128), -(-n // 128)
+    gen = torch.Generator().manual_seed(seed + 2)
+    sa = (torch.rand((m, kb), generator=gen) + 0.25).t().contiguous().t()
+    w_scale = torch.rand((nb, kb), generator=gen) + 0.25
+    return a, w.t(), sa, w_scale.t()
+
+
+def test_a_block_scaled_key_reads_as_it_is_written_and_round_trips() -> None:
+    problem = scaled_problem(16, 7168, 2048, scales="block", fast_accum=True)
+    assert problem.is_block_scaled and (problem.scale_a, problem.scale_b) == ("block1x128", "block128x128")
+    assert problem.key == (
+        "scaled_gemm:f8e4m3.f8e4m3.bf16:f32:NT:m16n7168k2048b1:ld2048,2048,7168:st0,0,0:beta0:none:al16"
+        ":scales=block1x128,block128x128:fastaccum=1"
+    )
+    assert Problem.from_key(problem.key) == problem
+    # The other modes' keys are what they were.
+    assert not scaled_problem(16, 4096, 4096, scales="rowwise").is_block_scaled
+    assert scaled_problem(16, 4096, 4096).key.endswith(":scales=tensor,tensor:fastaccum=0")
+
+
+@pytest.mark.parametrize(
+    ("scale_a", "scale_b"),
+    [
+        ("block1x128", "tensor"),
+        ("rowwise", "block128x128"),
+        ("block128x128", "block1x128"),
+        ("tensor", "rowwise"),
+    ],
+)
+def test_only_torchs_scale_pairs_are_problems(scale_a: str, scale_b: str) -> None:
+    with pytest.raises(ValueError, match=f"scales {scale_a},{scale_b} are not a pair a scaled GEMM takes"):
+        replace(scaled_problem(16, 256, 256, scales="block"), scale_a=scale_a, scale_b=scale_b)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(5, 256, 384), (1, 160, 320), (33, 144, 272)])
+def test_a_block_scaled_call_is_its_problem_and_the_reference_applies_each_block(
+    m: int, n: int, k: int
+) -> None:
+    a, b, sa, sb = _block_operands(m, n, k)
+    adapter = adapter_for_kind("torch")
+    problem = scaled_problem_of(adapter, a, b, sa, sb, out_dtype="bf16")
+    assert problem == replace(scaled_problem(m, n, k, scales="block"), align=problem.align)
+    ref = scaled_reference(adapter, a, b, sa, sb, None)
+    # The same product summed block by block: sum over K blocks of sa[:, kb] * sb[kb, nb] * (A_kb @ B_kb).
+    want = torch.zeros((m, n), dtype=torch.float64)
+    for kb in range(sa.shape[1]):
+        ks = slice(kb * 128, min(k, kb * 128 + 128))
+        part = a[:, ks].double() @ b[ks, :].double()
+        col_scale = sb[kb].double().repeat_interleave(128)[:n]
+        want += part * sa[:, kb].double()[:, None] * col_scale[None, :]
+    assert torch.allclose(ref, want, rtol=1e-12, atol=1e-12)
+    assert float(ref.abs().max()) > 0  # never a check on zeros
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda a, b, sa, sb: (a, b, sa.contiguous(), sb),
+            r"scale_a has strides \(3, 1\), expected \(1, 5\)",
+        ),
+        (
+            lambda a, b, sa, sb: (a, b, sa, sb.contiguous()),
+            r"scale_b has strides \(2, 1\), expected \(1, 3\)",
+        ),
+        (
+            lambda a, b, sa, sb: (a, b, sa, torch.rand(3, 3)),
+            r"block scales of shapes \(5, 3\) \(1x128 groups of a\) and \(3, 2\) \(128x128 blocks of b\)",
+        ),
+        (
+            lambda a, b, sa, sb: (a, b, torch.rand(5, 2), sb),
+            r"scale_a has shape \(5, 2\) and scale_b \(3, 2\)",
+        ),
+    ],
+)
+def test_bad_block_scales_are_a_clear_error_naming_the_expected_shape(
+    isolated: Any, make: Any, message: str
+) -> None:
+    args = make(*_block_operands(5, 256, 384))
+    with pytest.raises(ValueError, match=message):
+        unimatmul.scaled_matmul(*args, out_dtype=torch.bfloat16)
+    assert isolated.store_count() == 0
+
+
+@pytest.mark.parametrize("mode", ["off", "cached", "tune", "record"])
+def test_where_torch_has_no_block_scaled_product_the_default_says_it_cannot_run(
+    isolated: Any, mode: str
+) -> None:
+    a, b, sa, sb = _block_operands(5, 256, 384)
+    with unimatmul.mode(mode), pytest.raises(unimatmul.DefaultFailed) as caught:
+        unimatmul.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    said = str(caught.value)
+    assert "torch has no block-scaled (1x128 groups of a, 128x128 blocks of b) fp8 product on cpu" in said
+    assert "the Default cannot run here" in said and caught.value.call == "torch._scaled_mm"
+    assert isolated.store_count() == 0  # nothing tuned or recorded, no slow path run instead

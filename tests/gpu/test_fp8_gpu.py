@@ -468,3 +468,65 @@ def test_a_native_scaled_entry_runs_its_confirmation_window(native_selector: Any
     tol = scaled_tolerance("bf16")
     assert all(_rel(out, ref) <= tol for out in outs)
     assert ut.scaled_stats()["confirm"][plan.source] == 1
+
+
+# --- block-scaled products (1x128 groups of A, 128x128 blocks of B) -----------------------
+
+BLOCK_CASES = [
+    ("block-m1", scaled_problem(1, 4096, 7168, scales="block")),
+    ("block-m16", scaled_problem(16, 2112, 7168, scales="block")),
+    ("block-m256-bias", scaled_problem(256, 7168, 2048, scales="block", bias=True)),
+    ("block-partial-blocks", scaled_problem(33, 144, 272, scales="block")),
+]
+HOPPER = HAVE_FP8 and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not HOPPER, reason="torch's block-scaled product runs on sm90 only")
+@pytest.mark.parametrize(("case", "problem"), BLOCK_CASES, ids=[c[0] for c in BLOCK_CASES])
+def test_block_scaled_default_and_every_candidate_are_correct(
+    backend: Any, target: Target, case: str, problem: Problem
+) -> None:
+    """torch's own block-scaled product (the Default) and every cuBLASLt candidate (the
+    VEC128_32F / BLK128x128_32F modes) against the float64 product of the dequantised inputs."""
+    from unimatmul.core.scaled import default_runner
+
+    tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
+    ops = make_scaled_operands(problem, target.adapter, target.device, np.random.default_rng(0))
+    ref = scaled_reference(target.adapter, ops.a, ops.b, ops.scale_a, ops.scale_b, ops.bias)
+    default: Any = default_runner(problem, target.adapter)
+    ops.out.fill_(float("nan"))
+    try:
+        default(ops.a, ops.b, ops.out, 1.0, 0.0, ops.bias, ops.scale_a, ops.scale_b)
+    except (RuntimeError, NotImplementedError) as exc:  # cuBLASLt < 12.9: torch says so
+        pytest.skip(f"torch's block-scaled product does not run here: {str(exc).splitlines()[0]}")
+    torch.cuda.synchronize()
+    assert float(target.adapter.rel_error(ops.out, ref)) <= tol
+    try:
+        candidates = backend.candidates(problem, target)
+    except UnsupportedProblem as exc:
+        print(f"{case}: cuBLASLt offers no block-scaled candidates here: {exc}")
+        return
+    errors = {c.identity: run_candidate(backend, problem, c, target, i) for i, c in enumerate(candidates)}
+    print(f"{case}: {len(candidates)} cuBLASLt candidates, worst error {max(errors.values(), default=0):.2e}")
+    assert all(v <= tol for v in errors.values()), errors
+
+
+@pytest.mark.skipif(not HOPPER, reason="torch's block-scaled product runs on sm90 only")
+def test_block_scaled_matmul_tunes_and_matches_the_reference(tmp_path: Any) -> None:
+    from unimatmul.testing import isolated_selector
+
+    m, n, k = 16, 2112, 7168
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    sa = (torch.rand(k // 128, m, device="cuda") + 0.5).t()
+    sb = (torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5).t()
+    ref = scaled_reference(adapter_for_kind("torch"), a, w.t(), sa, sb, None)
+    with isolated_selector(tmp_path / "cache.msgpack") as selector, unimatmul.mode("tune"):
+        try:
+            out = unimatmul.scaled_matmul(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
+        except (unimatmul.DefaultFailed, NotImplementedError) as exc:
+            pytest.skip(f"torch's block-scaled product does not run here: {exc}")
+        (record,) = [r for _, _, r in selector.store.items(None)]
+    assert float(adapter_for_kind("torch").rel_error(out, ref)) <= scaled_tolerance("bf16")
+    assert ":scales=block1x128,block128x128:" in record.problem
+    print(f"block-scaled {m}x{n}x{k}: winner {record.winner}, {len(record.results)} candidates")

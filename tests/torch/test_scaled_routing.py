@@ -146,6 +146,31 @@ def test_what_torch_accepts_and_unimatmul_does_not_describe_is_torchs(env: Env) 
     assert "bias must be bf16 or f16" in reasons[0] and "contracted dimension" in reasons[1]
 
 
+@pytest.mark.parametrize("mode", ["cached", "tune"])
+def test_a_block_scaled_call_where_torch_has_none_is_torchs_own_error(env: Env, mode: str) -> None:
+    """Block scales (1x128 / 128x128, torch's layouts) are a scaled Problem; on a CPU torch
+    has no block-scaled product, so the routed call is PyTorch's, with its own error, and
+    nothing is tuned or stored for it."""
+    m, n, k = 5, 256, 384
+    a = torch.randn(m, k).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k).to(torch.float8_e4m3fn)
+    sa, sb = (torch.rand(3, m) + 0.5).t(), (torch.rand(2, 3) + 0.5).t()
+    problem = scaled_problem_of(adapter_for_kind("torch"), a, w.t(), sa, sb, out_dtype="bf16")
+    assert problem.is_block_scaled
+    with pytest.raises((RuntimeError, ValueError)) as own_error:
+        torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
+    ut.enable()
+    with unimatmul.mode(mode):
+        for _ in range(2):  # the second call meets the key's entry where the native kernel serves
+            with pytest.raises(type(own_error.value)) as routed_error:
+                torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
+            assert str(routed_error.value) == str(own_error.value)
+    (plan,) = scaled_routing.plans()
+    ut.disable()
+    assert plan.runner is None and plan.reason == "torch has no block-scaled product on cpu"
+    assert list(env.selector.store.items(None)) == []
+
+
 def test_a_failing_kernel_falls_back_to_torch(env: Env) -> None:
     broken = ScaledFakeBackend("fake-broken", "raise_run")
     a, b, sa, sb = _operands(8, 16, 32, "rowwise")

@@ -19,8 +19,19 @@ EPILOGUES = ("none", "relu", "gelu", "gelu_tanh", "bias", "bias_relu", "bias_gel
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 #: How a scaled GEMM's operand is scaled (``Problem.scale_a`` / ``scale_b``): ``tensor``
 #: one f32 for the whole matrix; ``rowwise`` one f32 per row of A (``[m, 1]``) or per
-#: column of B (``[1, n]``), torch's RowWise and cuBLASLt's OUTER_VEC_32F.
-SCALE_MODES = ("tensor", "rowwise")
+#: column of B (``[1, n]``), torch's RowWise and cuBLASLt's OUTER_VEC_32F; ``block1x128``
+#: one f32 per row of A and 128 elements of K (``[m, ceil(k/128)]``, torch's BlockWise1x128,
+#: cuBLASLt's VEC128_32F) and ``block128x128`` one f32 per 128x128 block of B
+#: (``[ceil(k/128), ceil(n/128)]``, torch's BlockWise128x128, cuBLASLt's BLK128x128_32F):
+#: the block-scaled products of DeepSeek-V3 and Qwen3-FP8 checkpoints.
+SCALE_MODES = ("tensor", "rowwise", "block1x128", "block128x128")
+#: The modes of a block-scaled GEMM's A and B, and their block edge along K (and N).
+BLOCK_SCALES = ("block1x128", "block128x128")
+SCALE_BLOCK = 128
+#: Pairs of (scale_a, scale_b) modes a scaled GEMM takes: torch._scaled_mm's TensorWise,
+#: RowWise and (BlockWise1x128, BlockWise128x128) pairs. Its other modes (128x128 blocks of
+#: A, 1x128 groups of B, MX 1x32 with e8m0 scales, NVFP4 1x16) are not scaled GEMMs here.
+SCALE_PAIRS = (("tensor", "tensor"), ("rowwise", "rowwise"), BLOCK_SCALES)
 #: What a scaled GEMM may write (fp8 outputs, which need an output scale, are not offered).
 SCALED_OUTPUTS = ("bf16", "f16", "f32")
 
@@ -32,7 +43,7 @@ _KEY_RE = re.compile(
     r":beta(?P<beta>[01])"
     r":(?P<ep>[a-z_]+)(?::bias(?P<dbias>\w+))?"
     r":al(?P<al>\d+)"
-    r"(?::scales=(?P<sca>[a-z]+),(?P<scb>[a-z]+):fastaccum=(?P<fa>[01]))?$"
+    r"(?::scales=(?P<sca>[a-z0-9]+),(?P<scb>[a-z0-9]+):fastaccum=(?P<fa>[01]))?$"
 )
 
 
@@ -135,6 +146,11 @@ class Problem:
     def is_scaled(self) -> bool:
         """Whether this is a scaled (fp8) GEMM: its runners also take ``scale_a``, ``scale_b``."""
         return self.op == "scaled_gemm"
+
+    @property
+    def is_block_scaled(self) -> bool:
+        """Whether this is a block-scaled GEMM (1x128 groups of A, 128x128 blocks of B)."""
+        return self.scale_a == BLOCK_SCALES[0]
 
     @property
     def activation(self) -> str | None:
@@ -422,6 +438,10 @@ def _scaled_fields_error(p: Problem) -> str:
     for name in ("scale_a", "scale_b"):
         if getattr(p, name) not in SCALE_MODES:
             return f"Problem.{name}={getattr(p, name)!r} is not one of {', '.join(SCALE_MODES)}"
+    pair = (p.scale_a, p.scale_b)
+    if pair not in SCALE_PAIRS:
+        valid = "; ".join(",".join(x) for x in SCALE_PAIRS)
+        return f"scales {pair[0]},{pair[1]} are not a pair a scaled GEMM takes ({valid})"
     if p.batch != 1 or not p.beta_zero or p.epilogue not in ("none", "bias"):
         return "a scaled GEMM is one matrix product, beta = 0, with at most a bias (as torch._scaled_mm)"
     return ""

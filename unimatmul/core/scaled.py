@@ -4,10 +4,17 @@ A scaled GEMM is ``D[m, n] = (scale_a * A[m, k]) @ (scale_b * B[k, n]) (+ bias[n
 with fp8 A and B, f32 scales and a bf16, f16 or f32 D: what ``torch._scaled_mm`` computes
 and what fp8 inference runs for each linear layer. Its Problem is a ``scaled_gemm``
 (:class:`~unimatmul.core.problem.Problem` with ``scale_a``, ``scale_b`` and
-``fast_accum``). Scales are ``tensor`` (one value, any shape of one element) or
+``fast_accum``). Scales are ``tensor`` (one value, any shape of one element),
 ``rowwise`` (``scale_a`` of shape ``[m, 1]``, ``scale_b`` of shape ``[1, n]``, both
 contiguous): the two modes torch's ``_scaled_mm``, cuBLASLt (``SCALAR_32F`` and
-``OUTER_VEC_32F``) and hipBLASLt share, always both of one mode.
+``OUTER_VEC_32F``) and hipBLASLt share, always both of one mode; or block-scaled, the
+layout of DeepSeek-V3 and Qwen3-FP8 checkpoints and torch's (BlockWise1x128,
+BlockWise128x128) pair: ``scale_a`` ``[m, ceil(k/128)]``, one value per row and 128
+elements of K, stored outer-dim-major (strides ``(1, m)``: ``s.t().contiguous().t()``),
+and ``scale_b`` ``[ceil(k/128), ceil(n/128)]``, one value per 128x128 block of B, the
+transpose of a contiguous ``[ceil(n/128), ceil(k/128)]`` weight scale (``w_scale.t()``,
+as ``b`` is ``w.t()``). torch computes block-scaled products on sm90 only (cuBLASLt >=
+12.9); elsewhere the Default cannot run and a call says so (``docs/fp8.md``).
 
 A scaled runner is a Runner called with two more arguments,
 ``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)``; its Default,
@@ -33,18 +40,16 @@ from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import FP8, ErrorModel, canonical
 from unimatmul.core.errors import DefaultFailed
 from unimatmul.core.problem import (
+    BLOCK_SCALES,
+    SCALE_BLOCK,
     SCALE_MODES,
+    SCALE_PAIRS,
     SCALED_OUTPUTS,
     Problem,
     matrix_layout,
     pointer_alignment,
     product_dims,
 )
-
-#: Pairs of (scale_a, scale_b) modes a scaled GEMM takes: torch._scaled_mm's TensorWise
-#: and RowWise pairs. Its other modes (block-wise 1x128 / 128x128 with f32 scales, MX
-#: 1x32 with e8m0 scales, NVFP4 1x16) are not scaled GEMMs here.
-SCALE_PAIRS = (("tensor", "tensor"), ("rowwise", "rowwise"))
 
 # torch's name of each fp8 dtype (ours -> torch.<name>).
 _TORCH_FP8 = {
@@ -70,9 +75,11 @@ def scaled_problem(
     """The scaled GEMM of an fp8 linear layer: ``x[m, k] @ w[n, k].t()``.
 
     A row-major, B column-major (``w.t()``), a contiguous output: the layout
-    ``torch._scaled_mm`` takes on every GPU (cuBLASLt's "TN").
+    ``torch._scaled_mm`` takes on every GPU (cuBLASLt's "TN"). ``scales``: ``tensor``,
+    ``rowwise`` or ``block`` (1x128 groups of A, 128x128 blocks of B).
     """
     dtype_b = dtype_b or dtype_a
+    scale_a, scale_b = BLOCK_SCALES if scales == "block" else (scales, scales)
     return Problem(
         m=m,
         n=n,
@@ -83,8 +90,8 @@ def scaled_problem(
         compute="f32",
         trans_b=True,
         op="scaled_gemm",
-        scale_a=scales,
-        scale_b=scales,
+        scale_a=scale_a,
+        scale_b=scale_b,
         fast_accum=fast_accum,
         epilogue="bias" if bias else "none",
         dtype_bias=canonical(dtype_c) if bias else None,
@@ -112,13 +119,35 @@ def _is_vector(scale: Any, adapter: ArrayAdapter, shape: tuple[int, int]) -> boo
     return max(shape) == 1 or strides[0 if shape[1] == 1 else 1] == 1
 
 
-def scale_modes(scale_a: Any, scale_b: Any, adapter: ArrayAdapter, m: int, n: int) -> tuple[str, str]:
+def block_scale_shapes(m: int, n: int, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The shapes of a block-scaled GEMM's scales: ``[m, ceil(k/128)]`` and ``[ceil(k/128), ceil(n/128)]``."""
+    kb, nb = -(-k // SCALE_BLOCK), -(-n // SCALE_BLOCK)
+    return (m, kb), (kb, nb)
+
+
+def _block_layout_error(scale: Any, adapter: ArrayAdapter, what: str, shape: tuple[int, int]) -> str:
+    """Why ``scale`` is not a block scale of ``shape`` in torch's layout, or ""."""
+    if adapter.shape(scale) != shape:
+        return f"{what} has shape {adapter.shape(scale)}, expected {shape}"
+    strides = adapter.strides(scale)
+    # scale_a: outer-dim-major, strides (1, m); scale_b: w_scale.t(), strides (1, ceil(k/128)).
+    want = (1, shape[0])
+    for dim in (0, 1):
+        if shape[dim] > 1 and strides[dim] != want[dim]:
+            return f"{what} has strides {strides}, expected {want}"
+    return ""
+
+
+def scale_modes(
+    scale_a: Any, scale_b: Any, adapter: ArrayAdapter, m: int, n: int, k: int = 0
+) -> tuple[str, str]:
     """The (scale_a, scale_b) modes of a call, decided as ``torch._scaled_mm`` decides them.
 
     Both one value: per-tensor. Else ``scale_a`` of shape ``[m, 1]`` and ``scale_b`` of
     shape ``[1, n]``: row-wise (so a ``[1, 1]`` scale_a at m = 1 is row-wise next to a
-    ``[1, n]`` scale_b, as in torch's ``get_joint_scaling``). Anything else is an error
-    naming what was given.
+    ``[1, n]`` scale_b, as in torch's ``get_joint_scaling``). Else, given ``k``, the
+    block-scaled pair (module docstring: shapes and strides). Anything else is an error
+    naming what was given and the shapes expected.
     """
     shape_a = _check_scale(scale_a, adapter, "scale_a")
     shape_b = _check_scale(scale_b, adapter, "scale_b")
@@ -127,10 +156,24 @@ def scale_modes(scale_a: Any, scale_b: Any, adapter: ArrayAdapter, m: int, n: in
         return "tensor", "tensor"
     if _is_vector(scale_a, adapter, (m, 1)) and _is_vector(scale_b, adapter, (1, n)):
         return "rowwise", "rowwise"
+    block_a, block_b = block_scale_shapes(m, n, k)
+    if k and (shape_a, shape_b) == (block_a, block_b):
+        why = _block_layout_error(scale_a, adapter, "scale_a", block_a) or _block_layout_error(
+            scale_b, adapter, "scale_b", block_b
+        )
+        if not why:
+            return BLOCK_SCALES
+        msg = (
+            f"scaled_matmul: block-scaled call: {why}: scale_a must be stored outer-dim-major "
+            "(s.t().contiguous().t() of a [m, k/128] scale) and scale_b must be w_scale.t() of a "
+            "contiguous [n/128, k/128] weight scale, the layouts torch._scaled_mm takes"
+        )
+        raise ValueError(msg)
     msg = (
         f"scaled_matmul: scale_a has shape {shape_a} and scale_b {shape_b}: both scales must be one value "
-        f"(per-tensor), or contiguous float32 vectors of shapes {(m, 1)} and {(1, n)} (row-wise); "
-        "mixed, block-wise and MX scales are not supported"
+        f"(per-tensor), contiguous float32 vectors of shapes {(m, 1)} and {(1, n)} (row-wise), "
+        f"or block scales of shapes {block_a} (1x128 groups of a) and {block_b} (128x128 blocks of b); "
+        "mixed, other block-wise and MX scales are not supported"
     )
     raise ValueError(msg)
 
@@ -183,7 +226,7 @@ def scaled_problem_of(
     if out_dtype not in SCALED_OUTPUTS:
         msg = f"scaled_matmul: out_dtype {out_dtype} is not one of {', '.join(SCALED_OUTPUTS)}"
         raise TypeError(msg)
-    modes = scale_modes(scale_a, scale_b, adapter, m, n)
+    modes = scale_modes(scale_a, scale_b, adapter, m, n, k)
     if bias is not None:
         if adapter.shape(bias) != (n,):
             msg = f"scaled_matmul: bias must have shape ({n},), got {adapter.shape(bias)}"
@@ -315,8 +358,14 @@ def make_scaled_operands(
     bias = None
     if problem.has_bias:
         bias = adapter.random_strided((n,), (1,), problem.dtype_bias or problem.dtype_c, device, rng)
-    scale_a = scales((m, 1) if problem.scale_a == "rowwise" else ())
-    scale_b = scales((1, n) if problem.scale_b == "rowwise" else ())
+    if problem.is_block_scaled:
+        # torch's layouts (module docstring): scale_a outer-dim-major, scale_b = w_scale.t().
+        shape_a, shape_b = block_scale_shapes(m, n, k)
+        scale_a = scales(shape_a[::-1]).t()
+        scale_b = scales(shape_b[::-1]).t()
+    else:
+        scale_a = scales((m, 1) if problem.scale_a == "rowwise" else ())
+        scale_b = scales((1, n) if problem.scale_b == "rowwise" else ())
     return ScaledOperands(a, b, out, bias, scale_a, scale_b)
 
 
@@ -341,16 +390,33 @@ def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> Operands:
     lose at most one float32 rounding, far below any fp8 output's bound)."""
     torch = _torch(adapter)
     f32 = torch.float32
-    a = ops.a.to(f32) * ops.scale_a.to(f32)
-    b = ops.b.to(f32) * ops.scale_b.to(f32)
+    a = ops.a.to(f32) * expanded_scale(ops.scale_a.to(f32), ops.a.shape)
+    b = ops.b.to(f32) * expanded_scale(ops.scale_b.to(f32), ops.b.shape)
     return Operands(a, b, ops.out, ops.bias)
 
 
+def expanded_scale(scale: Any, shape: tuple[int, ...]) -> Any:
+    """A scale (a torch tensor or a NumPy array) as it multiplies a ``shape`` operand
+    element by element: per-tensor and row-wise scales broadcast as they are, block
+    scales have each value repeated over its block (1x128 of A, 128x128 of B: a dimension
+    of the scale shorter than the operand's, and not 1, is one value per 128)."""
+    if len(scale.shape) != 2:
+        return scale
+    for dim in (0, 1):
+        if scale.shape[dim] not in (1, shape[dim]):
+            index = np.arange(shape[dim]) // SCALE_BLOCK
+            scale = scale[index] if dim == 0 else scale[:, index]
+    return scale
+
+
 def scaled_reference(adapter: ArrayAdapter, a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any) -> Any:
-    """``(scale_a * a) @ (scale_b * b) + bias`` in float64 on the operands' device."""
+    """``(scale_a * a) @ (scale_b * b) + bias`` in float64 on the operands' device (block
+    scales applied over their blocks: :func:`expanded_scale`)."""
     torch = _torch(adapter)
     f64 = torch.float64
-    ref = (a.to(f64) * scale_a.to(f64)) @ (b.to(f64) * scale_b.to(f64))
+    ref = (a.to(f64) * expanded_scale(scale_a.to(f64), a.shape)) @ (
+        b.to(f64) * expanded_scale(scale_b.to(f64), b.shape)
+    )
     if bias is not None:
         ref = ref + bias.to(f64)
     return ref
@@ -358,14 +424,28 @@ def scaled_reference(adapter: ArrayAdapter, a: Any, b: Any, scale_a: Any, scale_
 
 @dataclass
 class ScaledDefaultRunner:
-    """The Default of a scaled GEMM: ``torch._scaled_mm`` (its ``out=`` form)."""
+    """The Default of a scaled GEMM: ``torch._scaled_mm`` (its ``out=`` form).
+
+    Block-scaled (``block_scaled``): torch's own product where torch has one (CUDA; torch
+    itself refuses GPUs other than sm90), else :class:`DefaultFailed` saying so: no slow
+    path runs in its place.
+    """
 
     adapter: ArrayAdapter
     fast_accum: bool = False
     candidate: Candidate = field(default=DEFAULT)
+    block_scaled: bool = False
 
     def __post_init__(self) -> None:
         self._scaled_mm = _torch(self.adapter)._scaled_mm
+        if self.block_scaled:
+            self._scaled_mm = self._block_scaled_mm
+
+    def _block_scaled_mm(self, a: Any, b: Any, scale_a: Any, scale_b: Any, **kwargs: Any) -> Any:
+        device = self.adapter.device(a)
+        if not torch_has_block_scaled(self.adapter, device):
+            raise block_default_missing(device)
+        return _torch(self.adapter)._scaled_mm(a, b, scale_a, scale_b, **kwargs)
 
     def __call__(
         self,
@@ -393,6 +473,13 @@ class ScaledDefaultRunner:
         )
 
 
+def torch_has_block_scaled(adapter: ArrayAdapter, device: Device) -> bool:
+    """Whether torch may compute a block-scaled product on ``device``: on CUDA only, not
+    ROCm (ScaledBlas.cpp; torch itself then refuses GPUs other than sm90, and cuBLASLt
+    before 12.9, with its own error)."""
+    return device.kind == "cuda" and not getattr(_torch(adapter).version, "hip", None)
+
+
 def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
     """The error of a scaled call whose Default, ``torch._scaled_mm``, failed on ``device``:
     what failed and, on a CPU, why torch's own fp8 product may not run there."""
@@ -409,10 +496,21 @@ def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
     return DefaultFailed(msg, call="torch._scaled_mm")
 
 
+def block_default_missing(device: Device) -> DefaultFailed:
+    """The error of a block-scaled call on a device where torch has no block-scaled product."""
+    msg = (
+        f"scaled_matmul: torch has no block-scaled (1x128 groups of a, 128x128 blocks of b) fp8 product "
+        f"on {device}: torch._scaled_mm takes these scales on CUDA GPUs of compute capability 9.0 only "
+        "(cuBLASLt >= 12.9), so the Default cannot run here; unimatmul runs no slow path in its place "
+        "(its float64 reference of the dequantised product only checks candidates)"
+    )
+    return DefaultFailed(msg, call="torch._scaled_mm")
+
+
 def default_runner(problem: Problem, adapter: ArrayAdapter) -> Runner:
     """What the caller's library itself would do for ``problem``: the one Default."""
     if problem.is_scaled:
-        return ScaledDefaultRunner(adapter, problem.fast_accum)
+        return ScaledDefaultRunner(adapter, problem.fast_accum, block_scaled=problem.is_block_scaled)
     return DefaultRunner(adapter, problem.activation)
 
 
@@ -421,12 +519,16 @@ __all__ = [
     "SCALE_PAIRS",
     "ScaledDefaultRunner",
     "ScaledOperands",
+    "block_default_missing",
+    "block_scale_shapes",
     "default_failed",
     "default_runner",
+    "expanded_scale",
     "make_scaled_operands",
     "scale_modes",
     "scaled_problem",
     "scaled_problem_of",
     "scaled_reference",
     "torch_fp8",
+    "torch_has_block_scaled",
 ]

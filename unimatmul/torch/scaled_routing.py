@@ -7,7 +7,12 @@ of ``routing.py`` it keeps one plan per operand key (shapes, strides, dtypes and
 pointer alignment of the fp8 operands, scales and bias, the output dtype, the fast
 accumulation flag, the device, the mode); a plan holds the prepared scaled runner, or
 None for PyTorch's own kernel (Default was chosen, or the call is not a scaled GEMM
-unimatmul describes: an fp8 output, block-wise or MX scales, ``scale_result``, ...).
+unimatmul describes: an fp8 output, MX or other block-wise scales, ``scale_result``, a
+block-scaled call where torch has no block-scaled product, ...). Block-scaled calls
+(1x128 groups of A, 128x128 blocks of B) reach ``aten::_scaled_mm`` in torch 2.11 and
+2.13 alike (``torch._scaled_mm`` takes them on sm90) and are routed as the others;
+``torch.nn.functional.scaled_mm`` (where the version has it) calls
+``aten::_scaled_mm_v2``, which is not routed.
 
 PyTorch's own kernel is reached through the ``out=`` form, ``aten::_scaled_mm.out``,
 which is never taken over: routing cannot recurse, not even through the Default
@@ -47,7 +52,7 @@ from unimatmul.core import modes as _config
 from unimatmul.core.arrays import adapter_of, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem_of
+from unimatmul.core.scaled import scaled_problem_of, torch_has_block_scaled
 from unimatmul.torch import native
 from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
 from unimatmul.tuning.selector import get_selector
@@ -315,6 +320,10 @@ def _fill(
         plan.reason = str(exc)
         return
     target = Target(adapter, adapter.device(a))
+    if problem.is_block_scaled and not torch_has_block_scaled(adapter, target.device):
+        # Nothing to measure against: PyTorch's kernel raises its own error, as unrouted.
+        plan.reason = f"torch has no block-scaled product on {target.device}"
+        return
     if mode == "tune" and a.is_cuda and torch.cuda.is_current_stream_capturing():
         mode = "cached"  # never measure inside a CUDA graph capture
     with _config.mode("off"):  # the harness's own products pass through every routed kernel

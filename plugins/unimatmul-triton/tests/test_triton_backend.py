@@ -44,7 +44,9 @@ from unimatmul_triton.launch import plan_for  # noqa: E402
 
 from unimatmul import Candidate, Problem, UnsupportedProblem  # noqa: E402
 from unimatmul.backend import Device, Target, adapter_for_kind, make_operands, tolerance  # noqa: E402  # noqa: E402
+from unimatmul.core.dtypes import scaled_tolerance  # noqa: E402
 from unimatmul.core.plugins import PluginManager  # noqa: E402
+from unimatmul.core.scaled import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
 
 CPU = Device("cpu")
 
@@ -335,17 +337,196 @@ for problem, config in ((p, KernelConfig(GEMV, 2, 16, 128, 4, 1, split_k=2)), (p
     out.append([ck.metadata.global_scratch_size, ck.src.signature == plan.signature(), ck.metadata.shared])
 print(json.dumps(out))
 """
+    results = compiled_in_a_fresh_process(script)
+    assert len(results) == 5
+    for scratch, same_signature, shared in results:
+        assert scratch == 0 and same_signature and shared < 227 * 1024
+
+
+# --- scaled (fp8) products ---------------------------------------------------------------
+
+# (label, problem): every scale mode, both OCP fp8 dtypes, a bias, fast accumulation, and m
+# of 1 (rows kernel), a few rows (GEMV, skinny) and more than a tile's (tile kernel); K and
+# N over partial 128-blocks where the scales are block-wise.
+SCALED_CASES = [
+    ("block-m1", scaled_problem(1, 256, 384, scales="block")),
+    ("block-m5-bias", scaled_problem(5, 160, 320, scales="block", bias=True)),
+    ("block-m33-e5m2", scaled_problem(33, 144, 272, scales="block", dtype_a="f8e5m2")),
+    ("block-m20-fast-f32", scaled_problem(20, 128, 256, scales="block", dtype_c="f32", fast_accum=True)),
+    ("rowwise-m1-bias", scaled_problem(1, 96, 256, scales="rowwise", bias=True)),
+    ("rowwise-m4-e5m2-f16", scaled_problem(4, 64, 128, scales="rowwise", dtype_a="f8e5m2", dtype_c="f16")),
+    ("rowwise-m40", scaled_problem(40, 48, 96, scales="rowwise")),
+    ("tensor-m3-fast", scaled_problem(3, 64, 192, fast_accum=True)),
+    ("tensor-m33-bias", scaled_problem(33, 48, 64, bias=True)),
+]
+
+
+def check_scaled_runner(runner: Any, problem: Problem, seed: int = 0) -> float:
+    """Relative error of one scaled call against the float64 product of the dequantised inputs."""
+    ops = make_scaled_operands(problem, ADAPTER, DEVICE, np.random.default_rng(seed))
+    ops.out.fill_(float("nan"))
+    runner(ops.a, ops.b, ops.out, 1.0, 0.0, ops.bias, ops.scale_a, ops.scale_b)
+    ref = scaled_reference(ADAPTER, ops.a, ops.b, ops.scale_a, ops.scale_b, ops.bias)
+    assert float(ref.abs().max()) > 0
+    return float((ops.out.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize(("label", "problem"), SCALED_CASES, ids=[c[0] for c in SCALED_CASES])
+def test_every_scaled_family_computes_the_dequantised_product(
+    backend: TritonBackend, label: str, problem: Problem
+) -> None:
+    tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
+    offered = backend.candidates(problem, TARGET)
+    assert offered, f"{label}: nothing offered"
+    # The best of every family (and split style) the space has for it, offered or not.
+    leaders: dict[tuple[str, bool], Candidate] = {}
+    for est in ranked_configs(problem):
+        leaders.setdefault((est.config.kernel, est.config.split_k > 1), est.config.candidate)
+    for candidate in dict.fromkeys([*offered, *leaders.values()]):
+        assert backend.check(problem, candidate, TARGET), candidate.identity
+        runner = backend.prepare(problem, candidate, TARGET)
+        for call in range(2):  # split-K leaves its workspace zeroed for the next call
+            error = check_scaled_runner(runner, problem, seed=call)
+            assert error <= tol, (
+                f"{label}: {candidate.identity} call {call}: relative error {error:.3g} > {tol}"
+            )
+
+
+def test_a_kernel_that_applied_one_block_scale_to_all_would_fail_the_check(backend: TritonBackend) -> None:
+    """The check above can see a wrong block scale: one value of each scale for the whole
+    product (what a kernel reading only the first block would compute) is far off."""
+    problem = scaled_problem(5, 256, 384, scales="block")
+    ops = make_scaled_operands(problem, ADAPTER, DEVICE, np.random.default_rng(0))
+    ref = scaled_reference(ADAPTER, ops.a, ops.b, ops.scale_a, ops.scale_b, None)
+    first = scaled_reference(ADAPTER, ops.a, ops.b, ops.scale_a[:, :1], ops.scale_b[:1, :1], None)
+    assert float((first - ref).norm() / ref.norm()) > 10 * scaled_tolerance("bf16")
+
+
+def test_scaled_configs_apply_their_scales() -> None:
+    block = scaled_problem(1, 4096, 7168, scales="block")
+    kernels = {c.kernel for c in space(block)}
+    assert kernels == {ROWS, SKINNY}  # no GEMV (one sum over K) and no persistent kernel
+    for config in space(block) + space(scaled_problem(256, 4096, 7168, scales="block")):
+        if config.kernel == ROWS:
+            assert config.block_k % 128 == 0
+        else:
+            assert 128 % config.block_k == 0, config  # each K step inside one block
+    assert GEMV in {c.kernel for c in space(scaled_problem(4, 4096, 4096, scales="rowwise"))}
+    assert PERSISTENT not in {c.kernel for c in space(scaled_problem(512, 4096, 4096))}
+    # A stored identity that cannot apply block scales is refused, not run.
+    gemv = KernelConfig(GEMV, 1, 16, 256, 4, 1).candidate
+    assert config_of(scaled_problem(1, 4096, 4096, scales="rowwise"), gemv) is not None
+    assert config_of(block, gemv) is None
+    wide = KernelConfig(SKINNY, 16, 64, 256, 4, 3).candidate
+    assert config_of(block, wide) is None
+
+
+def test_scaled_plans_pass_the_scales_after_beta() -> None:
+    from unimatmul_triton.kernels import KERNELS
+
+    for problem in (
+        scaled_problem(1, 256, 384, scales="block"),
+        scaled_problem(40, 48, 96, scales="rowwise"),
+    ):
+        for config in space(problem):
+            plan = plan_for(problem, config)
+            fn = getattr(KERNELS[plan.kernel], "fn", KERNELS[plan.kernel])
+            assert [p.name for p in plan.params] == list(inspect.signature(fn).parameters), config
+            roles = [p.role for p in plan.params if p.role]
+            assert roles[:3] == ["a", "b", "out"] and roles[-4:] == ["alpha", "beta", "scale_a", "scale_b"]
+            consts = plan.constexprs()
+            assert (consts["SCALE_A"], consts["FAST_ACCUM"]) == (3 if problem.is_block_scaled else 2, False)
+    block = plan_for(scaled_problem(5, 256, 384, scales="block"), KernelConfig(SKINNY, 16, 64, 128, 4, 3))
+    strides = {p.name: p.value for p in block.params if p.name.startswith("stride_s")}
+    assert strides == {"stride_sam": 1, "stride_sak": 5, "stride_sbk": 1, "stride_sbn": 3}
+    # A plain plan compiles the scales out.
+    plain = plan_for(problem_of(3, 40, 64, linear=True), KernelConfig(SKINNY, 16, 32, 64, 4, 3))
+    assert {p.name: p.kind for p in plain.params if p.name in ("sa_ptr", "sb_ptr")} == {
+        "sa_ptr": "constexpr",
+        "sb_ptr": "constexpr",
+    }
+
+
+def test_fp8_kernels_compile_for_hopper_and_mi300_without_a_gpu() -> None:
+    """The compiler (not the interpreter) takes the scaled plans: fp8 dots on sm_90, the
+    rows kernel's block groups, and ROCm's fnuz dtype on gfx942."""
+    script = """
+import json
+from triton.backends.compiler import GPUTarget
+from unimatmul.core.scaled import scaled_problem
+from unimatmul_triton.backend import compile_plan
+from unimatmul_triton.configs import ROWS, SKINNY, TILE, KernelConfig
+from unimatmul_triton.launch import plan_for
+cases = [
+    (scaled_problem(1, 4096, 4096, scales="block"), KernelConfig(ROWS, 1, 2, 4096, 8, 1), ("cuda", 90, 32)),
+    (scaled_problem(16, 4096, 4096, scales="block"), KernelConfig(SKINNY, 16, 64, 128, 4, 4, split_k=4), ("cuda", 90, 32)),
+    (scaled_problem(256, 4096, 4096, scales="rowwise", bias=True, fast_accum=True),
+     KernelConfig(TILE, 128, 128, 128, 8, 3, group_m=8), ("cuda", 90, 32)),
+    (scaled_problem(16, 4096, 4096, scales="block", dtype_a="f8e4m3fnuz"), KernelConfig(SKINNY, 16, 64, 128, 4, 2),
+     ("hip", "gfx942", 64)),
+]
+out = []
+for problem, config, target in cases:
+    plan = plan_for(problem, config)
+    ck = compile_plan(plan, GPUTarget(*target))
+    scratch = getattr(ck.metadata, "global_scratch_size", 0)  # CUDA's metadata only
+    out.append([scratch, ck.src.signature == plan.signature(), ck.metadata.shared])
+print(json.dumps(out))
+"""
+    results = compiled_in_a_fresh_process(script)
+    assert len(results) == 4
+    for scratch, same_signature, shared in results:
+        assert scratch == 0 and same_signature and shared < 227 * 1024
+
+
+def compiled_in_a_fresh_process(script: str) -> list[Any]:
+    """The JSON the compile ``script`` prints last, run without the interpreter's variables;
+    a skip where this machine has no GPU assembler (ptxas, ld.lld) for the target."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "UNIMATMUL_TRITON_INTERPRET")}
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=False
     )
-    if proc.returncode != 0 and "ptxas" in proc.stderr:
-        pytest.skip(f"no ptxas for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+    if proc.returncode != 0 and ("ptxas" in proc.stderr or "ld.lld" in proc.stderr):
+        pytest.skip(f"no GPU assembler here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 5
-    for scratch, same_signature, shared in results:
-        assert scratch == 0 and same_signature and shared < 227 * 1024
+    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the CPU's tune mode (a GPU has the GPU tests)")
+def test_real_tune_mode_measures_and_checks_the_triton_fp8_candidates(tmp_path: Any) -> None:
+    """``scaled_matmul`` in tune mode with the interpreter backend registered: every Triton
+    candidate is measured by the harness and checked against the float64 reference."""
+    import unimatmul
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import isolated_selector, registered
+
+    reason = fp8_default_missing()
+    if reason:
+        pytest.skip(reason)
+    problem = scaled_problem(4, 64, 128, scales="rowwise")
+    ops = make_scaled_operands(problem, ADAPTER, DEVICE, np.random.default_rng(0))
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:
+        with registered(selector.plugins, make_backend(), name="triton-under-test"), unimatmul.mode("tune"):
+            out = unimatmul.scaled_matmul(ops.a, ops.b, ops.scale_a, ops.scale_b, out_dtype=torch.bfloat16)
+        (record,) = [r for _, _, r in selector.store.items(None)]
+    ref = scaled_reference(ADAPTER, ops.a, ops.b, ops.scale_a, ops.scale_b, None)
+    assert float((out.double() - ref).norm() / ref.norm()) <= scaled_tolerance("bf16")
+    assert Problem.from_key(record.problem).scale_a == "rowwise"
+    triton_results = [r for r in record.results if r.identity.startswith("triton/")]
+    assert triton_results, [r.identity for r in record.results]
+    for result in triton_results:
+        assert result.status in (OK, PRUNED), result
+        assert result.error is not None and result.error <= scaled_tolerance("bf16"), result
+
+
+def fp8_default_missing() -> str:
+    """Why torch's own CPU fp8 product (the Default of tune mode) cannot run here, or ""."""
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError as exc:
+        return f"torch's own CPU _scaled_mm cannot run here: {str(exc).splitlines()[0][:100]}"
+    return ""
 
 
 # --- the conformance suite -------------------------------------------------------------

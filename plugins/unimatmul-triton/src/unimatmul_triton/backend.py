@@ -18,7 +18,11 @@ Two registrations of one backend, named ``triton`` either way:
 Served: A and B both bf16 or both f16, C of the same dtype or f32, fp32 accumulation;
 every layout (transposes, leading dimensions, batch strides, a broadcast operand,
 pointers below 16-byte alignment), alpha and beta (C read only when beta != 0), and
-every epilogue. Everything else is refused with UnsupportedProblem.
+every epilogue. Scaled (fp8) products in torch._scaled_mm's layout (A row-major, B =
+w.t()): A and B of one fp8 dtype (e4m3 or e5m2, or ROCm's fnuz pair), per-tensor,
+row-wise or block scales, a bias, fast accumulation as the problem says: the rows kernel
+at m = 1, the GEMV (not block-scaled) and the skinny tile at m <= 16, the tile kernel
+above. Everything else is refused with UnsupportedProblem.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from unimatmul_triton import configs
 from unimatmul_triton import settings as plugin_settings
 from unimatmul_triton.configs import H200, PERSISTENT, Device, config_of, ranked_configs
 from unimatmul_triton.launch import LaunchPlan, plan_for
-from unimatmul_triton.runner import CompiledRunner, InterpretedRunner
+from unimatmul_triton.runner import CompiledRunner, InterpretedRunner, ScaledCompiledRunner
 
 __version__ = "0.1.0"
 
 INPUT_DTYPES = ("bf16", "f16")
+#: Scaled (fp8) products: both operands of one of these (the fnuz pair is ROCm's).
+FP8_DTYPES = ("f8e4m3", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz")
 BIAS_DTYPES = ("bf16", "f16", "f32")
 
 
@@ -52,7 +58,9 @@ def check_supported(problem: Problem) -> None:
     """Raise UnsupportedProblem, naming what, for a problem no kernel here computes."""
     p = problem
     why = ""
-    if p.dtype_a != p.dtype_b or p.dtype_a not in INPUT_DTYPES:
+    if p.is_scaled:
+        why = _scaled_unsupported(p)
+    elif p.dtype_a != p.dtype_b or p.dtype_a not in INPUT_DTYPES:
         why = f"takes A and B both bf16 or both f16, not {p.dtype_a} and {p.dtype_b}"
     elif p.dtype_c not in (p.dtype_a, "f32"):
         why = f"writes C as {p.dtype_a} or f32, not {p.dtype_c}"
@@ -62,6 +70,15 @@ def check_supported(problem: Problem) -> None:
         why = f"takes a bias of {'/'.join(BIAS_DTYPES)}, not {p.dtype_bias}"
     if why:
         raise UnsupportedProblem(f"triton {why}", problem=problem, backend="triton")
+
+
+def _scaled_unsupported(p: Problem) -> str:
+    """Why no kernel here computes the scaled (fp8) problem ``p``, or ""."""
+    if p.dtype_a != p.dtype_b or p.dtype_a not in FP8_DTYPES:
+        return f"takes scaled A and B of one fp8 dtype ({', '.join(FP8_DTYPES)}), not {p.dtype_a} and {p.dtype_b}"
+    if p.trans_a or not p.trans_b:
+        return "takes scaled products in torch._scaled_mm's layout only: A row-major, B column-major (w.t())"
+    return ""
 
 
 class TritonBackend(Backend):
@@ -183,7 +200,8 @@ class TritonBackend(Backend):
             programs = plan.grid[0]
             if candidate.name == PERSISTENT:
                 programs = min(programs, device.sms * _residency(compiled, device))
-            return CompiledRunner(candidate, plan, compiled, index, programs)
+            kind = ScaledCompiledRunner if problem.is_scaled else CompiledRunner
+            return kind(candidate, plan, compiled, index, programs)
 
     def _plan(self, problem: Problem, candidate: Candidate) -> LaunchPlan:
         if candidate.backend != self.name:

@@ -49,7 +49,7 @@ ROWS_TILES = ((4, 4), (2, 8))
 SKINNY_MAX_M = 16
 SKINNY_BLOCK_M = 16
 
-_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1}
 
 
 @dataclass(frozen=True)
@@ -204,6 +204,8 @@ def applies(problem: Problem, config: KernelConfig, device: Device = H200) -> bo
             return False
     else:
         return False
+    if problem.is_scaled and not _applies_scaled(problem, c):
+        return False
     if c.kernel not in FMA_KERNELS and (c.block_n < 16 or c.block_k < 16):
         return False  # tensor-core tiles are at least 16 wide
     if c.kernel in (*FMA_KERNELS, SKINNY) and c.block_n * c.block_k < 2048:
@@ -212,6 +214,17 @@ def applies(problem: Problem, config: KernelConfig, device: Device = H200) -> bo
     if c.smem_bytes(itemsize) > device.smem_per_block:
         return False
     return c.regs_per_thread() <= 255
+
+
+def _applies_scaled(problem: Problem, c: KernelConfig) -> bool:
+    """Whether the kernel applies a scaled problem's scales (see :func:`space`)."""
+    if c.kernel == PERSISTENT:
+        return False
+    if not problem.is_block_scaled:
+        return True
+    if c.kernel == GEMV:
+        return False
+    return c.block_k % 128 == 0 if c.kernel == ROWS else 128 % c.block_k == 0
 
 
 # --- the config space -------------------------------------------------------------------
@@ -225,31 +238,42 @@ def _splits(k: int, block_k: int, most: int = 32) -> list[int]:
 
 
 def space(problem: Problem) -> list[KernelConfig]:
-    """Every config worth scoring for this problem (before the model prunes it)."""
+    """Every config worth scoring for this problem (before the model prunes it).
+
+    A scaled (fp8) problem: K blocks for one-byte operands, no persistent kernel, and,
+    block-scaled, no GEMV (it sums over K once, after its loop) and tensor-core K blocks
+    that divide 128 (each K step's product is scaled by its block's scales); the rows
+    kernel sums groups of 128 inside its whole-row tiles (all multiples of 128).
+    """
     m = problem.m
+    scaled, block = problem.is_scaled, problem.is_block_scaled
+    gemv_k = (128, 256, 512) if scaled else (64, 128, 256, 512)
+    skinny_k = (64, 128) if block else (64, 128, 256)
+    tile_k = (64, 128) if scaled else (32, 64)
     found: list[KernelConfig] = []
-    if m <= GEMV_MAX_M:
+    if m <= GEMV_MAX_M and not block:
         bm = _pow2_at_least(m)
-        for bn, bk, warps, stages in product((8, 16, 32, 64), (64, 128, 256, 512), (4, 8), (1, 3)):
+        for bn, bk, warps, stages in product((8, 16, 32, 64), gemv_k, (4, 8), (1, 3)):
             for split in _splits(problem.k, bk):
                 found.append(KernelConfig(GEMV, bm, bn, bk, warps, stages, split))
     if m <= ROWS_MAX_M and problem.trans_b:
         bk = min(4096, max(1024, _pow2_at_least(problem.k)))
         found += [KernelConfig(ROWS, 1, bn, bk, warps, 1) for bn, warps in ROWS_TILES]
     if m <= SKINNY_MAX_M:
-        for bn, bk, warps, stages in product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 6)):
+        for bn, bk, warps, stages in product((16, 32, 64, 128), skinny_k, (4, 8), (3, 4, 6)):
             for split in _splits(problem.k, bk):
                 found.append(KernelConfig(SKINNY, SKINNY_BLOCK_M, bn, bk, warps, stages, split))
     else:
         block_ms = [
             bm for bm in (16, 32, 64, 128) if bm <= max(64, _pow2_at_least(m)) and (bm >= 64 or m <= 64)
         ]
-        for bm, bn, bk, warps, stages in product(block_ms, (64, 128, 256), (32, 64), (4, 8), (3, 4)):
+        for bm, bn, bk, warps, stages in product(block_ms, (64, 128, 256), tile_k, (4, 8), (3, 4)):
             if bm * bn >= 128 * 256 and warps == 4:
                 continue  # a 128x256 fp32 accumulator does not fit four warps' registers
             for split in _splits(problem.k, bk, most=16):
                 found.append(KernelConfig(TILE, bm, bn, bk, warps, stages, split, group_m=8))
-            found.append(KernelConfig(PERSISTENT, bm, bn, bk, warps, stages, 1, group_m=8))
+            if not scaled:
+                found.append(KernelConfig(PERSISTENT, bm, bn, bk, warps, stages, 1, group_m=8))
     return [c for c in found if applies(problem, c)]
 
 

@@ -5,7 +5,8 @@ interpreter on the CPU): ``triton.jit`` decides at decoration time which of the 
 kernel becomes, so ``TRITON_INTERPRET`` must be set before this module is imported.
 
 Every kernel computes ``C[m, n] = act(alpha * A[m, k] @ B[k, n] + beta * C + bias)``
-over a batch, with any strides (a transposed operand is a pair of strides, the unit
+(a scaled, fp8, problem: ``(scale_a * A) @ (scale_b * B) + bias``, the scales per
+tensor, per row / column, or per block, SCALE_A / SCALE_B) over a batch, with any strides (a transposed operand is a pair of strides, the unit
 one passed as the constant 1 so that loads along it are vectorised), fp32
 accumulation, and the same epilogue (``_epilogue``). Split-K partial sums go through
 an fp32 workspace with one arrival counter per output tile: every split adds its
@@ -137,6 +138,43 @@ def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _scaled(acc, sa_ptr, sb_ptr, offs_m, offs_n, M, N, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr):
+    """A scaled GEMM's per-tensor (1) or row-wise (2) scales applied to an fp32 tile (or to
+    one split's partial sum: the scales are linear), before the epilogue adds the bias.
+    Block scales (3) are applied in the K loop instead, and nothing is done here (0)."""
+    if SCALE_A == 1:
+        acc = acc * tl.load(sa_ptr)
+    elif SCALE_A == 2:
+        acc = acc * tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+    if SCALE_B == 1:
+        acc = acc * tl.load(sb_ptr)
+    elif SCALE_B == 2:
+        acc = acc * tl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    return acc
+
+
+@triton.jit
+def _block_scales(sa_ptr, sb_ptr, offs_m, offs_n, kb, M, N, stride_sam, stride_sak, stride_sbk, stride_sbn):
+    """The block scales of K block ``kb`` (a vector: each its own block): A's [BLOCK_M] (1x128
+    groups) and B's [BLOCK_N] (128x128 blocks), 0 outside the matrix."""
+    sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak, mask=offs_m < M, other=0.0)
+    sb = tl.load(sb_ptr + kb * stride_sbk + (offs_n // 128) * stride_sbn, mask=offs_n < N, other=0.0)
+    return sa, sb
+
+
+@triton.jit
+def _dot(a, b, acc, FAST_ACCUM: tl.constexpr):
+    """``acc + a @ b`` on tensor cores; fp8 without FAST_ACCUM promotes every instruction's
+    sum to fp32 (cuBLASLt's precise mode), with it keeps Hopper's fast accumulator over
+    the whole loop (Triton's default there; no effect on 16-bit inputs)."""
+    if FAST_ACCUM:  # noqa: SIM108 - a compile-time branch, as Triton reads it
+        acc = tl.dot(a, b, acc)
+    else:
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=0)
+    return acc
+
+
+@triton.jit
 def gemv_kernel(
     a_ptr,
     b_ptr,
@@ -157,6 +195,12 @@ def gemv_kernel(
     stride_cm,
     alpha,
     beta,
+    sa_ptr,
+    sb_ptr,
+    stride_sam,
+    stride_sak,
+    stride_sbk,
+    stride_sbn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -165,6 +209,9 @@ def gemv_kernel(
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     """Few rows of A (M <= BLOCK_M <= 8) against a weight: CUDA-core FMAs, no tensor cores.
 
@@ -202,7 +249,7 @@ def gemv_kernel(
         acc += a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    total = tl.sum(acc, axis=1)
+    total = _scaled(tl.sum(acc, axis=1), sa_ptr, sb_ptr, offs_m, offs_n, M, N, SCALE_A, SCALE_B)
     tile_id = pid_b * tl.num_programs(0) + pid_n
     _finish(
         total,
@@ -247,6 +294,12 @@ def rows_kernel(
     stride_cm,
     alpha,
     beta,
+    sa_ptr,
+    sb_ptr,
+    stride_sam,
+    stride_sak,
+    stride_sbk,
+    stride_sbn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -255,6 +308,9 @@ def rows_kernel(
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     """A row of A against whole rows of an nn.Linear weight (B = W.T, K its unit stride).
 
@@ -292,9 +348,29 @@ def rows_kernel(
             in_k = (k + offs_k)[None, :] < k_stop
             a = tl.load(a_ptrs, mask=mask_m & in_k, other=0.0)
             b = tl.load(b_ptrs, mask=mask_n & in_k, other=0.0)
-        acc += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], axis=2)
+        part = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+        if SCALE_A == 3:
+            # Block scales (BLOCK_K a multiple of 128): each group of 128 of K summed, then
+            # scaled by its row's group scale and its columns' block scale.
+            groups = tl.sum(tl.reshape(part, (BLOCK_M, BLOCK_N, BLOCK_K // 128, 128)), axis=3)
+            kg = k // 128 + tl.arange(0, BLOCK_K // 128)
+            in_g = kg[None, :] < tl.cdiv(k_stop, 128)
+            sa = tl.load(
+                sa_ptr + offs_m[:, None] * stride_sam + kg[None, :] * stride_sak,
+                mask=mask_m & in_g,
+                other=0.0,
+            )
+            sb = tl.load(
+                sb_ptr + (offs_n // 128)[:, None] * stride_sbn + kg[None, :] * stride_sbk,
+                mask=mask_n & in_g,
+                other=0.0,
+            )
+            acc += tl.sum(groups * sa[:, None, :] * sb[None, :, :], axis=2)
+        else:
+            acc += tl.sum(part, axis=2)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    acc = _scaled(acc, sa_ptr, sb_ptr, offs_m, offs_n, M, N, SCALE_A, SCALE_B)
     tile_id = pid_b * tl.num_programs(0) + pid_n
     _finish(
         acc,
@@ -332,12 +408,25 @@ def _tile(
     stride_ak,
     stride_bk,
     stride_bn,
+    sa_ptr,
+    sb_ptr,
+    stride_sam,
+    stride_sak,
+    stride_sbk,
+    stride_sbn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] tile of A @ B over K in [k_start, k_stop), fp32, on tensor cores."""
+    """One [BLOCK_M, BLOCK_N] tile of A @ B over K in [k_start, k_stop), fp32, on tensor cores.
+
+    Block-scaled (SCALE_A == 3, BLOCK_K dividing 128): each step's product is scaled by
+    its K block's scales before it joins the sum (the DeepSeek-V3 / vLLM block-fp8 shape);
+    per-tensor and row-wise scales are applied afterwards (:func:`_scaled`)."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (
         a_ptr
@@ -359,10 +448,17 @@ def _tile(
         else:
             a = tl.load(a_ptrs, mask=mask_m & ((k + offs_k)[None, :] < k_stop), other=0.0)
             b = tl.load(b_ptrs, mask=mask_n & ((k + offs_k)[:, None] < k_stop), other=0.0)
-        acc = tl.dot(a, b, acc)
+        if SCALE_A == 3:
+            sa, sb = _block_scales(
+                sa_ptr, sb_ptr, offs_m, offs_n, k // 128, M, N, stride_sam, stride_sak, stride_sbk, stride_sbn
+            )
+            part = _dot(a, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), FAST_ACCUM)
+            acc += part * sa[:, None] * sb[None, :]
+        else:
+            acc = _dot(a, b, acc, FAST_ACCUM)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    return acc
+    return _scaled(acc, sa_ptr, sb_ptr, offs_m, offs_n, M, N, SCALE_A, SCALE_B)
 
 
 @triton.jit
@@ -386,6 +482,12 @@ def tile_kernel(
     stride_cm,
     alpha,
     beta,
+    sa_ptr,
+    sb_ptr,
+    stride_sam,
+    stride_sak,
+    stride_sbk,
+    stride_sbn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -395,6 +497,9 @@ def tile_kernel(
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     """One output tile (and one K slice) per program; tiles in GROUP_M-row bands for L2 reuse.
 
@@ -427,10 +532,19 @@ def tile_kernel(
         stride_ak,
         stride_bk,
         stride_bn,
+        sa_ptr,
+        sb_ptr,
+        stride_sam,
+        stride_sak,
+        stride_sbk,
+        stride_sbn,
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
         EVEN_K,
+        SCALE_A,
+        SCALE_B,
+        FAST_ACCUM,
     )
     tile_id = pid_b * tl.num_programs(0) + pid
     _finish(
@@ -475,6 +589,12 @@ def persistent_kernel(
     stride_cm,
     alpha,
     beta,
+    sa_ptr,
+    sb_ptr,
+    stride_sam,
+    stride_sak,
+    stride_sbk,
+    stride_sbn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -483,6 +603,9 @@ def persistent_kernel(
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     """As many programs as fit on the device at once, each looping over tiles (batch included).
 
@@ -518,10 +641,19 @@ def persistent_kernel(
             stride_ak,
             stride_bk,
             stride_bn,
+            sa_ptr,
+            sb_ptr,
+            stride_sam,
+            stride_sak,
+            stride_sbk,
+            stride_sbn,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
             EVEN_K,
+            SCALE_A,
+            SCALE_B,
+            FAST_ACCUM,
         )
         _epilogue(
             acc,

@@ -3,7 +3,8 @@
 :func:`plan_for` turns (Problem, KernelConfig) into a :class:`LaunchPlan`: every
 argument of the Triton kernel in order, each either a value fixed for the problem (a
 size, a stride, a constexpr) or a slot filled per call (``a``, ``b``, ``out``,
-``bias``, ``workspace``, ``counters``, ``alpha``, ``beta``). The plan also gives the
+``bias``, ``workspace``, ``counters``, ``alpha``, ``beta``, and a scaled problem's
+``scale_a`` and ``scale_b``). The plan also gives the
 Triton signature, constexprs and divisibility attributes the kernel is compiled with,
 following Triton's own JIT rules (an int equal to 1 becomes a constant, an int or a
 pointer divisible by 16 is marked so), except that pointers are marked from the
@@ -22,12 +23,23 @@ from typing import Any
 from unimatmul import Problem, UnsupportedProblem
 from unimatmul_triton.configs import FMA_KERNELS, PERSISTENT, KernelConfig
 
-# Triton's names of the data types of pointers (the ``*bf16`` of a signature).
-TRITON_DTYPE = {"bf16": "bf16", "f16": "fp16", "f32": "fp32"}
+# Triton's names of the data types of pointers (the ``*bf16`` of a signature): the fp8
+# pair of CUDA (OCP) and the fnuz pair of ROCm (gfx942), each what torch's dtype holds.
+TRITON_DTYPE = {
+    "bf16": "bf16",
+    "f16": "fp16",
+    "f32": "fp32",
+    "f8e4m3": "fp8e4nv",
+    "f8e5m2": "fp8e5",
+    "f8e4m3fnuz": "fp8e4b8",
+    "f8e5m2fnuz": "fp8e5b16",
+}
 ACT_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+#: A scaled GEMM's scale modes as the kernels' SCALE_A / SCALE_B codes (0: no scales).
+SCALE_CODES = {"": 0, "tensor": 1, "rowwise": 2, "block1x128": 3, "block128x128": 3}
 
 #: Roles of the per-call slots.
-POINTER_ROLES = ("a", "b", "out", "bias", "workspace", "counters")
+POINTER_ROLES = ("a", "b", "out", "bias", "workspace", "counters", "scale_a", "scale_b")
 SCALAR_ROLES = ("alpha", "beta")
 
 MAX_GRID_YZ = 65535
@@ -102,6 +114,41 @@ def _ptr(name: str, role: str, dtype: str | None, aligned: bool) -> Param:
     return Param(name, "ptr", None, role=role, dtype=TRITON_DTYPE[dtype], divisible=aligned)
 
 
+def _scale_params(p: Problem) -> list[Param]:
+    """A scaled GEMM's scale pointers (f32) and, block-scaled, the scales' strides: scale_a
+    ``[m, ceil(k/128)]`` outer-dim-major (strides ``(1, m)``) and scale_b ``[ceil(k/128),
+    ceil(n/128)]`` with strides ``(1, ceil(k/128))``, the layouts the Problem stands for
+    (``unimatmul.core.scaled``). A plain GEMM has none of them (compiled-in Nones and 0s)."""
+    if not p.is_scaled:
+        return [
+            Param("sa_ptr", "constexpr", None),
+            Param("sb_ptr", "constexpr", None),
+            *(
+                Param(name, "constexpr", 0)
+                for name in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn")
+            ),
+        ]
+    # The scales' own addresses are part of the Problem's alignment.
+    aligned = p.align >= 16
+    params = [
+        Param("sa_ptr", "ptr", None, role="scale_a", dtype="fp32", divisible=aligned),
+        Param("sb_ptr", "ptr", None, role="scale_b", dtype="fp32", divisible=aligned),
+    ]
+    if not p.is_block_scaled:
+        strides = [
+            Param(name, "constexpr", 0) for name in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn")
+        ]
+        return [*params, *strides]
+    kb = math.ceil(p.k / 128)
+    strides = [
+        _int_param("stride_sam", 1),
+        _int_param("stride_sak", p.m),
+        _int_param("stride_sbk", 1),
+        _int_param("stride_sbn", kb),
+    ]
+    return [*params, *strides]
+
+
 def plan_for(problem: Problem, config: KernelConfig) -> LaunchPlan:
     """The launch plan of ``config`` on ``problem`` (UnsupportedProblem when it cannot run)."""
     p, c = problem, config
@@ -143,6 +190,7 @@ def plan_for(problem: Problem, config: KernelConfig) -> LaunchPlan:
         _int_param("stride_cm", p.ldc),
         Param("alpha", "fp32", None, role="alpha"),
         Param("beta", "fp32", None, role="beta"),
+        *_scale_params(p),
         Param("BLOCK_M", "constexpr", c.block_m),
         Param("BLOCK_N", "constexpr", c.block_n),
         Param("BLOCK_K", "constexpr", c.block_k),
@@ -156,6 +204,9 @@ def plan_for(problem: Problem, config: KernelConfig) -> LaunchPlan:
         Param("HAS_C", "constexpr", not p.beta_zero),
         Param("HAS_BIAS", "constexpr", p.has_bias),
         Param("ACT", "constexpr", ACT_CODES[p.activation]),
+        Param("SCALE_A", "constexpr", SCALE_CODES[p.scale_a]),
+        Param("SCALE_B", "constexpr", SCALE_CODES[p.scale_b]),
+        Param("FAST_ACCUM", "constexpr", p.fast_accum),
     ]
     if c.kernel in FMA_KERNELS:
         grid = (tiles_n, split, p.batch)

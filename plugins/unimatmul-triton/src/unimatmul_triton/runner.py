@@ -189,6 +189,62 @@ class CompiledRunner:
         return None if words is None else NativeCall("launch", words)
 
 
+class ScaledCompiledRunner(CompiledRunner):
+    """A scaled (fp8) problem's compiled kernel, called as scaled runners are:
+    ``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)``. The scale pointers follow
+    beta in the kernel's arguments (``launch._scale_params``); the launch is the same one
+    launcher call."""
+
+    def __init__(
+        self,
+        candidate: Candidate,
+        plan: LaunchPlan,
+        compiled: Any,
+        device_index: int,
+        programs: int,
+    ) -> None:
+        super().__init__(candidate, plan, compiled, device_index, programs)
+        self._after_scales = self._tail[2:]
+        self._no_split: tuple[Any, ...] = (None, None) if self._six_slots else ()
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        scale_a: Any = None,
+        scale_b: Any = None,
+    ) -> None:
+        ptr = self._ptr
+        stream = self._stream()
+        if self._split:
+            found = self._workspaces.get(stream) or self._workspace(stream)
+            slots: tuple[Any, ...] = (found[2], found[3])
+        else:
+            slots = self._no_split
+        args = (
+            ptr(a),
+            ptr(b),
+            ptr(out),
+            ptr(bias) if self._bias_slot else None,
+            *slots,
+            *self._middle,
+            alpha,
+            beta,
+            ptr(scale_a),
+            ptr(scale_b),
+            *self._after_scales,
+        )
+        self._launch(self.grid, stream, self._function, self._packed, args)
+
+    def native_call(self) -> NativeCall | None:
+        """None: the native routing kernels' launch has no scale slots (README: "Native launch")."""
+        return None
+
+
 class _Driver:
     """The driver API's launch and set-context functions (CUDA, or HIP on ROCm) and each
     device's primary context, for :meth:`CompiledRunner.native_call`."""
@@ -399,7 +455,15 @@ class InterpretedRunner:
         self._constexprs = plan.constexprs()
 
     def __call__(
-        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        scale_a: Any = None,
+        scale_b: Any = None,
     ) -> None:
         values = {
             "a": a,
@@ -408,6 +472,8 @@ class InterpretedRunner:
             "bias": bias,
             "workspace": self._workspace,
             "counters": self._counters,
+            "scale_a": scale_a,
+            "scale_b": scale_b,
         }
         args: dict[str, Any] = {}
         for p in self.plan.params:
