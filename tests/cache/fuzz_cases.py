@@ -113,7 +113,7 @@ def craft(data: bytes, rng: random.Random) -> bytes:
         header[rng.choice(["created", "updated", "writer", "entries", "other"])] = rng.choice(HOSTILE_VALUES)
         doc["header"] = header if rng.random() < 0.9 else rng.choice(HOSTILE_VALUES)
         return msgpack.packb(doc, use_bin_type=True)
-    if doc.get("schema") == 3:
+    if doc.get("schema") in (3, 4):
         _, parts = split_file(data)
         i = rng.randrange(len(parts))
         kind, ns, index, payload = parts[i]

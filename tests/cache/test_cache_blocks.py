@@ -56,7 +56,7 @@ def test_a_schema_2_file_is_read_and_rewritten_with_the_same_content(tmp_path: P
     store.put(NS, key(41), record(key(41)))
     store.delete(NS, key(41))
     new = read_file(path)
-    assert new.schema == codec.SCHEMA == 3
+    assert new.schema == codec.SCHEMA == 4
     # The checksum that pins a deployed cache survives the format change.
     assert codec.content_digest(new) == LEGACY_DIGEST
     assert new.namespaces[NS].platform == PLATFORM
@@ -69,7 +69,7 @@ def test_a_schema_2_reader_refuses_a_schema_3_file_and_never_touches_it(tmp_path
     data, _ = _file(tmp_path, 3 * codec.ENTRY_BLOCK)
     doc = safe_msgpack.unpack(data, max_objects=100_000)
     assert doc["format"] == "unimatmul-cache" and isinstance(doc["header"], dict)
-    assert doc["schema"] == 3 and doc["compat"] == 3
+    assert doc["schema"] == 4 and doc["compat"] == 3
 
 
 def test_every_single_bit_flip_costs_at_most_one_block_and_never_a_wrong_entry(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_frames_of_an_unknown_kind_are_skipped(tmp_path: Path) -> None:
     data, _ = _file(tmp_path, 20)
     doc, parts = split_file(data)
     parts.insert(1, (77, 0, 0, b"what a later writer adds"))
-    snapshot = decode_file(join_file({**doc, "schema": 4}, parts))
+    snapshot = decode_file(join_file({**doc, "schema": 5}, parts))
     assert not snapshot.damage and snapshot.count() == 20
 
 
