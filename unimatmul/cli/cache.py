@@ -355,13 +355,52 @@ def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
         out.write(f"the damaged file it replaced was kept as {copy}\n")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return a.absolute() == b.absolute()
+
+
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
-    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out)
     destination = Path(args.output)
     store = MsgpackFileStore(destination)  # honours UNIMATMUL_CACHE_READONLY
-    _write(store, lambda _disk: merged)
+    others = [name for name in args.inputs if not _same_file(Path(name), store.target)]
+    into_itself = len(others) < len(args.inputs)
+    for name in others:  # a missing input is said before anything is locked
+        if not Path(name).exists() and not Path(name).is_symlink():
+            raise CliError(f"no cache file at {name}", EXIT_UNAVAILABLE)
+    counts = [0, 0, 0, 0]  # entries, conflicts, unreadable, of the destination
+
+    def change(disk: Snapshot) -> Snapshot:
+        # Under the lock, with the file as other writers left it: the inputs are read here,
+        # so that nothing written before the lock was taken is lost.
+        merged, total, conflicts, skipped = _gather(others, verify=True, out=out)
+        if not into_itself:
+            counts[:] = [total, conflicts, skipped, 0]
+            return merged
+        _refuse_unreadable(disk)
+        own = disk.count()
+        for ns_name, key, record in iter_records(merged):
+            assert not isinstance(record, BadEntry)
+            try:
+                mine = disk.get(ns_name, key)
+            except BadEntry:
+                mine = None
+            if mine is not None:
+                conflicts += 1
+                record = faster(mine, record)
+            if record is not mine:
+                disk.namespace(ns_name).put(key, record)
+            if merged.namespaces[ns_name].platform:
+                disk.namespace(ns_name).platform.update(merged.namespaces[ns_name].platform)
+        counts[:] = [total + own, conflicts, skipped + disk.lost, own]
+        return disk
+
+    new = _write(store, change)
+    total, conflicts, skipped, _ = counts
     out.write(
-        f"merged {total} entries from {len(args.inputs)} files into {destination}: {merged.count()} entries, "
+        f"merged {total} entries from {len(args.inputs)} files into {destination}: {new.count()} entries, "
         f"{conflicts} keys in several files (the faster record kept)"
         + (f", {skipped} unreadable entries skipped" if skipped else "")
         + "\n"
