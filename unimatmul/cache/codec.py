@@ -211,7 +211,7 @@ def _carry(
     for frame in intact:
         if frame.kind in known and frame.namespace not in metas:
             snapshot.carried.append(
-                (frame.namespace, frames.pack(frame.kind, frame.namespace, frame.index, frame.payload))
+                (frame.namespace, frames.pack(frame.kind, frame.namespace, frame.index, bytes(frame.payload)))
             )
             counts[frame.namespace] = counts.get(frame.namespace, 0) + 1
     for number, n in sorted(counts.items()):

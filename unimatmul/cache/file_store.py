@@ -69,6 +69,7 @@ from unimatmul.cache.fields import is_date
 from unimatmul.cache.lock import FileLock, LockTimeout
 from unimatmul.cache.record import TuningRecord, check_device_state, check_settings
 from unimatmul.core import notices
+from unimatmul.core.text_input import not_regular_kind
 
 KEEP_CORRUPT = 3  # copies of damaged files kept beside the cache; older ones are removed
 STALE_TEMP_S = 600.0  # without a real lock, a temp file this old belongs to a dead writer
@@ -159,11 +160,6 @@ def read_bytes(path: Path) -> tuple[bytes | None, FileStat | None]:
             msg = f"more than {MAX_FILE_BYTES} bytes"
             raise CacheFileError(msg)
     return data, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def not_regular_kind(mode: int) -> str:
-    """What a file of this mode is, in words (for something that is not a regular file)."""
-    return {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}.get(stat.S_IFMT(mode), "a device")
 
 
 def read_file(path: Path, *, verify: bool = True) -> Snapshot:
