@@ -350,6 +350,27 @@ def _gather(names: list[str], *, verify: bool, out: TextIO) -> tuple[Snapshot, i
     return merged, total, conflicts, skipped
 
 
+def _merge_into(disk: Snapshot, found: Snapshot) -> tuple[int, int, int]:
+    """Put the records of ``found`` (gathered: all readable) into ``disk``, the faster record
+    on a key both hold; (records put, keys both held, keys where disk's was faster)."""
+    put = both = kept = 0
+    for ns_name, key, record in iter_records(found):
+        assert not isinstance(record, BadEntry)
+        try:
+            mine = disk.get(ns_name, key)
+        except BadEntry:
+            mine = None
+        both += mine is not None
+        if mine is None or faster(mine, record) is record:
+            disk.namespace(ns_name).put(key, record)
+            put += 1
+        else:
+            kept += 1
+        if found.namespaces[ns_name].platform and not disk.namespace(ns_name).platform:
+            disk.namespace(ns_name).platform = dict(found.namespaces[ns_name].platform)
+    return put, both, kept
+
+
 def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
     for copy in store.kept:
         out.write(f"the damaged file it replaced was kept as {copy}\n")
@@ -381,20 +402,8 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
             return merged
         _refuse_unreadable(disk)
         own = disk.count()
-        for ns_name, key, record in iter_records(merged):
-            assert not isinstance(record, BadEntry)
-            try:
-                mine = disk.get(ns_name, key)
-            except BadEntry:
-                mine = None
-            if mine is not None:
-                conflicts += 1
-                record = faster(mine, record)
-            if record is not mine:
-                disk.namespace(ns_name).put(key, record)
-            if merged.namespaces[ns_name].platform:
-                disk.namespace(ns_name).platform.update(merged.namespaces[ns_name].platform)
-        counts[:] = [total + own, conflicts, skipped + disk.lost, own]
+        _, both, _ = _merge_into(disk, merged)
+        counts[:] = [total + own, conflicts + both, skipped + disk.lost, own]
         return disk
 
     new = _write(store, change)
@@ -417,21 +426,8 @@ def cmd_cache_recover(args: argparse.Namespace, out: TextIO) -> int:
     added: list[int] = [0, 0]
 
     def change(disk: Snapshot) -> Snapshot:
-        added[:] = [0, 0]
-        for ns_name, key, record in iter_records(found):
-            assert not isinstance(record, BadEntry)
-            try:
-                mine = disk.get(ns_name, key)
-            except BadEntry:
-                mine = None
-            keep = record if mine is None else faster(mine, record)
-            if keep is record:
-                disk.namespace(ns_name).put(key, record)
-                added[0] += 1
-            else:
-                added[1] += 1
-            if found.namespaces[ns_name].platform and not disk.namespace(ns_name).platform:
-                disk.namespace(ns_name).platform = dict(found.namespaces[ns_name].platform)
+        taken, _, theirs = _merge_into(disk, found)
+        added[:] = [taken, theirs]
         return disk
 
     _write(store, change)
