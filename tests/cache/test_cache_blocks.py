@@ -177,12 +177,18 @@ def test_a_description_of_over_100000_objects_reads_whole_and_keeps_every_entry(
     assert _readable(big) == want
     path = tmp_path / "grown.msgpack"
     path.write_bytes(big)
+    # Such a file kept aside by an earlier writer: recover reads back every entry.
+    from unimatmul.cli import main
+
+    fresh = tmp_path / "fresh.msgpack"
+    assert main(["cache", "recover", str(path), "--cache", str(fresh)]) == 0
+    assert _readable(fresh.read_bytes()) == want
     store = MsgpackFileStore(path)
     store.put(NS, key(99), record(key(99)))
     assert store.flush()
     again = read_file(path)
     assert not again.damage and again.count() == 41
-    assert len(again.namespaces[NS].tables.maps) < 40_000
+    assert len(again.namespaces[NS].tables.maps) < 10  # rewritten once: shapes
     assert {k: r for k, r in _readable(path.read_bytes()).items() if k != key(99)} == want
     assert not list(tmp_path.glob("grown.msgpack.corrupt-*"))
 

@@ -77,6 +77,12 @@ TABLE_BLOCK = 1024  # strings or lists per table block (written twice)
 MAX_BLOCK = 1 << 16  # items in one block, as a reader accepts it
 
 
+# Interned maps a namespace may carry before a rewrite re-encodes it: records intern
+# their kinds (versions, settings shapes), a few dozen; only an earlier writer's files,
+# which interned a settings map per record, hold more.
+MAX_KINDS = 4096
+
+
 DIGEST_VERSION = 2  # of content_digest's canonical form (not the file's schema: pins survive)
 
 
@@ -358,6 +364,13 @@ def encode_file(snapshot: Snapshot, header: dict[str, Any], *, level: int = 6) -
         ns = snapshot.namespaces[name]
         if ns.tables.damaged:
             ns = Namespace(platform=ns.platform, fresh=compact_namespace(name, ns, []))
+        elif len(ns.tables.maps) > MAX_KINDS:
+            # An earlier writer's one settings map a record: re-encoded once into shapes,
+            # unless an entry would not survive it (then its rows are copied as they are).
+            dropped: list[tuple[str, str, str]] = []
+            fresh = compact_namespace(name, ns, dropped)
+            if not dropped:
+                ns = Namespace(platform=ns.platform, fresh=fresh)
         described, tables, entries = encode_namespace(name, number, ns, level=level)
         first += [described, *tables, *entries]
         again += [described, *tables]
