@@ -221,6 +221,7 @@ def test_a_namespace_this_reader_cannot_describe_is_carried_byte_for_byte(tmp_pa
     # Prune and merge keep them too.
     from unimatmul.cli import main
 
+    assert main(["cache", "verify", "--cache", str(path)]) == 1  # what it cannot read, it says
     assert main(["cache", "prune", "--older-than", "1e9", "--cache", str(path)]) == 0
     assert main(["cache", "merge", str(path), "-o", str(path)]) == 0
     body = msgpack.unpackb(path.read_bytes())["body"]

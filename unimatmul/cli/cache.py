@@ -269,13 +269,14 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     digest = content_digest(snapshot)
     result: dict[str, Any] = {
         "path": str(path),
-        "valid": not bad and not snapshot.damage,
+        "valid": not bad and not snapshot.damage and not snapshot.unread,
         "schema": snapshot.schema,
         "entries": snapshot.count(),
         "namespaces": len([n for n in snapshot.namespaces.values() if len(n)]),
         "bad_entries": [{"namespace": ns, "key": key, "why": why} for ns, key, why in bad],
         "damage": snapshot.damage,
         "lost_entries": snapshot.lost,
+        "unread": snapshot.unread,
         "sha256": digest,
     }
     code = EXIT_OK if result["valid"] else EXIT_ERROR
@@ -296,6 +297,7 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     else:
         parts = [f"{len(bad)} unreadable entries"] if bad else []
         parts += [f"damaged ({snapshot.lost} entries lost)"] if snapshot.damage else []
+        parts += [f"{len(snapshot.unread)} namespace(s) this version cannot read"] if snapshot.unread else []
         state = ", ".join(parts)
     out.write(
         f"{state}: {result['entries']} entries in {result['namespaces']} namespace(s), schema {snapshot.schema}\n"
@@ -304,6 +306,8 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"  bad entry [{ns}] {key}: {why}\n")
     for line in _damage_lines(snapshot):
         out.write(f"  {line}\n")
+    for line in snapshot.unread:
+        out.write(f"  unread:   {line}\n")
     out.write(f"sha256 {digest}\n")
     if "matches" in result:
         out.write(
