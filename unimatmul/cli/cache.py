@@ -403,6 +403,8 @@ def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
         merged, total, conflicts, skipped = _gather(others, verify=True, out=out)
         if not into_itself:
             counts[:] = [total, conflicts, skipped, 0]
+            # What the replaced file held that this version cannot read stays in it.
+            merged.carried, merged.unread = disk.carried, disk.unread
             return merged
         _refuse_unreadable(disk)
         own = disk.count()
