@@ -70,7 +70,12 @@ def _tuner(path: Path, start: int, count: int, autoflush: int) -> subprocess.Pop
 
 
 def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # never left writing a file the test removes
+        proc.communicate()
+        raise
     assert proc.returncode == 0, err[-3000:]
     return out
 
@@ -114,7 +119,7 @@ def test_twenty_thousand_problems_tuned_in_one_process_all_read_back(tmp_path: P
     try:
         # Written every 1,000 tunings: one process rewriting a growing file after each of
         # 20,000 tunings would measure the disk, not the format.
-        assert "tuned 20000" in _finish(_tuner(path, 0, 20_000, 1000), 1800)
+        assert "tuned 20000" in _finish(_tuner(path, 0, 20_000, 1000), 2400)
         started, cpu = time.perf_counter(), time.process_time()
         store = MsgpackFileStore(path, read_only=True)
         count = store.count()
