@@ -220,7 +220,7 @@ def _put_device(out: bytearray, state: dict[str, Any], tables: Tables) -> None:
 
 
 def _put_value(out: bytearray, value: Any, tables: Tables) -> None:
-    """One tagged scalar (the tags below ``_V_NONE``)."""
+    """One scalar with its value tag (``_V_NONE`` .. ``_V_STR``)."""
     if value is None:
         out.append(_V_NONE)
     elif isinstance(value, bool):
