@@ -113,7 +113,7 @@ def craft(data: bytes, rng: random.Random) -> bytes:
         header[rng.choice(["created", "updated", "writer", "entries", "other"])] = rng.choice(HOSTILE_VALUES)
         doc["header"] = header if rng.random() < 0.9 else rng.choice(HOSTILE_VALUES)
         return msgpack.packb(doc, use_bin_type=True)
-    if doc.get("schema") == 3:
+    if doc.get("schema") in (3, 4):
         _, parts = split_file(data)
         i = rng.randrange(len(parts))
         kind, ns, index, payload = parts[i]
@@ -121,7 +121,12 @@ def craft(data: bytes, rng: random.Random) -> bytes:
             meta = msgpack.unpackb(payload, strict_map_key=False)
             field = rng.choice(["name", "platform", "maps", "strings", "lists", "entries", "table_block",
                                 "entry_block", "extra"])  # fmt: skip
-            if field == "platform" and rng.random() < 0.7:
+            if field == "maps" and rng.random() < 0.05:
+                # Honest growth past any fixed count (an earlier writer's map a record):
+                # over 100,000 objects, within what the description's size allows.
+                grown = [{"load": {"avg1": j / 100, "cpus": 2}, "noise": j / 1e4} for j in range(12_000)]
+                meta["maps"] = list(meta["maps"]) + grown
+            elif field == "platform" and rng.random() < 0.7:
                 meta["platform"] = {
                     **meta["platform"],
                     rng.choice([*PLATFORM, "libraries"]): rng.choice(HOSTILE_VALUES),
@@ -188,6 +193,14 @@ def readable(data: bytes) -> tuple[dict[tuple[str, str], TuningRecord], bool]:
     return found, snapshot.damaged
 
 
+def _carried(data: bytes) -> list[bytes]:
+    """The intact frames a reader could not use, which every rewrite must keep as they are."""
+    try:
+        return [frame for _, frame in decode_file(data).carried]
+    except CacheFileError:
+        return []
+
+
 def _deadline(seconds: int) -> contextlib.AbstractContextManager[None]:
     @contextlib.contextmanager
     def guard() -> Iterator[None]:
@@ -222,6 +235,7 @@ def check(name: str, data: bytes, folder: Path, *, commands: bool) -> str:
         warnings.simplefilter("ignore")
         notices.forget()
         before, damaged = readable(data)
+        carried = _carried(data)
         if commands:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 for command in READING:
@@ -240,6 +254,8 @@ def check(name: str, data: bytes, folder: Path, *, commands: bool) -> str:
         lost = [k for k, r in before.items() if not same(after.get(k), r)]
         assert not lost, f"{name}: {len(lost)} readable entries lost, e.g. {lost[0]}"
         assert (NS, key(10_000)) in after
+        written = path.read_bytes()
+        assert all(frame in written for frame in carried), f"{name}: a frame it could not read was dropped"
         if damaged:
             copies = kept_copies(path)
             assert copies and copies[-1].read_bytes() == data, f"{name}: no copy of the damaged file"

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 from cache_helpers import NS, PLATFORM, key, record
 
-from unimatmul.cache import codec, safe_msgpack
+from unimatmul.cache import codec, frames, safe_msgpack
 from unimatmul.cache.codec import CacheFileError, decode_file, iter_records
 from unimatmul.cache.errors import BadEntry
 from unimatmul.cache.file_store import MsgpackFileStore, read_file
@@ -56,7 +56,7 @@ def test_a_schema_2_file_is_read_and_rewritten_with_the_same_content(tmp_path: P
     store.put(NS, key(41), record(key(41)))
     store.delete(NS, key(41))
     new = read_file(path)
-    assert new.schema == codec.SCHEMA == 3
+    assert new.schema == codec.SCHEMA == 4
     # The checksum that pins a deployed cache survives the format change.
     assert codec.content_digest(new) == LEGACY_DIGEST
     assert new.namespaces[NS].platform == PLATFORM
@@ -69,7 +69,7 @@ def test_a_schema_2_reader_refuses_a_schema_3_file_and_never_touches_it(tmp_path
     data, _ = _file(tmp_path, 3 * codec.ENTRY_BLOCK)
     doc = safe_msgpack.unpack(data, max_objects=100_000)
     assert doc["format"] == "unimatmul-cache" and isinstance(doc["header"], dict)
-    assert doc["schema"] == 3 and doc["compat"] == 3
+    assert doc["schema"] == 4 and doc["compat"] == 3
 
 
 def test_every_single_bit_flip_costs_at_most_one_block_and_never_a_wrong_entry(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_frames_of_an_unknown_kind_are_skipped(tmp_path: Path) -> None:
     data, _ = _file(tmp_path, 20)
     doc, parts = split_file(data)
     parts.insert(1, (77, 0, 0, b"what a later writer adds"))
-    snapshot = decode_file(join_file({**doc, "schema": 4}, parts))
+    snapshot = decode_file(join_file({**doc, "schema": 5}, parts))
     assert not snapshot.damage and snapshot.count() == 20
 
 
@@ -152,3 +152,78 @@ def test_the_top_level_damaged_into_another_schema_still_finds_the_blocks(tmp_pa
         snapshot = decode_file(changed)
         assert snapshot.damage and "outer structure" in snapshot.damage[0]
         assert _readable(changed) == want
+
+
+# --- what honest growth makes, and what this reader cannot describe ----------------------
+
+
+def test_a_description_of_over_100000_objects_reads_whole_and_keeps_every_entry(tmp_path: Path) -> None:
+    # What an earlier writer made of records whose load and noise figures differed: one
+    # settings map each in the description. The reader's limit follows the description's
+    # own size, so the file is read whole; a write keeps everything, and the maps are
+    # re-interned as shapes (the values go into the rows).
+    from cache_helpers import join_file, split_file
+
+    data, want = _file(tmp_path, 40)
+    doc, parts = split_file(data)
+    for i, (kind, ns, index, payload) in enumerate(parts):
+        if kind == frames.META:
+            meta = msgpack.unpackb(payload)
+            meta["maps"] += [
+                {"load": {"avg1": 1.0 + j / 100, "cpus": 2}, "noise": j / 1e4} for j in range(20_000)
+            ]
+            parts[i] = (kind, ns, index, msgpack.packb(meta, use_bin_type=True))
+    big = join_file(doc, parts)
+    assert _readable(big) == want
+    path = tmp_path / "grown.msgpack"
+    path.write_bytes(big)
+    # Such a file kept aside by an earlier writer: recover reads back every entry.
+    from unimatmul.cli import main
+
+    fresh = tmp_path / "fresh.msgpack"
+    assert main(["cache", "recover", str(path), "--cache", str(fresh)]) == 0
+    assert _readable(fresh.read_bytes()) == want
+    store = MsgpackFileStore(path)
+    store.put(NS, key(99), record(key(99)))
+    assert store.flush()
+    again = read_file(path)
+    assert not again.damage and again.count() == 41
+    assert len(again.namespaces[NS].tables.maps) < 10  # rewritten once: shapes
+    assert {k: r for k, r in _readable(path.read_bytes()).items() if k != key(99)} == want
+    assert not list(tmp_path.glob("grown.msgpack.corrupt-*"))
+
+
+def test_a_namespace_this_reader_cannot_describe_is_carried_byte_for_byte(tmp_path: Path) -> None:
+    from cache_helpers import join_file, split_file
+
+    data, want = _file(tmp_path, 20)
+    doc, parts = split_file(data)
+    # A second namespace whose description (both copies) this reader refuses, intact
+    # past its checksums: a newer writer's, or one over a limit.
+    foreign = [(kind, 7, index, payload) for kind, ns, index, payload in parts]
+    for i, (kind, ns, index, payload) in enumerate(foreign):
+        if kind == frames.META:
+            meta = msgpack.unpackb(payload)
+            meta["entries"] = "twenty"
+            foreign[i] = (kind, ns, index, msgpack.packb(meta, use_bin_type=True))
+    path = tmp_path / "c.msgpack"
+    path.write_bytes(join_file(doc, parts + foreign))
+    carried = {frames.pack(*part) for part in foreign}
+    snapshot = read_file(path)
+    assert snapshot.unread and not snapshot.damaged and snapshot.count() == 20
+    store = MsgpackFileStore(path)
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        store.put(NS, key(50), record(key(50)))
+    assert store.flush()
+    body = msgpack.unpackb(path.read_bytes())["body"]
+    assert all(frame in body for frame in carried)  # every one of its frames, as it was
+    assert _readable(path.read_bytes()) == want | {key(50): _readable(path.read_bytes())[key(50)]}
+    # Prune and merge keep them too.
+    from unimatmul.cli import main
+
+    assert main(["cache", "verify", "--cache", str(path)]) == 1  # what it cannot read, it says
+    assert main(["cache", "prune", "--older-than", "1e9", "--cache", str(path)]) == 0
+    assert main(["cache", "merge", str(path), "-o", str(path)]) == 0
+    body = msgpack.unpackb(path.read_bytes())["body"]
+    assert all(frame in body for frame in carried)
+    assert not list(tmp_path.glob("c.msgpack.corrupt-*"))

@@ -39,7 +39,7 @@ def test_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "temp files of interrupted writers: 1" in text
     assert main(["cache", "stats", "--cache", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["entries"] == 6 and data["schema"] == 3 and data["file_bytes"] == path.stat().st_size
+    assert data["entries"] == 6 and data["schema"] == 4 and data["file_bytes"] == path.stat().st_size
     by_name = {n["namespace"]: n for n in data["namespaces"]}
     assert by_name[NS]["platform"] == PLATFORM and by_name[OTHER]["platform"] == {}
     assert by_name[NS]["entries"] == 5 and data["temp_files"] == [".c.msgpack.abc.tmp"]

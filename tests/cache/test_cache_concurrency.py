@@ -304,3 +304,34 @@ gc.collect()
     finally:
         held.wait(timeout=60)
     assert MsgpackFileStore(path).get(NS, key(0)) is not None
+
+
+@pytest.mark.slow
+def test_merge_onto_a_live_file_while_two_writers_write_loses_nothing(tmp_path: Path) -> None:
+    from unimatmul.cli import main
+
+    lost = 0
+    for trial in range(20):
+        live, other = tmp_path / f"live{trial}.msgpack", tmp_path / f"other{trial}.msgpack"
+        extra = MsgpackFileStore(other, autoflush=0)
+        with extra.batch():
+            for i in range(50):
+                extra.put(NS, key(500_000_000 + trial * 1000 + i), record(key(500_000_000 + i)))
+        # Every put of the writers is written when it returns (autoflush=1), under the
+        # lock; the merges re-read the live file under it too.
+        writers = [_spawn(live, 10 * trial + w, 40, autoflush=1, loop=False) for w in range(2)]
+        merges = 0
+        while any(p.poll() is None for p in writers) or merges < 2:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert main(["cache", "merge", str(live), str(other), "-o", str(live)]) == 0
+            merges += 1
+        for proc in writers:
+            out, err = proc.communicate(timeout=120)
+            assert "done" in out
+            assert proc.returncode == 0, err
+        found = set(read_file(live).namespaces[NS].sorted_keys())
+        want = {key((10 * trial + w) * 1_000_000 + i) for w in range(2) for i in range(40)}
+        want |= {key(500_000_000 + trial * 1000 + i) for i in range(50)}
+        lost += len(want - found)
+    assert lost == 0

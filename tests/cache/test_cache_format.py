@@ -145,7 +145,7 @@ def test_a_newer_schema_that_declares_compatibility_is_read_but_not_written(tmp_
     path = tmp_path / "c.msgpack"
     MsgpackFileStore(path).put(NS, key(0), record(key(0)))
     doc = msgpack.unpackb(path.read_bytes())
-    doc.update(schema=4, compat=3, future_field=[1, 2])
+    doc.update(schema=5, compat=3, future_field=[1, 2])
     data = msgpack.packb(doc)
     path.write_bytes(data)
     store = MsgpackFileStore(path)

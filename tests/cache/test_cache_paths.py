@@ -122,3 +122,31 @@ def test_a_newly_kept_copy_of_an_old_file_is_never_the_one_removed(tmp_path: Pat
     assert str(kept[0]) in said
     assert len(list(tmp_path.glob("c.msgpack.corrupt-*"))) == store_module.KEEP_CORRUPT
     assert read_file(path).count() == 1
+
+
+def test_verify_of_a_folder_says_so_and_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unimatmul.cli import main
+    from unimatmul.cli.output import EXIT_UNAVAILABLE
+
+    assert main(["cache", "verify", "--cache", str(tmp_path)]) == EXIT_UNAVAILABLE
+    out = capsys.readouterr().out
+    assert "a folder is at the cache path, not a regular file" in out
+    assert "Errno" not in out
+
+
+def test_a_store_opened_for_reading_never_blames_the_read_only_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("UNIMATMUL_CACHE_READONLY", raising=False)
+    folder = tmp_path / "c.msgpack"
+    folder.mkdir()
+    notices.forget()
+    reader = MsgpackFileStore(folder, read_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reader.put(NS, key(0), record(key(0)))
+        assert reader.flush() is False
+    said = " ".join(str(w.message) for w in caught)
+    assert "read-only" in said and "not a regular file" in said
+    assert "UNIMATMUL_CACHE_READONLY" not in said
+    assert "UNIMATMUL_CACHE_READONLY" not in MsgpackFileStore(tmp_path / "d", read_only=True).read_only_reason

@@ -84,3 +84,35 @@ def test_a_read_only_selector_tunes_in_memory_and_leaves_the_file(
     assert isolated.selector.stats.tuned == 1
     assert isolated.store_count() == 1
     assert not isolated.cache_path.exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes read-only folders")
+def test_writing_commands_in_a_read_only_folder_name_the_folder_not_a_lock_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from unimatmul.cli import main
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = folder / "c.msgpack"
+    other = tmp_path / "other.msgpack"
+    MsgpackFileStore(path).put(NS, key(0), record(key(0)))
+    MsgpackFileStore(other).put(NS, key(1), record(key(1)))
+    (folder / "c.msgpack.lock").unlink()
+    csv = tmp_path / "results.csv"
+    csv.write_text("Validator,PT_VERSION,2.6.0\nGemmTunableOp_float_NN,nn_8_8_8_ld_8_8_8,Default,0.01\n")
+    folder.chmod(0o555)
+    before = path.read_bytes()
+    try:
+        for command in (
+            ["cache", "prune", "--older-than", "0", "--cache", str(path)],
+            ["cache", "recover", str(other), "--cache", str(path)],
+            ["cache", "merge", str(path), str(other), "-o", str(path)],
+            ["cache", "import", "tunableop", str(csv), "--namespace", NS, "--cache", str(path)],
+        ):
+            assert main(command) == 1, command
+            err = capsys.readouterr().err
+            assert "the folder is not writable" in err and ".lock" not in err, (command, err)
+    finally:
+        folder.chmod(0o755)
+    assert path.read_bytes() == before

@@ -154,3 +154,25 @@ def test_record_mode_writes_each_problem_met_and_tunes_nothing(recording_selecto
     from unimatmul.tuning.selector import get_selector
 
     assert get_selector().stats.tuned == 0
+
+
+def test_record_mode_writes_nothing_beside_a_read_only_cache(
+    recording_selector: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from unimatmul.core import notices
+
+    monkeypatch.delenv("UNIMATMUL_RECORD_FILE")
+    monkeypatch.setenv("UNIMATMUL_CACHE_READONLY", "1")
+    notices.forget()
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((5, 9)).astype(np.float32)
+    b = rng.standard_normal((9, 7)).astype(np.float32)
+    with unimatmul.mode("record"), pytest.warns(RuntimeWarning, match="no recorded.jsonl is written"):
+        out = unimatmul.matmul(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5)
+    assert not list(recording_selector.parent.glob("*.jsonl"))
+    # A record file named on purpose is still written.
+    monkeypatch.setenv("UNIMATMUL_RECORD_FILE", str(recording_selector))
+    with unimatmul.mode("record"):
+        unimatmul.matmul(a[:2], b)
+    assert [r.problem.m for r in read_problems(recording_selector).problems] == [2]

@@ -235,6 +235,8 @@ def test_one_tuning_per_key_when_threads_ask_at_once(isolated: Any, monkeypatch:
     assert not errors
     assert runs == [_problem(a, b).key]
     assert isolated.selector.stats.tuned == 1
+    # The lock of a key lives only while threads tune or wait for it.
+    assert not isolated.selector._tune_locks
     assert len(results) == 8
     for out in results:
         _check(out, a, b)

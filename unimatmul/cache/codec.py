@@ -1,4 +1,4 @@
-"""The cache file's encoding (schema 3): compact, strict, safe to read when hostile, and
+"""The cache file's encoding (schema 4): compact, strict, safe to read when hostile, and
 damage-contained.
 
 A file is one msgpack map (docs/cache-format.md): a header, and a body of checksummed
@@ -63,6 +63,8 @@ FORMAT = "unimatmul-cache"
 # A writer of a later schema sets "compat" to the oldest schema whose readers can still
 # read its files (ignoring what they do not know); such readers never write. Schema 2
 # readers cannot read frames: 3 makes them refuse the file, never move or overwrite it.
+# Schema 4 differs from 3 only in rows (a row's settings values follow it): a schema 3
+# reader reads the rows it knows, skips the others and never writes the file.
 COMPAT = 3
 
 
@@ -73,6 +75,12 @@ TABLE_BLOCK = 1024  # strings or lists per table block (written twice)
 
 
 MAX_BLOCK = 1 << 16  # items in one block, as a reader accepts it
+
+
+# Interned maps a namespace may carry before a rewrite re-encodes it: records intern
+# their kinds (versions, settings shapes), a few dozen; only an earlier writer's files,
+# which interned a settings map per record, hold more.
+MAX_KINDS = 4096
 
 
 DIGEST_VERSION = 2  # of content_digest's canonical form (not the file's schema: pins survive)
@@ -166,24 +174,24 @@ def _decode_frames(body: bytes, budget: Budget, snapshot: Snapshot, file_bytes: 
     """Fill ``snapshot`` from the frames of ``body``; the number of intact frames."""
     damage = snapshot.damage
     metas: dict[int, dict[str, Any]] = {}
+    malformed: dict[int, str] = {}
     blocks: dict[tuple[int, int, int], memoryview] = {}
-    seen = 0
+    intact: list[frames.Frame] = []
     for frame in frames.walk(body, damage):
-        seen += 1
+        intact.append(frame)
         where = (frame.kind, frame.namespace, frame.index)
         if frame.kind == frames.META:
             if frame.namespace not in metas:
                 try:
                     metas[frame.namespace] = _meta(frame.payload, file_bytes)
                 except CacheFileError as exc:
-                    damage.append(f"a namespace description is malformed ({exc})")
+                    malformed.setdefault(frame.namespace, str(exc))
         elif frame.kind in (frames.STRINGS, frames.LISTS, frames.ENTRIES):
             # Tables come twice: the first intact copy serves. Entries come once.
             if where in blocks and frame.kind == frames.ENTRIES:
                 damage.append(f"entry block {frame.index} of namespace {frame.namespace} appears twice")
             blocks.setdefault(where, frame.payload)
-    if any(number not in metas for _, number, _ in blocks):
-        damage.append("blocks of a namespace whose description was lost (both copies) were skipped")
+    _carry(intact, metas, malformed, snapshot)
     room = max_entries(file_bytes)
     for number, meta in sorted(metas.items(), key=lambda item: item[1]["name"]):
         name = meta["name"]
@@ -195,7 +203,27 @@ def _decode_frames(body: bytes, budget: Budget, snapshot: Snapshot, file_bytes: 
             continue
         room -= meta["entries"]
         snapshot.namespaces[name] = _namespace(number, meta, blocks, budget, snapshot)
-    return seen
+    return len(intact)
+
+
+def _carry(
+    intact: list[frames.Frame], metas: dict[int, Any], malformed: dict[int, str], snapshot: Snapshot
+) -> None:
+    """Keep, byte for byte, the intact frames of every namespace this reader could not
+    describe (a description it cannot parse, or one lost while its blocks are intact):
+    a rewrite writes them again instead of dropping data it could not read."""
+    known = (frames.META, frames.STRINGS, frames.LISTS, frames.ENTRIES)
+    counts: dict[int, int] = {}
+    for frame in intact:
+        if frame.kind in known and frame.namespace not in metas:
+            snapshot.carried.append(
+                (frame.namespace, frames.pack(frame.kind, frame.namespace, frame.index, bytes(frame.payload)))
+            )
+            counts[frame.namespace] = counts.get(frame.namespace, 0) + 1
+    for number, n in sorted(counts.items()):
+        why = malformed.get(number)
+        what = f"its description cannot be read ({why})" if why else "its description was lost (both copies)"
+        snapshot.unread.append(f"namespace {number}: {what}; its {n} intact frames are kept as they are")
 
 
 _META_COUNTS = ("strings", "lists", "entries", "table_block", "entry_block")
@@ -327,13 +355,22 @@ def encode_file(snapshot: Snapshot, header: dict[str, Any], *, level: int = 6) -
     as it is could point into the hole); entries that cannot be decoded are dropped, so
     the caller keeps a copy of a damaged file before it replaces it.
     """
-    first: list[bytes] = []
+    first: list[bytes] = [frame for _, frame in snapshot.carried]
     again: list[bytes] = []
     names = [name for name in sorted(snapshot.namespaces) if len(snapshot.namespaces[name])]
-    for number, name in enumerate(names):
+    taken = {number for number, _ in snapshot.carried}
+    numbers = (number for number in range(1 << 16) if number not in taken)
+    for number, name in zip(numbers, names, strict=False):
         ns = snapshot.namespaces[name]
         if ns.tables.damaged:
             ns = Namespace(platform=ns.platform, fresh=compact_namespace(name, ns, []))
+        elif len(ns.tables.maps) > MAX_KINDS:
+            # An earlier writer's one settings map a record: re-encoded once into shapes,
+            # unless an entry would not survive it (then its rows are copied as they are).
+            dropped: list[tuple[str, str, str]] = []
+            fresh = compact_namespace(name, ns, dropped)
+            if not dropped:
+                ns = Namespace(platform=ns.platform, fresh=fresh)
         described, tables, entries = encode_namespace(name, number, ns, level=level)
         first += [described, *tables, *entries]
         again += [described, *tables]

@@ -69,6 +69,7 @@ from unimatmul.cache.fields import is_date
 from unimatmul.cache.lock import FileLock, LockTimeout
 from unimatmul.cache.record import TuningRecord, check_device_state, check_settings
 from unimatmul.core import notices
+from unimatmul.core.text_input import not_regular_kind
 
 KEEP_CORRUPT = 3  # copies of damaged files kept beside the cache; older ones are removed
 STALE_TEMP_S = 600.0  # without a real lock, a temp file this old belongs to a dead writer
@@ -139,12 +140,17 @@ def read_bytes(path: Path) -> tuple[bytes | None, FileStat | None]:
         fd = os.open(path, flags)
     except (FileNotFoundError, NotADirectoryError):
         return None, None
-    with os.fdopen(fd, "rb") as fh:
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}.get(stat.S_IFMT(st.st_mode), "a device")
-            msg = f"{kind} is at the cache path, not a regular file; it is never read nor replaced"
-            raise NotRegularFile(msg)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        # Before any file object is made: a folder's would fail with a descriptor number.
+        os.close(fd)
+        msg = f"{not_regular_kind(st.st_mode)} is at the cache path, not a regular file; it is never read nor replaced"
+        raise NotRegularFile(msg)
+    with os.fdopen(fd, "rb") as fh:
         if st.st_size > MAX_FILE_BYTES:
             msg = f"{st.st_size} bytes exceed the {MAX_FILE_BYTES} byte limit"
             raise CacheFileError(msg)
@@ -299,7 +305,16 @@ class MsgpackFileStore:
     ) -> None:
         self.path = Path(path)
         self.read_only = read_only_requested() if read_only is None else read_only
-        self.read_only_reason = "UNIMATMUL_CACHE_READONLY is set" if self.read_only else ""
+        # Why: the setting only when it is what made the store read-only (a reading
+        # command opens its store so, and must not blame a setting that is not set).
+        self._opened_read_only = read_only is True
+        self.read_only_reason = (
+            "opened for reading only"
+            if self._opened_read_only
+            else "UNIMATMUL_CACHE_READONLY is set"
+            if self.read_only
+            else ""
+        )
         self.autoflush = autoflush
         self.refresh_s = refresh_s
         self.compression = compression
@@ -398,13 +413,21 @@ class MsgpackFileStore:
                 "damaged",
                 f"damaged: {snap.damage[0]}{more}; {lost}, the {snap.count()} others are used; {self._fate()}",
             )
+        if snap.unread:
+            self.problems.extend(snap.unread)
+            more = f" (and {len(snap.unread) - 1} more)" if len(snap.unread) > 1 else ""
+            warn_once(
+                self.path,
+                "unread",
+                f"{snap.unread[0]}{more}: its entries are not used here, and every write keeps them",
+            )
         if snap.problems:
             self.problems.extend(snap.problems)
             warn_once(self.path, "fields", f"malformed fields ignored: {'; '.join(snap.problems[:3])}")
         return snap
 
     def _refuse_writes(self, why: str) -> None:
-        if not self.read_only:
+        if not self.read_only or self._opened_read_only:
             self.read_only = True
             self.read_only_reason = why
         self.problems.append(why)
@@ -648,6 +671,10 @@ class MsgpackFileStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists() and not os.access(target, os.W_OK):
             raise PermissionError(errno.EACCES, "the file is not writable", str(target))
+        if not os.access(target.parent, os.W_OK | os.X_OK):
+            # Said here: the lock, the temp file and the new file all need the folder (the
+            # lock's open would otherwise be what fails, blaming a missing lock file).
+            raise PermissionError(errno.EACCES, "the folder is not writable", str(target.parent))
         timeout = self.lock_timeout_s if wait_s is None else wait_s
         with FileLock(self.lock_path, timeout) as lock:
             # Under a real lock no live writer has a temp file open: any there is a

@@ -64,7 +64,17 @@ _F_PROBLEM = 0x20  # record.problem differs from the key: a string index follows
 _F_WINNER_OUTSIDE = 0x40  # the winner is not among the results: a string index, not a position
 
 
-_ROW_FLAGS = 0x7F
+_F_MORE = 0x80  # a varint of more flags follows the head
+
+
+_ROW_FLAGS = 0xFF
+
+
+# More flags (the varint after the head, with flag 0x80): room for fields to come.
+_M_SETTINGS_VALUES = 0x01  # the settings index names a shape; the values follow it in the row
+
+
+_MORE_FLAGS = 0x01
 
 
 # Result head: low 3 bits the status code, then what follows.
@@ -140,14 +150,26 @@ def encode_row(key: str, record: TuningRecord, tables: Tables) -> bytes:
         flags |= _F_PROBLEM
     if record.winner not in identities:
         flags |= _F_WINNER_OUTSIDE
+    more = _M_SETTINGS_VALUES if settings else 0
+    if more:
+        flags |= _F_MORE
     out = bytearray(_HEAD.pack(flags, record.winner_s, record.tuned_at, _f32(record.tune_s)))
+    if more:
+        put_varint(out, more)
     put_varint(out, tables.list_of(identities))
     if flags & _F_WINNER_OUTSIDE:
         put_varint(out, tables.string(record.winner))
     else:
         put_varint(out, identities.index(record.winner))
     put_varint(out, tables.map(record.versions))
-    put_varint(out, tables.map(settings))
+    if more & _M_SETTINGS_VALUES:
+        # Measurements (load, noise, speedups, ...) differ from one record to the next:
+        # only the shape of the map (its keys and list lengths) is interned, the values
+        # are the row's, so the tables grow with the kinds of records, never their number.
+        put_varint(out, tables.map(settings_shape(settings)))
+        _put_leaves(out, settings, tables)
+    else:
+        put_varint(out, tables.map(settings))
     put_varint(out, tables.string(record.writer))
     if flags & _F_DEFAULT_EXACT:
         out += _F64.pack(record.default_s)
@@ -194,20 +216,45 @@ def _put_device(out: bytearray, state: dict[str, Any], tables: Tables) -> None:
     names = sorted(state)
     put_varint(out, tables.list_of(names))
     for name in names:
-        value = state[name]
-        if value is None:
-            out.append(_V_NONE)
-        elif isinstance(value, bool):
-            out.append(_V_TRUE if value else _V_FALSE)
-        elif isinstance(value, int):
-            out.append(_V_INT if value >= 0 else _V_NEG)
-            put_varint(out, abs(value))
-        elif isinstance(value, float):
-            out.append(_V_FLOAT)
-            out += _F64.pack(value)
-        else:
-            out.append(_V_STR)
-            put_varint(out, tables.string(str(value)))
+        _put_value(out, state[name], tables)
+
+
+def _put_value(out: bytearray, value: Any, tables: Tables) -> None:
+    """One scalar with its value tag (``_V_NONE`` .. ``_V_STR``)."""
+    if value is None:
+        out.append(_V_NONE)
+    elif isinstance(value, bool):
+        out.append(_V_TRUE if value else _V_FALSE)
+    elif isinstance(value, int):
+        out.append(_V_INT if value >= 0 else _V_NEG)
+        put_varint(out, abs(value))
+    elif isinstance(value, float):
+        out.append(_V_FLOAT)
+        out += _F64.pack(value)
+    else:
+        out.append(_V_STR)
+        put_varint(out, tables.string(str(value)))
+
+
+def settings_shape(value: Any) -> Any:
+    """A settings map with every scalar replaced by None: its keys and list lengths."""
+    if isinstance(value, dict):
+        return {k: settings_shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [settings_shape(v) for v in value]
+    return None
+
+
+def _put_leaves(out: bytearray, value: Any, tables: Tables) -> None:
+    # In the order _read_leaves walks the shape: map keys sorted, lists in order.
+    if isinstance(value, dict):
+        for k in sorted(value):
+            _put_leaves(out, value[k], tables)
+    elif isinstance(value, list):
+        for item in value:
+            _put_leaves(out, item, tables)
+    else:
+        _put_value(out, value, tables)
 
 
 def _f32(value: float) -> float:
@@ -235,6 +282,12 @@ def _decode_row(key: str, row: bytes, tables: Tables) -> TuningRecord:
         msg = f"entry {key!r} was tuned at {tuned_at!r}, which is not a date"
         raise BadEntry(msg)
     pos = _HEAD.size
+    more = 0
+    if flags & _F_MORE:
+        more, pos = read_varint(row, pos)
+        if more & ~_MORE_FLAGS:
+            msg = f"entry {key!r} has flags 0x{more:x} of a newer writer"
+            raise BadEntry(msg)
     index, pos = read_varint(row, pos)
     identities = tables.listtable_item(index)
     index, pos = read_varint(row, pos)
@@ -242,7 +295,10 @@ def _decode_row(key: str, row: bytes, tables: Tables) -> TuningRecord:
     index, pos = read_varint(row, pos)
     versions = table_item(maps, index)
     index, pos = read_varint(row, pos)
-    settings = dict(table_item(maps, index))
+    if more & _M_SETTINGS_VALUES:
+        settings, pos = _read_leaves(table_item(maps, index), row, pos, tables)
+    else:
+        settings = dict(table_item(maps, index))
     index, pos = read_varint(row, pos)
     writer = table_item(strings, index)
     default_s = None
@@ -327,27 +383,50 @@ def _decode_row(key: str, row: bytes, tables: Tables) -> TuningRecord:
 def _read_device(row: bytes, pos: int, tables: Tables, out: dict[str, Any]) -> int:
     index, pos = read_varint(row, pos)
     for name in tables.listtable_item(index):
-        tag = row[pos]
-        pos += 1
-        value: Any
-        if tag == _V_NONE:
-            value = None
-        elif tag in (_V_FALSE, _V_TRUE):
-            value = tag == _V_TRUE
-        elif tag in (_V_INT, _V_NEG):
-            value, pos = read_varint(row, pos)
-            value = -value if tag == _V_NEG else value
-        elif tag == _V_FLOAT:
-            (value,) = _F64.unpack_from(row, pos)
-            pos += 8
-        elif tag == _V_STR:
-            index, pos = read_varint(row, pos)
-            value = table_item(tables.strings, index)
-        else:
-            msg = f"device state value tag {tag}"
-            raise BadEntry(msg)
-        out[name] = value
+        out[name], pos = _read_value(row, pos, tables)
     return pos
+
+
+def _read_value(row: bytes, pos: int, tables: Tables) -> tuple[Any, int]:
+    tag = row[pos]
+    pos += 1
+    value: Any
+    if tag == _V_NONE:
+        value = None
+    elif tag in (_V_FALSE, _V_TRUE):
+        value = tag == _V_TRUE
+    elif tag in (_V_INT, _V_NEG):
+        value, pos = read_varint(row, pos)
+        value = -value if tag == _V_NEG else value
+    elif tag == _V_FLOAT:
+        (value,) = _F64.unpack_from(row, pos)
+        pos += 8
+    elif tag == _V_STR:
+        index, pos = read_varint(row, pos)
+        value = table_item(tables.strings, index)
+    else:
+        msg = f"value tag {tag}"
+        raise BadEntry(msg)
+    return value, pos
+
+
+def _read_leaves(shape: Any, row: bytes, pos: int, tables: Tables) -> tuple[Any, int]:
+    """The settings whose shape is ``shape`` (from the maps table, depth-checked when read)."""
+    if isinstance(shape, dict):
+        found: dict[str, Any] = {}
+        for k in sorted(shape):
+            found[k], pos = _read_leaves(shape[k], row, pos, tables)
+        return found, pos
+    if isinstance(shape, list):
+        items = []
+        for item in shape:
+            value, pos = _read_leaves(item, row, pos, tables)
+            items.append(value)
+        return items, pos
+    if shape is not None:
+        msg = "a settings shape holds a value"
+        raise BadEntry(msg)
+    return _read_value(row, pos, tables)
 
 
 def _str_map(value: dict[str, Any]) -> dict[str, str]:

@@ -21,13 +21,30 @@ MAX_INFLATED_BYTES = 512 << 20  # all columns of a file together, once inflated:
 MAX_DEPTH = 12  # legitimate files nest 6 deep
 
 
-MAX_OBJECTS = 100_000  # msgpack objects outside the columns (header, maps: a few hundred)
+# What building one msgpack object costs at least once it is a Python object (an empty
+# list is 56 bytes, a float 24 plus its slot, a dict over 200), and the memory one
+# document may make of them.
+OBJECT_BYTES = 64
+
+
+OBJECTS_MEMORY = 64 << 20
+
+
+MAX_OBJECTS = OBJECTS_MEMORY // OBJECT_BYTES  # one document: 1 Mi objects, a memory budget
+
+
+def object_limit(nbytes: int) -> int:
+    """The most msgpack objects a document of ``nbytes`` may hold: every object takes at
+    least one byte, so the document's own size bounds them, and the memory budget bounds
+    what any document may build. Never a count that honest growth reaches: what grows with
+    the entries lives in the columns, outside every msgpack document."""
+    return max(1, min(nbytes, MAX_OBJECTS))
 
 
 MAX_TEXT = 1 << 20  # one string or table map element
 
 
-def scan(data: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_objects: int = MAX_OBJECTS) -> None:
+def scan(data: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_objects: int | None = None) -> None:
     """Check that ``data`` is exactly one msgpack object within the limits, building nothing.
 
     msgpack's own unpacker builds every object before a caller can look at it: a few
@@ -37,6 +54,8 @@ def scan(data: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_objects: i
     """
     buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     end = len(buf)
+    if max_objects is None:
+        max_objects = object_limit(end)
     pos = 0
     objects = 0
     stack: list[int] = []  # objects still expected in each open container
@@ -107,6 +126,10 @@ def scan(data: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_objects: i
                 # is a lie, caught before anyone trusts it.
                 msg = f"a container claims {count} elements with {end - pos} bytes left"
                 raise CacheFileError(msg)
+            if objects + count > max_objects:
+                # Each element is an object: refused at the container, before the walk.
+                msg = f"more than {max_objects} msgpack objects"
+                raise CacheFileError(msg)
             if len(stack) + 1 >= max_depth:
                 msg = f"msgpack nesting deeper than {max_depth}"
                 raise CacheFileError(msg)
@@ -114,8 +137,11 @@ def scan(data: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_objects: i
             remaining = count
 
 
-def unpack(data: bytes, *, max_objects: int = MAX_OBJECTS) -> Any:
-    """Pre-scan, then unpack with strict options: str keys, no extension types."""
+def unpack(data: bytes, *, max_objects: int | None = None) -> Any:
+    """Pre-scan, then unpack with strict options: str keys, no extension types. At most
+    ``max_objects`` objects (default: :func:`object_limit` of the document's size)."""
+    if max_objects is None:
+        max_objects = object_limit(len(data))
     scan(data, max_objects=max_objects)
     try:
         return msgpack.unpackb(
@@ -126,8 +152,8 @@ def unpack(data: bytes, *, max_objects: int = MAX_OBJECTS) -> Any:
             ext_hook=_refuse_ext,
             max_str_len=MAX_FILE_BYTES,
             max_bin_len=MAX_FILE_BYTES,
-            max_array_len=MAX_OBJECTS,
-            max_map_len=MAX_OBJECTS,
+            max_array_len=max_objects,
+            max_map_len=max_objects,
             max_ext_len=0,
         )
     except CacheFileError:

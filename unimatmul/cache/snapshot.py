@@ -12,7 +12,7 @@ from unimatmul.cache.errors import BadEntry
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cache.rows import decode_row
 
-SCHEMA = 3
+SCHEMA = 4
 
 
 @dataclass
@@ -76,6 +76,9 @@ class Snapshot:
     structure that no longer parses), each a sentence; ``lost`` counts the entries they
     held where that is known. ``problems``: fields that were dropped (fields.py).
     ``unreadable``: why nothing at all could be read (the store's empty stand-in).
+    ``carried``: intact frames this reader could not use (a namespace whose description
+    it cannot read, and that namespace's blocks), written again byte for byte by every
+    rewrite; ``unread`` says what they are, a sentence each.
     """
 
     header: dict[str, Any] = field(default_factory=dict)
@@ -86,10 +89,13 @@ class Snapshot:
     lost: int = 0
     problems: list[str] = field(default_factory=list)
     unreadable: str = ""
+    carried: list[tuple[int, bytes]] = field(default_factory=list)  # (namespace number, frame)
+    unread: list[str] = field(default_factory=list)
 
     @property
     def damaged(self) -> bool:
-        """Whether rewriting this file would drop something that is in it now."""
+        """Whether rewriting this file would drop something that is in it now (what is
+        carried is not dropped)."""
         return bool(self.damage or self.unreadable or self.bad)
 
     def count(self) -> int:
@@ -127,6 +133,7 @@ def iter_records(
 def compact(snapshot: Snapshot) -> tuple[Snapshot, list[tuple[str, str, str]]]:
     """A copy whose tables hold only what its entries use; entries that fail to decode are dropped."""
     out = Snapshot(header=dict(snapshot.header), schema=SCHEMA)
+    out.carried, out.unread = list(snapshot.carried), list(snapshot.unread)
     dropped: list[tuple[str, str, str]] = []
     for name, ns in snapshot.namespaces.items():
         target = out.namespace(name)

@@ -288,13 +288,14 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     digest = content_digest(snapshot)
     result: dict[str, Any] = {
         "path": str(path),
-        "valid": not bad and not snapshot.damage,
+        "valid": not bad and not snapshot.damage and not snapshot.unread,
         "schema": snapshot.schema,
         "entries": snapshot.count(),
         "namespaces": len([n for n in snapshot.namespaces.values() if len(n)]),
         "bad_entries": [{"namespace": ns, "key": key, "why": why} for ns, key, why in bad],
         "damage": snapshot.damage,
         "lost_entries": snapshot.lost,
+        "unread": snapshot.unread,
         "sha256": digest,
     }
     code = EXIT_OK if result["valid"] else EXIT_ERROR
@@ -315,6 +316,11 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
     else:
         parts = [plural(len(bad), "unreadable entry", "unreadable entries")] if bad else []
         parts += [f"damaged ({entries(snapshot.lost)} lost)"] if snapshot.damage else []
+        parts += (
+            [plural(len(snapshot.unread), "namespace") + " this version cannot read"]
+            if snapshot.unread
+            else []
+        )
         state = ", ".join(parts)
     out.write(
         f"{state}: {entries(result['entries'])} in {plural(result['namespaces'], 'namespace')}, "
@@ -324,6 +330,8 @@ def cmd_cache_verify(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"  bad entry [{ns}] {key}: {why}\n")
     for line in _damage_lines(snapshot):
         out.write(f"  {line}\n")
+    for line in snapshot.unread:
+        out.write(f"  unread:   {line}\n")
     out.write(f"sha256 {digest}\n")
     if "matches" in result:
         out.write(
@@ -377,11 +385,25 @@ def _gather(
     return merged, total, conflicts, skipped
 
 
-def _same_file(path: Path, other: Path) -> bool:
-    try:
-        return path.resolve() == other.resolve()
-    except OSError:
-        return False
+def _merge_into(disk: Snapshot, found: Snapshot) -> tuple[int, int, int]:
+    """Put the records of ``found`` (gathered: all readable) into ``disk``, the faster record
+    on a key both hold; (records put, keys both held, keys where disk's was faster)."""
+    put = both = kept = 0
+    for ns_name, key, record in iter_records(found):
+        assert not isinstance(record, BadEntry)
+        try:
+            mine = disk.get(ns_name, key)
+        except BadEntry:
+            mine = None
+        both += mine is not None
+        if mine is None or faster(mine, record) is record:
+            disk.namespace(ns_name).put(key, record)
+            put += 1
+        else:
+            kept += 1
+        if found.namespaces[ns_name].platform and not disk.namespace(ns_name).platform:
+            disk.namespace(ns_name).platform = dict(found.namespaces[ns_name].platform)
+    return put, both, kept
 
 
 def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
@@ -389,15 +411,45 @@ def _kept_lines(store: MsgpackFileStore, out: TextIO) -> None:
         out.write(f"the damaged file it replaced was kept as {copy}\n")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return a.absolute() == b.absolute()
+
+
 def cmd_cache_merge(args: argparse.Namespace, out: TextIO) -> int:
     output.check_writable(args.output, "-o")
     destination = Path(args.output)
-    merged, total, conflicts, skipped = _gather(args.inputs, verify=True, out=out, home=destination)
     store = MsgpackFileStore(destination)  # honours UNIMATMUL_CACHE_READONLY
-    _write(store, lambda _disk: merged)
+    others = [name for name in args.inputs if not _same_file(Path(name), store.target)]
+    into_itself = len(others) < len(args.inputs)
+    for name in others:  # a missing input is said before anything is locked
+        if not Path(name).exists() and not Path(name).is_symlink():
+            raise CliError(f"no cache file at {name}", EXIT_UNAVAILABLE)
+    counts = [0, 0, 0, 0]  # entries, conflicts, unreadable, of the destination
+
+    def change(disk: Snapshot) -> Snapshot:
+        # Under the lock, with the file as other writers left it: the inputs are read here,
+        # so that nothing written before the lock was taken is lost.
+        # Entries of the other files are marked as come by merge (checked on first call).
+        merged, total, conflicts, skipped = _gather(others, verify=True, out=out, home=store.target)
+        if not into_itself:
+            counts[:] = [total, conflicts, skipped, 0]
+            # What the replaced file held that this version cannot read stays in it.
+            merged.carried, merged.unread = disk.carried, disk.unread
+            return merged
+        _refuse_unreadable(disk)
+        own = disk.count()
+        _, both, _ = _merge_into(disk, merged)
+        counts[:] = [total + own, conflicts + both, skipped + disk.lost, own]
+        return disk
+
+    new = _write(store, change)
+    total, conflicts, skipped, _ = counts
     out.write(
         f"merged {entries(total)} from {plural(len(args.inputs), 'file')} into "
-        f"{destination}: {entries(merged.count())}, "
+        f"{destination}: {entries(new.count())}, "
         f"{plural(conflicts, 'key')} in several files (the faster record kept)"
         + (f", {plural(skipped, 'unreadable entry', 'unreadable entries')} skipped" if skipped else "")
         + "\n"
@@ -414,21 +466,8 @@ def cmd_cache_recover(args: argparse.Namespace, out: TextIO) -> int:
     added: list[int] = [0, 0]
 
     def change(disk: Snapshot) -> Snapshot:
-        added[:] = [0, 0]
-        for ns_name, key, record in iter_records(found):
-            assert not isinstance(record, BadEntry)
-            try:
-                mine = disk.get(ns_name, key)
-            except BadEntry:
-                mine = None
-            keep = record if mine is None else faster(mine, record)
-            if keep is record:
-                disk.namespace(ns_name).put(key, record)
-                added[0] += 1
-            else:
-                added[1] += 1
-            if found.namespaces[ns_name].platform and not disk.namespace(ns_name).platform:
-                disk.namespace(ns_name).platform = dict(found.namespaces[ns_name].platform)
+        taken, _, theirs = _merge_into(disk, found)
+        added[:] = [taken, theirs]
         return disk
 
     _write(store, change)

@@ -20,9 +20,10 @@ from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cache.protocol import CacheStore, MemoryStore
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output
-from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError
+from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.backend import Target
+from unimatmul.core.text_input import InputFileError
 from unimatmul.interop import json_export
 from unimatmul.interop.tunableop import TunableOpValidators, parse, write
 from unimatmul.interop.tunableop_cache import (
@@ -109,6 +110,8 @@ def import_tunableop(args: argparse.Namespace, out: TextIO) -> int:
     """``cache import tunableop FILE.csv [--namespace NS] [--replace]``."""
     try:
         parsed = parse(Path(args.file))
+    except InputFileError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc}", EXIT_UNAVAILABLE) from exc
     except ValueError as exc:

@@ -9,6 +9,7 @@ for each problem, every bucket from m=1 up to the bucket of its m (or of ``--max
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from unimatmul.core.backend import Target
 from unimatmul.core.notices import size_text
 from unimatmul.core.plugins import get_plugin_manager
 from unimatmul.core.problem import Problem
+from unimatmul.core.text_input import text_lines
 from unimatmul.interop.tunableop_cache import untuned_problems
 from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets
@@ -86,12 +88,17 @@ def add_command(sub: Any) -> None:
 
 def read_problem_file(path: str | Path) -> ReadResult:
     """The distinct problems of a record file or of a PyTorch TunableOp untuned file."""
-    text = Path(path).read_text(encoding="utf-8")
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    lines = text_lines(path, "a problem file")  # a regular file within the limit, line by line
+    head = []
+    for line in lines:
+        head.append(line)
+        if line.strip():
+            break
+    first = head[-1].strip() if head else ""
     if first.startswith("{"):
-        return parse_record_lines(text).distinct()
+        return parse_record_lines(itertools.chain(head, lines)).distinct()
     try:
-        found = untuned_problems(text)
+        found = untuned_problems(itertools.chain(head, lines))
     except ValueError as exc:
         msg = f"{path}: neither a unimatmul record file (JSON lines) nor a TunableOp untuned file: {exc}"
         raise ValueError(msg) from None

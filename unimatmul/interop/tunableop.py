@@ -12,8 +12,9 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, NamedTuple, Union
+
+from unimatmul.core.text_input import text_lines
 
 __all__ = [
     "KINDS",
@@ -142,7 +143,7 @@ _SOLUTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("bare", re.compile(r"(?P<idx>-?\d+)")),
 )
 
-Source = Union[str, "os.PathLike[str]", IO[str]]
+Source = Union[str, "os.PathLike[str]", IO[str], Iterable[str]]
 
 
 class ParseError(NamedTuple):
@@ -585,8 +586,8 @@ def parse(source: Source) -> TunableOpFile:
     Bad lines are reported in ``errors`` and skipped; ``ValueError`` only when nothing in
     the input is a validator or a readable GEMM row.
     """
-    text, path = _read(source)
-    return _parse_text(text, path, untuned=False)
+    lines, path = _read(source)
+    return _parse_lines(lines, path, untuned=False)
 
 
 def parse_untuned(source: Source) -> TunableOpFile:
@@ -594,20 +595,21 @@ def parse_untuned(source: Source) -> TunableOpFile:
 
     Same conventions as :func:`parse`; the GEMMs have no solution and no time.
     """
-    text, path = _read(source)
-    return _parse_text(text, path, untuned=True)
+    lines, path = _read(source)
+    return _parse_lines(lines, path, untuned=True)
 
 
-def _read(source: Source) -> tuple[str, str | None]:
+def _read(source: Source) -> tuple[Iterable[str], str | None]:
+    """The lines of ``source``; a path is read as it is parsed (a regular file within the
+    size limit only: :func:`unimatmul.core.text_input.text_lines`)."""
     if isinstance(source, os.PathLike):
         path = os.fspath(source)
-        return Path(path).read_text(encoding="utf-8"), path
+        return text_lines(path, "a TunableOp file"), path
     if isinstance(source, str):
         if source and "\n" not in source and "," not in source:
-            return Path(source).read_text(encoding="utf-8"), source
-        return source, None
-    text = source.read()
-    return text, getattr(source, "name", None)
+            return text_lines(source, "a TunableOp file"), source
+        return source.split("\n"), None
+    return (line.rstrip("\n") for line in source), getattr(source, "name", None)  # a file or lines
 
 
 def _split_fields(line: str) -> list[str]:
@@ -618,12 +620,12 @@ def _split_fields(line: str) -> list[str]:
     return parts
 
 
-def _parse_text(text: str, path: str | None, *, untuned: bool) -> TunableOpFile:
+def _parse_lines(lines: Iterable[str], path: str | None, *, untuned: bool) -> TunableOpFile:
     validators: dict[str, str] = {}
     rows: list[TunableOpRow] = []
     gemms: list[TunableOpGemm] = []
     errors: list[ParseError] = []
-    for line_no, raw in enumerate(text.split("\n"), start=1):
+    for line_no, raw in enumerate(lines, start=1):
         line = raw.rstrip("\r")
         if not line.strip():
             continue

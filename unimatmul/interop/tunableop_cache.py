@@ -250,9 +250,9 @@ class UntunedProblems:
     skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
-def untuned_problems(text: str) -> UntunedProblems:
-    """The problems of PyTorch TunableOp's untuned file (``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``);
-    ValueError if the text is no such file."""
+def untuned_problems(text: str | Iterable[str]) -> UntunedProblems:
+    """The problems of PyTorch TunableOp's untuned file (``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``),
+    its text or its lines; ValueError if it is no such file."""
     parsed = parse_untuned(text)
     result = UntunedProblems(skipped=[(e.line_no, e.reason) for e in parsed.errors])
     for gemm in parsed.gemms:

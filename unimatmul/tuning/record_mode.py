@@ -2,7 +2,8 @@
 
 With ``UNIMATMUL_MODE=record`` the Selector behaves like ``cached`` and hands each
 problem it resolves to :func:`record_problem`, which appends it to the record file
-(``UNIMATMUL_RECORD_FILE``, default ``recorded.jsonl`` beside the cache file) once.
+(``UNIMATMUL_RECORD_FILE``, default ``recorded.jsonl`` beside the cache file) once;
+under ``UNIMATMUL_CACHE_READONLY`` only a file named by ``UNIMATMUL_RECORD_FILE``.
 ``unimatmul tune --from FILE`` then tunes them, and the workload runs with ``cached``.
 
 The file is JSON Lines, one problem per line::
@@ -26,14 +27,16 @@ import io
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unimatmul import settings
 from unimatmul.cache.protocol import default_cache_folder, default_cache_path
+from unimatmul.core import notices
 from unimatmul.core.problem import Problem
+from unimatmul.core.text_input import text_lines
 
 if TYPE_CHECKING:
     from unimatmul.core.backend import Target
@@ -142,7 +145,16 @@ def get_recorder() -> ProblemRecorder:
 
 
 def record_problem(problem: Problem, target: Target) -> None:
-    """The Selector's default ``on_problem`` hook in record mode."""
+    """The Selector's default ``on_problem`` hook in record mode. Under
+    ``UNIMATMUL_CACHE_READONLY`` nothing is written beside the cache (a record file named
+    by ``UNIMATMUL_RECORD_FILE`` still is: it was asked for)."""
+    if settings.CACHE_READONLY.get() and not settings.RECORD_FILE.get():
+        notices.warn_once(
+            ("record", "read-only"),
+            f"unimatmul record mode: UNIMATMUL_CACHE_READONLY is set, so no {FILENAME} is written "
+            f"beside the cache (set {ENV} to record into a file of your choice)",
+        )
+        return
     get_recorder()(problem, target)
 
 
@@ -166,15 +178,18 @@ class ReadResult:
 
 
 def read_problems(path: str | os.PathLike[str]) -> ReadResult:
-    """The distinct problems of a record file."""
-    return parse_record_lines(Path(path).read_text(encoding="utf-8")).distinct()
+    """The distinct problems of a record file (a regular file within the size limit, read
+    line by line: :func:`unimatmul.core.text_input.text_lines`)."""
+    return parse_record_lines(text_lines(path, "a record file")).distinct()
 
 
-def parse_record_lines(text: str) -> ReadResult:
-    """Every problem of a record file's text; a line that cannot be read is skipped (why)."""
+def parse_record_lines(text: str | Iterable[str]) -> ReadResult:
+    """Every problem of a record file's text (or its lines); a line that cannot be read is
+    skipped (why)."""
     problems: list[RecordedProblem] = []
     skipped: list[tuple[int, str]] = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines() if isinstance(text, str) else text
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -13,12 +13,13 @@ on its calls (:meth:`Selector.tuning_allowance`): once spent, untuned problems r
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -117,7 +118,8 @@ class Selector:
         self.tuner = Tuner(plugins=plugins, settings=settings, backends=backends, warn=self.warn_once)
         self.stats = SelectorStats()
         self._platforms: dict[tuple[str, Any], Platform] = {}
-        self._tune_locks: dict[tuple[str, str], threading.Lock] = {}
+        # key -> [its lock, threads holding or waiting for it]: gone when none is.
+        self._tune_locks: dict[tuple[str, str], list[Any]] = {}
         # (problem key, choice) -> whether its first-call check passed in this process.
         self._checked: dict[tuple[str, str], bool] = {}
         self._locks_guard = threading.Lock()
@@ -533,9 +535,23 @@ class Selector:
         return record
 
     # --- tuning -------------------------------------------------------------------
-    def _tune_lock(self, namespace: str, key: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _tune_lock(self, namespace: str, key: str) -> Iterator[None]:
+        """One tuning per key at a time; the lock lives only while a thread tunes or waits
+        (a process that tunes 20,000 problems does not keep 20,000 locks)."""
         with self._locks_guard:
-            return self._tune_locks.setdefault((namespace, key), threading.Lock())
+            entry = self._tune_locks.get((namespace, key))
+            if entry is None:
+                entry = self._tune_locks[(namespace, key)] = [threading.Lock(), 0]
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._locks_guard:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._tune_locks[(namespace, key)]
 
     def tune(
         self,
