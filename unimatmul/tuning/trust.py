@@ -32,6 +32,7 @@ from typing import Any
 
 from unimatmul.core.arrays import Check, Operands
 from unimatmul.core.backend import Runner, Target
+from unimatmul.core.modes import mode
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import ScaledOperands
 from unimatmul.tuning.harness import _error_model, _reference_operands
@@ -156,7 +157,12 @@ class CheckingRunner:
             # compare with; the choice serves as it did before checks, and nothing is stored.
             self._settle(self.inner, None)
             return
-        reason = check_outputs(self._problem, self._target, a, b, out, theirs, c0, alpha, beta, bias, extra)
+        # The check's own products (the float64 reference, on the device) are not the
+        # program's: routing passes them through, as it does the harness's.
+        with mode("off"):
+            reason = check_outputs(
+                self._problem, self._target, a, b, out, theirs, c0, alpha, beta, bias, extra
+            )
         if reason:
             adapter.copy_(out, theirs)  # the caller gets the right result
         self._settle(self.default if reason else self.inner, reason)

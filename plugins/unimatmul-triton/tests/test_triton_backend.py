@@ -865,3 +865,15 @@ def test_the_driver_words_are_found_once_per_device(monkeypatch: pytest.MonkeyPa
     assert _Driver.words(0, False) == _Driver.words(0, False) == (10, 20, 30)
     assert _Driver.words(1, False) == (11, 20, 30)
     assert looked_up == [0, 1]
+
+
+@pytest.mark.skipif(bool(getattr(torch.version, "hip", None)), reason="ROCm's Triton has the fnuz fp8 pair")
+@pytest.mark.parametrize("dtype", ["f8e4m3fnuz", "f8e5m2fnuz"])
+def test_the_fnuz_pair_is_offered_on_rocm_only(dtype: str) -> None:
+    """NVIDIA's Triton has no fp8e4b8 / fp8e5b16: such a problem is refused before anything
+    is compiled (a stored fnuz winner would fail to compile); the interpreter computes it."""
+    problem = scaled_problem(31, 48, 64, dtype_a=dtype, dtype_b=dtype)
+    with pytest.raises(UnsupportedProblem, match="fnuz fp8 pair is ROCm's"):
+        TritonBackend()._check_here(problem)
+    TritonInterpreterBackend()._check_here(problem)
+    TritonBackend()._check_here(scaled_problem(31, 48, 64))  # the OCP pair is NVIDIA's

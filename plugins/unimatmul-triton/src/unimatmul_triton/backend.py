@@ -149,7 +149,7 @@ class TritonBackend(Backend):
 
     def ranked(self, problem: Problem, target: Target, limit: int | None = None) -> list[configs.Estimate]:
         """The model's ranking of every applicable config (reports and scripts use it)."""
-        check_supported(problem)
+        self._check_here(problem)
         return ranked_configs(problem, self.device_model(target), limit)
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
@@ -168,7 +168,7 @@ class TritonBackend(Backend):
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         try:
-            check_supported(problem)
+            self._check_here(problem)
             config = config_of(problem, candidate)
             if config is None:
                 return False
@@ -206,7 +206,7 @@ class TritonBackend(Backend):
     def _plan(self, problem: Problem, candidate: Candidate) -> LaunchPlan:
         if candidate.backend != self.name:
             raise UnsupportedProblem(f"{candidate.identity} is not a triton candidate", problem=problem)
-        check_supported(problem)
+        self._check_here(problem)
         config = config_of(problem, candidate)
         if config is None:
             raise UnsupportedProblem(
@@ -215,6 +215,21 @@ class TritonBackend(Backend):
                 backend=self.name,
             )
         return plan_for(problem, config)
+
+    def _check_here(self, problem: Problem) -> None:
+        """:func:`check_supported`, and whether this GPU's Triton compiles the problem's
+        dtypes: the fnuz fp8 pair (``fp8e4b8``, ``fp8e5b16``) is ROCm's; NVIDIA's Triton
+        has the OCP pair only."""
+        check_supported(problem)
+        if problem.is_scaled and problem.dtype_a.endswith("fnuz"):
+            import torch
+
+            if not getattr(torch.version, "hip", None):
+                raise UnsupportedProblem(
+                    f"triton has no {problem.dtype_a} kernels on an NVIDIA GPU (the fnuz fp8 pair is ROCm's)",
+                    problem=problem,
+                    backend=self.name,
+                )
 
     def _require(self, target: Target) -> None:
         reason = self.availability()
@@ -342,6 +357,9 @@ class TritonInterpreterBackend(TritonBackend):
 
     def device_model(self, target: Target) -> Device:
         return H200
+
+    def _check_here(self, problem: Problem) -> None:
+        check_supported(problem)  # the interpreter computes every fp8 dtype, the fnuz pair too
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         self._require(target)
