@@ -118,7 +118,7 @@ def _cases() -> list[Case]:
         ),
         c("tune json a dir", (*tune, "--shape", "8x8x8", "--json", "{dir}"), EXIT_ERROR, "a directory"),
         c("tune from missing", (*tune, "--from", "{missing}/rec.jsonl"), EXIT_UNAVAILABLE, "cannot read"),
-        c("tune from a dir", (*tune, "--from", "{dir}"), EXIT_UNAVAILABLE, "cannot read"),
+        c("tune from a dir", (*tune, "--from", "{dir}"), EXIT_USAGE, "a folder, not a regular file"),
         c("tune from binary", (*tune, "--from", "{binary}"), EXIT_USAGE, "not a text file"),
         c("tune from garbage", (*tune, "--from", "{garbage}"), EXIT_USAGE, "neither a unimatmul record"),
         c(

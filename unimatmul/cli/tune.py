@@ -99,6 +99,8 @@ def read_problem_file(path: str | Path) -> ReadResult:
         return parse_record_lines(itertools.chain(head, lines)).distinct()
     try:
         found = untuned_problems(itertools.chain(head, lines))
+    except UnicodeDecodeError:
+        raise  # not text at all: said as such by the caller
     except ValueError as exc:
         msg = f"{path}: neither a unimatmul record file (JSON lines) nor a TunableOp untuned file: {exc}"
         raise ValueError(msg) from None
