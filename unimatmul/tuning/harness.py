@@ -368,7 +368,7 @@ class Harness:
         if beta != 0.0:
             c0 = adapter.empty(tuple(adapter.shape(first.out)), problem.dtype_c, device)
             adapter.copy_(c0, first.out)
-        reference = _reference(problem, target, first, c0, alpha, beta, model, plan.keep_bounds)
+        reference = reference_of(problem, target, first, c0, alpha, beta, model, plan.keep_bounds)
 
         # 1. Prepare every candidate and check it twice on poisoned memory: a kernel that
         #    does nothing on its second call must not be timed (it would look fastest
@@ -740,7 +740,7 @@ class Harness:
         c0 = fresh.out if beta != 0.0 else None
         del fresh
         adapter.synchronize(device)
-        reference = _reference(problem, target, ops, c0, alpha, beta, model, keep_bounds)
+        reference = reference_of(problem, target, ops, c0, alpha, beta, model, keep_bounds)
         return _LateCheck(ops, c0, reference, alpha, beta, widen, target, guards)
 
     def _late_check(
@@ -1131,19 +1131,21 @@ def _error_model(problem: Problem) -> ErrorModel:
     )
 
 
-def _reference(
+def reference_of(
     problem: Problem,
     target: Target,
     ops: Operands,
     c0: Any,
     alpha: float,
     beta: float,
-    model: ErrorModel,
-    keep_bounds: bool,
+    model: ErrorModel | None = None,
+    keep_bounds: bool = False,
 ) -> Reference:
-    """The float64 reference of ``ops`` for the checks, keeping its bounds where the memory
-    plan counted them (``MemoryPlan.keep_bounds``)."""
+    """The float64 reference of ``ops`` for the checks (``model``: the problem's own bound by
+    default), keeping its bounds where the memory plan counted them (``MemoryPlan.keep_bounds``)."""
     adapter = target.adapter
+    if model is None:
+        model = _error_model(problem)
     found = adapter.make_reference(
         _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, target.device
     )
