@@ -23,48 +23,36 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from unimatmul.cache.lru import LRU, lru_size
-from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
-from unimatmul.core.modes import get_mode
+from unimatmul.cache.lru import lru_size
+from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs, operands_key
+from unimatmul.core.backend import DEFAULT, DefaultRunner, Target
+from unimatmul.core.modes import _mode as _mode_var
+from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import EmptyProduct, Problem
-from unimatmul.tuning.confirm import ConfirmingRunner, clock_for
-from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
-from unimatmul.tuning.trust import CheckingRunner
+from unimatmul.tuning.confirm import clock_for
+from unimatmul.tuning.selector import forget_prepared
 
-# signature -> (runner, output shape, Problem, output allocator, whether the caller's stream
-# is being captured into a graph now: confirm.Clock.capturing of its target, and with an
-# out=: whether a call's out overlaps its inputs: OutGuard.check). Bounded, so that a
-# workload with ever-new shapes cannot grow memory without limit.
-# The Problem is None for an empty product (served by Default alone).
-_Found = tuple[
-    Runner, tuple[int, ...], Problem | None, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None
-]
-_fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
 
-# The native fast path (torch tensors): the C function, and the tensor types it reads.
-# Empty until a torch call finds the native kernels built.
-_native_call: Callable[..., Any] | None = None
-_native_types: frozenset[type] = frozenset()
-_native_kept: Any = None  # native.Kept: the runners the table points into (made with the table's first entry)
+class _Door:
+    """The API's call table, and the native fast path for torch tensors: the C function
+    and the tensor types it reads (empty until a torch call finds the native kernels built)."""
+
+    def __init__(self) -> None:
+        self.table = CallTable("matmul", lru_size(8192))
+        self.native_call: Callable[..., Any] | None = None
+        self.native_types: frozenset[type] = frozenset()
+
+
+_door = _Door()
+TABLE = _door.table
 
 
 def clear_fast_path() -> None:
-    """Forget prepared runners, here and in every other caller of the Selector (after the
-    selector, the cache or the mode changed)."""
+    """Forget prepared runners, here and in every other door (after the selector, the
+    cache or the mode changed)."""
     forget_prepared()
-
-
-def _forget() -> None:
-    _fast.clear()
-    if _native_call is not None:
-        from unimatmul.torch import native  # loaded already: this imports nothing new
-
-        _kept(native).clear()
-
-
-on_forget(_forget)
 
 
 def matmul(
@@ -90,53 +78,43 @@ def matmul(
     :func:`unimatmul.mode`): ``off`` always uses what the array library itself would,
     ``cached`` uses tuned answers, ``tune`` tunes unknown problems on first call.
     """
-    if type(a) in _native_types:
+    door = _door
+    if type(a) in door.native_types:
         # The whole cached call in C (it checks the form and the mode itself).
-        done = _native_call(a, b, out, alpha, beta, c, bias, activation)  # type: ignore[misc]
+        done = door.native_call(a, b, out, alpha, beta, c, bias, activation)  # type: ignore[misc]
         if done is not NotImplemented:
             return done
     if alpha.__class__ is not float or beta.__class__ is not float:
         alpha, beta = _real(alpha, "alpha"), _real(beta, "beta")
-    adapter = adapter_of(a)
-    signature = adapter.signature
-    mode = get_mode()
     try:
-        sig = (
-            mode,
-            type(a),  # the array library, and for NumPy the array type matmul returns
-            type(b),
-            signature(a),
-            signature(b),
-            None if out is None else signature(out),
-            None if bias is None else signature(bias),
-            activation,
-            beta == 0.0,
-            c is None,
-        )
+        adapter, operands = operands_key(a, b, out, bias)
     except AttributeError:
         # An operand from another array library (or not an array): Problem.from_operands() says which.
-        Problem.from_operands(adapter, a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
+        Problem.from_operands(adapter_of(a), a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)
         raise
-    found = _fast.peek(sig)
-    if found is None:
-        found = _resolve(adapter, a, b, out, c, bias, activation, alpha, beta, mode)
-        _fast.put(sig, found)
-        _prepared(sig, found, adapter, a, b, out, c, bias, activation, alpha, beta, mode)
-    runner = found[0]
+    mode = "off" if PASSING.on else _mode_var.get() or env_mode()
+    key = (mode, operands, activation, beta == 0.0, c is None)
+    plan = door.table.plans.get(key)
+    if plan is None:
+        plan = _resolve(key, adapter, a, b, out, c, bias, activation, alpha, beta, mode)
+    plan.calls += 1
+    runner = plan.runner
     if out is None:
-        out = found[3]()
-    elif found[5](out, a, b, bias):  # type: ignore[misc]
-        return _overlapping(found, adapter, a, b, out, alpha, beta, c, bias, activation)
+        out = plan.allocate()  # type: ignore[misc]
+    elif plan.guard(out, a, b, bias):  # type: ignore[misc]
+        return _overlapping(plan, adapter, a, b, out, alpha, beta, c, bias, activation)
     if c is not None and beta != 0.0:
         adapter.copy_(out, c)
     try:
         runner(a, b, out, alpha, beta, bias)
-        if found[4]():
-            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
+        if plan.capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its key
     except Exception as exc:
         if runner.candidate == DEFAULT:
             raise  # the array library's own error: the caller's to see
-        runner = _fall_back(sig, found, adapter, exc)
+        runner = door.table.fall_back(
+            plan, exc, adapter, _native_putter(adapter, a, b, out, c, bias, activation, alpha, beta, mode)
+        )
         if c is not None and beta != 0.0:
             adapter.copy_(out, c)  # the failed kernel may have written part of out
         runner(a, b, out, alpha, beta, bias)
@@ -144,7 +122,7 @@ def matmul(
 
 
 def _overlapping(
-    found: _Found,
+    plan: Plan,
     adapter: ArrayAdapter,
     a: Any,
     b: Any,
@@ -169,12 +147,10 @@ def _overlapping(
             adapter.copy_(dst, c)
         DefaultRunner(adapter, activation)(a, b, dst, alpha, beta, bias)
 
-    return run_overlapping(adapter, out, run, own, found[3])
+    return run_overlapping(adapter, out, run, own, plan.allocate)  # type: ignore[arg-type]
 
 
-def _prepared(
-    sig: tuple[Any, ...],
-    found: _Found,
+def _native_putter(
     adapter: ArrayAdapter,
     a: Any,
     b: Any,
@@ -185,24 +161,10 @@ def _prepared(
     alpha: float,
     beta: float,
     mode: str,
-) -> None:
-    """After a new signature's first resolution: let a window's winner replace it here,
-    and give torch tensors' plain calls an entry in the native table. A choice behind its
-    first-call check (tuning/trust.py) has no native entry until it is judged; then what
-    it settled on is prepared the same way."""
-    runner = found[0]
-    if isinstance(runner, CheckingRunner):
-
-        def settled(final: Runner) -> None:
-            now = (final, *found[1:])
-            _fast.put(sig, now)
-            _prepared(sig, now, adapter, a, b, out, c, bias, activation, alpha, beta, mode)
-
-        runner.on_final.append(settled)
-        return
-    if isinstance(runner, ConfirmingRunner):
-        runner.on_final.append(lambda final: _fast.put(sig, (final, *found[1:])))
-    if (
+) -> Callable[[Plan], None] | None:
+    """For torch tensors' plain calls: what gives a plan an entry in the native API table
+    (None for other calls, which the table cannot make)."""
+    if not (
         adapter.kind == "torch"
         and c is None
         and bias is None
@@ -212,15 +174,19 @@ def _prepared(
         and a.dim() == b.dim()
         and (a.dim() == 2 or a.shape[0] == b.shape[0])
     ):
+        return None
+
+    def put(plan: Plan) -> None:
         try:
-            _native_put(runner, found[1], a, b, out, mode)
-        except Exception:  # the Python path keeps serving the signature
+            _native_put(plan, a, b, out, mode)
+        except Exception:  # the Python path keeps serving the key
             pass
 
+    return put
 
-def _native_put(runner: Runner, out_shape: tuple[int, ...], a: Any, b: Any, out: Any, mode: str) -> None:
-    """Put the signature's entry into the native API table, when the kernels are built."""
-    global _native_call, _native_types
+
+def _native_put(plan: Plan, a: Any, b: Any, out: Any, mode: str) -> None:
+    """Put the plan's entry into the native API table, when the kernels are built."""
     if "unimatmul.torch.native" not in sys.modules and not _native_wanted():
         return
     from unimatmul.torch import native  # torch is imported already: a torch tensor is here
@@ -233,27 +199,12 @@ def _native_put(runner: Runner, out_shape: tuple[int, ...], a: Any, b: Any, out:
     call = native.fast_matmul()
     if call is None:
         return
-    entry = native.entry_for(None if runner.candidate == DEFAULT else runner)
-    if entry.kind == native.PYTHON:
-        return  # no entry: such calls stay on the Python path
-    kept = _kept(native)
-    if native.size(native.API) >= _fast.maxsize:
-        kept.clear()
-    ident = native.new_id()
-    native.put_api(mode, a, b, out, entry.kind, ident, out_shape, entry.call, entry.confirm, entry.tie)
-    if entry.window is not None:
-        native.watch(ident, entry.window.confirmation.conclude)
-    kept.add(ident, entry.kernel)
-    _native_call = call
-    _native_types = frozenset({type(a)} | set(_native_types))
-
-
-def _kept(native: Any) -> Any:
-    """The API table's ``native.Kept`` (one per process)."""
-    global _native_kept
-    if _native_kept is None:
-        _native_kept = native.Kept(native.API)
-    return _native_kept
+    door = _door
+    if door.table.native is None:
+        door.table.native = native.Kept(native.API)
+    if native.put_plan(native.API, plan, door.table.native, a, b, out, mode=mode):
+        door.native_call = call
+        door.native_types = frozenset({type(a)} | set(door.native_types))
 
 
 def _native_wanted() -> bool:
@@ -263,15 +214,8 @@ def _native_wanted() -> bool:
     return TORCH_NATIVE.get() != "0"
 
 
-def _fall_back(sig: tuple[Any, ...], found: _Found, adapter: ArrayAdapter, exc: Exception) -> Runner:
-    """Replace a kernel that failed on a call by Default (the Selector's policy): never
-    crash the caller."""
-    default = get_selector().fall_back(found[2], found[0].candidate, exc, adapter)
-    _fast.put(sig, (default, *found[1:]))
-    return default
-
-
 def _resolve(
+    key: tuple[Any, ...],
     adapter: ArrayAdapter,
     a: Any,
     b: Any,
@@ -282,7 +226,9 @@ def _resolve(
     alpha: float,
     beta: float,
     mode: str,
-) -> _Found:
+) -> Plan:
+    """The plan of a key met for the first time: describe, check, decide."""
+    plan = Plan("matmul")
     problem: Problem | None
     try:
         problem, out_shape = Problem.from_operands(
@@ -302,15 +248,19 @@ def _resolve(
         # These modes write (the cache, the record file): a call that is going to fail
         # must fail before, so that nothing is written for it (the README promises it).
         _rehearse(adapter, a, b, out, c, bias, activation, alpha, beta, allocate)
-    guard = None if out is None else OutGuard(adapter, out, a, b, bias).check
-    capturing = clock_for(target, 0).capturing
-    if problem is None:
-        return DefaultRunner(adapter, activation), out_shape, problem, allocate, capturing, guard
-    decision = get_selector().decide(problem, target, mode)
-    if decision.source == "tuned":
-        # Signatures resolved earlier in another mode may hold Default for this problem.
-        clear_fast_path()
-    return decision.runner, out_shape, problem, allocate, capturing, guard
+    plan.default = plan.runner = DefaultRunner(adapter, activation)
+    plan.problem, plan.target, plan.out_shape, plan.allocate = problem, target, tuple(out_shape), allocate
+    if device.kind != "cpu":
+        plan.capturing = clock_for(target, 0).capturing
+    if out is not None:
+        plan.guard = OutGuard(adapter, out, a, b, bias).check
+    plan.source, plan.label = "default", "unimatmul::matmul [default]"
+    decision = None
+    if problem is not None:
+        decision = decide(problem, target, mode)
+        plan.take(decision)
+    put = _native_putter(adapter, a, b, out, c, bias, activation, alpha, beta, mode)
+    return _door.table.insert(key, plan, decision, put)
 
 
 def _numpy_result(allocate: Callable[[], Any], a: Any, b: Any) -> Callable[[], Any]:

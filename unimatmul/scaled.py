@@ -11,26 +11,19 @@ against the float64 product of the dequantised inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from unimatmul.cache.lru import LRU, lru_size
+from unimatmul.cache.lru import lru_size
+from unimatmul.calls import PASSING, CallTable, Plan, decide
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, Runner, Target
-from unimatmul.core.modes import get_mode
+from unimatmul.core.backend import DEFAULT, Target
+from unimatmul.core.modes import _mode as _mode_var
+from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
-from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import default_failed, default_runner, scaled_problem_of
 from unimatmul.tuning.confirm import clock_for
-from unimatmul.tuning.selector import get_selector, on_forget
-from unimatmul.tuning.trust import CheckingRunner
 
-# signature -> (runner, Problem, output allocator, whether the stream is being captured:
-# confirm.Clock.capturing of the target, and with an out=: whether a call's out overlaps
-# its inputs: OutGuard.check); bounded like the API's own map.
-_Found = tuple[Runner, Problem, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None]
-_fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
-on_forget(_fast.clear)
+TABLE = CallTable("scaled_matmul", lru_size(8192))
 
 
 def scaled_matmul(
@@ -57,9 +50,9 @@ def scaled_matmul(
     """
     adapter = adapter_of(a)
     signature = adapter.signature
-    mode = get_mode()
+    mode = "off" if PASSING.on else _mode_var.get() or env_mode()
     try:
-        sig = (
+        key = (
             mode,
             adapter.kind,
             signature(a),
@@ -85,40 +78,39 @@ def scaled_matmul(
             fast_accum=use_fast_accum,
         )
         raise
-    found = _fast.peek(sig)
-    if found is None:
-        found = _resolve(adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), mode)
-        _fast.put(sig, found)
-        if isinstance(found[0], CheckingRunner):  # its first call checks it; then what it settles on
-            found[0].on_final.append(lambda final: _fast.put(sig, (final, *found[1:])))
-    runner = found[0]
+    plan = TABLE.plans.get(key)
+    if plan is None:
+        plan = _resolve(
+            key, adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), mode
+        )
+    plan.calls += 1
+    runner: Any = plan.runner  # a scaled runner takes the scales last (core/scaled.py)
     if out is None:
-        out = found[2]()
-    elif found[4](out, a, b, bias, scale_a, scale_b):  # type: ignore[misc]
+        out = plan.allocate()  # type: ignore[misc]
+    elif plan.guard(out, a, b, bias, scale_a, scale_b):  # type: ignore[misc]
         # torch's own kernel, as torch makes the call (core/overlap.py).
-        own: Any = default_runner(found[1], adapter)
+        own: Any = plan.default
 
         def call(dst: Any) -> None:
             own(a, b, dst, 1.0, 0.0, bias, scale_a, scale_b)
 
-        return run_overlapping(adapter, out, call, call, found[2])
-    scaled: Any = runner  # a scaled runner takes the scales last (core/scaled.py)
+        return run_overlapping(adapter, out, call, call, plan.allocate)  # type: ignore[arg-type]
     try:
-        scaled(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
-        if found[3]():
-            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
+        runner(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
+        if plan.capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its key
     except Exception as exc:
         if runner.candidate == DEFAULT:
             if type(exc) is RuntimeError:  # not its subclasses (out of memory, ...): those are torch's
                 raise default_failed(exc, adapter.device(a)) from exc
             raise  # torch's own error: the caller's to see
-        default: Any = get_selector().fall_back(found[1], runner.candidate, exc, adapter)
-        _fast.put(sig, (default, *found[1:]))
+        default: Any = TABLE.fall_back(plan, exc, adapter)
         default(a, b, out, 1.0, 0.0, bias, scale_a, scale_b)
     return out
 
 
 def _resolve(
+    key: tuple[Any, ...],
     adapter: ArrayAdapter,
     a: Any,
     b: Any,
@@ -129,7 +121,7 @@ def _resolve(
     out: Any,
     fast_accum: bool,
     mode: str,
-) -> _Found:
+) -> Plan:
     problem = scaled_problem_of(
         adapter,
         a,
@@ -144,19 +136,22 @@ def _resolve(
     device = adapter.device(a)
     target = Target(adapter, device)
     allocate = adapter.allocator((problem.m, problem.n), problem.dtype_c, device)
+    default: Any = default_runner(problem, adapter)  # a scaled runner takes the scales last
     if mode in ("tune", "record"):
         # These modes write: a call whose Default fails must fail before anything is tuned
         # or recorded for it (as unimatmul.matmul's first calls do).
-        default: Any = default_runner(problem, adapter)  # a scaled runner takes the scales last
         try:
             default(a, b, allocate(), 1.0, 0.0, bias, scale_a, scale_b)
         except RuntimeError as exc:
             if type(exc) is not RuntimeError:
                 raise
             raise default_failed(exc, device) from exc
-    decision = get_selector().decide(problem, target, mode)
-    if decision.source == "tuned":
-        # Signatures resolved earlier in another mode may hold Default for this problem.
-        _fast.clear()
-    guard = None if out is None else OutGuard(adapter, out, a, b, bias, scale_a, scale_b).check
-    return decision.runner, problem, allocate, clock_for(target, 0).capturing, guard
+    plan = Plan("scaled_matmul", runner=default, default=default, problem=problem, target=target)
+    plan.out_shape, plan.allocate = (problem.m, problem.n), allocate
+    if device.kind != "cpu":
+        plan.capturing = clock_for(target, 0).capturing
+    if out is not None:
+        plan.guard = OutGuard(adapter, out, a, b, bias, scale_a, scale_b).check
+    decision = decide(problem, target, mode)
+    plan.take(decision)
+    return TABLE.insert(key, plan, decision)

@@ -45,7 +45,7 @@ def tune_onednn(selector: Any, a: Any, b: Any, **kwargs: Any) -> str:
 
 def served(winner: str) -> bool:
     """Whether a signature resolved since the last clear is served by ``winner``."""
-    return winner in {found[0].candidate.identity for found in api._fast._data.values()}
+    return winner in {plan.runner.candidate.identity for plan in api.TABLE.live()}
 
 
 def _reference(a: Any, b: Any, kwargs: dict[str, Any]) -> np.ndarray:

@@ -167,8 +167,8 @@ def test_a_right_foreign_entry_is_checked_once_then_served_as_it_is(
             _right(unimatmul.matmul(a, b), a, b)
     assert wrong.calls == 4  # the choice served every call, the first one included
     # After the first call the fast path holds the bare kernel: nothing more per call.
-    (found,) = [v for v in api._fast._data.values() if v[2] == problem]
-    assert isinstance(found[0], FakeKernel)
+    (found,) = [plan for plan in api.TABLE.live() if plan.problem == problem]
+    assert isinstance(found.runner, FakeKernel)
     # Marked as checked here (beside the host that checked it before), so that the next
     # process serves it without a check.
     assert isolated.selector.settle(timeout=10)

@@ -331,14 +331,14 @@ def _native_kernel_entry(selector: Any, a: Any, b: Any, sa: Any, sb: Any, bias: 
     from unimatmul.torch import native, scaled_routing
 
     ut.enable()
-    assert "CUDA" in scaled_routing._state.native_keys and native.has_lt()
+    assert "CUDA" in scaled_routing._router.native_keys and native.has_lt()
     with unimatmul.mode("tune"):
         torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
     _store_a_kernel(selector)
     ut.clear_plans()
     ut.reset_stats()
     torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
-    (plan,) = scaled_routing._state.plans.values()
+    (plan,) = scaled_routing.TABLE.plans.values()
     assert plan.native == native.SCALED_LT, (plan.label, plan.native, plan.reason)
     return plan
 
@@ -458,7 +458,7 @@ def test_a_native_scaled_entry_runs_its_confirmation_window(native_selector: Any
     outs = []
     for _ in range(60):  # a full window, and a few calls to read its last events
         outs.append(torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
-        (plan,) = scaled_routing._state.plans.values()
+        (plan,) = scaled_routing.TABLE.plans.values()
         if plan.source in ("confirmed", "reverted"):
             break
     assert plan.source == ("confirmed" if keep else "reverted")

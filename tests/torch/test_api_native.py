@@ -50,7 +50,7 @@ def test_plain_calls_are_served_by_the_native_table(env: Env, batch: int | None)
     a, b = _operands(12, 20, 8, batch=batch)
     ref = _ref(a, b)
     torch.testing.assert_close(unimatmul.matmul(a, b), ref, rtol=1e-5, atol=1e-5)  # resolves
-    assert api._native_call is not None
+    assert api._door.native_call is not None
     before = _native_calls()
     for _ in range(3):
         torch.testing.assert_close(unimatmul.matmul(a, b), ref, rtol=1e-5, atol=1e-5)
@@ -133,6 +133,6 @@ def test_a_tuned_kernel_is_confirmed_in_the_native_table(env: Env) -> None:
     for _ in range(WARMUP + 2 * 4):
         torch.testing.assert_close(unimatmul.matmul(a, b), ref, rtol=1e-4, atol=1e-4)
     assert set(native.kinds(native.API).values()) == {native.ONEDNN}
-    (found,) = api._fast._data.values()
-    assert found[0].candidate.identity == record.winner and type(found[0]).__name__ != "ConfirmingRunner"
+    (found,) = api.TABLE.live()
+    assert found.runner.candidate.identity == record.winner and type(found.runner).__name__ != "ConfirmingRunner"
     assert env.selector.stats.confirmed == 1

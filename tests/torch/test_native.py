@@ -21,6 +21,7 @@ from torch_helpers import Env, onednn_available, tune_preferring_kernels  # noqa
 
 import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
+from unimatmul.calls import new_id  # noqa: E402
 from unimatmul.torch import native, routing  # noqa: E402
 from unimatmul.torch.model_tuning import collecting  # noqa: E402
 
@@ -28,7 +29,7 @@ NATIVE = pytest.mark.parametrize("env", ["native"], indirect=True)
 
 
 def _only_plan(op: str) -> routing.Plan:
-    found = [p for p in routing._state.plans.values() if p.op == op]
+    found = [p for p in routing.TABLE.plans.values() if p.op == op]
     assert len(found) == 1, found
     return found[0]
 
@@ -40,7 +41,7 @@ def _ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @NATIVE
 def test_native_kernels_serve_the_cpu_key(env: Env) -> None:
     ut.enable()
-    assert routing._state.native_keys == (("CPU", "CUDA") if torch.cuda.is_available() else ("CPU",))
+    assert routing._router.native_keys == (("CPU", "CUDA") if torch.cuda.is_available() else ("CPU",))
     assert torch.ops.unimatmul_native.installed()
 
 
@@ -249,7 +250,7 @@ def test_an_emptied_table_keeps_its_kernels_one_generation(env: Env) -> None:
         torch.mm(x, weight.t())
         plan = _only_plan("mm")
         assert plan.native == native.ONEDNN
-        kernel = weakref.ref(routing._state.kept.now[plan.ident])
+        kernel = weakref.ref(routing._router.kept.now[plan.ident])
         del plan
         ut.clear_plans()
         gc.collect()
@@ -270,7 +271,7 @@ def test_a_failed_build_falls_back_to_the_python_kernels(env: Env, monkeypatch: 
     ref = _ref(a, b)
     with pytest.warns(RuntimeWarning, match="native routing kernels did not build"):
         ut.enable()
-    assert routing._state.native_keys == ()
+    assert routing._router.native_keys == ()
     torch.testing.assert_close(torch.mm(a, b), ref, rtol=1e-4, atol=1e-4)
     assert ut.stats()["routed"] == 1
 
@@ -333,11 +334,11 @@ def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
     call = NativeCall("scaled_lt", [17, 18, 0, 0x7000, 0x7100, 1, 1, 1, 1, 1, 1, 1, 0, 0, 4, 0])
     with pytest.raises(RuntimeError, match="needs the GPU build"):
         native.put_scaled(
-            a, a.t(), one, one, None, torch.bfloat16, False, native.SCALED_LT, native.new_id(), "x", (16, 16), call
+            a, a.t(), one, one, None, torch.bfloat16, False, native.SCALED_LT, new_id(), "x", (16, 16), call
         )  # fmt: skip
     with pytest.raises(RuntimeError, match="unknown kind"):
         native.put_scaled(
-            a, a.t(), one, one, None, torch.bfloat16, False, native.LT, native.new_id(), "x", (16, 16)
+            a, a.t(), one, one, None, torch.bfloat16, False, native.LT, new_id(), "x", (16, 16)
         )
     assert native.size(native.SCALED) == 0
 
@@ -383,7 +384,7 @@ def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
     assert native.kind_of(call) == (native.LAUNCH if native.has_lt() else native.PYTHON)
     a, b = torch.randn(4, 8), torch.randn(8, 2)
     with pytest.raises(RuntimeError, match=r"LAUNCH entry (needs the GPU build|is for GPU tensors)"):
-        native.put("mm", a, b, None, 0, native.LAUNCH, native.new_id(), "x", (4, 2), 0, call)
+        native.put("mm", a, b, None, 0, native.LAUNCH, new_id(), "x", (4, 2), 0, call)
     if torch.cuda.is_available():
         a, b = a.cuda(), b.cuda()
         for bad, why in (
@@ -401,7 +402,7 @@ def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
                     None,
                     0,
                     native.LAUNCH,
-                    native.new_id(),
+                    new_id(),
                     "x",
                     (4, 2),
                     0,

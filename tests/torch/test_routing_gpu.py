@@ -174,11 +174,11 @@ def test_native_kernels_make_the_lt_call(gpu_env: Env, bias: bool) -> None:
     # A cuBLASLt kernel even where another backend's won (a Triton tile may win).
     _tune_model(gpu_env, lin, x, backend="cublaslt")
     with torch.no_grad(), ut.enabled():
-        assert routing._state.native_keys == ("CPU", "CUDA") and native.has_lt()
+        assert routing._router.native_keys == ("CPU", "CUDA") and native.has_lt()
         outs = [lin(x) for _ in range(4)]
-        lt = [p for p in routing._state.plans.values() if p.native == native.LT]
+        lt = [p for p in routing.TABLE.plans.values() if p.native == native.LT]
         if not lt:
-            kinds = [(p.op, p.label, p.native) for p in routing._state.plans.values()]
+            kinds = [(p.op, p.label, p.native) for p in routing.TABLE.plans.values()]
             pytest.skip(f"the tuned choice is not a plain Lt kernel here: {kinds}")
         assert native.counts().get(lt[0].ident) == 3  # the first call went through Python
         side = torch.cuda.Stream()
@@ -210,7 +210,7 @@ def test_native_kernels_make_the_padded_call(gpu_env: Env) -> None:
         pytest.skip(f"the tuned choice here is {records[0].winner}, not a padding candidate")
     with ut.enabled():
         outs = [torch.mm(a, b) for _ in range(4)]
-        plan = next(p for p in routing._state.plans.values() if p.op == "mm")
+        plan = next(p for p in routing.TABLE.plans.values() if p.op == "mm")
         assert plan.native == native.PADDED
         assert native.counts().get(plan.ident) == 3
     torch.cuda.synchronize()
@@ -224,7 +224,7 @@ def test_native_kernels_make_the_padded_call(gpu_env: Env) -> None:
 def _plan_of(op: str) -> Any:
     from unimatmul.torch import routing
 
-    (plan,) = [p for p in routing._state.plans.values() if p.op == op]
+    (plan,) = [p for p in routing.TABLE.plans.values() if p.op == op]
     return plan
 
 

@@ -208,7 +208,7 @@ def test_a_checked_onednn_choice_goes_back_to_the_native_table(env: Env) -> None
         (plan,) = [p for p in ut.plans() if p.problem == problem]
         assert plan.runner is not None and plan.runner.candidate.identity == record.winner
         assert not isinstance(plan.runner, CheckingRunner)
-        if ut.routing._state.native_keys:
+        if ut.routing._router.native_keys:
             assert plan.native == native.ONEDNN
     assert env.selector.settle(timeout=10)
     assert checked_here(env.selector.store.get(platform.namespace, problem.key))

@@ -238,9 +238,9 @@ def test_a_known_scaled_key_is_served_without_python(env: Env) -> None:
     scales = [(torch.tensor(0.25 * (i + 1)), torch.tensor(1.5 - 0.25 * i)) for i in range(5)]
     expected = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for sa, sb in scales]
     ut.enable()
-    assert "CPU" in scaled_routing._state.native_keys  # the test mode: native at the CPU key too
+    assert "CPU" in scaled_routing._router.native_keys  # the test mode: native at the CPU key too
     outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for sa, sb in scales]
-    (plan,) = scaled_routing._state.plans.values()
+    (plan,) = scaled_routing.TABLE.plans.values()
     assert plan.native == native.DEFAULT
     # The first call went through Python (which put the entry); the native table counted the rest.
     assert _scaled_counts() == {plan.ident: 4}
@@ -317,7 +317,7 @@ def test_a_failing_kernel_s_entry_becomes_pytorch_s(env: Env) -> None:
         with pytest.warns(RuntimeWarning, match="fake-broken/dequantise failed"):
             torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
         outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for _ in range(2)]
-    (plan,) = scaled_routing._state.plans.values()
+    (plan,) = scaled_routing.TABLE.plans.values()
     assert native.kinds(native.SCALED) == {plan.ident: native.DEFAULT}
     assert _scaled_counts() == {plan.ident: 2} and broken.calls == 1
     assert all(torch.equal(out, expected) for out in outs)

@@ -656,6 +656,9 @@ class NumpyAdapter(ArrayAdapter):
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         return np.empty(shape, dtype=_numpy_dtype(dtype))
 
+    def allocator(self, shape: tuple[int, ...], dtype: str, device: Device) -> Callable[[], Any]:
+        return functools.partial(np.empty, shape, dtype=_numpy_dtype(dtype))  # no Python frame per call
+
     def random_strided(
         self,
         shape: tuple[int, ...],
@@ -1148,6 +1151,22 @@ def adapter_of(x: Any) -> ArrayAdapter:
         raise TypeError(msg)
     found = _BY_TYPE[cls] = adapter_for_kind(root)
     return found
+
+
+def operands_key(a: Any, b: Any, out: Any, bias: Any) -> tuple[ArrayAdapter, tuple[Any, ...]]:
+    """The adapter of ``a``, and the signatures of a call's arrays (with their types: the
+    array library, and for NumPy the array type matmul returns), in one call: hot path.
+    AttributeError for an operand that is not an array of ``a``'s library."""
+    adapter = _BY_TYPE.get(type(a)) or adapter_of(a)
+    signature = adapter.signature
+    return adapter, (
+        type(a),
+        type(b),
+        signature(a),
+        signature(b),
+        None if out is None else signature(out),
+        None if bias is None else signature(bias),
+    )
 
 
 def _check_ndarray_subclass(cls: type) -> None:

@@ -27,7 +27,7 @@ from unimatmul.torch.autoload import ENV, wanted
 
 if TYPE_CHECKING:
     from unimatmul.torch.model_tuning import WarmupResult
-    from unimatmul.torch.routing import Plan
+    from unimatmul.calls import Plan
     from unimatmul.tuning.agreement import Agreement
 
 __all__ = [

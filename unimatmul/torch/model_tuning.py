@@ -36,13 +36,13 @@ class WarmupResult:
 def collecting() -> Iterator[list[tuple[Problem, Target]]]:
     """Collect every (problem, target) the routed kernels resolve inside the block."""
     found: list[tuple[Problem, Target]] = []
-    previous = routing._state.collector
+    previous = routing.TABLE.collector
     routing.clear_plans()  # known keys would not be resolved again, hence not collected
-    routing._state.collector = found
+    routing.TABLE.collector = found
     try:
         yield found
     finally:
-        routing._state.collector = previous
+        routing.TABLE.collector = previous
 
 
 def warmup(

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import itertools
 import os
 import shutil
 import sys
@@ -45,9 +44,9 @@ from typing import Any, NamedTuple
 import torch
 
 from unimatmul import settings
+from unimatmul.calls import on_passing
 from unimatmul.core import modes
 from unimatmul.core.arrays import hold_for_graphs
-from unimatmul.core.backend import DEFAULT as DEFAULT_CANDIDATE
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
 
 ENV = settings.TORCH_NATIVE.name
@@ -66,8 +65,6 @@ _lock = threading.Lock()
 _loaded_gpu: bool | None = None  # None: nothing loaded; else whether the GPU build is
 _library_path: str | None = None
 _failures: dict[bool, str] = {}  # GPU build? -> why it failed
-# Entry ids, shared by both tables: a window's verdict finds its owner by id.
-_ids = itertools.count(1)
 
 
 def choice() -> str:
@@ -91,11 +88,6 @@ def _build_name(cuda: bool) -> str:
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(torch.__version__.encode())
     return f"unimatmul_native_{'gpu' if cuda else 'cpu'}_{digest.hexdigest()[:12]}"
-
-
-def new_id() -> int:
-    """A fresh entry id (the routing plans' and the API's entries draw from one count)."""
-    return next(_ids)
 
 
 def _built_library(cuda: bool) -> Path | None:
@@ -140,6 +132,7 @@ def load(cuda: bool, *, build: bool = True) -> bool:
         _loaded_gpu = cuda
         _library_path = path
         _register_confirmed()
+        on_passing(set_busy)  # calls.passing(): the native kernels pass this thread's calls through too
         return True
 
 
@@ -253,22 +246,6 @@ def entered(entry: Entry, plan: Any, kept: Kept) -> None:
     kept.add(plan.ident, entry.kernel)
 
 
-def take_checked(
-    plan: Any, final: Any, to_default: Callable[[Any, str], None], put_again: Callable[[], None]
-) -> None:
-    """A first-call check (``tuning/trust.py``) judged a routing or scaled ``plan``'s choice
-    and settled on ``final``: the plan takes it (PyTorch's kernel, through ``to_default``,
-    when the choice was wrong), and its native entry, which sent calls to Python until now,
-    is put again (``put_again``) when the plan has one. The caller holds its state's lock."""
-    if final.candidate == DEFAULT_CANDIDATE:
-        if plan.runner is not None:
-            to_default(plan, "reverted")
-    elif plan.runner is not None:
-        plan.runner = final
-    if plan.native != -1:
-        put_again()
-
-
 class Kept:
     """The kernels a native table's entries point into (descriptors, workspaces, padded
     buffers), by entry id: one per table, whose owner empties the table through it.
@@ -288,6 +265,10 @@ class Kept:
     def add(self, ident: int, kernel: Any) -> None:
         if kernel is not None:
             self.now[ident] = kernel
+
+    def counts(self) -> dict[int, int]:
+        """The calls each entry made since the last look, by entry id."""
+        return counts(reset=True, table=self.table)
 
     def clear(self) -> dict[int, int]:
         """Empty the table: the calls each entry made there, by entry id."""
@@ -453,22 +434,35 @@ def put(
          kind, ident, label, out_shape, form, call, confirm, tie)  # fmt: skip
 
 
-def put_api(
-    mode: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor | None,
-    kind: int,
-    ident: int,
-    out_shape: tuple[int, ...],
-    call: Any = None,
-    confirm: int = 0,
-    tie: bool = False,
-) -> None:
-    """Put ``unimatmul.matmul``'s entry for ``matmul(a, b, out=out)`` in ``mode`` (plain
-    form: 2-D operands, or 3-D ones of one batch); the rest as for :func:`put`."""
-    _put(API, API_OPS[a.dim()], MODES[mode], a, b, out, False, False, kind, ident,
-         "unimatmul::matmul", out_shape, 0, call, confirm, tie)  # fmt: skip
+def put_plan(
+    table: int, plan: Any, kept: Any, *tensors: Any, mode: str = "", beta: Any = 0, fast_accum: bool = False
+) -> bool:
+    """The one way a door's :class:`~unimatmul.calls.Plan` enters a native table: its
+    runner's entry (:func:`entry_for`), put under the key of ``tensors`` (ROUTING: a, b and
+    the input c or None, with ``beta``; API: a, b and out or None, in ``mode``; SCALED: a,
+    b, scale_a, scale_b and bias or None, with ``fast_accum``), then :func:`entered`.
+    False where the table would hold nothing but a call back into Python (the API table
+    keeps no such entries: its Python door is reached first)."""
+    entry = entry_for(None if plan.is_default else plan.runner, offered=plan.form in (0, 1))
+    ops = torch.ops.unimatmul_native
+    if table == SCALED:
+        a, b, scale_a, scale_b, bias = tensors
+        words = entry.call.words if entry.call is not None and entry.kind == SCALED_LT else []
+        ops.put_scaled(-1, a, b, scale_a, scale_b, bias, plan.out_dtype, fast_accum, entry.kind, plan.ident,
+                       plan.label, list(plan.out_shape), words, entry.confirm, entry.tie)  # fmt: skip
+    elif table == API:
+        if entry.kind == PYTHON:
+            return False
+        a, b, out = tensors
+        _put(API, API_OPS[a.dim()], MODES[mode], a, b, out, False, False, entry.kind, plan.ident, plan.label,
+             plan.out_shape, 0, entry.call, entry.confirm, entry.tie)  # fmt: skip
+    else:
+        a, b, c = tensors
+        accumulate = c is not None
+        _put(ROUTING, OPS[plan.op], -1, a, b, c, bool(accumulate and beta == 0), bool(accumulate and beta == 1),
+             entry.kind, plan.ident, plan.label, plan.out_shape, plan.form, entry.call, entry.confirm, entry.tie)  # fmt: skip
+    entered(entry, plan, kept)
+    return True
 
 
 def _put(

@@ -40,23 +40,19 @@ they run (in the native entry, or in the plan's window here), and the verdict ke
 
 from __future__ import annotations
 
-import threading
 import warnings
-from collections import Counter
 from typing import Any
 
 import torch
 import torch.autograd.profiler as _profiler
 
+from unimatmul.calls import PASSING, CallTable, Plan, decide
 from unimatmul.core import modes as _config
 from unimatmul.core.arrays import adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, Runner, Target
-from unimatmul.core.problem import Problem
+from unimatmul.core.backend import Target
 from unimatmul.core.scaled import scaled_problem_of, torch_has_block_scaled
 from unimatmul.torch import native
-from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
-from unimatmul.tuning.selector import get_selector
-from unimatmul.tuning.trust import CheckingRunner, unwrapped
+from unimatmul.tuning.selector import Decision
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # The keys the native kernel may serve (where the native build does): both. On a CPU no
@@ -70,52 +66,22 @@ _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32
 _DEVICES = frozenset({"cpu", "cuda"})
 
 
-class ScaledPlan:
-    """What to do with one operand key: a scaled runner, or None for PyTorch's kernel."""
-
-    __slots__ = (
-        "calls",
-        "confirmation",
-        "ident",
-        "label",
-        "native",
-        "out_dtype",
-        "out_shape",
-        "problem",
-        "reason",
-        "runner",
-        "source",
-    )
+class _Router:
+    """Scaled routing's state: its call table, the library holding the registered kernel,
+    the mode read at install, and the keys the native kernel serves (its table's kernels
+    kept in ``kept``, as routing.py keeps them)."""
 
     def __init__(self) -> None:
-        self.ident = native.new_id()
-        self.native = -1  # the kind of its entry in the native SCALED table; -1: none
-        self.runner: Runner | None = None
-        self.problem: Problem | None = None
-        self.source = "passthrough"  # or the Selector's Decision.source
-        self.label = ""
-        self.reason = ""
-        self.out_shape: tuple[int, int] = (0, 0)
-        self.out_dtype: Any = None
-        self.calls = 0
-        self.confirmation: Confirmation | None = None  # the choice's window, while one judges it
-
-
-class _State:
-    def __init__(self) -> None:
+        self.table = CallTable("scaled_mm", MAX_PLANS)
         self.library: Any = None
         self.env_mode = "cached"
-        self.plans: dict[tuple[Any, ...], ScaledPlan] = {}
-        self.retired: Counter[tuple[str, str]] = Counter()
-        self.verdicts: Counter[str] = Counter()  # windows judged: confirmed, reverted, unjudged
-        self.lock = threading.RLock()
-        # Keys served by the native kernel, and the runners its table points into
-        # (native.Kept, as routing.py keeps them).
         self.native_keys: tuple[str, ...] = ()
-        self.kept = native.Kept(native.SCALED)
+        self.kept: native.Kept | None = None
 
 
-_state = _State()
+_router = _Router()
+TABLE = _router.table
+_plans = TABLE.plans  # read per call; emptied in place, never replaced
 _mode_var = _config._mode  # the context variable behind unimatmul.mode(): read per call
 
 
@@ -154,8 +120,8 @@ def _scaled_mm(
     use_fast_accum: bool = False,
 ) -> torch.Tensor:
     """The routed ``aten::_scaled_mm``: a plan per operand key (module docstring)."""
-    mode = _mode_var.get() or _state.env_mode
-    if mode == "off":
+    mode = _mode_var.get() or _router.env_mode
+    if mode == "off" or PASSING.on:
         return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     key = (
         mode,
@@ -182,7 +148,7 @@ def _scaled_mm(
         a.device,
         b.device,
     )
-    plan = _state.plans.get(key)
+    plan = _plans.get(key)
     if plan is None:
         plan = _resolve(key, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode)
     plan.calls += 1
@@ -199,14 +165,12 @@ def _scaled_mm(
         if a.is_cuda and torch.cuda.is_current_stream_capturing():
             hold_for_graphs(runner)  # a graph now holds its buffers: never freed
     except Exception as exc:
-        plan.runner = None  # PyTorch's own kernel from now on
-        plan.source = "fallback"
-        plan.label = "unimatmul::scaled_mm [default]"
-        get_selector().fall_back(plan.problem, runner.candidate, exc, adapter_of(a))
-        if plan.native != -1:
-            with _state.lock:
-                if _state.plans.get(key) is plan:  # the native entry too: PyTorch's kernel
-                    _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+
+        def put(plan: Plan) -> None:  # the native entry too: PyTorch's kernel
+            if _plans.get(key) is plan:
+                _native_put(plan, a, b, scale_a, scale_b, bias, use_fast_accum)
+
+        TABLE.fall_back(plan, exc, adapter_of(a), put)  # PyTorch's own kernel from now on
         return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     return out
 
@@ -222,45 +186,30 @@ def _resolve(
     out_dtype: torch.dtype | None,
     use_fast_accum: bool,
     mode: str,
-) -> ScaledPlan:
-    plan = ScaledPlan()
+) -> Plan:
+    plan = Plan("scaled_mm")
     try:
-        _fill(plan, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode)
+        decision = _fill(plan, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode)
     except Exception as exc:  # never break the caller's program over a routing decision
         plan.runner, plan.source = None, "passthrough"
         plan.reason = f"{type(exc).__name__}: {exc}"
-    with _state.lock:
-        found = _state.plans.get(key)
-        if found is not None and plan.source != "tuned":  # another thread resolved it meanwhile
-            return found
-        if plan.source == "tuned" or len(_state.plans) >= MAX_PLANS:
-            # Keys resolved before may hold Default for the problem just tuned: start over.
-            _retire()
-        _state.plans[key] = plan
-        if scale_result is None and a.device.type.upper() in _state.native_keys and _mode_var.get() is None:
-            _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
-    if isinstance(plan.runner, CheckingRunner):  # judged on this very call (tuning/trust.py)
+        decision = None
+    put = None
+    if scale_result is None and a.device.type.upper() in _router.native_keys and _mode_var.get() is None:
 
-        def checked(final: Runner) -> None:
-            def put_again() -> None:
-                if _state.plans.get(key) is plan:
-                    _native_put(plan, a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum)
+        def put(plan: Plan) -> None:
+            _native_put(plan, a, b, scale_a, scale_b, bias, use_fast_accum)
 
-            with _state.lock:
-                native.take_checked(plan, final, _to_default, put_again)
-
-        plan.runner.on_final.append(checked)
-    return plan
+    return TABLE.insert(key, plan, decision, put)
 
 
 def _native_put(
-    plan: ScaledPlan,
+    plan: Plan,
     a: torch.Tensor,
     b: torch.Tensor,
     scale_a: torch.Tensor,
     scale_b: torch.Tensor,
     bias: torch.Tensor | None,
-    out_dtype: torch.dtype | None,
     use_fast_accum: bool,
 ) -> None:
     """Give the native kernel this key's entry (it calls this module's kernel for keys it lacks).
@@ -269,20 +218,16 @@ def _native_put(
     the kernel's call (the plan then holds the bare kernel, for calls that still come
     through Python); else the entry sends calls here, where the plan's window runs.
     """
-    entry = native.entry_for(plan.runner)
     try:
-        native.put_scaled(
-            a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, entry.kind, plan.ident, plan.label,
-            plan.out_shape, entry.call, entry.confirm, entry.tie,
-        )  # fmt: skip
+        native.put_plan(
+            native.SCALED, plan, _router.kept, a, b, scale_a, scale_b, bias, fast_accum=use_fast_accum
+        )
     except Exception as exc:
         plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
-        return
-    native.entered(entry, plan, _state.kept)
 
 
 def _fill(
-    plan: ScaledPlan,
+    plan: Plan,
     a: torch.Tensor,
     b: torch.Tensor,
     scale_a: torch.Tensor,
@@ -292,16 +237,18 @@ def _fill(
     out_dtype: torch.dtype | None,
     use_fast_accum: bool,
     mode: str,
-) -> None:
+) -> Decision | None:
+    """Describe the call in ``plan`` and decide; None where routing does not take it
+    (``plan.reason`` says why)."""
     if out_dtype not in _OUT_DTYPES:
         plan.reason = f"output dtype {out_dtype or a.dtype} (unimatmul writes bf16, f16 or f32)"
-        return
+        return None
     if scale_result is not None:
         plan.reason = "scale_result given"
-        return
+        return None
     if a.device.type not in _DEVICES or a.device != b.device:
         plan.reason = f"devices {a.device} and {b.device}"
-        return
+        return None
     adapter = adapter_of(a)
     try:
         problem = scaled_problem_of(
@@ -318,89 +265,25 @@ def _fill(
         # Block-wise or MX scales, a layout torch itself refuses, ...: PyTorch's kernel
         # runs it (or raises its own error).
         plan.reason = str(exc)
-        return
+        return None
     target = Target(adapter, adapter.device(a))
     if problem.is_block_scaled and not torch_has_block_scaled(adapter, target.device):
         # Nothing to measure against: PyTorch's kernel raises its own error, as unrouted.
         plan.reason = f"torch has no block-scaled product on {target.device}"
-        return
-    if mode == "tune" and a.is_cuda and torch.cuda.is_current_stream_capturing():
-        mode = "cached"  # never measure inside a CUDA graph capture
-    with _config.mode("off"):  # the harness's own products pass through every routed kernel
-        decision = get_selector().decide(problem, target, mode)
-    plan.problem = problem
+        return None
+    plan.problem, plan.target = problem, target
     plan.out_shape = (problem.m, problem.n)
     plan.out_dtype = out_dtype
-    plan.source = decision.source
-    candidate = decision.runner.candidate
-    if candidate == DEFAULT:
-        plan.label = "unimatmul::scaled_mm [default]"
-    else:
-        plan.runner = decision.runner
-        plan.label = f"unimatmul::scaled_mm [{candidate.identity}]"
-    if decision.confirmation is not None:
-        # A window's Default is torch._scaled_mm's out= form (core/scaled.py), which this
-        # kernel never takes over: no recursion.
-        plan.confirmation = decision.confirmation
-        decision.confirmation.listen(lambda outcome: _judged(plan, outcome))
-
-
-def _judged(plan: ScaledPlan, outcome: Outcome) -> None:
-    """A window's verdict: the plan keeps its kernel or becomes PyTorch's kernel (the native
-    entry has switched itself). The calls made so far stay counted under the plan's old
-    source; later ones count under ``confirmed`` or ``reverted``."""
-    runner = unwrapped(plan.runner)
-    kernel = runner.kept() if isinstance(runner, ConfirmingRunner) else runner
-    with _state.lock:
-        _state.verdicts[outcome.verdict] += 1
-        plan.confirmation = None
-        if outcome.verdict == UNJUDGED:
-            plan.runner = kernel  # nothing measured: the choice stays, under its old source
-            return
-        if not outcome.keep:
-            _to_default(plan, outcome.verdict)
-            return
-        _sync_native_counts()
-        if plan.calls:
-            _state.retired[(plan.source, plan.label)] += plan.calls
-            plan.calls = 0
-        plan.source = outcome.verdict
-        plan.runner = kernel
-
-
-def _to_default(plan: ScaledPlan, source: str) -> None:
-    """The plan becomes PyTorch's kernel under ``source``; the calls made so far stay
-    counted under its old one. The caller holds the state's lock."""
-    _sync_native_counts()
-    if plan.calls:
-        _state.retired[(plan.source, plan.label)] += plan.calls
-        plan.calls = 0
-    plan.source = source
-    plan.runner = None
-    plan.label = "unimatmul::scaled_mm [default]"
-
-
-def _sync_native_counts(clear: bool = False) -> None:
-    """Add the calls the native kernel counted to their plans (lock held)."""
-    if not _state.native_keys:
-        return
-    counted = _state.kept.clear() if clear else native.counts(reset=True, table=native.SCALED)
-    for plan in _state.plans.values():
-        plan.calls += counted.get(plan.ident, 0)
-
-
-def _retire() -> None:
-    _sync_native_counts(clear=True)
-    for plan in _state.plans.values():
-        if plan.calls:
-            _state.retired[(plan.source, plan.label)] += plan.calls
-    _state.plans.clear()
+    # A window's Default is torch._scaled_mm's out= form (core/scaled.py), which this
+    # kernel never takes over: no recursion.
+    decision = decide(problem, target, mode)
+    plan.take(decision)
+    return decision
 
 
 def clear_plans() -> None:
     """Forget every plan (after tuning elsewhere, a new Selector, a new cache)."""
-    with _state.lock:
-        _retire()
+    TABLE.clear()
 
 
 # --- installing ---------------------------------------------------------------------------
@@ -412,10 +295,10 @@ def install() -> None:
     Where the native build serves a key (:data:`NATIVE_KEYS`), its kernel is registered
     there instead, with this one behind it.
     """
-    with _state.lock:
-        if _state.library is not None:
+    with TABLE.lock:
+        if _router.library is not None:
             return
-        _state.env_mode = _config.env_mode()
+        _router.env_mode = _config.env_mode()
         native_keys = _native_keys()
         library = torch.library.Library("aten", "IMPL")
         try:
@@ -426,12 +309,16 @@ def install() -> None:
                     if key not in native_keys:
                         library.impl("_scaled_mm", _scaled_mm, key)
                 if native_keys:
-                    native.install_scaled(native_keys, _state.env_mode, _config.overrides(), _scaled_mm)
+                    native.install_scaled(native_keys, _router.env_mode, _config.overrides(), _scaled_mm)
         except Exception:
             library._destroy()
             raise
-        _state.library = library
-        _state.native_keys = native_keys
+        _router.library = library
+        _router.native_keys = native_keys
+        if native_keys:
+            if _router.kept is None:
+                _router.kept = native.Kept(native.SCALED)
+            TABLE.native = _router.kept
         if native_keys:
             _config.on_overrides(_native_overrides)
 
@@ -446,72 +333,36 @@ def _native_keys() -> tuple[str, ...]:
 
 
 def _native_overrides(count: int) -> None:
-    native.configure(_state.env_mode, count)
+    native.configure(_router.env_mode, count)
 
 
 def uninstall() -> None:
-    with _state.lock:
-        if _state.native_keys:
+    with TABLE.lock:
+        if _router.native_keys:
             native.uninstall_scaled()
             _config.on_overrides(_native_overrides, remove=True)
-        if _state.library is not None:
-            _state.library._destroy()
-            _state.library = None
-        _retire()
-        _state.native_keys = ()
+        if _router.library is not None:
+            _router.library._destroy()
+            _router.library = None
+        TABLE.clear()
+        TABLE.native = None
+        _router.native_keys = ()
 
 
 # --- what happened ------------------------------------------------------------------------
 
 
 def stats() -> dict[str, Any]:
-    """Calls of ``torch._scaled_mm`` seen since the last :func:`reset_stats`.
-
-    ``routed`` (unimatmul decided: a kernel or Default), ``kernel`` (a backend's kernel
-    ran), ``default``, ``passthrough`` (not a scaled GEMM unimatmul describes), and
-    ``by_label`` / ``by_source`` as in :func:`unimatmul.torch.routing.stats`; ``confirm``:
-    confirmation windows ``open`` now, and those ``confirmed``, ``reverted`` or ``unjudged``
-    since the last reset.
-    """
-    with _state.lock:
-        _sync_native_counts()
-        counts: Counter[tuple[str, str]] = Counter(_state.retired)
-        for plan in _state.plans.values():
-            if plan.calls:
-                counts[(plan.source, plan.label)] += plan.calls
-        open_windows = sum(1 for plan in _state.plans.values() if plan.confirmation is not None)
-        verdicts = dict(_state.verdicts)
-    out: dict[str, Any] = {
-        "routed": 0,
-        "kernel": 0,
-        "default": 0,
-        "passthrough": 0,
-        "by_label": {},
-        "by_source": {},
-        "confirm": {"open": open_windows, "confirmed": 0, "reverted": 0, "unjudged": 0, **verdicts},
-    }
-    for (source, label), calls in counts.items():
-        routed = source != "passthrough"
-        kind = "passthrough" if not routed else ("default" if label.endswith("[default]") else "kernel")
-        out[kind] += calls
-        if routed:
-            out["routed"] += calls
-            out["by_label"][label] = out["by_label"].get(label, 0) + calls
-        out["by_source"][source] = out["by_source"].get(source, 0) + calls
-    return out
+    """Calls of ``torch._scaled_mm`` seen since the last :func:`reset_stats`, in the call
+    table's shape (:meth:`unimatmul.calls.CallTable.stats`): ``passthrough`` counts calls
+    that are not a scaled GEMM unimatmul describes."""
+    return TABLE.stats()
 
 
 def reset_stats() -> None:
-    with _state.lock:
-        _sync_native_counts()
-        _state.retired.clear()
-        _state.verdicts.clear()
-        for plan in _state.plans.values():
-            plan.calls = 0
+    TABLE.reset_stats()
 
 
-def plans() -> list[ScaledPlan]:
+def plans() -> list[Plan]:
     """The live plans (for inspection and tests)."""
-    with _state.lock:
-        _sync_native_counts()
-        return list(_state.plans.values())
+    return TABLE.live()

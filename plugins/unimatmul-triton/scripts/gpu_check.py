@@ -743,7 +743,7 @@ def _routed_host(per_call: Any, x: Any, wt: Any) -> dict[str, Any]:
         try:
             with ut.enabled():
                 found["routed_triton_us"] = per_call(lambda: torch.mm(x, wt))
-                kinds = {p.label: p.native for p in routing._state.plans.values()}
+                kinds = {p.label: p.native for p in routing.TABLE.plans.values()}
                 found["routed_native_kind"] = "LAUNCH" if native.LAUNCH in kinds.values() else str(kinds)
         finally:
             ut.disable()

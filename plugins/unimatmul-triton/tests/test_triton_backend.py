@@ -763,8 +763,8 @@ def test_a_routed_triton_choice_is_launched_natively(
         try:
             with torch.no_grad(), ut.enabled():
                 outs = [lin(x) for _ in range(5)]
-                plans = [p for p in routing._state.plans.values() if p.native == native.LAUNCH]
-                assert plans, [(p.label, p.native, p.reason) for p in routing._state.plans.values()]
+                plans = [p for p in routing.TABLE.plans.values() if p.native == native.LAUNCH]
+                assert plans, [(p.label, p.native, p.reason) for p in routing.TABLE.plans.values()]
                 assert native.counts().get(plans[0].ident) == 4  # the first call went through Python
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -809,7 +809,7 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
             torch.cuda.synchronize()
             lin(x)
             assert selector.settle(timeout=30)  # type: ignore[attr-defined]
-            (plan,) = routing._state.plans.values()
+            (plan,) = routing.TABLE.plans.values()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = lin(x)
