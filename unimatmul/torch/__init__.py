@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from unimatmul.torch.autoload import ENV, wanted
 
 if TYPE_CHECKING:
-    from unimatmul.torch.model_tuning import WarmupResult
     from unimatmul.calls import Plan
+    from unimatmul.torch.model_tuning import WarmupResult
     from unimatmul.tuning.agreement import Agreement
 
 __all__ = [
