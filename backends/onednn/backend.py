@@ -160,7 +160,7 @@ class OneDNNRunner:
         self.backend = backend
         self.problem = problem
         self.candidate = candidate
-        self.ptr = target.adapter.ptr
+        self.pointers = target.adapter.pointers
         self._prims: dict[float, MatmulPrimitive] = {}
         self._native: MatmulPrimitive | None = None  # the native caller's own (native_call)
         # Primitives share one oneDNN stream and a scratchpad: one call at a time.
@@ -178,10 +178,10 @@ class OneDNNRunner:
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
     ) -> None:
-        ptr = self.ptr
+        pa, pb, po, pbias = self.pointers(a, b, out, bias)
         with self._lock:
             prim = self._prims.get(beta) or self._primitive(0.0 if self.problem.beta_zero else beta)
-            prim.execute(ptr(a), ptr(b), ptr(out), None if bias is None else ptr(bias), alpha)
+            prim.execute(pa, pb, po, pbias, alpha)
 
     def native_call(self) -> NativeCall | None:
         """This runner's call for a native caller (beta = 0), on a primitive of its own.

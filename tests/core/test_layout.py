@@ -1,5 +1,6 @@
 """The layout: a call from ``unimatmul.matmul`` down to a kernel crosses each module at
-most twice (data flows one way), and the import contracts hold (``lint-imports``)."""
+most twice (data flows one way), a cached call walks to its kernel in at most 12 stops,
+and the import contracts hold (``lint-imports``)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,61 @@ def test_a_call_enters_each_module_at_most_twice(isolated: Any, mode: str) -> No
     assert chains, "the profile saw no call below unimatmul.api"
     worst = max((Counter(chain).most_common(1)[0] for chain in chains), key=lambda item: item[1])
     assert worst[1] <= 2, f"{worst[0]} entered {worst[1]} times in one walk: {max(chains, key=len)}"
+
+
+def _walk(action: Any) -> list[str]:
+    """The modules (ours) a call passes through, in time order, from its entry into
+    ``unimatmul.api`` to its return there: a stop for each change of module, calls and
+    returns alike."""
+    seen: list[str] = []
+    depth = [0]
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            here = _module(frame)
+            if here == "unimatmul.api" and depth[0] == 0 and frame.f_code.co_name == "matmul":
+                depth[0] = 1
+            elif depth[0]:
+                depth[0] += 1
+        elif event == "return" and depth[0]:
+            depth[0] -= 1
+            back = frame.f_back
+            here = _module(back) if back is not None and depth[0] else ""
+        else:
+            return
+        if depth[0] and here.startswith(OURS) and (not seen or seen[-1] != here):
+            seen.append(here)
+
+    sys.setprofile(profile)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_cached_call_walks_to_its_kernel_in_twelve_stops(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch, library: str
+) -> None:
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((48, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 24)).astype(np.float32)
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "0")  # the Python door itself, not the C table
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    with unimatmul.mode("tune"):
+        unimatmul.matmul(a, b)  # tuned and stored: the cached call finds its plan
+    monkeypatch.setenv("UNIMATMUL_MODE", "cached")
+    unimatmul.matmul(a, b)  # the key's plan, in the environment's mode
+    walk = _walk(lambda: unimatmul.matmul(a, b))
+    assert walk[0] == "unimatmul.api" and len(walk) <= 12, " > ".join(walk)
+    # Each module below the door is entered at most twice (a return into it counts); the
+    # door itself four times: the call, and the returns from the key, the mode and the kernel.
+    stops = Counter(walk)
+    assert stops.pop("unimatmul.api") <= 4, walk
+    assert max(stops.values()) <= 2, walk
 
 
 def test_the_import_contracts_hold() -> None:

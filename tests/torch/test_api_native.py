@@ -134,5 +134,7 @@ def test_a_tuned_kernel_is_confirmed_in_the_native_table(env: Env) -> None:
         torch.testing.assert_close(unimatmul.matmul(a, b), ref, rtol=1e-4, atol=1e-4)
     assert set(native.kinds(native.API).values()) == {native.ONEDNN}
     (found,) = api.TABLE.live()
-    assert found.runner.candidate.identity == record.winner and type(found.runner).__name__ != "ConfirmingRunner"
+    assert (
+        found.runner.candidate.identity == record.winner and type(found.runner).__name__ != "ConfirmingRunner"
+    )
     assert env.selector.stats.confirmed == 1

@@ -337,9 +337,7 @@ def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
             a, a.t(), one, one, None, torch.bfloat16, False, native.SCALED_LT, new_id(), "x", (16, 16), call
         )  # fmt: skip
     with pytest.raises(RuntimeError, match="unknown kind"):
-        native.put_scaled(
-            a, a.t(), one, one, None, torch.bfloat16, False, native.LT, new_id(), "x", (16, 16)
-        )
+        native.put_scaled(a, a.t(), one, one, None, torch.bfloat16, False, native.LT, new_id(), "x", (16, 16))
     assert native.size(native.SCALED) == 0
 
 

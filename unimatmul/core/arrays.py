@@ -226,6 +226,12 @@ class ArrayAdapter:
     def ptr(self, x: Any) -> int:
         raise NotImplementedError
 
+    def pointers(self, a: Any, b: Any, out: Any, bias: Any) -> tuple[int, int, int, int | None]:
+        """The addresses of a product's arrays in one call (a runner's hot path); None for
+        no bias."""
+        ptr = self.ptr
+        return ptr(a), ptr(b), ptr(out), None if bias is None else ptr(bias)
+
     def same_library(self, x: Any) -> bool:
         """Whether ``x`` is an array of this adapter's library (TypeError if no array at all)."""
         return adapter_of(x) is self
