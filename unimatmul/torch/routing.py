@@ -16,13 +16,13 @@ Only the functional forms are taken over. The ``out=`` and in-place forms stay
 PyTorch's, and they are how a call is passed through: ``torch.mm(a, b, out=...)``
 runs PyTorch's own kernel, never ours, so routing cannot recurse, not even through
 the Default candidate (which calls ``torch.matmul(..., out=out)``). While the
-Selector decides or tunes, a thread-local flag passes every product through, so
-the harness's own references (float64 ``@``) never re-enter it.
+Selector decides or tunes, ``unimatmul.calls.passing()`` passes every product through,
+so the harness's own references (float64 ``@``) never re-enter it.
 
 The hot path: a key of the operands (shapes, strides, dtypes, devices, pointer
-alignment, mode) finds a :class:`Plan` in a dict; the plan holds the prepared
-Runner (or None: PyTorch's own kernel, when Default was chosen or the operands are
-not eligible). No Problem is built, nothing is logged, nothing synchronises.
+alignment, mode) finds a :class:`~unimatmul.calls.Plan` in the call table
+(:mod:`unimatmul.calls`); the plan holds the prepared Runner (or None: PyTorch's own
+kernel, when Default was chosen or the operands are not eligible). No Problem is built, nothing is logged, nothing synchronises.
 
 A choice from a record starts in a confirmation window (:mod:`unimatmul.tuning.confirm`):
 its first real calls alternate it with PyTorch's kernel, timed where they run, and the
@@ -32,19 +32,19 @@ verdict either keeps it or turns the plan into PyTorch's kernel (source ``confir
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.calls import PASSING, Plan, decide
 from unimatmul.core import modes as _config
 from unimatmul.core.arrays import adapter_of, held_for_graphs, hold_for_graphs
 from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
+from unimatmul.torch.router import Router
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner
 from unimatmul.tuning.selector import Decision, get_selector
 from unimatmul.tuning.trust import CheckingRunner
@@ -61,28 +61,14 @@ MAX_PLANS = 8192
 PLAIN, BIAS, C = 0, 1, 2
 
 
-class _Router:
-    """Routing's state: the call table of the four products, the libraries holding the
-    registered kernels, the mode read at install, and the dispatch keys the native kernels
-    serve (their table's kernels kept in ``kept``: one generation more after the table is
-    emptied, for the process's life where a CUDA graph captured their call)."""
-
-    def __init__(self) -> None:
-        self.table = CallTable("mm", MAX_PLANS)
-        self.libraries: list[Any] = []
-        self.env_mode = "cached"
-        self.native_keys: tuple[str, ...] = ()
-        self.kept: native.Kept | None = None
-
-
-_router = _Router()
+_router = Router("mm", MAX_PLANS, native.ROUTING)
 TABLE = _router.table
 _plans = TABLE.plans  # read per call; emptied in place, never replaced
 _mode_var = _config._mode  # the context variable behind unimatmul.mode(): read per call
 
 
 def is_enabled() -> bool:
-    return bool(_router.libraries)
+    return _router.library is not None
 
 
 # --- the kernels ------------------------------------------------------------------------
@@ -429,34 +415,17 @@ def install() -> None:
     The native kernels (native.py) serve the keys ``UNIMATMUL_TORCH_NATIVE`` names when
     they build; the Python kernels serve the rest.
     """
-    with TABLE.lock:
-        if _router.libraries:
-            return
-        _router.env_mode = _config.env_mode()
-        native_keys = _native_keys()
-        library = torch.library.Library("aten", "IMPL")
-        try:
-            with warnings.catch_warnings():
-                # PyTorch warns that a kernel is overridden: that is the point here.
-                warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-                for key in DISPATCH_KEYS:
-                    if key in native_keys:
-                        continue
-                    for name, kernel in _KERNELS[key].items():
-                        library.impl(name, kernel, key)
-                if native_keys:
-                    native.install(native_keys, _router.env_mode, _config.overrides(), _KERNELS)
-        except Exception:
-            library._destroy()
-            raise
-        _router.libraries.append(library)
-        _router.native_keys = native_keys
-        if native_keys:
-            if _router.kept is None:
-                _router.kept = native.Kept(native.ROUTING)
-            TABLE.native = _router.kept
-        if native_keys:
-            _config.on_overrides(_native_overrides)
+
+    def register(library: Any, native_keys: tuple[str, ...]) -> None:
+        for key in DISPATCH_KEYS:
+            if key not in native_keys:
+                for name, kernel in _KERNELS[key].items():
+                    library.impl(name, kernel, key)
+
+    def native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+        native.install(keys, mode, overrides, _KERNELS)
+
+    _router.install(register, _native_keys, native_install)
 
 
 def _native_keys() -> tuple[str, ...]:
@@ -476,21 +445,8 @@ def _native_keys() -> tuple[str, ...]:
     return ()
 
 
-def _native_overrides(count: int) -> None:
-    native.configure(_router.env_mode, count)
-
-
 def uninstall() -> None:
-    with TABLE.lock:
-        if _router.native_keys:
-            native.uninstall()
-            _config.on_overrides(_native_overrides, remove=True)
-        for library in _router.libraries:
-            library._destroy()
-        _router.libraries.clear()
-        TABLE.clear()
-        TABLE.native = None
-        _router.native_keys = ()
+    _router.uninstall(native.uninstall)
 
 
 # --- what happened ------------------------------------------------------------------------

@@ -40,18 +40,18 @@ they run (in the native entry, or in the plan's window here), and the verdict ke
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.calls import PASSING, Plan, decide
 from unimatmul.core import modes as _config
-from unimatmul.core.arrays import adapter_of, hold_for_graphs
+from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
 from unimatmul.core.backend import Target
 from unimatmul.core.scaled import scaled_problem_of, torch_has_block_scaled
 from unimatmul.torch import native
+from unimatmul.torch.router import Router
 from unimatmul.tuning.selector import Decision
 
 DISPATCH_KEYS = ("CPU", "CUDA")
@@ -66,23 +66,11 @@ _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32
 _DEVICES = frozenset({"cpu", "cuda"})
 
 
-class _Router:
-    """Scaled routing's state: its call table, the library holding the registered kernel,
-    the mode read at install, and the keys the native kernel serves (its table's kernels
-    kept in ``kept``, as routing.py keeps them)."""
-
-    def __init__(self) -> None:
-        self.table = CallTable("scaled_mm", MAX_PLANS)
-        self.library: Any = None
-        self.env_mode = "cached"
-        self.native_keys: tuple[str, ...] = ()
-        self.kept: native.Kept | None = None
-
-
-_router = _Router()
+_router = Router("scaled_mm", MAX_PLANS, native.SCALED)
 TABLE = _router.table
 _plans = TABLE.plans  # read per call; emptied in place, never replaced
 _mode_var = _config._mode  # the context variable behind unimatmul.mode(): read per call
+_signature = adapter_for_kind("torch").signature  # shape, strides, dtype, device, alignment
 
 
 def _passthrough(
@@ -123,30 +111,17 @@ def _scaled_mm(
     mode = _mode_var.get() or _router.env_mode
     if mode == "off" or PASSING.on:
         return _passthrough(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    signature = _signature  # the adapter's: this Python kernel serves what the native one does not know
     key = (
         mode,
-        a.shape,
-        a.stride(),
-        a.dtype,
-        a.data_ptr() & 15,
-        b.shape,
-        b.stride(),
-        b.dtype,
-        b.data_ptr() & 15,
-        scale_a.shape,
-        scale_a.stride(),
-        scale_a.dtype,
-        scale_a.data_ptr() & 15,
-        scale_b.shape,
-        scale_b.stride(),
-        scale_b.dtype,
-        scale_b.data_ptr() & 15,
-        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15),
+        signature(a),
+        signature(b),
+        signature(scale_a),
+        signature(scale_b),
+        None if bias is None else signature(bias),
         scale_result is None,
         out_dtype,
         use_fast_accum,
-        a.device,
-        b.device,
     )
     plan = _plans.get(key)
     if plan is None:
@@ -295,32 +270,16 @@ def install() -> None:
     Where the native build serves a key (:data:`NATIVE_KEYS`), its kernel is registered
     there instead, with this one behind it.
     """
-    with TABLE.lock:
-        if _router.library is not None:
-            return
-        _router.env_mode = _config.env_mode()
-        native_keys = _native_keys()
-        library = torch.library.Library("aten", "IMPL")
-        try:
-            with warnings.catch_warnings():
-                # PyTorch warns that a kernel is overridden: that is the point here.
-                warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-                for key in DISPATCH_KEYS:
-                    if key not in native_keys:
-                        library.impl("_scaled_mm", _scaled_mm, key)
-                if native_keys:
-                    native.install_scaled(native_keys, _router.env_mode, _config.overrides(), _scaled_mm)
-        except Exception:
-            library._destroy()
-            raise
-        _router.library = library
-        _router.native_keys = native_keys
-        if native_keys:
-            if _router.kept is None:
-                _router.kept = native.Kept(native.SCALED)
-            TABLE.native = _router.kept
-        if native_keys:
-            _config.on_overrides(_native_overrides)
+
+    def register(library: Any, native_keys: tuple[str, ...]) -> None:
+        for key in DISPATCH_KEYS:
+            if key not in native_keys:
+                library.impl("_scaled_mm", _scaled_mm, key)
+
+    def native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+        native.install_scaled(keys, mode, overrides, _scaled_mm)
+
+    _router.install(register, _native_keys, native_install)
 
 
 def _native_keys() -> tuple[str, ...]:
@@ -332,21 +291,8 @@ def _native_keys() -> tuple[str, ...]:
     return keys
 
 
-def _native_overrides(count: int) -> None:
-    native.configure(_router.env_mode, count)
-
-
 def uninstall() -> None:
-    with TABLE.lock:
-        if _router.native_keys:
-            native.uninstall_scaled()
-            _config.on_overrides(_native_overrides, remove=True)
-        if _router.library is not None:
-            _router.library._destroy()
-            _router.library = None
-        TABLE.clear()
-        TABLE.native = None
-        _router.native_keys = ()
+    _router.uninstall(native.uninstall_scaled)
 
 
 # --- what happened ------------------------------------------------------------------------
