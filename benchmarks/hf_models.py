@@ -134,6 +134,44 @@ GPU_MODELS = (
     ModelSpec(
         "bert-base", "bert", {}, "BERT-base as published: 12 layers, width 768 (encoder: prefill only)"
     ),
+    # Mixture-of-experts models in transformers' default configuration: the experts run
+    # through torch's grouped GEMM (experts_implementation "grouped_mm").
+    ModelSpec(
+        "qwen3-30b-a3b",
+        "qwen3_moe",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+            "num_hidden_layers": 4,
+        },
+        "Qwen3-30B-A3B's widths (2048; 128 experts of 768, top 8), heads (32, 4 KV) and vocabulary; 4 of its 48 layers",
+    ),
+    ModelSpec(
+        "mixtral-8x7b",
+        "mixtral",
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 32000,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+            "num_hidden_layers": 2,
+        },
+        "Mixtral-8x7B's widths (4096; 8 experts of 14336, top 2), heads (32, 8 KV) and vocabulary; 2 of its 32 layers",
+    ),
 )
 
 # Shaped like the GPU models, small enough for a 2-core CPU.
@@ -190,6 +228,8 @@ def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> An
         "qwen2": transformers.Qwen2Config,
         "llama": transformers.LlamaConfig,
         "bert": transformers.BertConfig,
+        "qwen3_moe": getattr(transformers, "Qwen3MoeConfig", None),
+        "mixtral": getattr(transformers, "MixtralConfig", None),
     }
     config = classes[spec.family](**spec.config)
     auto = transformers.AutoModelForCausalLM if spec.causal else transformers.AutoModel

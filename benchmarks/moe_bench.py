@@ -1,0 +1,233 @@
+"""How much faster are mixture-of-experts grouped GEMMs under unimatmul than torch._grouped_mm?
+
+One command (on a CUDA GPU):
+
+    python benchmarks/moe_bench.py --out benchmarks/results/moe-h200
+
+The experts of four real MoE configurations (N, K and the expert count from their
+config.json: gate/up and down), total tokens 1, 16, 128, 1024 and 8192 routed to top-k
+experts, uniform and skewed (Zipf) routing. Each product is tuned through
+``unimatmul.grouped_matmul`` in tune mode (first-time and warm tuning wall time recorded),
+checked against the float64 product of every group, then timed as CUDA-graph replays,
+``torch._grouped_mm`` and unimatmul interleaved, median of rounds. Writes
+``moe-bench.json``, ``moe-summary.md`` and ``moe-speedup.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# name, experts, hidden, expert intermediate, top-k, source
+CONFIGS = (
+    ("mixtral-8x7b", 8, 4096, 14336, 2, "mistralai/Mixtral-8x7B-v0.1"),
+    ("qwen3-30b-a3b", 128, 2048, 768, 8, "Qwen/Qwen3-30B-A3B"),
+    ("deepseek-v2-lite", 64, 2048, 1408, 6, "deepseek-ai/DeepSeek-V2-Lite"),
+    ("gpt-oss-20b", 32, 2880, 2880, 4, "openai/gpt-oss-20b"),
+)
+TOKENS = (1, 16, 128, 1024, 8192)
+ROUTINGS = ("uniform", "skewed")
+
+
+def counts_of(tokens: int, experts: int, top_k: int, routing: str, seed: int) -> list[int]:
+    """Rows per expert: each token picks ``top_k`` distinct experts, uniformly or by a
+    Zipf law (expert i drawn with weight 1 / (i + 1))."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    weights = np.ones(experts) if routing == "uniform" else 1.0 / np.arange(1, experts + 1)
+    weights = weights / weights.sum()
+    counts = np.zeros(experts, dtype=np.int64)
+    for _ in range(tokens):
+        counts[rng.choice(experts, size=top_k, replace=False, p=weights)] += 1
+    return [int(c) for c in counts]
+
+
+def graph_time(fn: Any, torch: Any, calls: int = 20, rounds: int = 1) -> float:
+    """Seconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(rounds):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / calls)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--budget-s", type=float, default=math.inf, help="stop starting new products after this")
+    args = p.parse_args(argv)
+    os.environ.setdefault("UNIMATMUL_CACHE", str(Path(tempfile.mkdtemp()) / "moe-cache.msgpack"))
+    import torch
+
+    import unimatmul
+
+    if not torch.cuda.is_available():
+        print("moe_bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    wanted = set(args.configs.split(","))
+    tokens = [int(t) for t in args.tokens.split(",")]
+    device = torch.device("cuda")
+    rows: list[dict[str, Any]] = []
+    left_out: list[str] = []
+    for name, experts, hidden, inter, top_k, source in CONFIGS:
+        if name not in wanted:
+            continue
+        torch.manual_seed(0)
+        weights = {
+            "gate_up": torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) * 0.02,
+            "down": torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) * 0.02,
+        }
+        for t in tokens:
+            for routing in ROUTINGS:
+                if routing == "skewed" and t * top_k < experts:
+                    continue  # too few rows for the two routings to differ
+                counts = counts_of(t, experts, top_k, routing, seed=t)
+                offs = torch.tensor(counts, device=device, dtype=torch.int64).cumsum(0).to(torch.int32)
+                rows_total = sum(counts)
+                for proj, w in weights.items():
+                    row_id = f"{name}/{proj}/t{t}/{routing}"
+                    if time.perf_counter() - started > args.budget_s:
+                        left_out.append(f"{row_id}: over the run's budget")
+                        continue
+                    b = w.transpose(-2, -1)  # [E, K, N] as a view of HF's [E, N, K] weights
+                    a = torch.randn(rows_total, b.shape[1], device=device, dtype=torch.bfloat16)
+                    rows.append(measure(row_id, a, b, offs, counts, args.rounds, torch, unimatmul))
+                    rows[-1].update(config=name, source=source, proj=proj, tokens=t, routing=routing)
+                    print(json.dumps(rows[-1]), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    write(args.out, rows, left_out, torch)
+    return 0
+
+
+def measure(
+    row_id: str, a: Any, b: Any, offs: Any, counts: list[int], rounds: int, torch: Any, unimatmul: Any
+) -> dict[str, Any]:
+    expected = torch._grouped_mm(a, b, offs)
+    t0 = time.perf_counter()
+    with unimatmul.mode("tune"):
+        got = unimatmul.grouped_matmul(a, b, offs)
+    torch.cuda.synchronize()
+    tune_s = time.perf_counter() - t0
+    # The float64 product of every group.
+    worst = 0.0
+    start = 0
+    for g, c in enumerate(counts):
+        if c:
+            ref = a[start : start + c].double() @ b[g].double()
+            err = (got[start : start + c].double() - ref).abs().max().item() / max(
+                ref.abs().max().item(), 1e-6
+            )
+            worst = max(worst, err)
+        start += c
+    ok = worst < 2e-2
+    with unimatmul.mode("cached"):
+        unimatmul.grouped_matmul(a, b, offs)
+        times: dict[str, list[float]] = {"torch": [], "unimatmul": []}
+        for _ in range(rounds):
+            times["torch"].append(graph_time(lambda: torch._grouped_mm(a, b, offs), torch))
+            times["unimatmul"].append(graph_time(lambda: unimatmul.grouped_matmul(a, b, offs), torch))
+    torch_s, umm_s = statistics.median(times["torch"]), statistics.median(times["unimatmul"])
+    del expected
+    plans = [p for p in unimatmul.grouped.TABLE.live()] if hasattr(unimatmul.grouped, "TABLE") else []
+    chosen = next((p.label for p in plans if p.calls), "")
+    return {
+        "id": row_id,
+        "m": int(a.shape[0]),
+        "n": int(b.shape[2]),
+        "k": int(b.shape[1]),
+        "groups": int(b.shape[0]),
+        "largest_group": max(counts),
+        "empty_groups": sum(1 for c in counts if c == 0),
+        "torch_us": torch_s * 1e6,
+        "unimatmul_us": umm_s * 1e6,
+        "speedup": torch_s / umm_s,
+        "tune_s": tune_s,
+        "max_rel_err": worst,
+        "correct": ok,
+        "choice": chosen,
+    }
+
+
+def write(out: Path, rows: list[dict[str, Any]], left_out: list[str], torch: Any) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    ran = [r for r in rows if r["correct"]]
+    geo = math.exp(statistics.fmean(math.log(r["speedup"]) for r in ran)) if ran else math.nan
+    tunes = sorted(r["tune_s"] for r in rows)
+    summary = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "rows": len(rows),
+        "wrong": [r["id"] for r in rows if not r["correct"]],
+        "geomean_speedup": geo,
+        "min_speedup": min((r["speedup"] for r in ran), default=math.nan),
+        "tune_s_first": rows[0]["tune_s"] if rows else math.nan,
+        "tune_s_median": statistics.median(tunes) if tunes else math.nan,
+        "left_out": left_out,
+    }
+    (out / "moe-bench.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
+    lines = [
+        f"# MoE grouped GEMMs: unimatmul against torch._grouped_mm ({summary['device']}, torch {summary['torch']})",
+        "",
+        f"geomean {geo:.3f}x over {len(ran)} products, lowest {summary['min_speedup']:.3f}x; "
+        f"tuning median {summary['tune_s_median']:.2f} s a product",
+        "",
+        "| product | m x n x k, groups | largest group | torch us | unimatmul us | speedup | tune s | choice |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['id']} | {r['m']}x{r['n']}x{r['k']}, {r['groups']} | {r['largest_group']} | {r['torch_us']:.1f} | "
+            f"{r['unimatmul_us']:.1f} | {r['speedup']:.3f}x{'' if r['correct'] else ' WRONG'} | {r['tune_s']:.2f} | {r['choice']} |"
+        )
+    if left_out:
+        lines += ["", "Not run: " + "; ".join(left_out)]
+    (out / "moe-summary.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(10, 4))
+        ax.bar(range(len(rows)), [r["speedup"] for r in rows])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(rows)), [r["id"] for r in rows], rotation=90, fontsize=6)
+        ax.set_ylabel("speedup over torch._grouped_mm")
+        fig.tight_layout()
+        fig.savefig(out / "moe-speedup.png", dpi=120)
+    except Exception as exc:  # matplotlib missing: the table and JSON still stand
+        print(f"moe_bench: no plot ({exc})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
