@@ -51,7 +51,7 @@ for name in "$@"; do
     case $name in
     tests)
         part tests "${TESTS_S:-200}" python3 -m pytest tests/gpu tests/torch tests/conformance/test_conformance_gpu.py \
-            tests/core/test_layout.py tests/core/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
+            tests/test_layout.py tests/tuning/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)

@@ -16,7 +16,7 @@ import pytest
 
 import unimatmul
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 OURS = ("unimatmul", "unimatmul_backends")
 
 
