@@ -50,7 +50,7 @@ part() {  # part NAME SECONDS COMMAND...
 for name in "$@"; do
     case $name in
     tests)
-        part tests "${TESTS_S:-200}" python3 -m pytest tests/backends/cuda/test_cuda_backend_gpu.py tests/backends/cuda/test_cuda_fp8_gpu.py tests/torch tests/conformance/test_conformance_gpu.py \
+        part tests "${TESTS_S:-200}" python3 -m pytest tests/backends/cuda/test_cuda_backend_gpu.py tests/backends/cuda/test_cuda_fp8_gpu.py tests/torch tests/conformance/test_gpu.py \
             tests/test_layout.py tests/tuning/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
