@@ -1,6 +1,6 @@
 """Scaled (fp8) GEMMs on the Lt driver, against the fake libraries of the other Lt tests.
 
-On the cuBLASLt 13 table, through the recording fake of ``test_lt_driver.py``: the
+On the cuBLASLt 13 table, through the recording fake of ``test_driver.py``: the
 plan torch's ``_scaled_mm`` makes (fp8 A and B, D of the output's dtype, f32 compute and
 scale type, "TN", the A/B scale modes, fast accumulation, the bias epilogue), scale
 pointers in place before the library lists algos, and the runner's call (swapped
