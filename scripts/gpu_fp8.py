@@ -765,7 +765,9 @@ class Run:
             + "; times: CUDA-graph replays, inputs rotated through > 3x L2, median of 15"
         )
         tests = self.data.get("tests", {})
-        lines.append(f"GPU tests (tests/backends/cuda/test_cuda_fp8_gpu.py): {tests.get('counts')} exit {tests.get('exit')}")
+        lines.append(
+            f"GPU tests (tests/backends/cuda/test_cuda_fp8_gpu.py): {tests.get('counts')} exit {tests.get('exit')}"
+        )
         for failure in tests.get("failures", [])[:5]:
             lines.append(f"  {failure}")
         if "torch_kernels" in self.data:
