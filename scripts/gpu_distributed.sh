@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on a machine with two GPUs (the nvidia-h200-x2 kind), under 5 minutes:
-#   1. the distributed tests (tests/tuning): the 2-rank tensor-parallel stack with routing
+#   1. the distributed tests (tests/tuning/test_distributed.py): the 2-rank tensor-parallel stack with routing
 #      on cuda:0 and cuda:1 over NCCL (identical choices on both ranks), and the CPU/gloo
 #      tests that can run there;
 #   2. the benchmark: 200 bf16 problems tuned by `unimatmul tune` under torchrun on 1 GPU
@@ -21,7 +21,7 @@ gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 status=0
 
 echo "== distributed tests ($gpus GPUs)" | tee "$OUT/summary.txt"
-timeout 120 python3 -m pytest tests/tuning -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -15
+timeout 120 python3 -m pytest tests/tuning/test_distributed.py -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -15
 test_rc=${PIPESTATUS[0]}
 tail -3 "$OUT/tests.log" >>"$OUT/summary.txt"
 [ "$test_rc" = 0 ] || status=1

@@ -4,7 +4,7 @@ Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points fir
 
     python3 scripts/gpu_fp8.py --out DIR [--budget-s SECONDS] [--quick] [--device cpu]
 
-1. **Tests**: ``pytest tests/gpu/test_fp8_gpu.py`` in a subprocess (cuBLASLt fp8
+1. **Tests**: ``pytest tests/backends/cuda/test_cuda_fp8_gpu.py`` in a subprocess (cuBLASLt fp8
    candidates checked against the dequantised float64 product, graphs, routing,
    torch.compile, the conformance suite's scaled cases); log in ``fp8-tests.log``.
 2. **Which kernels torch runs**: the profiler's kernel names for ``torch._scaled_mm``
@@ -221,7 +221,7 @@ class Run:
             sys.executable,
             "-m",
             "pytest",
-            "tests/gpu/test_fp8_gpu.py",
+            "tests/backends/cuda/test_cuda_fp8_gpu.py",
             "-q",
             "-rs",
             "-s",
@@ -765,7 +765,9 @@ class Run:
             + "; times: CUDA-graph replays, inputs rotated through > 3x L2, median of 15"
         )
         tests = self.data.get("tests", {})
-        lines.append(f"GPU tests (tests/gpu/test_fp8_gpu.py): {tests.get('counts')} exit {tests.get('exit')}")
+        lines.append(
+            f"GPU tests (tests/backends/cuda/test_cuda_fp8_gpu.py): {tests.get('counts')} exit {tests.get('exit')}"
+        )
         for failure in tests.get("failures", [])[:5]:
             lines.append(f"  {failure}")
         if "torch_kernels" in self.data:

@@ -47,11 +47,14 @@ part() {  # part NAME SECONDS COMMAND...
     tar -czf "$RESULTS/session.tar.gz" -C "$SESSION" . 2>/dev/null
 }
 
+# The GPU-only test files (the cuBLASLt backend's, fp8's).
+GPU_TESTS="tests/backends/cuda/test_cuda_backend_gpu.py tests/backends/cuda/test_cuda_fp8_gpu.py"
+
 for name in "$@"; do
     case $name in
     tests)
-        part tests "${TESTS_S:-200}" python3 -m pytest tests/gpu tests/torch tests/conformance/test_conformance_gpu.py \
-            tests/core/test_layout.py tests/core/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
+        part tests "${TESTS_S:-200}" python3 -m pytest $GPU_TESTS tests/torch tests/conformance/test_gpu.py \
+            tests/test_layout.py tests/tuning/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
@@ -62,7 +65,7 @@ for name in "$@"; do
         part conformance "${CONFORMANCE_S:-240}" python3 -m unimatmul conformance --backend "${CONFORMANCE_BACKEND:-triton}" \
             --device cuda:0 --json "$SESSION/conformance/report.json" ;;
     pytest)
-        part pytest "${PYTEST_S:-120}" python3 -m pytest -q -rs -p no:cacheprovider --timeout=120 ${PYTEST_ARGS:-tests/gpu} ;;
+        part pytest "${PYTEST_S:-120}" python3 -m pytest -q -rs -p no:cacheprovider --timeout=120 ${PYTEST_ARGS:-$GPU_TESTS} ;;
     decode-lab)
         part decode-lab "${DECODE_LAB_S:-240}" python3 plugins/unimatmul-triton/scripts/decode_lab.py \
             --budget-s $(( ${DECODE_LAB_S:-240} - 20 )) ${DECODE_LAB_ARGS:-} ;;

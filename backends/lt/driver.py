@@ -52,7 +52,7 @@ column-major ``LtGemm``, the alignment padding; pure functions), ``runner.py``
 (``LtRunner``, ``PaddedRunner`` and ``ArrayHooks`` for torch on CUDA or ROCm and
 CuPy) and ``backend.py`` (``LtBackend``: a vendor backend subclasses it and provides
 ``load_driver``, ``algo_params`` and ``algo_from_params``). The tests in
-``tests/backends/test_lt_driver.py`` run all of it against a recording fake library
+``tests/backends/lt/test_driver.py`` run all of it against a recording fake library
 that takes any ABI table.
 """
 

@@ -8,7 +8,7 @@ order, ``UNIMATMUL_HIPBLASLT_LIB`` / ``UNIMATMUL_ROCBLAS_LIB`` override it). Wit
 HIP device they register anyway and say why through ``availability()``.
 
 Neither backend has run on AMD hardware yet. CI checks them against fake libraries
-(``tests/backends/test_rocm_*.py``) and, without a GPU, against Debian's real
+(``tests/backends/rocm/``) and, without a GPU, against Debian's real
 libraries and headers (``tests/amd_real``); ``docs/rocm.md`` says how to verify them
 on a GPU.
 """

@@ -6,7 +6,7 @@ fp8 GPU kernel can run on this machine. Every test runs with the Python and the 
 kernels at the CPU key (the ``env`` fixture). With the native ones, the native
 ``_scaled_mm`` kernel serves the CPU key (``scaled_routing.NATIVE_KEYS``), so that its
 table, its way back to the Python kernel and PyTorch's errors are checked here; its
-cuBLASLt call runs on the GPU only (``tests/gpu/test_fp8_gpu.py``).
+cuBLASLt call runs on the GPU only (``tests/backends/cuda/test_cuda_fp8_gpu.py``).
 """
 
 from __future__ import annotations

@@ -434,7 +434,7 @@ def test_dir_of_the_package_shows_its_public_names() -> None:
 
 
 def test_the_readme_lists_every_exit_code() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     paragraph = readme[readme.index("Exit codes:") :].split("\n\n")[0]
     codes = [EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_CLOSED_OUTPUT]
     assert all(f"`{code}`" in paragraph for code in codes), paragraph

@@ -1,4 +1,4 @@
-"""Fixtures of the core tests."""
+"""Fixtures of the tuning tests."""
 
 from __future__ import annotations
 

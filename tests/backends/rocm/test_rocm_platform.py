@@ -26,11 +26,11 @@ from unimatmul.core.platform import detect_platform
 
 torch = pytest.importorskip("torch")
 
-from test_rocm_hipblaslt import FakeHipblaslt, make_backend  # noqa: E402  (sibling test module)
-from test_rocm_rocblas import FakeRocblas  # noqa: E402
-from test_rocm_rocblas import make_backend as make_rocblas  # noqa: E402
+from test_hipblaslt import FakeHipblaslt, make_backend  # noqa: E402  (sibling test module)
+from test_rocblas import FakeRocblas  # noqa: E402
+from test_rocblas import make_backend as make_rocblas  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "interop" / "data"
+DATA = Path(__file__).resolve().parents[2] / "interop" / "data"
 ARCH = "gfx942:sramecc+:xnack-"
 
 

@@ -1,34 +1,30 @@
 """Scaled (fp8) GEMMs on the Lt driver, against the fake libraries of the other Lt tests.
 
-On the cuBLASLt 13 table, through the recording fake of ``test_lt_driver.py``: the
+On the cuBLASLt 13 table, through the recording fake of ``test_driver.py``: the
 plan torch's ``_scaled_mm`` makes (fp8 A and B, D of the output's dtype, f32 compute and
 scale type, "TN", the A/B scale modes, fast accumulation, the bias epilogue), scale
 pointers in place before the library lists algos, and the runner's call (swapped
-operands and scales, C never D on cuBLASLt). On the hipBLASLt tables, through the
-C-callback fake of ``test_rocm_hipblaslt.py``, which decodes fp8 and applies the scales
-as hipblaslt.h documents them: the runner computes the row-major scaled product.
-No GPU: the GPU tests (``scripts/gpu_fp8.py``) run the same code on the H200.
+operands and scales, C never D on cuBLASLt). The hipBLASLt tables' scaled GEMMs:
+``tests/backends/rocm/test_hipblaslt_scaled.py``. No GPU: the GPU tests
+(``scripts/gpu_fp8.py``) run the same code on the H200.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import pytest
-from test_lt_driver import FakeHooks, FakeLtBackend, RecordingLtLibrary, _target, desc_attrs
-from test_rocm_hipblaslt import TARGET, FakeHipblaslt, make_backend
+from test_driver import FakeHooks, FakeLtBackend, RecordingLtLibrary, _target, desc_attrs
 
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import scaled_problem
-from unimatmul_backends.lt.abi import CUBLASLT_12, CUBLASLT_13, HIPBLASLT_6
+from unimatmul_backends.lt.abi import CUBLASLT_12, CUBLASLT_13
 from unimatmul_backends.lt.backend import PAD
 from unimatmul_backends.lt.driver import CublasLtConfig, LtDriver
 from unimatmul_backends.lt.layout import lt_gemm, lt_problem, lt_scaled_gemm
 from unimatmul_backends.lt.runner import ScaledLtRunner
-from unimatmul_backends.rocm.hipblaslt import solution_candidate
 
 torch = pytest.importorskip("torch")
 
@@ -154,17 +150,6 @@ def test_scaled_runner_native_call_words() -> None:
     assert algo[: len(runner.algo.data)] == runner.algo.data
 
 
-def test_hipblaslt_scaled_native_call_writes_c_as_d() -> None:
-    fake = FakeHipblaslt(100100, [3, 17])
-    problem = scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32")
-    runner = make_backend(fake).prepare(problem, solution_candidate(17), TARGET)
-    call = runner.native_call()
-    assert call is not None and call.kind == "scaled_lt"
-    abi = fake.abi
-    assert call.words[:3] == [abi.desc_attr("A_SCALE_POINTER")[0], abi.desc_attr("B_SCALE_POINTER")[0], 1]
-    assert all(call.words[3:5])  # the library's own function addresses
-
-
 def test_runner_passes_swapped_operands_and_scales() -> None:
     lib = RecordingLtLibrary(CUBLASLT_13)
     backend = FakeLtBackend(lib)
@@ -210,83 +195,3 @@ def test_exhaustive_search_asks_for_the_fp8_types() -> None:
     e5m2, e4m3, f16 = (abi.datatype[k] for k in ("R_8F_E5M2", "R_8F_E4M3", "R_16F"))
     # Types in the library's order: its A is our B (e4m3), its B our A (e5m2), then C and D.
     assert ids[1:7] == (abi.compute_type["32F"], abi.datatype["R_32F"], e4m3, e5m2, f16, f16)
-
-
-# --- the hipBLASLt fake computes ---------------------------------------------------------------
-
-
-def _host(problem: Problem, seed: int) -> dict[str, Any]:
-    """fp8 operands as host bytes (what the fake library reads), scales, and the reference."""
-    gen = torch.Generator().manual_seed(seed)
-    fp8 = {"f8e4m3fnuz": torch.float8_e4m3fnuz, "f8e4m3": torch.float8_e4m3fn}[problem.dtype_a]
-    a = torch.randn(problem.m, problem.k, generator=gen).to(fp8)
-    w = torch.randn(problem.n, problem.k, generator=gen).to(fp8)
-    rowwise = problem.scale_a == "rowwise"
-    sa = torch.rand((problem.m, 1) if rowwise else (1,), generator=gen) + 0.5
-    sb = torch.rand((1, problem.n) if rowwise else (1,), generator=gen) + 0.5
-    bias = torch.randn(problem.n, generator=gen).to(torch.float16) if problem.has_bias else None
-    ref = (a.double() * sa.double()) @ (w.double().t() * sb.double())
-    if bias is not None:
-        ref = ref + bias.double()
-    return {
-        "a": a.view(torch.uint8).numpy(),
-        "b": w.view(torch.uint8).numpy().T,  # w.t(): column-major, as torch's fp8 linear
-        "sa": sa.numpy(),
-        "sb": sb.numpy(),
-        "bias": None if bias is None else bias.numpy(),
-        "ref": ref.numpy(),
-    }
-
-
-@pytest.mark.parametrize(
-    "problem",
-    [
-        scaled_problem(33, 48, 64, dtype_a="f8e4m3fnuz", dtype_c="f16", scales="rowwise", bias=True),
-        scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32"),
-        scaled_problem(7, 16, 32, dtype_c="f16", scales="rowwise"),
-    ],
-    ids=lambda p: f"{p.dtype_a}-{p.dtype_c}-{p.scale_a}{'-bias' if p.has_bias else ''}",
-)
-def test_hipblaslt_runner_computes_the_scaled_product(problem: Problem) -> None:
-    fake = FakeHipblaslt(100100, [3, 17])  # hipBLASLt 1.1: the table with scale modes
-    backend = make_backend(fake)
-    runner = backend.prepare(problem, solution_candidate(17), TARGET)
-    assert isinstance(runner, ScaledLtRunner)
-    ops = _host(problem, 5)
-    out = np.full((problem.m, problem.n), np.nan, {"f16": np.float16, "f32": np.float32}[problem.dtype_c])
-    runner(ops["a"], ops["b"], out, 1.0, 0.0, ops["bias"], ops["sa"], ops["sb"])
-    err = np.linalg.norm(out.astype(np.float64) - ops["ref"]) / np.linalg.norm(ops["ref"])
-    assert err < {"f16": 2e-3, "f32": 1e-6}[problem.dtype_c], err
-    assert fake.ran == [(17, 0x5EED)]
-    descs = [o for o in fake.objects.values() if o["kind"] == "desc"]
-    assert all("FAST_ACCUM" not in d["attrs"] for d in descs)  # hipBLASLt has no such attribute
-
-
-def test_older_hipblaslt_runs_per_tensor_scales_only() -> None:
-    fake = FakeHipblaslt(1000, [3])  # 0.10 (ROCm 6.3): HIPBLASLT_6, no scale-mode attribute
-    assert fake.abi is HIPBLASLT_6
-    backend = make_backend(fake)
-    problem = scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32")
-    runner = backend.prepare(problem, solution_candidate(3), TARGET)
-    ops = _host(problem, 9)
-    out = np.full((16, 32), np.nan, np.float32)
-    runner(ops["a"], ops["b"], out, 1.0, 0.0, None, ops["sa"], ops["sb"])
-    assert np.linalg.norm(out - ops["ref"]) / np.linalg.norm(ops["ref"]) < 1e-6
-    rowwise = scaled_problem(16, 32, 48, dtype_a="f8e4m3fnuz", dtype_c="f32", scales="rowwise")
-    with pytest.raises(UnsupportedProblem, match="no A_SCALE_MODE OUTER_VEC_32F: only per-tensor scales"):
-        backend.candidates(rowwise, TARGET)
-
-
-def test_pointer_widths_reach_the_library_intact() -> None:
-    """The fake read back exactly the scale addresses the runner set (8-byte pointers)."""
-    fake = FakeHipblaslt(100100, [5])
-    backend = make_backend(fake)
-    problem = scaled_problem(8, 16, 32, dtype_a="f8e4m3fnuz", dtype_c="f32", scales="rowwise")
-    runner = backend.prepare(problem, solution_candidate(5), TARGET)
-    ops = _host(problem, 2)
-    out = np.zeros((8, 16), np.float32)
-    runner(ops["a"], ops["b"], out, 1.0, 0.0, None, ops["sa"], ops["sb"])
-    desc = [o for o in fake.objects.values() if o["kind"] == "desc"][-1]["attrs"]
-    assert desc["A_SCALE_POINTER"] == ops["sb"].__array_interface__["data"][0]
-    assert desc["B_SCALE_POINTER"] == ops["sa"].__array_interface__["data"][0]
-    assert fake.ran == [(5, 0x5EED)]

@@ -5,7 +5,7 @@ protocol in Python, records every call, and keeps descriptor state so that the t
 can check what the driver asked for (layouts, transposes, epilogue, the pointer order
 of the matmul call). The same fake takes any ABI table, so a hipBLASLt test can reuse
 it with a hip table (its algo-config functions then raise, as hipBLASLt has none).
-The GPU tests (tests/gpu) run the same driver on the real library.
+The GPU tests (tests/backends/cuda/*_gpu.py) run the same driver on the real library.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ PostOp = _dnnl.PostOp
 # ref(a, b, bias | None, c_old | None) -> expected dst, all float64.
 RefFn = Callable[[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 F32_TOL = 1e-5
 
 

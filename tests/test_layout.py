@@ -1,6 +1,7 @@
 """The layout: a call from ``unimatmul.matmul`` down to a kernel crosses each module at
-most twice (data flows one way), a cached call walks to its kernel in at most 12 stops,
-and the import contracts hold (``lint-imports``)."""
+most twice (data flows one way), a cached call walks to its kernel in at most 12 stops, the
+import contracts hold (``lint-imports``), and the
+tests mirror the package (``tests/<package path>/test_<module>.py``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,25 @@ import pytest
 
 import unimatmul
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 OURS = ("unimatmul", "unimatmul_backends")
+
+#: The source folder of each top folder of tests/ that is not a subpackage of unimatmul/.
+SOURCES = {
+    "backends": REPO / "backends",
+    "conformance": REPO / "conformance" / "unimatmul_conformance",
+    "benchmarks": REPO / "benchmarks",
+}
+#: Test files (or folders, ending in "/") that mirror no one module, and why.
+NOT_MIRRORED = {
+    "amd_real/": "the tier .ci/amd-real runs: several backends against Debian's real AMD software",
+    "plugins/test_triton_plugin.py": "runs the Triton plugin's own tests (plugins/unimatmul-triton/tests)",
+    "test_docs_links.py": "checks docs/ and the README, not a module",
+    "test_fleet.py": "the fleet flow of docs/distributed.md, end to end through the CLI",
+    "test_imports.py": "what `import unimatmul` and torch's autoload hook cost",
+    "test_layout.py": "this file: the layout of the whole tree",
+}
 
 
 def _module(frame: FrameType) -> str:
@@ -135,3 +153,67 @@ def test_the_import_contracts_hold() -> None:
         pytest.skip("import-linter is not installed (the test extra has it)")
     done = subprocess.run([lint], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def _source_folder(folder: Path) -> Path:
+    """The package folder that the tests in ``folder`` (relative to tests/) test."""
+    parts = folder.parts
+    if parts and parts[0] in SOURCES:
+        return SOURCES[parts[0]].joinpath(*parts[1:])
+    return REPO.joinpath("unimatmul", *parts)
+
+
+def _mirror_problem(path: Path) -> str | None:
+    """Why ``path`` (a test file, relative to tests/) mirrors no module, or None if it does.
+
+    ``tests/a/b/test_c.py`` tests ``a/b/c.py`` (``c`` may go on, as in ``test_c_errors.py``
+    for one side of ``c``); a file testing several modules of ``a/b`` is named after its
+    folder (``tests/cache/test_cache_paths.py``)."""
+    source = _source_folder(path.parent)
+    if not source.is_dir():
+        return f"{source.relative_to(REPO)}/ is no package folder"
+    name = path.stem.removeprefix("test_")
+    modules = {p.stem.strip("_") for p in source.iterdir() if p.suffix in (".py", ".cpp")}
+    modules.discard("init")
+    if path.parent.parts:
+        modules.add(path.parent.name)
+    if any(name == m or name.startswith(m + "_") for m in modules):
+        return None
+    return f"names none of {sorted(modules)} in {source.relative_to(REPO)}/"
+
+
+def _test_files() -> list[Path]:
+    return sorted(p.relative_to(TESTS) for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.parts)
+
+
+def _exempt(path: Path) -> bool:
+    return any(
+        path.as_posix() == e or (e.endswith("/") and path.as_posix().startswith(e)) for e in NOT_MIRRORED
+    )
+
+
+def test_every_test_file_mirrors_a_package_module() -> None:
+    files = _test_files()
+    assert len(files) > 50, "the walk found too few test files"
+    wrong = {f.as_posix(): why for f in files if not _exempt(f) and (why := _mirror_problem(f))}
+    assert not wrong, (
+        "tests/<package path>/test_<module>.py, or add the file to NOT_MIRRORED with why: " + str(wrong)
+    )
+    for entry in NOT_MIRRORED:
+        assert (TESTS / entry).exists(), f"NOT_MIRRORED names {entry}, which is gone: drop it"
+
+
+def test_the_mirror_rule_refuses_what_does_not_mirror() -> None:
+    assert _mirror_problem(Path("tuning/test_harness_checks.py")) is None
+    assert _mirror_problem(Path("backends/lt/test_driver.py")) is None
+    assert _mirror_problem(Path("backends/onednn/test_dnnl.py")) is None  # _dnnl.py
+    assert _mirror_problem(Path("cache/test_cache_paths.py")) is None  # the folder's own name
+    assert "no package folder" in str(_mirror_problem(Path("core/widgets/test_problem.py")))
+    assert "names none of" in str(_mirror_problem(Path("core/test_harness.py")))  # harness is tuning's
+    assert "names none of" in str(_mirror_problem(Path("test_selector.py")))  # not at the top either
+
+
+def test_test_module_names_are_unique() -> None:
+    """pytest imports test files by their bare names (no __init__.py under tests/)."""
+    seen = Counter(f.name for f in _test_files())
+    assert not [name for name, count in seen.items() if count > 1], seen.most_common(3)
