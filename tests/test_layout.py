@@ -1,7 +1,6 @@
 """The layout: a call from ``unimatmul.matmul`` down to a kernel crosses each module at
 most twice (data flows one way), a cached call walks to its kernel in at most 12 stops, the
-import contracts hold (``lint-imports``), and the
-tests mirror the package (``tests/<package path>/test_<module>.py``)."""
+import contracts hold (``lint-imports``), and the tests mirror the package (``tests/<package path>/test_<module>.py``)."""
 
 from __future__ import annotations
 
