@@ -203,10 +203,18 @@ class HipblasltGroupedRunner:
         template = bytes(grouped.default_user_args())
         host = torch.frombuffer(bytearray(template), dtype=torch.int32).reshape(layout.groups, size // 4)
         self._template = host.to(device)
-        self._zero = torch.zeros(1, dtype=torch.int64, device=device)
-        self._b_offsets = torch.arange(layout.groups, dtype=torch.int64, device=device) * (
-            layout.stride_b * layout.itemsize
+        # Per group, the d, c, a, b pointers are these offsets (b[g]'s start in bytes) plus
+        # the group's first row times these bytes per row, plus the call's base pointers.
+        row_bytes = (
+            layout.ldc * layout.itemsize,
+            layout.ldc * layout.itemsize,
+            0,
+            layout.lda * layout.itemsize,
         )
+        self._row_bytes = torch.tensor(row_bytes, dtype=torch.int64, device=device)
+        offsets = torch.zeros((layout.groups, 4), dtype=torch.int64)
+        offsets[:, 2] = torch.arange(layout.groups, dtype=torch.int64) * (layout.stride_b * layout.itemsize)
+        self._offsets = offsets.to(device)
 
     def __call__(
         self,
@@ -226,14 +234,15 @@ class HipblasltGroupedRunner:
         if rows > layout.rows:
             msg = f"a has {rows} rows, more than the {layout.rows} this grouped GEMM was set up for"
             raise ValueError(msg)
+        # A dozen small device ops, no host sync (docs/rocm.md has their cost).
         ends = offs.to(torch.int64)
-        lo = torch.cat((self._zero, ends[:-1])).clamp_(0, rows)
-        hi = torch.maximum(ends.clamp(0, rows), lo)
+        lo = torch.nn.functional.pad(ends[:-1], (1, 0)).clamp_(0, rows)
+        size = (ends.clamp(max=rows) - lo).clamp_(min=0)
         args = self._template.clone()
-        args[:, self._n] = (hi - lo).to(torch.int32)
-        row_a = lo * (layout.lda * layout.itemsize) + a.data_ptr()
-        row_out = lo * (layout.ldc * layout.itemsize) + out.data_ptr()
-        weights = self._b_offsets + b.data_ptr()
-        ptrs = torch.stack((row_out, row_out, weights, row_a), dim=1)  # d, c, a, b
+        args[:, self._n] = size
+        ptrs = torch.addcmul(self._offsets, lo[:, None], self._row_bytes)
+        ptrs[:, :2] += out.data_ptr()
+        ptrs[:, 2] += b.data_ptr()
+        ptrs[:, 3] += a.data_ptr()
         args[:, self._ptrs : self._ptrs + 8] = ptrs.view(torch.int32)
         self.grouped.run_user_args(args.data_ptr(), self.stream())

@@ -73,6 +73,7 @@ OFFS = {
     "tail": [1, 4, 4, 10],  # odd starts, rows 10..12 in no group
     "past": [5, 20, 30, 40],  # ends past a's rows: clamped, as torch's slices
     "none": [0, 0, 0, 0],
+    "negative": [-3, 5, 5, 13],  # a negative end: an empty group, the next one from row 0
 }
 
 
@@ -98,11 +99,12 @@ def test_the_runner_computes_every_groups_rows_for_every_offs(weights_nk: bool) 
         runner(x, b, out, 1.0, 0.0, None, offs)
         start = 0
         for g, end in enumerate(ends):
-            lo, hi = min(start, rows), min(max(end, start), rows)
+            lo = min(max(start, 0), rows)  # as torch's slices (core/grouped.py: group_bounds)
+            hi = max(lo, min(max(end, 0), rows))
             want = x[lo:hi].double() @ b[g].double()
             np.testing.assert_allclose(out[lo:hi].numpy(), want.numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
             start = end
-        covered = min(ends[-1], rows)
+        covered = min(max(ends[-1], 0), rows)
         assert torch.isnan(out[covered:]).all(), name  # rows in no group are never written
     assert len(shim.instances) == 2  # the candidates' listing, then the runner's: none per call
 
