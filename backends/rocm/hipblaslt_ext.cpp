@@ -99,24 +99,15 @@ namespace
     // A GroupedGemm and the alpha / beta scalars its inputs point at, owned together.
     struct Grouped
     {
-        Grouped(hipblasLtHandle_t handle,
-                int               op_a,
-                int               op_b,
-                int               type_a,
-                int               type_b,
-                int               type_c,
-                int               type_d,
-                int               compute,
-                size_t            scale_bytes,
-                size_t            groups)
+        Grouped(hipblasLtHandle_t handle, const hipblaslt_ext::GemmProblemType& type, size_t scale_bytes, size_t groups)
             : gemm(handle,
-                   static_cast<hipblasOperation_t>(op_a),
-                   static_cast<hipblasOperation_t>(op_b),
-                   static_cast<hipDataType>(type_a),
-                   static_cast<hipDataType>(type_b),
-                   static_cast<hipDataType>(type_c),
-                   static_cast<hipDataType>(type_d),
-                   static_cast<hipblasComputeType_t>(compute))
+                   type.getOpA(),
+                   type.getOpB(),
+                   type.getTypeA(),
+                   type.getTypeB(),
+                   type.getTypeC(),
+                   type.getTypeD(),
+                   type.getTypeCompute())
             , scales(2 * groups * scale_bytes)
             , groups(groups)
         {
@@ -325,16 +316,14 @@ int unimatmul_hipblaslt_grouped_create(void*          handle,
     try
     {
         size_t count = static_cast<size_t>(groups);
-        auto   made  = std::make_unique<Grouped>(static_cast<hipblasLtHandle_t>(handle),
-                                              op_a,
-                                              op_b,
-                                              type_a,
-                                              type_b,
-                                              type_c,
-                                              type_d,
-                                              compute,
-                                              scale_bytes,
-                                              count);
+        hipblaslt_ext::GemmProblemType type{static_cast<hipblasOperation_t>(op_a),
+                                            static_cast<hipblasOperation_t>(op_b),
+                                            static_cast<hipDataType>(type_a),
+                                            static_cast<hipDataType>(type_b),
+                                            static_cast<hipDataType>(type_c),
+                                            static_cast<hipDataType>(type_d),
+                                            static_cast<hipblasComputeType_t>(compute)};
+        auto made = std::make_unique<Grouped>(static_cast<hipblasLtHandle_t>(handle), type, scale_bytes, count);
         std::memcpy(made->scales.data(), alpha, count * scale_bytes);
         std::memcpy(made->scales.data() + count * scale_bytes, beta, count * scale_bytes);
         std::vector<int64_t> vm(m, m + count), vn(n, n + count), vk(k, k + count);
@@ -357,13 +346,6 @@ int unimatmul_hipblaslt_grouped_create(void*          handle,
             inputs[i].setAlpha(made->scales.data() + i * scale_bytes);
             inputs[i].setBeta(made->scales.data() + (count + i) * scale_bytes);
         }
-        hipblaslt_ext::GemmProblemType type{static_cast<hipblasOperation_t>(op_a),
-                                            static_cast<hipblasOperation_t>(op_b),
-                                            static_cast<hipDataType>(type_a),
-                                            static_cast<hipDataType>(type_b),
-                                            static_cast<hipDataType>(type_c),
-                                            static_cast<hipDataType>(type_d),
-                                            static_cast<hipblasComputeType_t>(compute)};
         made->gemm.setMaxWorkspaceBytes(max_workspace);
         hipblasStatus_t status = made->gemm.setProblem(
             vm, vn, vk, batch, va, vb, vc, vd, sa, sb, sc, sd, epilogue, inputs, type);

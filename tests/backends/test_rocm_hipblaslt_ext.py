@@ -83,15 +83,7 @@ def test_a_shim_for_other_headers_or_another_abi_is_refused() -> None:
 
 
 def test_the_builder_needs_matching_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    include = tmp_path / "include" / "hipblaslt"
-    include.mkdir(parents=True)
-    (include / "hipblaslt-ext.hpp").write_text("")
-    (include / "hipblaslt-version.h").write_text(
-        "#define HIPBLASLT_VERSION_MAJOR 1\n#define HIPBLASLT_VERSION_MINOR 1\n#define HIPBLASLT_VERSION_PATCH 0\n"
-    )
-    lib = tmp_path / "lib" / "libhipblaslt.so.1"
-    lib.parent.mkdir()
-    lib.write_bytes(b"")
+    lib, _, _ = fake_toolchain(tmp_path)
     assert hipblaslt_ext.find_include(str(lib), environ={}) == tmp_path / "include"
     assert hipblaslt_ext.header_version(tmp_path / "include") == 100100
     with pytest.raises(
