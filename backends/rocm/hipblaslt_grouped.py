@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from unimatmul.backend import Candidate, UnsupportedProblem
+from unimatmul.backend import ITEMSIZE, Candidate, UnsupportedProblem
 from unimatmul_backends.lt.abi import LtABI
+from unimatmul_backends.lt.driver import DATATYPES
 from unimatmul_backends.rocm.hipblaslt import NAME, name_fingerprint
 from unimatmul_backends.rocm.hipblaslt_ext import (
     GroupedPointers,
@@ -46,8 +47,8 @@ GROUPED = "grouped"
 #: The placeholder address of every operand at set-up (XLA's ROCm ragged dot passes ~0 as
 #: well): the support check reads only sizes, and every run passes the call's own pointers.
 PLACEHOLDER = (1 << 64) - 16
-_DATATYPES = {"f32": "R_32F", "f16": "R_16F", "bf16": "R_16BF"}
-_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+#: What torch._grouped_mm takes (f32 accumulation for each).
+DTYPES = ("f32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,11 @@ class MoeLayout:
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self.dtype]
+        return ITEMSIZE[self.dtype]
 
     def spec(self, abi: LtABI) -> GroupedSpec:
         """hipBLASLt's column-major grouped problem, set up for the bucket's rows."""
-        g, dt = self.groups, abi.datatype[_DATATYPES[self.dtype]]
+        g, dt = self.groups, abi.datatype[DATATYPES[self.dtype]]
         return GroupedSpec(
             trans_a=self.trans_b, trans_b=False, type_a=dt, type_b=dt, type_c=dt, type_d=dt,
             compute=abi.compute_type["32F"], scale=ctypes.c_float,
@@ -92,7 +93,7 @@ def moe_layout(problem: Any) -> MoeLayout:
         raise refuse(f"only the 2-D x 3-D form (offs over a's rows), not jagged={problem.jagged!r}")
     if problem.trans_a:
         raise refuse("a must be row-major")
-    if problem.dtype_a not in _DATATYPES or len({problem.dtype_a, problem.dtype_b, problem.dtype_c}) != 1:
+    if problem.dtype_a not in DTYPES or len({problem.dtype_a, problem.dtype_b, problem.dtype_c}) != 1:
         raise refuse(
             f"types {problem.dtype_a}/{problem.dtype_b}/{problem.dtype_c}, not one of f32, f16, bf16"
         )
