@@ -35,6 +35,7 @@ from unimatmul_backends.lt.abi import LtABI
 from unimatmul_backends.lt.driver import DATATYPES
 from unimatmul_backends.rocm.hipblaslt import NAME, name_fingerprint
 from unimatmul_backends.rocm.hipblaslt_ext import (
+    GROUPED_USER_ARGS,
     GroupedPointers,
     GroupedSolution,
     GroupedSpec,
@@ -79,6 +80,19 @@ class MoeLayout:
             m=(self.n,) * g, n=(self.rows,) + (1,) * (g - 1), k=(self.k,) * g,
             lda=(self.ldb,) * g, ldb=(self.lda,) * g, ldc=(self.ldc,) * g, ldd=(self.ldc,) * g,
         )  # fmt: skip
+
+
+def unavailable(ext: object, ext_reason: str = "") -> str:
+    """Why this candidate cannot be offered with the backend's shim (``HipblasltBackend.ext``,
+    None without one; ``ext_reason`` its reason), or "" when it can: it needs the shim's
+    GroupedGemm with the user-args form."""
+    if ext is None:
+        return f"no hipBLASLt extension shim ({ext_reason or 'not loaded'}): no grouped GEMM"
+    if not isinstance(ext, HipblasltExt):
+        return f"the extension in use ({type(ext).__name__}) has no GroupedGemm"
+    if ext.grouped < GROUPED_USER_ARGS:
+        return f"the shim's grouped GEMM lacks the user-args form: {ext.grouped_reason}"
+    return ""
 
 
 def moe_layout(problem: Any) -> MoeLayout:

@@ -22,7 +22,7 @@ from hipblaslt_ext_fakes import ABI, VERSION, FakeShim
 from unimatmul.backend import Candidate, UnsupportedProblem
 from unimatmul_backends.rocm import hipblaslt_grouped
 from unimatmul_backends.rocm.hipblaslt import name_fingerprint
-from unimatmul_backends.rocm.hipblaslt_ext import HipblasltExt
+from unimatmul_backends.rocm.hipblaslt_ext import GROUPED_HOST, ExtUnavailable, HipblasltExt
 
 HANDLE = 0x1234
 
@@ -168,8 +168,14 @@ def test_a_call_outside_its_set_up_is_refused() -> None:
         runner(x[:8], b, torch.empty(8, 4), 1.0, 1.0, None, offs)
 
 
-def test_without_the_user_args_form_there_is_no_runner() -> None:
-    from unimatmul_backends.rocm.hipblaslt_ext import GROUPED_HOST, ExtUnavailable
-
+def test_without_the_shim_or_its_user_args_form_the_candidate_says_why() -> None:
+    assert hipblaslt_grouped.unavailable(HipblasltExt(FakeShim([0]), ABI, VERSION)) == ""
+    why = hipblaslt_grouped.unavailable(None, "ExtUnavailable: no C++ compiler")
+    assert why == "no hipBLASLt extension shim (ExtUnavailable: no C++ compiler): no grouped GEMM"
+    assert "has no GroupedGemm" in hipblaslt_grouped.unavailable(object())
+    host = HipblasltExt(FakeShim([0], grouped=GROUPED_HOST), ABI, VERSION)
+    assert "lacks the user-args form: the shim was built without UserArguments" in (
+        hipblaslt_grouped.unavailable(host)
+    )
     with pytest.raises(ExtUnavailable, match="without UserArguments"):
         runner_for(moe(2, 8, 4, 4, weights_nk=True), FakeShim([0], grouped=GROUPED_HOST))
