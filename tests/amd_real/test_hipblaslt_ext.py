@@ -3,11 +3,13 @@
 ``backends/rocm/hipblaslt_ext.cpp`` is compiled by the system C++ compiler against the
 real ``hipblaslt-ext.hpp`` through the same code the backend runs at first use
 (``hipblaslt_ext.built_shim``), linked against the real ``libhipblaslt.so.1`` with
-``--no-undefined``; every hipBLASLt symbol it needs is one the library exports; the
-shim loads (every symbol bound at once) and binds under unstable's loader; and on this
-GPU-less host the backend still answers "no HIP device" and never makes a handle
-(``hipblasLtCreate`` would end the process). No algo is listed here: that needs a handle,
-and a handle needs a device.
+``--no-undefined``; every hipBLASLt symbol it needs is one the library exports (the
+GroupedGemm ones included); the shim loads (every symbol bound at once) and binds under
+unstable's loader, its grouped GEMM with the user-args form, whose ``UserArguments`` layout
+(sizeof and offsets, from the real header) equals the binder's; the reduced builds for older
+headers still compile; and on this GPU-less host the backend still answers "no HIP device"
+and never makes a handle (``hipblasLtCreate`` would end the process). No algo is listed and
+no GroupedGemm made here: both need a handle, and a handle needs a device.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ def _symbols(path: Path, kind: str) -> set[str]:
     return {line.split()[-1] for line in listed.splitlines() if re.match(rf"\s*(\S+\s+)?{kind}\s", line)}
 
 
+def _demangled(path: Path, kind: str) -> set[str]:
+    listed = subprocess.run(["nm", "-DC", str(path)], capture_output=True, text=True, check=True).stdout
+    found = (re.match(rf"\s*(\S+\s+)?{kind}\s+(.*)$", line) for line in listed.splitlines())
+    return {m.group(2).strip() for m in found if m}
+
+
 def test_the_headers_are_the_librarys_version(amd: AmdRoot) -> None:
     assert hipblaslt_ext.header_version(amd.include) == 100100
     assert hipblaslt_ext.find_include(str(amd.hipblaslt)) == amd.include
@@ -60,25 +68,49 @@ def test_the_shim_compiles_against_the_real_headers_and_links_the_real_library(
     if shutil.which("nm") is None:
         pytest.skip("no nm")
     exported = {s for s in _symbols(shim, "T") if s.startswith("unimatmul_")}
-    assert exported == set(hipblaslt_ext._SIGNATURES)  # every export bound, nothing bound missing
+    # Every export bound, nothing bound missing.
+    assert exported == set(hipblaslt_ext._SIGNATURES) | set(hipblaslt_ext._GROUPED_SIGNATURES)
     needed = {s for s in _symbols(shim, "U") if "hipblaslt_ext" in s}
-    # getAllAlgos, getAlgosFromIndex, matmulIsAlgoSupported, getKernelNameFromAlgo,
-    # getSolutionNameFromAlgo.
-    assert len(needed) == 5, needed
     assert needed <= _symbols(amd.hipblaslt, "T"), needed - _symbols(amd.hipblaslt, "T")
+    # By name: the five free functions, and what the grouped GEMM calls (the constructor,
+    # setProblem with leading dimensions, the support check, initialize, both runs, the
+    # default user arguments, the workspace limit, the inputs' setters).
+    names = {re.sub(r"(\[abi:\w+\])?\(.*", "", s) for s in _demangled(shim, "U") if "hipblaslt_ext::" in s}
+    wanted = {
+        f"hipblaslt_ext::{f}"
+        for f in (
+            "getAllAlgos", "getAlgosFromIndex", "matmulIsAlgoSupported", "getKernelNameFromAlgo",
+            "getSolutionNameFromAlgo", "GroupedGemm::GroupedGemm", "GroupedGemm::setProblem",
+            "GroupedGemm::getDefaultValueForDeviceUserArguments", "GroupedGemm::run",
+            "GemmInstance::initialize", "GemmInstance::isAlgoSupported", "GemmInstance::run",
+            "GemmInstance::setMaxWorkspaceBytes", "GemmInputs::setA", "GemmInputs::setAlpha",
+            "GemmProblemType::GemmProblemType", "GemmEpilogue::GemmEpilogue",
+        )
+    }  # fmt: skip
+    assert wanted <= names, wanted - names
+    grouped_runs = {s for s in _demangled(shim, "U") if s.startswith("hipblaslt_ext::GroupedGemm::run(")}
+    assert grouped_runs == {"hipblaslt_ext::GroupedGemm::run(void*, ihipStream_t*)"}  # the user-args run
 
 
 def test_the_header_constants_the_binder_uses(amd: AmdRoot, tmp_path: Path) -> None:
-    """GemmType::HIPBLASLT_GEMM and the struct sizes, as the real header has them."""
+    """Both GemmTypes, the status, and UserArguments' size and offsets, as the real header has them."""
     cxx = hipblaslt_ext.compiler()
     assert cxx is not None
+    size, *offsets = hipblaslt_ext.user_args_layout()
     source = tmp_path / "constants.cpp"
     source.write_text(
-        "#include <hipblaslt/hipblaslt-ext.hpp>\n"
+        "#include <cstddef>\n#include <hipblaslt/hipblaslt-ext.hpp>\n"
         f"static_assert(static_cast<int>(hipblaslt_ext::GemmType::HIPBLASLT_GEMM) == "
         f'{hipblaslt_ext.GEMM_TYPE_GEMM}, "GemmType");\n'
+        f"static_assert(static_cast<int>(hipblaslt_ext::GemmType::HIPBLASLT_GROUPED_GEMM) == "
+        f'{hipblaslt_ext.GEMM_TYPE_GROUPED}, "GemmType");\n'
         'static_assert(HIPBLAS_STATUS_SUCCESS == 0, "status");\n'
-        "int main() { return 0; }\n"
+        f'static_assert(sizeof(hipblaslt_ext::UserArguments) == {size}, "UserArguments");\n'
+        + "".join(
+            f'static_assert(offsetof(hipblaslt_ext::UserArguments, {field}) == {offset}, "{field}");\n'
+            for field, offset in zip(hipblaslt_ext.USER_ARGS_FIELDS, offsets, strict=True)
+        )
+        + "int main() { return 0; }\n"
     )
     subprocess.run(
         [cxx, "-std=c++17", "-fsyntax-only", "-D__HIP_PLATFORM_AMD__", f"-I{amd.include}", str(source)],
@@ -94,12 +126,21 @@ def test_the_shim_loads_and_binds_under_the_real_library(amd: AmdRoot, shim: Pat
         "from unimatmul_backends.rocm.hipblaslt_ext import HipblasltExt\n"
         f"ctypes.CDLL({str(amd.hipblaslt)!r}, mode=ctypes.RTLD_GLOBAL)\n"
         f"ext = HipblasltExt(ctypes.CDLL({str(shim)!r}), HIPBLASLT_1_1, 100100)\n"
-        "print(json.dumps({'kernel_name': ext.has_kernel_name, 'functions': sorted(ext.fn)}))\n"
+        "print(json.dumps({'kernel_name': ext.has_kernel_name, 'functions': sorted(ext.fn),\n"
+        "                  'grouped': ext.grouped, 'grouped_reason': ext.grouped_reason}))\n"
     )
     proc = amd.run_python("-c", code)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
-    assert got == {"kernel_name": True, "functions": sorted(hipblaslt_ext._SIGNATURES)}
+    functions = sorted({*hipblaslt_ext._SIGNATURES, *hipblaslt_ext._GROUPED_SIGNATURES})
+    # The grouped GEMM with its user-args form: the shim's sizeof/offsetof of the real
+    # UserArguments equal the binder's ctypes struct (else the binder turns the form off).
+    assert got == {
+        "kernel_name": True,
+        "functions": functions,
+        "grouped": hipblaslt_ext.GROUPED_USER_ARGS,
+        "grouped_reason": "",
+    }
     # Built for another version, the binder refuses it (headers and library must agree).
     wrong = code.replace("HIPBLASLT_1_1, 100100", "HIPBLASLT_1_1, 100000")
     proc = amd.run_python("-c", wrong)
@@ -118,3 +159,17 @@ def test_without_a_device_the_backend_says_so_and_never_reaches_the_shim(amd: Am
     got = json.loads(proc.stdout.splitlines()[-1])
     assert "no HIP device" in got["reason"] and "hipErrorNoDevice" in got["reason"]
     assert got["ext"] == "not loaded yet"  # the device check stops before any handle
+
+
+def test_the_reduced_builds_for_older_headers_compile(amd: AmdRoot) -> None:
+    """The fallback builds' stubs compile here too: the one without user args (its stubs of
+    that form) and the last one, without GroupedGemm or names (every other stub)."""
+    cxx = hipblaslt_ext.compiler()
+    assert cxx is not None
+    for features in (hipblaslt_ext.BUILDS[1], hipblaslt_ext.BUILDS[-1]):
+        command = hipblaslt_ext.compile_command(
+            cxx, amd.include, str(amd.hipblaslt), Path("unused"), features
+        )
+        syntax_only = [*command[: command.index(str(hipblaslt_ext.SOURCE)) + 1], "-fsyntax-only"]
+        done = subprocess.run(syntax_only, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (features, done.stderr[-2000:])
