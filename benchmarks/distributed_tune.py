@@ -119,6 +119,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unimatmul-distributed-"))
     name = f"distributed-tune-{args.device.split(':')[0]}"
+    print(f"caches, records and logs of each run: {work}", flush=True)
     suite, count = suite_args(args.suite, args.device)
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_") or k == "UNIMATMUL_GPU_BUDGET_S"
