@@ -9,7 +9,7 @@ host's own work, steady on a shared machine) and of the wall time. Confirmation 
 are off here (they last 34 calls; this measures what comes after them).
 
     python benchmarks/api_overhead.py --device cuda --json api-overhead.json   # < 1 minute
-    python benchmarks/api_overhead.py --device cpu
+    python benchmarks/api_overhead.py --device cpu --json benchmarks/results/host-time/api-overhead-cpu.json
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ parallel) does not hide the scaling; the wall time of each command is reported b
 Speedup = T(1 rank) / T(N ranks); efficiency = speedup / N. Each merged cache must hold
 every problem exactly once.
 
-Writes ``distributed-tune.json`` (every number) and ``distributed-tune.md`` under --out.
+Writes ``distributed-tune-DEVICE.json`` (every number) and ``distributed-tune-DEVICE.md`` (the
+table) under --out; each run's cache, records and log stay in a temporary folder.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,9 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.9, help="efficiency to reach (exit 1 below it)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="unimatmul-distributed-"))
+    name = f"distributed-tune-{args.device.split(':')[0]}"
+    print(f"caches, records and logs of each run: {work}", flush=True)
     suite, count = suite_args(args.suite, args.device)
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_") or k == "UNIMATMUL_GPU_BUDGET_S"
@@ -127,7 +132,7 @@ def main() -> int:
     runs = []
     for ranks in (int(r) for r in args.ranks.split(",")):
         print(f"== {ranks} rank(s): {count} problems on {args.device}", flush=True)
-        result = run_once(ranks, suite, args.device, args.out, env)
+        result = run_once(ranks, suite, args.device, work, env)
         print(
             f"   tuning {result['tuning_s']:.2f} s (wall {result['wall_s']:.1f} s), "
             f"{result['distinct_entries']}/{result['entries']} distinct entries",
@@ -135,7 +140,7 @@ def main() -> int:
         )
         runs.append(result)
         # What is measured so far, in case a later run is cut short.
-        (args.out / "distributed-tune.partial.json").write_text(
+        (args.out / f"{name}.partial.json").write_text(
             json.dumps([{k: v for k, v in r.items() if k != "winners"} for r in runs], indent=2)
         )
     base = next((r for r in runs if r["ranks"] == 1), None)
@@ -169,7 +174,8 @@ def main() -> int:
         facts["torch"] = torch.__version__
     summary = {"facts": facts, "runs": [{k: v for k, v in r.items() if k != "winners"} for r in runs]}
     summary["failures"] = failures
-    (args.out / "distributed-tune.json").write_text(json.dumps(summary, indent=2))
+    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    (args.out / f"{name}.partial.json").unlink(missing_ok=True)
     lines = [
         f"# Distributed tuning: {args.suite} ({count} problems) on {args.device}",
         "",
@@ -187,7 +193,7 @@ def main() -> int:
             f"| {r['distinct_entries']} |"
         )
     lines += ["", *(f"FAILED: {f}" for f in failures)]
-    (args.out / "distributed-tune.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if failures else 0
 

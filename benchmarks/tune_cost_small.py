@@ -3,7 +3,7 @@
 Run on the machine to measure (it needs torch and ``expecttest``, which PyTorch's
 testing module imports)::
 
-    python benchmarks/tune_cost_small.py [--repeat 2] [--out benchmarks/results]
+    python benchmarks/tune_cost_small.py [--repeat 2] [--out benchmarks/results/harness]
 
 It collects the distinct problems that PyTorch's OpInfo sample inputs of the matrix
 product ops (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``, ``linear``, ...) meet

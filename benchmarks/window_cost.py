@@ -8,7 +8,7 @@ first call (no windows), a confirmed window gave up (N + 1) x (Default - kernel)
 Default calls. Both come from the medians each window stored in its cache record
 (``settings["confirm"]``), so they are the program's own times, not a separate timing run
 (a direct A/B of a whole ``generate`` with and without windows could not resolve 1 % on a
-shared host: ``confirm-h200/README.md``).
+shared host: ``benchmarks/results/host-time/README.md``).
 
 For every row of a ``benchmarks/hf_models.py`` run it sums those over the products the row
 met and sets them against one routed call of the row (a ``generate`` of 64 tokens, say):

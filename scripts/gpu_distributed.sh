@@ -7,6 +7,8 @@
 #      and on 2 GPUs; efficiency (speedup / 2) of the tuning phase must be >= 0.9.
 # Results and logs go under $OUT:
 #   scripts/gpu_distributed.sh            # then read $OUT/summary.txt
+# The benchmark's JSON and table ($OUT/bench/distributed-tune-cuda.*) are committed in
+# benchmarks/results/distributed/.
 set -uo pipefail
 OUT=${OUT:-/tmp/unimatmul-out}
 mkdir -p "$OUT"
@@ -31,7 +33,7 @@ if [ "$gpus" -ge 2 ]; then
     timeout 160 python3 benchmarks/distributed_tune.py --device cuda --suite gpu200 --ranks 1,2 \
         --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -12
     bench_rc=${PIPESTATUS[0]}
-    cat "$OUT/bench/distributed-tune.md" >>"$OUT/summary.txt" 2>/dev/null
+    cat "$OUT/bench/distributed-tune-cuda.md" >>"$OUT/summary.txt" 2>/dev/null
     [ "$bench_rc" = 0 ] || status=1
 else
     echo "skipped: $gpus GPU(s) here, the benchmark needs 2" | tee -a "$OUT/summary.txt"

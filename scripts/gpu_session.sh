@@ -8,7 +8,7 @@
 #            per-tensor and block-scaled) against torch._scaled_mm; FP8_ARGS="--quick" runs the
 #            fp8 tests, the older benchmark and the fp8 stack instead
 #   hf       the Hugging Face model benchmark (routing off vs on)
-#   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py)
+#   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py); committed in benchmarks/results/host-time/
 #   conformance  the full conformance matrix of one backend (CONFORMANCE_BACKEND, default triton)
 #   pytest   the tests PYTEST_ARGS names (e.g. one file and -k), under PYTEST_S
 #   decode-lab  a GEMV shaped like the weight-read kernel against the plugin's, torch and the
