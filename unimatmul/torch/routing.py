@@ -656,20 +656,29 @@ def install() -> None:
 
 
 def _native_keys() -> tuple[str, ...]:
-    """The keys the native kernels take, once they are built; () with a warning if they fail."""
+    """The keys the native kernels take now; () while they build in the background (they
+    take the keys over once loaded: :func:`_native_built`), () with a warning if they fail."""
     keys = native.wanted_keys()
     if not keys:
         return ()
     cuda = "CUDA" in keys
-    if native.load(cuda):
+    if native.load(cuda, later=lambda: _native_built(keys)):
         return keys
-    get_selector().warn_once(
-        "torch-native-build",
-        f"unimatmul.torch: the native routing kernels did not build ({native.failure(cuda)}); "
-        f"using the Python kernels, which cost ~6 us more host time per call (set {native.ENV}=0 "
-        "to skip the build)",
-    )
+    if native.failure(cuda):
+        native.warn_failed(cuda)
     return ()
+
+
+def _native_built(keys: tuple[str, ...]) -> None:
+    """The background build is loaded: its kernels take ``keys`` over from the Python kernels,
+    which stay registered beneath them (a call in flight there finishes) until uninstall;
+    the plans start over, so that each key's entry goes into the native table."""
+    with _state.lock:
+        if _state.libraries and not _state.native_keys:
+            native.install(keys, _state.env_mode, _config.overrides(), _KERNELS)
+            _state.native_keys = keys
+            _config.on_overrides(_native_overrides)
+            _retire_plans()
 
 
 def _native_overrides(count: int) -> None:

@@ -440,9 +440,19 @@ def _native_keys() -> tuple[str, ...]:
     """The keys the native kernel takes: those of :data:`NATIVE_KEYS` that the native
     build serves (routing.py warns once when it does not build)."""
     keys = tuple(key for key in native.wanted_keys() if key in NATIVE_KEYS)
-    if not keys or not native.load("CUDA" in keys):
+    if not keys or not native.load("CUDA" in keys, later=lambda: _native_built(keys)):
         return ()
     return keys
+
+
+def _native_built(keys: tuple[str, ...]) -> None:
+    """The background build is loaded: its kernel takes ``keys`` over (as routing.py's do)."""
+    with _state.lock:
+        if _state.library is not None and not _state.native_keys:
+            native.install_scaled(keys, _state.env_mode, _config.overrides(), _scaled_mm)
+            _state.native_keys = keys
+            _config.on_overrides(_native_overrides)
+            _retire()
 
 
 def _native_overrides(count: int) -> None:
