@@ -478,25 +478,26 @@ def _fresh_machine(tmp_path: Any, **extra: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
-def test_the_first_enable_returns_at_once_and_the_native_kernels_take_over(tmp_path: Any) -> None:
-    """No build present: enable() returns while the build runs in the background; products
-    are right before, during and after the native kernels take over (two threads)."""
+def _run(program: str, environment: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """Run ``program`` in a process of its own: the JSON line it prints, and its stderr."""
     import json
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", _FIRST_ENABLE],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=_fresh_machine(tmp_path, UNIMATMUL_MODE="tune"),
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=1200, env=environment
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.slow
+def test_the_first_enable_returns_at_once_and_the_native_kernels_take_over(tmp_path: Any) -> None:
+    """No build present: enable() returns while the build runs in the background; products
+    are right before, during and after the native kernels take over (two threads)."""
+    found, said = _run(_FIRST_ENABLE, _fresh_machine(tmp_path, UNIMATMUL_MODE="tune"))
     assert found["at_enable"] == "building"
-    assert "building the native routing kernels for the CPU in the background" in done.stderr
+    assert "building the native routing kernels for the CPU in the background" in said
     assert found["after"] == "loaded" and found["keys"][0] == "CPU"
     assert found["wrong"] == []
     # The Python kernels served while it built (tuning, in tune mode), the native table after.
@@ -505,16 +506,9 @@ def test_the_first_enable_returns_at_once_and_the_native_kernels_take_over(tmp_p
     # enable() did not wait for the compiler: the build took most of the time to take over.
     assert found["enable_s"] < found["took_over_s"] / 2, found
     # The next process loads that build at once.
-    again = subprocess.run(
-        [sys.executable, "-c", _FIRST_ENABLE],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_fresh_machine(tmp_path),
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads(again.stdout.strip().splitlines()[-1])["at_enable"] == "loaded"
-    assert "building" not in again.stderr
+    again, said = _run(_FIRST_ENABLE, _fresh_machine(tmp_path))
+    assert again["at_enable"] == "loaded"
+    assert "building" not in said
 
 
 # With UNIMATMUL_TORCH_NATIVE_BUILD=never nothing is built; then, in the background, a build
@@ -551,19 +545,7 @@ print(json.dumps(found))
 
 @pytest.mark.slow
 def test_never_builds_nothing_and_a_failed_background_build_says_why(tmp_path: Any) -> None:
-    import json
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", _NO_BUILD],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_fresh_machine(tmp_path, CXX="/bin/false"),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found, _ = _run(_NO_BUILD, _fresh_machine(tmp_path, CXX="/bin/false"))
     assert found["never"] == [False, "not built", 0] and found["never_right"]
     assert found["started"]
     (warning,) = found["warnings"]

@@ -55,6 +55,7 @@ from unimatmul.core import modes
 from unimatmul.core.arrays import hold_for_graphs
 from unimatmul.core.backend import DEFAULT as DEFAULT_CANDIDATE
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
+from unimatmul.tuning.selector import get_selector
 
 ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
@@ -242,8 +243,6 @@ def failure(cuda: bool) -> str:
 
 def warn_failed(cuda: bool) -> None:
     """Say once that the native kernels did not build, and why (routing serves in Python)."""
-    from unimatmul.tuning.selector import get_selector
-
     get_selector().warn_once(
         "torch-native-build",
         f"unimatmul.torch: the native routing kernels did not build ({failure(cuda)}); "
