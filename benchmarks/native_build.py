@@ -67,7 +67,12 @@ def run_once(folder: Path, how: str) -> dict[str, Any]:
     }
     load = os.getloadavg()[0]
     done = subprocess.run(
-        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=environment, timeout=3600, check=False
+        [sys.executable, "-c", PROGRAM],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=3600,
+        check=False,
     )
     if done.returncode != 0:
         msg = f"the {how} run failed:\n{done.stderr[-3000:]}"
