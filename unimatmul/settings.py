@@ -351,6 +351,17 @@ TORCH_NATIVE = declare(
     "`cuda` (the CUDA key only), `0` (Python kernels only); see `docs/torch.md`",
     owner="torch",
 )
+TORCH_NATIVE_BUILD = declare(
+    "UNIMATMUL_TORCH_NATIVE_BUILD",
+    "choice",
+    "background",
+    parse_choice("background", "wait", "never"),
+    "where no build of the native routing kernels exists yet: `background` (default: `enable()` "
+    "returns at once, the Python kernels serve while a process of its own builds them, and the "
+    "native kernels take over when it is done), `wait` (`enable()` builds them first), `never` "
+    "(Python kernels; only a build made before is loaded); see `docs/torch.md`",
+    owner="torch",
+)
 
 # oneDNN (backends/onednn)
 DNNL_LIB = declare(

@@ -146,3 +146,46 @@ def test_inductor_compiled_model_calls_the_custom_op(
     names = {e.key for e in prof.key_averages()}
     assert "unimatmul::mm" in names
     assert ut.stats()["kernel"] > 0
+
+
+_LATE_INDUCTOR = r"""
+import json, sys
+import torch
+import unimatmul.torch as ut
+ut.enable()
+found = {"imported_by_enable": "torch._inductor.config" in sys.modules}
+import torch._inductor.config as config
+found["pass_after_import"] = type(config.post_grad_custom_pre_pass).__name__
+ut.disable()
+found["after_disable"] = config.post_grad_custom_pre_pass is None
+ut.enable()
+found["again"] = type(config.post_grad_custom_pre_pass).__name__
+ut.disable()
+ut.enable()
+ut.disable()
+found["hooks_left"] = sum(type(f).__name__ == "_WhenInductorLoads" for f in sys.meta_path)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+def test_enable_leaves_inductor_unimported_and_sets_the_pass_when_it_loads(tmp_path: object) -> None:
+    """Importing Inductor's config takes seconds: enable() sets the pass once something
+    imports it (torch.compile does), and disable() takes it away either way."""
+    import json
+    import subprocess
+    import sys
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
+    environment |= {"UNIMATMUL_TORCH_NATIVE": "0", "UNIMATMUL_CACHE": str(tmp_path) + "/cache.msgpack"}
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_INDUCTOR], capture_output=True, text=True, timeout=600, env=environment
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "imported_by_enable": False,
+        "pass_after_import": "RoutePass",
+        "after_disable": True,
+        "again": "RoutePass",
+        "hooks_left": 0,
+    }

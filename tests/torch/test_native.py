@@ -265,7 +265,7 @@ def test_an_emptied_table_keeps_its_kernels_one_generation(env: Env) -> None:
 @pytest.mark.parametrize("env", ["python"], indirect=True)
 def test_a_failed_build_falls_back_to_the_python_kernels(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(native.ENV, "auto")
-    monkeypatch.setattr(native, "load", lambda cuda: False)
+    monkeypatch.setattr(native, "load", lambda cuda, **_: False)
     monkeypatch.setitem(native._failures, False, "OSError: no compiler (test)")
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     ref = _ref(a, b)
@@ -407,3 +407,186 @@ def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
                     NativeCall("launch", bad),
                 )
     assert native.size() == 0
+
+
+# --- building in the background -----------------------------------------------------------
+
+# A program's first enable() on a machine without a build: it returns while a process of its
+# own builds the kernels, the Python kernels serve (here in tune mode, from two threads), and
+# the native kernels take over once the build is loaded. Prints one JSON line.
+_FIRST_ENABLE = r"""
+import json, threading, time
+import torch
+import unimatmul.torch as ut
+from unimatmul.torch import native, routing
+
+gen = torch.Generator().manual_seed(0)
+a, w, bias = (torch.randn(*s, generator=gen) for s in ((48, 96), (40, 96), (40,)))
+ref = (a.double() @ w.double().t() + bias.double()).float()
+mm_ref = (a.double() @ w.double().t()).float()
+wrong = []
+
+def check(phase):
+    got = torch.nn.functional.linear(a, w, bias), torch.mm(a, w.t())
+    for out, want in zip(got, (ref, mm_ref)):
+        if not torch.allclose(out, want, rtol=1e-4, atol=1e-4):
+            wrong.append((phase, (out - want).abs().max().item()))
+
+started = time.perf_counter()
+ut.enable()
+enable_s = time.perf_counter() - started
+at_enable = native.status()["state"]
+phases = {"building": 0, "native": 0}
+stop = threading.Event()
+
+def other_thread():
+    while not stop.is_set():
+        check("native" if routing._router.native_keys else "building")
+
+thread = threading.Thread(target=other_thread)
+thread.start()
+while not routing._router.native_keys and time.perf_counter() - started < 900:
+    check("building")
+    phases["building"] += 1
+    time.sleep(0.01)
+took_over_s = time.perf_counter() - started
+native.counts(reset=True)
+for _ in range(20):
+    check("native")
+    phases["native"] += 1
+stop.set()
+thread.join()
+print(json.dumps({
+    "enable_s": enable_s, "took_over_s": took_over_s, "at_enable": at_enable,
+    "after": native.status()["state"], "keys": list(routing._router.native_keys),
+    "phases": phases, "wrong": wrong, "native_calls": sum(native.counts().values()),
+    "sources": sorted(ut.stats()["by_source"]),
+}))
+"""
+
+
+def _fresh_machine(tmp_path: Any, **extra: str) -> dict[str, str]:
+    """The environment of a process on a machine where no native build exists yet."""
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
+    return environment | {
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+        "UNIMATMUL_CACHE": str(tmp_path / "cache.msgpack"),
+        **extra,
+    }
+
+
+def _run(program: str, environment: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """Run ``program`` in a process of its own: the JSON line it prints, and its stderr."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=1200, env=environment
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.slow
+def test_the_first_enable_returns_at_once_and_the_native_kernels_take_over(tmp_path: Any) -> None:
+    """No build present: enable() returns while the build runs in the background; products
+    are right before, during and after the native kernels take over (two threads)."""
+    found, said = _run(_FIRST_ENABLE, _fresh_machine(tmp_path, UNIMATMUL_MODE="tune"))
+    assert found["at_enable"] == "building"
+    assert "building the native routing kernels for the CPU in the background" in said
+    assert found["after"] == "loaded" and found["keys"][0] == "CPU"
+    assert found["wrong"] == []
+    # The Python kernels served while it built (tuning, in tune mode), the native table after.
+    assert found["phases"]["building"] > 0 and "tuned" in found["sources"]
+    assert found["native_calls"] >= found["phases"]["native"]
+    # enable() did not wait for the compiler: the build took most of the time to take over.
+    assert found["enable_s"] < found["took_over_s"] / 2, found
+    # The next process loads that build at once.
+    again, said = _run(_FIRST_ENABLE, _fresh_machine(tmp_path))
+    assert again["at_enable"] == "loaded"
+    assert "building" not in said
+
+
+# With UNIMATMUL_TORCH_NATIVE_BUILD=never nothing is built; then, in the background, a build
+# that fails (no compiler): one warning with the reason, and the Python kernels keep serving.
+_NO_BUILD = r"""
+import json, os, time, warnings
+import torch
+import unimatmul.torch as ut
+from unimatmul.torch import native, routing
+
+a, b = torch.randn(24, 40), torch.randn(40, 8)
+ref = (a.double() @ b.double()).float()
+found = {}
+os.environ["UNIMATMUL_TORCH_NATIVE_BUILD"] = "never"
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    ut.enable()
+    found["never"] = [native.building(False), native.status()["state"], len(said)]
+    found["never_right"] = torch.allclose(torch.mm(a, b), ref, rtol=1e-4, atol=1e-4)
+    ut.disable()
+    os.environ["UNIMATMUL_TORCH_NATIVE_BUILD"] = "background"
+    ut.enable()
+    found["started"] = native.building(False)
+    while native.building(False):
+        time.sleep(0.05)
+    time.sleep(0.2)  # the watcher warns after it gave up the lock
+    found["warnings"] = [str(w.message) for w in said]
+found["status"] = native.status()
+found["keys"] = list(routing._router.native_keys)
+found["right"] = torch.allclose(torch.mm(a, b), ref, rtol=1e-4, atol=1e-4)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+def test_never_builds_nothing_and_a_failed_background_build_says_why(tmp_path: Any) -> None:
+    found, _ = _run(_NO_BUILD, _fresh_machine(tmp_path, CXX="/bin/false"))
+    assert found["never"] == [False, "not built", 0] and found["never_right"]
+    assert found["started"]
+    (warning,) = found["warnings"]
+    assert "native routing kernels did not build" in warning and "Python kernels" in warning
+    assert found["status"]["state"] == "failed" and found["status"]["reason"] in warning
+    assert found["keys"] == [] and found["right"]
+
+
+def test_build_native_takes_cpu_or_gpu_and_nothing_else(capsys: pytest.CaptureFixture[str]) -> None:
+    from unimatmul.torch.__main__ import main
+
+    assert main(["--build-native", "tpu"]) == 2
+    assert main(["--build-native", "cpu", "gpu"]) == 2
+    assert "--build-native [cpu|gpu]" in capsys.readouterr().err
+
+
+def test_info_says_whether_the_native_kernels_are_built(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, isolated: Any
+) -> None:
+    """Read from the extension folder (a fresh one here), as a process that has not loaded
+    them sees it: not built, then building while the builder's lock file is there."""
+    import json
+    from io import StringIO
+
+    from unimatmul.cli import main
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setattr(native, "_loaded_gpu", None)
+    cuda = torch.cuda.is_available()
+
+    def info(*args: str) -> str:
+        out = StringIO()
+        assert main(["info", *args], out=out) == 0
+        return out.getvalue()
+
+    assert "torch:     native routing kernels not built" in info()
+    folder = native._build_folder(cuda)
+    assert folder is not None
+    (folder / "lock").touch()
+    text = info()
+    assert "native routing kernels building" in text and "remove its lock file" in text
+    assert json.loads(info("--json"))["torch_native"]["state"] == "building"
+    (folder / "lock").unlink()
+    monkeypatch.setenv(native.ENV, "0")
+    assert "native routing kernels off" in info()

@@ -1,9 +1,12 @@
-"""``unimatmul info``: the platform (the cache namespace), every backend, plugins, the cache."""
+"""``unimatmul info``: the platform (the cache namespace), every backend, plugins, the cache,
+and where torch is installed, whether the native routing kernels are built."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import time
 from typing import Any, TextIO
 
 from unimatmul import __version__
@@ -57,6 +60,7 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         "no_backend_reason": no_backend,
         "plugins": {"loaded": report.loaded, "skipped": report.skipped, "failed": report.failed},
         "cache": {"path": store.location, "entries": store.count()},
+        "torch_native": torch_native(),
         "presets": {
             p.name: {"description": p.description, "shapes": len(p.shapes), "plugin": p.plugin}
             for p in selector.plugins.presets().values()
@@ -94,7 +98,38 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
     presets = ", ".join(f"{name} ({plural(p['shapes'], 'shape')})" for name, p in data["presets"].items())
     out.write(f"presets:   {presets or 'none'} (`unimatmul tune --preset NAME`)\n")
     out.write(f"cache:     {store.location} ({entries(data['cache']['entries'])})\n")
+    if data["torch_native"] is not None:
+        out.write(f"torch:     native routing kernels {native_line(data['torch_native'])}\n")
     return EXIT_OK
+
+
+def torch_native() -> dict[str, Any] | None:
+    """Where the native routing kernels stand (``unimatmul.torch.native.status``); None
+    without torch, which is then imported only to tell."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        from unimatmul.torch import native
+    except Exception as exc:  # a torch that does not import: say so, never a traceback
+        return {"build": None, "state": "unknown", "path": None, "reason": f"{type(exc).__name__}: {exc}"}
+    return native.status()
+
+
+def native_line(status: dict[str, Any]) -> str:
+    """``info``'s words for :func:`torch_native`'s status."""
+    state, build = status["state"], status["build"]
+    what = f" ({build.upper()} build)" if build else ""
+    if state == "off":
+        return "off (UNIMATMUL_TORCH_NATIVE=0)"
+    if state in ("built", "loaded"):
+        return f"built{what}: {status['path']}"
+    if state == "building":
+        since = time.strftime("%H:%M:%S", time.localtime(status["since"]))
+        lock = f" (if no build runs, remove its lock file {status['lock']})" if status.get("lock") else ""
+        return f"building{what} since {since}{lock}"
+    if state == "not built":
+        return f"not built{what}: the first enable() builds them in the background (`python -m unimatmul.torch --build-native` now)"
+    return f"{state}{what}: {status.get('reason', '')}"
 
 
 #: The longest reason ``info`` prints for an unavailable backend without ``-v``.

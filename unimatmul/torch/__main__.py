@@ -4,10 +4,11 @@ Also ``python -m unimatmul.torch -m package.module [args]``. The script's own co
 not changed; combine with ``UNIMATMUL_MODE=record`` (then ``unimatmul tune --from``),
 ``tune`` or ``cached``.
 
-``python -m unimatmul.torch --build-native`` builds the native routing kernels now (for
-the GPU if PyTorch sees one) into PyTorch's extension folder, so that the first
-``enable()`` of a later process loads them at once (a container image, say); exit 1
-with the reason when the build fails.
+``python -m unimatmul.torch --build-native [cpu|gpu]`` builds the native routing kernels
+now (by default for the GPU if PyTorch sees one) into PyTorch's extension folder, so that
+the first ``enable()`` of a later process loads them at once (a container image, say);
+exit 1 with the reason when the build fails. ``enable()`` runs it in the background where
+no build exists (``UNIMATMUL_TORCH_NATIVE_BUILD``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import runpy
 import sys
 
-USAGE = "usage: python -m unimatmul.torch (script.py | -m module) [args ...] | --build-native"
+USAGE = "usage: python -m unimatmul.torch (script.py | -m module) [args ...] | --build-native [cpu|gpu]"
 
 
 def main(argv: list[str]) -> int:
@@ -24,7 +25,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(USAGE + "\n")
         return 0 if argv else 2
     if argv[0] == "--build-native":
-        return build_native()
+        if argv[1:] not in ([], ["cpu"], ["gpu"]):
+            sys.stderr.write(USAGE + "\n")
+            return 2
+        return build_native(None if len(argv) == 1 else argv[1] == "gpu")
     import unimatmul.torch
 
     unimatmul.torch.enable()
@@ -41,14 +45,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def build_native() -> int:
+def build_native(gpu: bool | None = None) -> int:
     import time
 
     import torch
 
     from unimatmul.torch import native
 
-    gpu = torch.cuda.is_available()
+    if gpu is None:
+        gpu = torch.cuda.is_available()
     started = time.perf_counter()
     if not native.load(gpu):
         sys.stderr.write(f"unimatmul: the native routing kernels did not build: {native.failure(gpu)}\n")

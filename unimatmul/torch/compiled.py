@@ -23,8 +23,13 @@ form or its own templates.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
+import importlib.machinery
+import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -224,9 +229,24 @@ def _make_pass(previous: Any) -> Any:
 
 
 def install() -> None:
-    """Define the op and set the Inductor pass (chained after an existing one)."""
-    global _previous_pass, _installed
+    """Define the op and set the Inductor pass (chained after an existing one): now where
+    Inductor's config is imported, else once it is (importing it takes 2-9 s, most of an
+    ``enable()`` that set the pass at once, and a program that never compiles never needs it)."""
     define_ops()
+    with _lock:
+        if _installed or _hook in sys.meta_path:
+            return
+        if _INDUCTOR_CONFIG not in sys.modules:
+            sys.meta_path.insert(0, _hook)
+            return
+    _set_pass()
+
+
+_INDUCTOR_CONFIG = "torch._inductor.config"
+
+
+def _set_pass() -> None:
+    global _previous_pass, _installed
     try:
         import torch._inductor.config as inductor_config
     except Exception:  # a torch without Inductor: eager and aot_eager still route
@@ -239,9 +259,44 @@ def install() -> None:
         _installed = True
 
 
+class _WhenInductorLoads(importlib.abc.MetaPathFinder):
+    """Sets the pass right after ``torch._inductor.config`` is first imported (by
+    ``torch.compile`` or anyone), before any graph is compiled."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name != _INDUCTOR_CONFIG:
+            return None
+        _unhook()
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _set_pass()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_hook = _WhenInductorLoads()
+
+
+def _unhook() -> None:
+    with _lock:
+        if _hook in sys.meta_path:
+            sys.meta_path.remove(_hook)
+
+
 def uninstall() -> None:
-    """Put back the pass that was there before :func:`install`."""
+    """Put back the pass that was there before :func:`install` (or set none, if Inductor
+    was not imported meanwhile)."""
     global _previous_pass, _installed
+    _unhook()
     with _lock:
         if not _installed:
             return

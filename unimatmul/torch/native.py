@@ -15,8 +15,11 @@ Triton plugin's kernels).
 The kernels are built on first use with ``torch.utils.cpp_extension`` (a C++ compiler
 and ninja are needed; the GPU build also needs the CUDA or ROCm headers that PyTorch's
 extension builder finds) and cached in PyTorch's extension directory
-(``TORCH_EXTENSIONS_DIR``); the first build says so on stderr (it takes 10-40 s). When
-the build fails, routing uses the Python kernels and says why once.
+(``TORCH_EXTENSIONS_DIR``); the first build says so on stderr (it takes 10-40 s). Routing
+does not wait for it (``UNIMATMUL_TORCH_NATIVE_BUILD``, default ``background``): a process
+of its own builds them while the Python kernels serve, and the native kernels take over
+once the build is loaded (``load(..., later=...)``). When the build fails, routing uses the
+Python kernels and says why once.
 ``UNIMATMUL_TORCH_NATIVE`` chooses: ``auto`` (default: native kernels at the CPU key
 and, with a GPU, the CUDA key), ``cuda`` (the CUDA key only), ``0`` (Python kernels
 only).
@@ -35,8 +38,11 @@ import ctypes
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,6 +54,7 @@ from unimatmul.calls import on_passing
 from unimatmul.core import modes
 from unimatmul.core.arrays import hold_for_graphs
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
+from unimatmul.tuning.selector import get_selector
 
 ENV = settings.TORCH_NATIVE.name
 CHOICES = ("auto", "cuda", "0")
@@ -92,48 +99,89 @@ def _build_name(cuda: bool) -> str:
 
 def _built_library(cuda: bool) -> Path | None:
     """The built library for this source and PyTorch, if a build exists (no compiling)."""
-    try:
-        from torch.utils import cpp_extension
-
-        name = _build_name(cuda)
-        folder = Path(cpp_extension._get_build_directory(name, False))
-    except Exception:  # a private helper of PyTorch's: without it, the usual path builds
+    folder = _build_folder(cuda)
+    if folder is None:
         return None
     suffix = ".pyd" if sys.platform == "win32" else ".so"
-    found = folder / f"{name}{suffix}"
+    found = folder / f"{_build_name(cuda)}{suffix}"
     return found if found.is_file() else None
 
 
-def load(cuda: bool, *, build: bool = True) -> bool:
-    """Build (once per source and PyTorch version) and load the kernels; False if that fails.
+def _build_folder(cuda: bool) -> Path | None:
+    """The folder PyTorch's extension builder builds this source in (None: unknown)."""
+    try:
+        from torch.utils import cpp_extension
+
+        return Path(cpp_extension._get_build_directory(_build_name(cuda), False))
+    except Exception:  # a private helper of PyTorch's: without it, the usual path builds
+        return None
+
+
+def load(cuda: bool, *, build: bool = True, later: Callable[[], None] | None = None) -> bool:
+    """Load the kernels, building them first (once per source and PyTorch version) where
+    no build exists; False if that fails, or if the build is left to the background.
 
     ``cuda``: the GPU build, which can make Lt calls itself; the CPU build passes every
     backend kernel to Python. Only one build is loaded per process (both define the
     same operators); a GPU build serves the CPU key too. ``build=False``: load only a
     build that already exists (``unimatmul.matmul`` never waits for a compiler).
+    ``later``: the caller can serve without the kernels for now (routing's Python
+    kernels). Where no build exists, ``UNIMATMUL_TORCH_NATIVE_BUILD`` decides: ``background``
+    builds them in a process of its own and calls ``later()`` on a thread of ours once
+    the build is loaded (False now); ``wait`` builds them now; ``never`` does not build.
+    Without ``later`` the kernels are built now (a background build on the way is
+    waited for).
     """
-    global _loaded_gpu, _library_path
     with _lock:
         if _loaded_gpu is not None:
             return _loaded_gpu or not cuda
         if cuda in _failures:
             return False
-        path = _load_built(cuda)
-        if path is None:
+        running = _background.get(cuda)
+        if running is None:
+            path = _load_built(cuda)
+            if path is not None:
+                _take(cuda, path)
+                return True
             if not build:
                 return False
-            try:
-                path = _build(cuda)
-            except Exception as exc:  # a missing compiler, ninja or header: Python kernels instead
-                _failures[cuda] = (
-                    f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-                )
+            how = settings.TORCH_NATIVE_BUILD.get() if later is not None else "wait"
+            if how == "never":
                 return False
-        _loaded_gpu = cuda
-        _library_path = path
-        _register_confirmed()
-        on_passing(set_busy)  # calls.passing(): the native kernels pass this thread's calls through too
-        return True
+            if how == "wait":
+                return _build_and_take(cuda)
+            running = _start_background(cuda)
+            if running is None:
+                return False
+        if later is not None:
+            running.then.append(later)
+            return False
+        if not build:
+            return False
+    running.done.wait()
+    return load(cuda)
+
+
+def _build_and_take(cuda: bool) -> bool:
+    """Build now and load the build (``_lock`` held)."""
+    try:
+        path = _build(cuda)
+    except Exception as exc:  # a missing compiler, ninja or header: Python kernels instead
+        _failures[cuda] = (
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        )
+        return False
+    _take(cuda, path)
+    return True
+
+
+def _take(cuda: bool, path: str | None) -> None:
+    """The build at ``path`` is loaded in this process (``_lock`` held)."""
+    global _loaded_gpu, _library_path
+    _loaded_gpu = cuda
+    _library_path = path
+    _register_confirmed()
+    on_passing(set_busy)  # calls.passing(): the native kernels pass this thread's calls through too
 
 
 def _load_built(cuda: bool) -> str | None:
@@ -184,6 +232,154 @@ def _find_ninja() -> None:
 
 def failure(cuda: bool) -> str:
     return _failures.get(cuda, "")
+
+
+def warn_failed(cuda: bool) -> None:
+    """Say once that the native kernels did not build, and why (routing serves in Python)."""
+    get_selector().warn_once(
+        "torch-native-build",
+        f"unimatmul.torch: the native routing kernels did not build ({failure(cuda)}); "
+        f"using the Python kernels, which cost ~6 us more host time per call (set {ENV}=0 "
+        "to skip the build)",
+    )
+
+
+# --- building in the background -------------------------------------------------------------
+
+
+class _Background:
+    """A build of the native kernels in a process of its own, and who waits for it."""
+
+    def __init__(self, cuda: bool, process: subprocess.Popen[bytes], log: Any) -> None:
+        self.cuda = cuda
+        self.process = process
+        self.log = log  # the process's stdout and stderr: an unnamed temporary file
+        self.started = time.time()
+        self.then: list[Callable[[], None]] = []  # called once the build is loaded
+        self.done = threading.Event()
+
+
+_background: dict[bool, _Background] = {}  # GPU build? -> the build running now
+
+
+def building(cuda: bool) -> bool:
+    """Whether this process has a build of the kernels running in the background."""
+    return cuda in _background
+
+
+def _start_background(cuda: bool) -> _Background | None:
+    """Start ``python -m unimatmul.torch --build-native cpu|gpu`` (``_lock`` held); None,
+    with the reason in ``_failures``, if it cannot start.
+
+    A process rather than a thread: a program that ends before the build does leaves it
+    to finish for the next one (in its own session, so a Ctrl-C of the program does not
+    reach it), never a half-built folder whose lock file would hold later builds forever.
+    Its output goes to an unnamed file, not a pipe that would break when the program ends.
+    """
+    environment = dict(os.environ)
+    # No routing in the builder: its `import torch` must not enable it (nor build again).
+    environment.pop(settings.TORCH.name, None)
+    environment["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    # The same unimatmul as this process's (the build's name is its source's digest).
+    root = str(Path(__file__).resolve().parents[2])
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, environment.get("PYTHONPATH")) if p)
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (the watcher thread reads and closes it)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "unimatmul.torch", "--build-native", "gpu" if cuda else "cpu"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        log.close()
+        _failures[cuda] = f"the build process did not start: {exc}"
+        return None
+    running = _Background(cuda, process, log)
+    _background[cuda] = running
+    threading.Thread(
+        target=_finish_background, args=(running,), name="unimatmul-native-build", daemon=True
+    ).start()
+    sys.stderr.write(
+        f"unimatmul: building the native routing kernels for the {'GPU' if cuda else 'CPU'} in the "
+        "background (once per PyTorch version, 10-40 s); the Python kernels serve until then\n"
+    )
+    sys.stderr.flush()
+    return running
+
+
+def _finish_background(running: _Background) -> None:
+    """Wait for a background build, load it, and hand over to those who wait for it."""
+    code = running.process.wait()
+    running.log.seek(0)
+    text = running.log.read().decode(errors="replace")
+    running.log.close()
+    cuda = running.cuda
+    with _lock:
+        _background.pop(cuda, None)
+        if _loaded_gpu is None:
+            path = _load_built(cuda) if code == 0 else None
+            if path is not None:
+                _take(cuda, path)
+            else:
+                _failures[cuda] = _build_failure(text, code)
+        ok = _loaded_gpu is not None and (_loaded_gpu or not cuda)
+        running.done.set()
+    if not ok:
+        if running.then:
+            warn_failed(cuda)
+        return
+    for then in running.then:
+        try:
+            then()
+        except Exception as exc:  # the Python kernels keep serving
+            _failures[cuda] = f"taking over from the Python kernels: {type(exc).__name__}: {exc}"
+            warn_failed(cuda)
+
+
+def _build_failure(text: str, code: int) -> str:
+    """Why a background build failed, from its last words (``--build-native``'s line)."""
+    said = "the native routing kernels did not build: "
+    for line in reversed(text.strip().splitlines()):
+        if said in line:
+            return line.split(said, 1)[1].strip()
+    if code == 0:
+        return "the build process ended, but no build loads"
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    return f"the build process exited with code {code}" + (f": {last}" if last else "")
+
+
+def status(cuda_available: bool | None = None) -> dict[str, Any]:
+    """Where the native kernels stand (``unimatmul info``): the build this process would use
+    (``build``: ``cpu``, ``gpu`` or None when ``UNIMATMUL_TORCH_NATIVE=0``) and its ``state``:
+    ``loaded`` (in this process), ``building`` (in the background here, or by another
+    process, which holds the build folder's lock since ``since``), ``built`` (the next
+    ``enable()`` loads it at once), ``not built``, ``failed`` (``reason``) or ``off``."""
+    keys = wanted_keys(cuda_available)
+    if not keys:
+        return {"build": None, "state": "off", "path": None}
+    cuda = "CUDA" in keys
+    found: dict[str, Any] = {"build": "gpu" if cuda else "cpu", "path": None}
+    if _loaded_gpu is not None and (_loaded_gpu or not cuda):
+        return found | {"build": "gpu" if _loaded_gpu else "cpu", "state": "loaded", "path": _library_path}
+    running = _background.get(cuda)
+    if running is not None:
+        return found | {"state": "building", "since": running.started}
+    if cuda in _failures:
+        return found | {"state": "failed", "reason": _failures[cuda]}
+    library = _built_library(cuda)
+    folder = _build_folder(cuda)
+    if folder is not None:
+        lock = folder / "lock"  # PyTorch's extension builder holds it while a build runs
+        try:
+            return found | {"state": "building", "since": lock.stat().st_mtime, "lock": str(lock)}
+        except OSError:  # no build runs
+            pass
+    if library is not None:
+        return found | {"state": "built", "path": str(library)}
+    return found | {"state": "not built"}
 
 
 def loaded() -> bool:

@@ -66,6 +66,24 @@ class Router:
                 self.table.native = self.kept
                 modes.on_overrides(self._overrides)
 
+    def take_native(
+        self, keys: tuple[str, ...], native_install: Callable[[tuple[str, ...], str, int], None]
+    ) -> None:
+        """A build made in the background is loaded: its kernels take ``keys`` over from the
+        Python kernels, which stay registered beneath them (a call in flight there finishes)
+        until :meth:`uninstall`; the plans start over, so that each key's entry goes into
+        the native table."""
+        with self.table.lock:
+            if self.library is None or self.native_keys:
+                return
+            native_install(keys, self.env_mode, modes.overrides())
+            self.native_keys = keys
+            if self.kept is None:
+                self.kept = native.Kept(self.native_table)
+            self.table.native = self.kept
+            modes.on_overrides(self._overrides)
+            self.table.clear()
+
     def _overrides(self, count: int) -> None:
         native.configure(self.env_mode, count)
 

@@ -422,26 +422,24 @@ def install() -> None:
                 for name, kernel in _KERNELS[key].items():
                     library.impl(name, kernel, key)
 
-    def native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
-        native.install(keys, mode, overrides, _KERNELS)
+    _router.install(register, _native_keys, _native_install)
 
-    _router.install(register, _native_keys, native_install)
+
+def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+    native.install(keys, mode, overrides, _KERNELS)
 
 
 def _native_keys() -> tuple[str, ...]:
-    """The keys the native kernels take, once they are built; () with a warning if they fail."""
+    """The keys the native kernels take now; () while they build in the background (they
+    take the keys over once loaded: ``Router.take_native``), () with a warning if they fail."""
     keys = native.wanted_keys()
     if not keys:
         return ()
     cuda = "CUDA" in keys
-    if native.load(cuda):
+    if native.load(cuda, later=lambda: _router.take_native(keys, _native_install)):
         return keys
-    get_selector().warn_once(
-        "torch-native-build",
-        f"unimatmul.torch: the native routing kernels did not build ({native.failure(cuda)}); "
-        f"using the Python kernels, which cost ~6 us more host time per call (set {native.ENV}=0 "
-        "to skip the build)",
-    )
+    if native.failure(cuda):
+        native.warn_failed(cuda)
     return ()
 
 

@@ -276,17 +276,18 @@ def install() -> None:
             if key not in native_keys:
                 library.impl("_scaled_mm", _scaled_mm, key)
 
-    def native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
-        native.install_scaled(keys, mode, overrides, _scaled_mm)
+    _router.install(register, _native_keys, _native_install)
 
-    _router.install(register, _native_keys, native_install)
+
+def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+    native.install_scaled(keys, mode, overrides, _scaled_mm)
 
 
 def _native_keys() -> tuple[str, ...]:
     """The keys the native kernel takes: those of :data:`NATIVE_KEYS` that the native
     build serves (routing.py warns once when it does not build)."""
     keys = tuple(key for key in native.wanted_keys() if key in NATIVE_KEYS)
-    if not keys or not native.load("CUDA" in keys):
+    if not keys or not native.load("CUDA" in keys, later=lambda: _router.take_native(keys, _native_install)):
         return ()
     return keys
 
