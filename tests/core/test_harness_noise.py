@@ -12,9 +12,11 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from harness_fakes import KernelBackend, right
 
@@ -187,3 +189,101 @@ def test_a_busy_cpu_alone_warns_once_not_per_problem(tmp_path: Path, monkeypatch
     ]
     assert len(messages) == 1 and "busy" in messages[0] and "8.0 on 2 CPUs" in messages[0], messages
     assert all(r.settings["low_because"] == ["busy"] for r in records)
+
+
+# --- a win must be clear from its samples; ties go to a fixed order --------------------
+
+
+def measure_kernels(
+    default: Script, kernels: Sequence[tuple[str, Script]], harness_settings: HarnessSettings
+) -> TuningRecord:
+    """Default and the named kernels (all right: numpy's own numbers), scripted in that order."""
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [(DEFAULT, lambda: DefaultRunner(NUMPY.adapter))]
+    entries += [(Candidate.make("t", name), lambda: DefaultRunner(NUMPY.adapter)) for name, _ in kernels]
+    timer = ScriptedTimer([default, *(script for _, script in kernels)])
+    return Harness(timer, harness_settings).measure(PROBLEM, NUMPY, entries)
+
+
+def jittered(median_s: float, jitter: Sequence[float]) -> Script:
+    return lambda i: median_s * jitter[i % len(jitter)]
+
+
+WIDE = [1.0, 1.3, 0.8, 1.25, 0.85, 1.2, 0.9]  # samples of a loaded CPU: +-30 %
+
+
+def test_a_median_win_whose_samples_overlap_defaults_keeps_default_unmeasured_again() -> None:
+    # 5 % faster by median (past min_gain's 1 %), but each sample of either lies within
+    # the spread of the other's: not clear at 95 %, so no repeat is even measured.
+    record = measure_kernels(jittered(1e-3, WIDE), [("fast", jittered(0.95e-3, WIDE))], settings())
+    fast = record.result("t/fast")
+    assert fast is not None and fast.median_s < record.default_s * 0.99  # the old margin held
+    assert record.winner == DEFAULT.identity and record.speedup == 1.0
+    win = record.settings["win"]
+    assert win["candidate"] == "t/fast" and win["low"] < 1.01 < win["high"]
+    assert "repeat" not in record.settings
+
+
+def test_a_clear_win_records_its_lower_bound() -> None:
+    record = measure_kernels(jittered(1e-3, WIDE), [("fast", jittered(0.4e-3, WIDE))], settings())
+    assert record.winner == "t/fast"
+    win = record.settings["win"]
+    # The smallest ratio of a Default sample to a kernel sample is 0.8 / 0.52 = 1.54.
+    assert 1.5 <= win["low"] <= record.speedup <= win["high"]
+    assert record.settings["repeat"]["verdict"] == "confirmed"
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_kernels_within_noise_of_each_other_go_to_the_first_identity(order: tuple[str, str]) -> None:
+    # b is a hair faster than a by median (0.5 %), well within their samples' spread;
+    # in whatever order they are listed and measured, a wins, and the record says so.
+    jitter = [1.0, 1.04, 0.97, 1.03, 0.98, 1.02, 0.99]
+    medians = {"a": 0.5025e-3, "b": 0.5e-3}
+    kernels = [(name, jittered(medians[name], jitter)) for name in order]
+    record = measure_kernels(lambda i: 1e-3, kernels, settings())
+    assert record.winner == "t/a"
+    win = record.settings["win"]
+    assert win["candidate"] == "t/a" and win["tied"] == 2 and win["fastest"] == "t/b"
+    assert win["low"] >= 1.01
+
+
+def test_a_kernel_clearly_faster_than_the_others_wins_whatever_its_identity() -> None:
+    jitter = [1.0, 1.01, 0.99, 1.0, 1.01, 0.99, 1.0]
+    record = measure_kernels(
+        lambda i: 1e-3, [("a", jittered(0.6e-3, jitter)), ("z", jittered(0.5e-3, jitter))], settings()
+    )
+    assert record.winner == "t/z"
+    assert record.settings["win"]["tied"] == 1 and "fastest" not in record.settings["win"]
+
+
+def test_tuning_a_call_in_tune_mode_stores_the_bound_and_cache_show_prints_it(tmp_path: Path) -> None:
+    # Real tune mode, real oneDNN candidates, the real cache file.
+    import unimatmul
+    from unimatmul.cli import output
+    from unimatmul.testing import fast_settings, isolated_selector
+
+    cache = tmp_path / "cache.msgpack"
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 96), dtype=np.float32)
+    b = rng.standard_normal((96, 80), dtype=np.float32)
+    with isolated_selector(cache) as selector, unimatmul.mode("tune"):
+        # Nothing pruned: oneDNN's first call on a loaded machine can take 1000x its time.
+        selector.settings = replace(fast_settings(), prune_ratio=math.inf, first_prune_ratio=math.inf)
+        got = unimatmul.matmul(a, b)
+        selector.store.flush()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    (_, key, record), *_ = list(open_store(cache).items())
+    win = record.settings["win"]
+    assert win["candidate"].startswith("onednn/")
+    level = record.settings["confidence_level"]
+    min_gain = record.settings["min_gain"]
+    if record.winner == DEFAULT.identity:
+        assert (win["low"] or 0.0) < 1 + min_gain or record.settings["repeat"]["verdict"] != "confirmed"
+        shown = f"<={win['high']:.2f}x" if win["high"] is not None else "-"
+    else:
+        assert record.winner == win["candidate"] and win["low"] >= 1 + min_gain
+        shown = f">={win['low']:.2f}x"
+    assert level == 0.95 and output.bound(record) == shown
+    out = io.StringIO()
+    assert cli_main(["cache", "show", "--cache", str(cache)], out) == 0
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith(key)]
+    assert shown in line.split()
