@@ -211,23 +211,59 @@ def jittered(median_s: float, jitter: Sequence[float]) -> Script:
 WIDE = [1.0, 1.3, 0.8, 1.25, 0.85, 1.2, 0.9]  # samples of a loaded CPU: +-30 %
 
 
-def test_a_median_win_whose_samples_overlap_defaults_keeps_default_unmeasured_again() -> None:
-    # 5 % faster by median (past min_gain's 1 %), but each sample of either lies within
-    # the spread of the other's: not clear at 95 %, so no repeat is even measured.
-    record = measure_kernels(jittered(1e-3, WIDE), [("fast", jittered(0.95e-3, WIDE))], settings())
-    fast = record.result("t/fast")
-    assert fast is not None and fast.median_s < record.default_s * 0.99  # the old margin held
+def in_repeat(main: Script, pattern: Sequence[float], base_s: float) -> Script:
+    """``main`` for the first measurement's calls, then ``base_s`` over the pattern's
+    ratios, in turn: the kernel's times in the repeat, where Default takes 1 ms."""
+    first = 1 + settings().max_samples
+    return lambda i: main(i) if i < first else base_s / pattern[(i - first) % len(pattern)]
+
+
+def test_a_win_that_holds_by_median_but_not_by_its_bound_keeps_default() -> None:
+    # In the repeat 3 pairs in 5 show a 1.2x win and 2 a loss (0.9x): the median ratio
+    # beats Default by more than the spread, but at 95 % the samples cannot say that the
+    # kernel is faster, however many rounds are added.
+    pattern = [1.2, 0.9, 1.2, 0.9, 1.2]
+    record = measure_kernels(
+        lambda i: 1e-3, [("fast", in_repeat(lambda i: 0.8e-3, pattern, 1e-3))], settings()
+    )
     assert record.winner == DEFAULT.identity and record.speedup == 1.0
     win = record.settings["win"]
     assert win["candidate"] == "t/fast" and win["low"] < 1.01 < win["high"]
-    assert "repeat" not in record.settings
+    assert record.settings["repeat"]["verdict"] == "within noise"
+    fast = record.result("t/fast")
+    assert fast is not None and "1.2x over Default is not clear from its samples" in fast.note
+    s = settings()
+    assert fast.samples == s.max_confirm_rounds * s.confirm_pairs  # the record keeps the repeat's
+
+
+def test_a_win_not_yet_clear_gets_more_rounds_and_stands_once_it_is() -> None:
+    # One pair in 5 is a loss: 5 pairs bound nothing above 0.9x, 30 do (the 11th smallest).
+    pattern = [1.2, 1.2, 1.2, 1.2, 0.9]
+    record = measure_kernels(
+        lambda i: 1e-3, [("fast", in_repeat(lambda i: 0.8e-3, pattern, 1e-3))], settings()
+    )
+    assert record.winner == "t/fast"
+    s = settings()
+    fast = record.result("t/fast")
+    assert fast is not None and s.confirm_rounds * s.confirm_pairs < fast.samples
+    assert fast.samples <= s.max_confirm_rounds * s.confirm_pairs
+    assert record.settings["repeat"] == {"verdict": "confirmed"}
+    assert record.settings["win"]["low"] == pytest.approx(1.2)
+
+
+def test_paired_samples_bound_the_win_through_a_drift_both_share() -> None:
+    # The machine's speed drifts 3x from pair to pair, for both alike: every pair says 1.25x.
+    drift = [1.0, 3.0, 1.5, 2.5, 2.0, 1.2, 2.8]
+    record = measure_kernels(jittered(1e-3, drift), [("fast", jittered(0.8e-3, drift))], settings())
+    assert record.winner == "t/fast"
+    assert record.settings["win"]["low"] == pytest.approx(1.25)
 
 
 def test_a_clear_win_records_its_lower_bound() -> None:
     record = measure_kernels(jittered(1e-3, WIDE), [("fast", jittered(0.4e-3, WIDE))], settings())
     assert record.winner == "t/fast"
     win = record.settings["win"]
-    # The smallest ratio of a Default sample to a kernel sample is 0.8 / 0.52 = 1.54.
+    # Paired in the repeat, Default's samples and the kernel's wobble alike: 2.5x each time.
     assert 1.5 <= win["low"] <= record.speedup <= win["high"]
     assert record.settings["repeat"]["verdict"] == "confirmed"
 

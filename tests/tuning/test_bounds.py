@@ -14,6 +14,7 @@ from unimatmul.tuning.bounds import (
     _null_counts,
     clearly_faster,
     rank_of_bound,
+    ratio_bounds,
     shift_bounds,
     speedup_bounds,
     within_noise,
@@ -101,3 +102,13 @@ def test_a_clearly_faster_kernel_is_alone_and_a_far_one_is_never_tied() -> None:
     # median beyond the tie ratio is never within noise of it.
     assert within_noise({"x/a": [1.1, 1.1], "x/z": [1.0, 1.0]}, 0.95, 0.01, 1.2).pick == "x/a"
     assert within_noise({"x/a": [1.1, 1.1], "x/z": [1.0, 1.0]}, 0.95, 0.01, 1.05).pick == "x/z"
+
+
+def test_paired_ratios_are_bounded_by_the_sign_test() -> None:
+    # One-sided 5 % sign test: n = 5 needs every ratio (P = 1/32), n = 10 allows one below
+    # the bound's rank (P(X <= 1) = 11/1024), n = 20 five (P(X <= 5) = 0.021).
+    assert ratio_bounds([1.3, 1.2, 1.25, 1.4, 1.1], 0.95) == (1.1, 1.4)
+    ten = [0.9, 1.1, 1.2, 1.2, 1.3, 1.3, 1.3, 1.4, 1.5, 1.6]
+    assert ratio_bounds(ten, 0.95) == (1.1, 1.5)
+    assert ratio_bounds([1.0 + i / 100 for i in range(20)], 0.95)[0] == pytest.approx(1.05)
+    assert ratio_bounds([1.2, 1.3, 1.1, 1.2], 0.95) == (0.0, math.inf)  # 1/16 > 5 %

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: Sets of at most this many samples together use the exact null distribution (its
@@ -79,6 +79,32 @@ def shift_bounds(slow: Sequence[float], fast: Sequence[float], level: float) -> 
     return math.exp(differences[k - 1]), math.exp(differences[-k])
 
 
+@functools.cache
+def _sign_rank(n: int, level: float) -> int:
+    """The rank ``k`` (1-based) of the sorted paired ratio that is a one-sided lower bound
+    on their median at ``level`` (the sign test: P(Binomial(n, 1/2) <= k - 1) <= 1 - level);
+    0 when ``n`` is too small."""
+    allowed = (1.0 - level) * 2**n * (1 + 1e-12)
+    below, k = 0, 0
+    for j in range(n + 1):
+        below += math.comb(n, j)
+        if below > allowed:
+            break
+        k = j + 1
+    return k
+
+
+def ratio_bounds(ratios: Sequence[float], level: float) -> tuple[float, float]:
+    """A ``level`` one-sided lower and upper bound on the median of paired ratios (each a
+    Default sample over the kernel's sample taken next to it: what drifts, drifts for
+    both); (0, inf) when there are too few to say."""
+    found = sorted(r for r in ratios if r > 0 and math.isfinite(r))
+    k = _sign_rank(len(found), level)
+    if k == 0:
+        return 0.0, math.inf
+    return found[k - 1], found[-k]
+
+
 def speedup_bounds(
     default_s: Sequence[float], kernel_s: Sequence[float], level: float
 ) -> tuple[float, float]:
@@ -114,7 +140,7 @@ class Ties:
 
 
 def within_noise(
-    samples: dict[str, Sequence[float]], level: float, min_gain: float, max_ratio: float
+    samples: Mapping[str, Sequence[float]], level: float, min_gain: float, max_ratio: float
 ) -> Ties:
     """Which of ``samples`` (identity -> seconds per call, every one measured ok) cannot be
     told apart from the fastest by median: those not clearly slower than it by more than

@@ -65,7 +65,7 @@ from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
-from unimatmul.tuning.bounds import speedup_bounds, within_noise
+from unimatmul.tuning.bounds import ratio_bounds, speedup_bounds, within_noise
 from unimatmul.tuning.conditions import read_device_state
 from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
@@ -172,6 +172,7 @@ class HarnessSettings:
     tie_ratio: float = 1.05  # never within noise of the fastest: a median this much slower
     confirm_pairs: int = 5  # samples of the winner and of Default, taken in turns, to confirm a win
     confirm_rounds: int = 2  # confirmations before an unconfirmed win is called noise
+    max_confirm_rounds: int = 6  # ... and at most, while it holds but its bound is not clear yet
     noise_spread: float = 0.25  # a relative spread of samples above this is an unstable measurement
     busy_load: float = 1.0  # CPU: a load average above this many per CPU marks a record low-confidence
     rotate_bytes: int | None = None  # inputs rotated through this much memory
@@ -475,13 +476,10 @@ class Harness:
         if ok:
             best, win = self._pick(ok)
             if default_entry is not None and best is not default_entry:
-                low, high = speedup_bounds(default_entry.times, best.times, settings.confidence_level)
-                if (
-                    best.median() > default_entry.median() * (1.0 - settings.min_gain)
-                    or low < 1.0 + settings.min_gain
-                ):
+                if best.median() > default_entry.median() * (1.0 - settings.min_gain):
+                    low, high = speedup_bounds(default_entry.times, best.times, settings.confidence_level)
                     win.update(_win_bounds(low, high))
-                    best = default_entry  # not a clear win: keep what the user would have had
+                    best = default_entry  # not a win: keep what the user would have had
                 else:
                     try:
                         best, verdict, bounds = limit.run(
@@ -1009,11 +1007,13 @@ class Harness:
         to need the settling pause, each is measured again in one block after it. The
         win stands if the ratio beats Default by ``min_gain`` and by more than the
         noise (half the relative interquartile range), and if the lower confidence
-        bound on the speedup from both measurements' samples together beats Default
-        by ``min_gain`` (``unimatmul.tuning.bounds``); else it is measured once more
-        (``confirm_rounds``), with all samples pooled, and if it still does not stand,
-        Default is kept. Both entries' times become those of the confirmation. Also
-        returns the bounds (at least, at most) on the speedup that the samples give.
+        bound on the speedup beats Default by ``min_gain`` too (``unimatmul.tuning.bounds``:
+        of the paired ratios, or of both measurements' samples together for blocks);
+        else it is measured once more (``confirm_rounds``), with all samples pooled, and
+        again while the ratio holds but the bound is not clear (up to
+        ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
+        entries' times become those of the confirmation. Also returns the bounds (at
+        least, at most) on the speedup that the samples give.
         """
         settings = self.settings
         main_ratio = default.median() / best.median()
@@ -1029,7 +1029,7 @@ class Harness:
         slowest = max(default.median(), best.median())
         pairs = max(2, min(settings.confirm_pairs, math.ceil(settings.budget_s / max(slowest, 1e-9))))
         try:
-            while rounds < max(1, settings.confirm_rounds):
+            while True:
                 rounds += 1
                 if paired:
                     for i in range(pairs):
@@ -1052,8 +1052,21 @@ class Harness:
                         times.extend(entry.sample() for _ in range(pairs))
                     speedup = statistics.median(d_times) / statistics.median(w_times)
                     noise = (spread(d_times) + spread(w_times)) / 2
-                bounds = speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
-                if speedup - 1.0 >= max(settings.min_gain, noise) and bounds[0] >= 1.0 + settings.min_gain:
+                # Paired samples: the bound of their ratios; blocks: of both measurements' samples.
+                bounds = (
+                    ratio_bounds(ratios, settings.confidence_level)
+                    if paired
+                    else speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
+                )
+                holds = speedup - 1.0 >= max(settings.min_gain, noise)
+                if holds and bounds[0] >= 1.0 + settings.min_gain:
+                    break
+                # A win that does not hold after confirm_rounds is noise; one that holds
+                # but whose samples do not yet bound it clearly gets more of them (a busy
+                # machine), up to max_confirm_rounds and within the problem's cap.
+                if rounds >= max(1, settings.confirm_rounds) and (
+                    not holds or rounds >= settings.max_confirm_rounds or time.perf_counter() > self._deadline
+                ):
                     break
         except PLUGIN_FAILURES as exc:
             best.result.status, best.result.note = FAILED, f"while confirming: {_failure(exc)}"
