@@ -1008,7 +1008,8 @@ class Harness:
         win stands if the ratio beats Default by ``min_gain`` and by more than the
         noise (half the relative interquartile range), and if the lower confidence
         bound on the speedup beats Default by ``min_gain`` too (``unimatmul.tuning.bounds``:
-        of the paired ratios, or of both measurements' samples together for blocks);
+        of the paired ratios, or of both measurements' samples together for blocks or
+        fewer than 5 pairs);
         else it is measured once more (``confirm_rounds``), with all samples pooled, and
         again while the ratio holds but the bound is not clear (up to
         ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
@@ -1052,12 +1053,11 @@ class Harness:
                         times.extend(entry.sample() for _ in range(pairs))
                     speedup = statistics.median(d_times) / statistics.median(w_times)
                     noise = (spread(d_times) + spread(w_times)) / 2
-                # Paired samples: the bound of their ratios; blocks: of both measurements' samples.
-                bounds = (
-                    ratio_bounds(ratios, settings.confidence_level)
-                    if paired
-                    else speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
-                )
+                # Paired samples: the bound of their ratios, once there are enough of them
+                # for one; blocks (or too few pairs): of both measurements' samples together.
+                bounds = ratio_bounds(ratios, settings.confidence_level) if paired else (0.0, math.inf)
+                if bounds == (0.0, math.inf):
+                    bounds = speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
                 holds = speedup - 1.0 >= max(settings.min_gain, noise)
                 if holds and bounds[0] >= 1.0 + settings.min_gain:
                     break
