@@ -14,7 +14,10 @@ past it, it is abandoned and recorded so. Survivors are
 timed on inputs rotated through more memory than the last-level cache, pruning clear
 losers early, within a time budget, and the median is kept. A winner over Default is
 then measured again against Default, sample against sample; a win that does not hold
-there, or that is within the spread of the samples, is not stored (Default is), and an
+there, that is within the spread of the samples, or whose 95 % confidence bound from the
+samples does not clear ``min_gain`` (``unimatmul.tuning.bounds``), is not stored (Default
+is); among candidates within noise of the fastest, the first identity is the one held
+against Default, so that runs and ranks that cannot tell them apart agree. An
 unstable measurement is marked ``confidence: low`` in the record's settings. A problem may
 have a time cap (``cap_s``, ``UNIMATMUL_TUNE_CAP_S``): candidates not started when it is
 spent are left out of the record (``settings["capped"]``), Default never.
@@ -550,6 +553,10 @@ class Harness:
         if widen != 1.0:
             record_settings["check"]["widen"] = round(widen, 3)
         if "low" in win:
+            if win["candidate"] == winner and win["low"] is not None and default_s:
+                # The record may keep the smaller of two claims (see _confirm): the bound
+                # never says more than the record's own speedup.
+                win["low"] = min(win["low"], round(default_s / winner_s, 4))
             record_settings["win"] = win
         if verdict:
             # "repeat", not "confirm": that key is the in-situ verdict (unimatmul.tuning.confirm).
