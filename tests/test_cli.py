@@ -603,7 +603,15 @@ def test_cache_show_has_a_confidence_column_and_in_situ_only_when_judged(
     assert code == EXIT_OK
     lines = text.splitlines()
     header = re.split(r"\s{2,}", next(line for line in lines if line.startswith("problem")))
-    assert header == ["problem", "winner", "us", "default us", "speedup", "bound", "confidence"]  # nothing judged
+    assert header == [
+        "problem",
+        "winner",
+        "us",
+        "default us",
+        "speedup",
+        "bound",
+        "confidence",
+    ]  # nothing judged
     confidence = {line.split()[0]: line.split()[-1] for line in lines if line.startswith("gemm:")}
     assert sorted(confidence.values()) == ["high", "low"]
     assert next(v for k, v in confidence.items() if "m8n16k16" in k) == "low"
