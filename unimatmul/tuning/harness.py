@@ -469,8 +469,8 @@ class Harness:
                 self._late_check(entry, final, "after all timing", renew)
             del final
 
-        # 4. Choose: the canonical pick among the candidates within noise of the fastest,
-        #    if its samples say it beats Default; then confirm the win against Default.
+        # 4. Choose: the canonical pick among the candidates within noise of the fastest;
+        #    if its median beats Default's, the repeat and the bound decide (_confirm).
         default_entry = next((e for e in measured if e.candidate == DEFAULT and e.result.status == OK), None)
         verdict: dict[str, Any] = {}
         win: dict[str, Any] = {}
@@ -1016,10 +1016,9 @@ class Harness:
         noise (half the relative interquartile range), and if the lower confidence
         bound on the speedup beats Default by ``min_gain`` too (``unimatmul.tuning.bounds``:
         of the paired ratios, or of both measurements' samples together for blocks or
-        fewer than 5 pairs);
-        else it is measured once more (``confirm_rounds``), with all samples pooled, and
-        again while the ratio holds but the bound is not clear (up to
-        ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
+        fewer than 5 pairs); else it is measured once more (``confirm_rounds``), with all
+        samples pooled, and again while the ratio holds but the bound is not clear (up
+        to ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
         entries' times become those of the confirmation. Also returns the bounds (at
         least, at most) on the speedup that the samples give.
         """
