@@ -121,6 +121,7 @@ def test_tune_writes_the_cache_and_prints_the_table(isolated: Any) -> None:
         "best candidate",
         "best us",
         "speedup",
+        "bound",
         "confidence",
         "tune s",
     ]  # no "in situ": nothing tuned here has been judged where it runs
@@ -131,8 +132,9 @@ def test_tune_writes_the_cache_and_prints_the_table(isolated: Any) -> None:
     assert row[5] == record.winner
     assert float(row[4].replace(",", "")) == pytest.approx(record.default_s * 1e6, abs=0.06)
     assert row[7] == f"{record.speedup:.2f}x"
-    assert row[8] == record.settings["confidence"] == "high"  # fast_settings judge nothing unstable
-    assert re.fullmatch(r"\d+\.\d\d", row[9])  # seconds spent tuning
+    assert row[8] == cli_output.bound(record) and re.fullmatch(r"(>=|<=)\d+\.\d\dx|-", row[8])
+    assert row[9] == record.settings["confidence"] == "high"  # fast_settings judge nothing unstable
+    assert re.fullmatch(r"\d+\.\d\d", row[10])  # seconds spent tuning
     assert "geometric-mean speedup over default: " in text and " on 1 shape\n" in text
     assert f"cache: {isolated.cache_path} (1 entry)" in text
     assert isolated.cache_path.exists()
@@ -142,12 +144,12 @@ def test_tune_writes_the_cache_and_prints_the_table(isolated: Any) -> None:
     code, again = run(["tune", "--shape", "64x48x32", "--quiet"])
     assert code == EXIT_OK
     [row2] = _rows(again)
-    assert row2[9] == "cached" and row2[5] == record.winner
+    assert row2[10] == "cached" and row2[5] == record.winner
     assert isolated.selector.stats.tuned == tuned
 
     # --force tunes again.
     code, forced = run(["tune", "--shape", "64x48x32:f32", "--force", "--quiet"])
-    assert code == EXIT_OK and _rows(forced)[0][9] != "cached"
+    assert code == EXIT_OK and _rows(forced)[0][10] != "cached"
     assert isolated.selector.stats.tuned == tuned + 1
 
 
@@ -324,7 +326,7 @@ def test_a_read_only_cache_by_request_is_refused_unless_everything_is_cached(
     selector = _fresh_selector()
     # Everything asked for is cached: nothing to write, the table is shown.
     code, text = run(["tune", "--shape", "8x8x8", "--quiet"])
-    assert code == EXIT_OK and _rows(text)[0][9] == "cached"
+    assert code == EXIT_OK and _rows(text)[0][10] == "cached"
     code, text = run(["tune", "--shape", "8x8x8", "--shape", "8x8x16", "--quiet"])
     assert code == EXIT_ERROR and text == ""
     assert "UNIMATMUL_CACHE_READONLY is set; nothing would be saved" in capsys.readouterr().err
@@ -461,7 +463,7 @@ def test_tune_warnings_are_one_line_per_kind_after_the_table(
         "unimatmul: 3 warnings: measurements were unstable: records marked low-confidence (-v shows them)\n"
     )
     rows = _rows(text)
-    assert [r[8] for r in rows] == ["low", "low", "low"]
+    assert [r[9] for r in rows] == ["low", "low", "low"]
     records = [r for _, _, r in isolated.selector.store.items()]
     assert len(records) == 3 and all(r.settings["confidence"] == "low" for r in records)
     assert "3 shapes of low confidence" in text
@@ -476,7 +478,7 @@ def test_tune_warnings_are_one_line_per_kind_after_the_table(
 
     # --quiet: nothing at all on stderr.
     code, text = run(["tune", "--shape", "16x8x40", "--quiet"])
-    assert code == EXIT_OK and _rows(text)[0][8] == "low"
+    assert code == EXIT_OK and _rows(text)[0][9] == "low"
     assert capsys.readouterr().err == ""
 
 
@@ -586,7 +588,7 @@ def test_the_tune_table_names_the_array_library_and_the_epilogue(
         ["24x16x8", "numpy", "f32", "none"],
         ["24x16x8", "numpy", "f32", "bias_relu"],
     ]
-    assert [r[9] for r in rows] == ["cached", f"{float(rows[1][9]):.2f}"]
+    assert [r[10] for r in rows] == ["cached", f"{float(rows[1][10]):.2f}"]
     code, text = run(["tune", "--shape", "24x16x8", "--array", "torch", "--quiet"])
     assert _rows(text)[0][:2] == ["24x16x8", "torch"]
 
@@ -601,7 +603,15 @@ def test_cache_show_has_a_confidence_column_and_in_situ_only_when_judged(
     assert code == EXIT_OK
     lines = text.splitlines()
     header = re.split(r"\s{2,}", next(line for line in lines if line.startswith("problem")))
-    assert header == ["problem", "winner", "us", "default us", "speedup", "confidence"]  # nothing judged
+    assert header == [
+        "problem",
+        "winner",
+        "us",
+        "default us",
+        "speedup",
+        "bound",
+        "confidence",
+    ]  # nothing judged
     confidence = {line.split()[0]: line.split()[-1] for line in lines if line.startswith("gemm:")}
     assert sorted(confidence.values()) == ["high", "low"]
     assert next(v for k, v in confidence.items() if "m8n16k16" in k) == "low"

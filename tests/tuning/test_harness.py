@@ -29,15 +29,21 @@ def _by_identity(record: TuningRecord) -> dict[str, Any]:
 
 
 def assert_fastest_right_candidate_won(record: TuningRecord, settings: HarnessSettings) -> None:
-    """The winner is the measured fastest checked candidate, or Default if the gain is below min_gain."""
+    """The winner is a checked candidate whose samples beat Default clearly (its lower bound
+    past min_gain, in ``settings["win"]``), or Default when none did."""
     results = _by_identity(record)
     ok = [r for r in record.results if r.status == OK]
     best = min(ok, key=lambda r: r.median_s or float("inf"))
-    assert record.winner in (best.identity, DEFAULT.identity)
-    if record.winner != best.identity:
-        default = results[DEFAULT.identity]
-        assert best.median_s > default.median_s * (1 - settings.min_gain)
     assert results[record.winner].status == OK
+    win = record.settings.get("win")
+    if record.winner != DEFAULT.identity:
+        assert win is not None and win["candidate"] == record.winner
+        assert win["low"] >= 1 + settings.min_gain
+    elif best.identity != DEFAULT.identity and win is not None:
+        default = results[DEFAULT.identity]
+        clear = win["low"] is not None and win["low"] >= 1 + settings.min_gain
+        repeated = record.settings.get("repeat", {}).get("verdict") == "confirmed"
+        assert best.median_s > default.median_s * (1 - settings.min_gain) or not (clear and repeated)
     assert record.winner_s == results[record.winner].median_s
 
 

@@ -12,9 +12,11 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from harness_fakes import KernelBackend, right
 
@@ -187,3 +189,137 @@ def test_a_busy_cpu_alone_warns_once_not_per_problem(tmp_path: Path, monkeypatch
     ]
     assert len(messages) == 1 and "busy" in messages[0] and "8.0 on 2 CPUs" in messages[0], messages
     assert all(r.settings["low_because"] == ["busy"] for r in records)
+
+
+# --- a win must be clear from its samples; ties go to a fixed order --------------------
+
+
+def measure_kernels(
+    default: Script, kernels: Sequence[tuple[str, Script]], harness_settings: HarnessSettings
+) -> TuningRecord:
+    """Default and the named kernels (all right: numpy's own numbers), scripted in that order."""
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [(DEFAULT, lambda: DefaultRunner(NUMPY.adapter))]
+    entries += [(Candidate.make("t", name), lambda: DefaultRunner(NUMPY.adapter)) for name, _ in kernels]
+    timer = ScriptedTimer([default, *(script for _, script in kernels)])
+    return Harness(timer, harness_settings).measure(PROBLEM, NUMPY, entries)
+
+
+def jittered(median_s: float, jitter: Sequence[float]) -> Script:
+    return lambda i: median_s * jitter[i % len(jitter)]
+
+
+WIDE = [1.0, 1.3, 0.8, 1.25, 0.85, 1.2, 0.9]  # samples of a loaded CPU: +-30 %
+
+
+def in_repeat(main: Script, pattern: Sequence[float], base_s: float) -> Script:
+    """``main`` for the first measurement's calls, then ``base_s`` over the pattern's
+    ratios, in turn: the kernel's times in the repeat, where Default takes 1 ms."""
+    first = 1 + settings().max_samples
+    return lambda i: main(i) if i < first else base_s / pattern[(i - first) % len(pattern)]
+
+
+def test_a_win_that_holds_by_median_but_not_by_its_bound_keeps_default() -> None:
+    # In the repeat 3 pairs in 5 show a 1.2x win and 2 a loss (0.9x): the median ratio
+    # beats Default by more than the spread, but at 95 % the samples cannot say that the
+    # kernel is faster, however many rounds are added.
+    pattern = [1.2, 0.9, 1.2, 0.9, 1.2]
+    record = measure_kernels(
+        lambda i: 1e-3, [("fast", in_repeat(lambda i: 0.8e-3, pattern, 1e-3))], settings()
+    )
+    assert record.winner == DEFAULT.identity and record.speedup == 1.0
+    win = record.settings["win"]
+    assert win["candidate"] == "t/fast" and win["low"] < 1.01 < win["high"]
+    assert record.settings["repeat"]["verdict"] == "within noise"
+    fast = record.result("t/fast")
+    assert fast is not None and "1.2x over Default is not clear from its samples" in fast.note
+    s = settings()
+    assert fast.samples == s.max_confirm_rounds * s.confirm_pairs  # the record keeps the repeat's
+
+
+def test_a_win_not_yet_clear_gets_more_rounds_and_stands_once_it_is() -> None:
+    # One pair in 5 is a loss: 5 pairs bound nothing above 0.9x, 30 do (the 11th smallest).
+    pattern = [1.2, 1.2, 1.2, 1.2, 0.9]
+    record = measure_kernels(
+        lambda i: 1e-3, [("fast", in_repeat(lambda i: 0.8e-3, pattern, 1e-3))], settings()
+    )
+    assert record.winner == "t/fast"
+    s = settings()
+    fast = record.result("t/fast")
+    assert fast is not None and s.confirm_rounds * s.confirm_pairs < fast.samples
+    assert fast.samples <= s.max_confirm_rounds * s.confirm_pairs
+    assert record.settings["repeat"] == {"verdict": "confirmed"}
+    assert record.settings["win"]["low"] == pytest.approx(1.2)
+
+
+def test_paired_samples_bound_the_win_through_a_drift_both_share() -> None:
+    # The machine's speed drifts 3x from pair to pair, for both alike: every pair says 1.25x.
+    drift = [1.0, 3.0, 1.5, 2.5, 2.0, 1.2, 2.8]
+    record = measure_kernels(jittered(1e-3, drift), [("fast", jittered(0.8e-3, drift))], settings())
+    assert record.winner == "t/fast"
+    assert record.settings["win"]["low"] == pytest.approx(1.25)
+
+
+def test_a_clear_win_records_its_lower_bound() -> None:
+    record = measure_kernels(jittered(1e-3, WIDE), [("fast", jittered(0.4e-3, WIDE))], settings())
+    assert record.winner == "t/fast"
+    win = record.settings["win"]
+    # Paired in the repeat, Default's samples and the kernel's wobble alike: 2.5x each time.
+    assert 1.5 <= win["low"] <= record.speedup <= win["high"]
+    assert record.settings["repeat"]["verdict"] == "confirmed"
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_kernels_within_noise_of_each_other_go_to_the_first_identity(order: tuple[str, str]) -> None:
+    # b is a hair faster than a by median (0.5 %), well within their samples' spread;
+    # in whatever order they are listed and measured, a wins, and the record says so.
+    jitter = [1.0, 1.04, 0.97, 1.03, 0.98, 1.02, 0.99]
+    medians = {"a": 0.5025e-3, "b": 0.5e-3}
+    kernels = [(name, jittered(medians[name], jitter)) for name in order]
+    record = measure_kernels(lambda i: 1e-3, kernels, settings())
+    assert record.winner == "t/a"
+    win = record.settings["win"]
+    assert win["candidate"] == "t/a" and win["tied"] == 2 and win["fastest"] == "t/b"
+    assert win["low"] >= 1.01
+
+
+def test_a_kernel_clearly_faster_than_the_others_wins_whatever_its_identity() -> None:
+    jitter = [1.0, 1.01, 0.99, 1.0, 1.01, 0.99, 1.0]
+    record = measure_kernels(
+        lambda i: 1e-3, [("a", jittered(0.6e-3, jitter)), ("z", jittered(0.5e-3, jitter))], settings()
+    )
+    assert record.winner == "t/z"
+    assert record.settings["win"]["tied"] == 1 and "fastest" not in record.settings["win"]
+
+
+def test_tuning_a_call_in_tune_mode_stores_the_bound_and_cache_show_prints_it(tmp_path: Path) -> None:
+    # Real tune mode, real oneDNN candidates, the real cache file.
+    import unimatmul
+    from unimatmul.cli import output
+    from unimatmul.testing import fast_settings, isolated_selector
+
+    cache = tmp_path / "cache.msgpack"
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 96), dtype=np.float32)
+    b = rng.standard_normal((96, 80), dtype=np.float32)
+    with isolated_selector(cache) as selector, unimatmul.mode("tune"):
+        # Nothing pruned: oneDNN's first call on a loaded machine can take 1000x its time.
+        selector.settings = replace(fast_settings(), prune_ratio=math.inf, first_prune_ratio=math.inf)
+        got = unimatmul.matmul(a, b)
+        selector.store.flush()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    (_, key, record), *_ = list(open_store(cache).items())
+    win = record.settings["win"]
+    assert win["candidate"].startswith("onednn/")
+    level = record.settings["confidence_level"]
+    min_gain = record.settings["min_gain"]
+    if record.winner == DEFAULT.identity:
+        assert (win["low"] or 0.0) < 1 + min_gain or record.settings["repeat"]["verdict"] != "confirmed"
+        shown = f"<={win['high']:.2f}x" if win["high"] is not None else "-"
+    else:
+        assert record.winner == win["candidate"] and win["low"] >= 1 + min_gain
+        shown = f">={win['low']:.2f}x"
+    assert level == 0.95 and output.bound(record) == shown
+    out = io.StringIO()
+    assert cli_main(["cache", "show", "--cache", str(cache)], out) == 0
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith(key)]
+    assert shown in line.split()

@@ -134,11 +134,12 @@ def cmd_cache_show(args: argparse.Namespace, out: TextIO) -> int:
                 fmt_us(record.winner_s),
                 fmt_us(record.default_s),
                 f"{record.speedup:.2f}x",
+                output.bound(record),
                 output.confidence(record),
                 confirm.describe(record),
             ]
         )
-    headers = ["problem", "winner", "us", "default us", "speedup", "confidence", "in situ"]
+    headers = ["problem", "winner", "us", "default us", "speedup", "bound", "confidence", "in situ"]
     for ns, rows in by_ns.items():
         out.write(f"\n[{ns}]\n")
         output.table(rows, headers, out, optional=["in situ"])

@@ -31,7 +31,7 @@ from unimatmul import settings
 from unimatmul.cache.protocol import default_cache_path
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import Device, adapter_for_kind
-from unimatmul.core.backend import Target
+from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.errors import CommandError
 from unimatmul.core.problem import Problem
@@ -207,6 +207,23 @@ def confidence(record: TuningRecord) -> str:
     machine: the tuner warned), or ``-`` for a record that does not say (imported, older)."""
     found = record.settings.get("confidence")
     return found if found in (HIGH, LOW) else "-"
+
+
+def bound(record: TuningRecord) -> str:
+    """What the samples say for sure of a record's choice, at the confidence level its
+    harness used (``settings["win"]``): ``>=1.42x`` for a kernel that replaced Default (its
+    speedup is at least that), ``<=1.05x`` for a Default that stayed (the best contender's
+    is at most that); ``-`` where the record does not say (older, imported, nothing to
+    hold against Default) or its choice was made after the harness (a bucket, agreed ranks)."""
+    win = record.settings.get("win")
+    if not isinstance(win, dict):
+        return "-"
+    low, high = win.get("low"), win.get("high")
+    if record.winner == win.get("candidate") and isinstance(low, (int, float)):
+        return f">={low:.2f}x"
+    if record.winner == DEFAULT.identity and isinstance(high, (int, float)):
+        return f"<={high:.2f}x"
+    return "-"
 
 
 def help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace, TextIO], int]:

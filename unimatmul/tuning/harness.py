@@ -14,7 +14,10 @@ past it, it is abandoned and recorded so. Survivors are
 timed on inputs rotated through more memory than the last-level cache, pruning clear
 losers early, within a time budget, and the median is kept. A winner over Default is
 then measured again against Default, sample against sample; a win that does not hold
-there, or that is within the spread of the samples, is not stored (Default is), and an
+there, that is within the spread of the samples, or whose 95 % confidence bound from the
+samples does not clear ``min_gain`` (``unimatmul.tuning.bounds``), is not stored (Default
+is); among candidates within noise of the fastest, the first identity is the one held
+against Default, so that runs and ranks that cannot tell them apart agree. An
 unstable measurement is marked ``confidence: low`` in the record's settings. A problem may
 have a time cap (``cap_s``, ``UNIMATMUL_TUNE_CAP_S``): candidates not started when it is
 spent are left out of the record (``settings["capped"]``), Default never.
@@ -65,6 +68,7 @@ from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
 from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
+from unimatmul.tuning.bounds import ratio_bounds, speedup_bounds, within_noise
 from unimatmul.tuning.conditions import read_device_state
 from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
@@ -165,8 +169,13 @@ class HarnessSettings:
     # thread in OpenBLAS, MKL and oneDNN alike, so no pool is left spinning.
     settle_min_macs: int = 1 << 18
     min_gain: float = 0.01  # a winner must beat Default by this fraction, else Default
+    # ... and its samples must say so at this confidence (unimatmul.tuning.bounds); the
+    # same level decides which candidates are within noise of the fastest.
+    confidence_level: float = 0.95
+    tie_ratio: float = 1.05  # never within noise of the fastest: a median this much slower
     confirm_pairs: int = 5  # samples of the winner and of Default, taken in turns, to confirm a win
     confirm_rounds: int = 2  # confirmations before an unconfirmed win is called noise
+    max_confirm_rounds: int = 6  # ... and at most, while it holds but its bound is not clear yet
     noise_spread: float = 0.25  # a relative spread of samples above this is an unstable measurement
     busy_load: float = 1.0  # CPU: a load average above this many per CPU marks a record low-confidence
     rotate_bytes: int | None = None  # inputs rotated through this much memory
@@ -460,19 +469,26 @@ class Harness:
                 self._late_check(entry, final, "after all timing", renew)
             del final
 
-        # 4. Choose, and confirm a win against Default.
+        # 4. Choose: the canonical pick among the candidates within noise of the fastest;
+        #    if its median beats Default's, the repeat and the bound decide (_confirm).
         default_entry = next((e for e in measured if e.candidate == DEFAULT and e.result.status == OK), None)
         verdict: dict[str, Any] = {}
+        win: dict[str, Any] = {}
         winner, winner_s = DEFAULT.identity, math.inf
         ok = [e for e in measured if e.result.status == OK and e.times]
         if ok:
-            best = min(ok, key=lambda e: e.median())
+            best, win = self._pick(ok)
             if default_entry is not None and best is not default_entry:
                 if best.median() > default_entry.median() * (1.0 - settings.min_gain):
-                    best = default_entry  # not a clear win: keep what the user would have had
+                    low, high = speedup_bounds(default_entry.times, best.times, settings.confidence_level)
+                    win.update(_win_bounds(low, high))
+                    best = default_entry  # not a win: keep what the user would have had
                 else:
                     try:
-                        best, verdict = limit.run(best, lambda: self._confirm(best, default_entry, settle))
+                        best, verdict, bounds = limit.run(
+                            best, lambda: self._confirm(best, default_entry, settle)
+                        )
+                        win.update(_win_bounds(*bounds))
                     except OverLimit as exc:
                         limit.abandon(best, exc, "while its win was measured again")
                         renew(sets)
@@ -536,6 +552,12 @@ class Harness:
         )
         if widen != 1.0:
             record_settings["check"]["widen"] = round(widen, 3)
+        if "low" in win:
+            if win["candidate"] == winner and win["low"] is not None and default_s:
+                # The record may keep the smaller of two claims (see _confirm): the bound
+                # never says more than the record's own speedup.
+                win["low"] = min(win["low"], round(default_s / winner_s, 4))
+            record_settings["win"] = win
         if verdict:
             # "repeat", not "confirm": that key is the in-situ verdict (unimatmul.tuning.confirm).
             record_settings["repeat"] = verdict if why else {"verdict": verdict["verdict"]}
@@ -959,20 +981,51 @@ class Harness:
         best = min((e.median() for e in everyone if e.result.status == OK), default=math.inf)
         return [e for e in live if e.result.status == OK and not self._prune(e, best)]
 
+    # --- the choice -------------------------------------------------------------------------
+    def _pick(self, ok: list[_Entry]) -> tuple[_Entry, dict[str, Any]]:
+        """The candidate to hold against Default (Default itself when no other was timed):
+        among those within noise of the fastest (``unimatmul.tuning.bounds.within_noise``),
+        the first in the canonical order, so that runs that cannot tell them apart agree;
+        and what the record says of it (``settings["win"]``)."""
+        settings = self.settings
+        contenders = [e for e in ok if e.candidate != DEFAULT]
+        if not contenders:
+            return ok[0], {}
+        ties = within_noise(
+            {e.candidate.identity: e.times for e in contenders},
+            settings.confidence_level,
+            settings.min_gain,
+            settings.tie_ratio,
+        )
+        pick = next(e for e in contenders if e.candidate.identity == ties.pick)
+        win: dict[str, Any] = {"candidate": ties.pick, "tied": len(ties.tied)}
+        if ties.fastest != ties.pick:
+            win["fastest"] = ties.fastest
+        return pick, win
+
     # --- confirmation of a win --------------------------------------------------------------
-    def _confirm(self, best: _Entry, default: _Entry, settle: float) -> tuple[_Entry, dict[str, Any]]:
+    def _confirm(
+        self, best: _Entry, default: _Entry, settle: float
+    ) -> tuple[_Entry, dict[str, Any], tuple[float, float]]:
         """Measure ``best`` against Default again; the entry that wins, and what was seen.
 
         Where no pool may be left spinning (small products, GPUs) the two take turns
         sample by sample and each pair gives one ratio; on a CPU product large enough
         to need the settling pause, each is measured again in one block after it. The
         win stands if the ratio beats Default by ``min_gain`` and by more than the
-        noise (half the relative interquartile range); else it is measured once more
-        (``confirm_rounds``), with all samples pooled, and if it still does not stand,
-        Default is kept. Both entries' times become those of the confirmation.
+        noise (half the relative interquartile range), and if the lower confidence
+        bound on the speedup beats Default by ``min_gain`` too (``unimatmul.tuning.bounds``:
+        of the paired ratios, or of both measurements' samples together for blocks or
+        fewer than 5 pairs); else it is measured once more (``confirm_rounds``), with all
+        samples pooled, and again while the ratio holds but the bound is not clear (up
+        to ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
+        entries' times become those of the confirmation. Also returns the bounds (at
+        least, at most) on the speedup that the samples give.
         """
         settings = self.settings
         main_ratio = default.median() / best.median()
+        main_d, main_w = list(default.times), list(best.times)
+        bounds = (0.0, math.inf)
         w_times: list[float] = []
         d_times: list[float] = []
         ratios: list[float] = []
@@ -983,7 +1036,7 @@ class Harness:
         slowest = max(default.median(), best.median())
         pairs = max(2, min(settings.confirm_pairs, math.ceil(settings.budget_s / max(slowest, 1e-9))))
         try:
-            while rounds < max(1, settings.confirm_rounds):
+            while True:
                 rounds += 1
                 if paired:
                     for i in range(pairs):
@@ -1006,12 +1059,26 @@ class Harness:
                         times.extend(entry.sample() for _ in range(pairs))
                     speedup = statistics.median(d_times) / statistics.median(w_times)
                     noise = (spread(d_times) + spread(w_times)) / 2
-                if speedup - 1.0 >= max(settings.min_gain, noise):
+                # Paired samples: the bound of their ratios, once there are enough of them
+                # for one; blocks (or too few pairs): of both measurements' samples together.
+                bounds = ratio_bounds(ratios, settings.confidence_level) if paired else (0.0, math.inf)
+                if bounds == (0.0, math.inf):
+                    bounds = speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
+                holds = speedup - 1.0 >= max(settings.min_gain, noise)
+                if holds and bounds[0] >= 1.0 + settings.min_gain:
+                    break
+                # A win that does not hold after confirm_rounds is noise; one that holds
+                # but whose samples do not yet bound it clearly gets more of them (a busy
+                # machine), up to max_confirm_rounds and within the problem's cap.
+                if rounds >= max(1, settings.confirm_rounds) and (
+                    not holds or rounds >= settings.max_confirm_rounds or time.perf_counter() > self._deadline
+                ):
                     break
         except PLUGIN_FAILURES as exc:
             best.result.status, best.result.note = FAILED, f"while confirming: {_failure(exc)}"
-            return default, {"candidate": best.candidate.identity, "verdict": "failed"}
-        confirmed = speedup - 1.0 >= max(settings.min_gain, noise)
+            return default, {"candidate": best.candidate.identity, "verdict": "failed"}, bounds
+        clear = bounds[0] >= 1.0 + settings.min_gain
+        confirmed = speedup - 1.0 >= max(settings.min_gain, noise) and clear
         # The two measurements agree when neither speedup is off by more than the noise
         # allowance from the other (a busy moment during one block makes them disagree).
         agree = math.isinf(settings.noise_spread) or abs(math.log(main_ratio / speedup)) <= math.log1p(
@@ -1033,12 +1100,17 @@ class Harness:
             "paired": paired,
             "agree": agree,
         }
-        if not confirmed:
+        if not confirmed and speedup - 1.0 >= max(settings.min_gain, noise):
+            best.result.note = (
+                f"its {speedup:.3g}x over Default is not clear from its samples (at least "
+                f"{bounds[0]:.3g}x at {settings.confidence_level:.0%} confidence): Default kept"
+            )
+        elif not confirmed:
             best.result.note = (
                 f"its {main_ratio:.3g}x over Default did not hold when measured again "
                 f"({speedup:.3g}x, noise {noise:.1%}): Default kept"
             )
-        return (best if confirmed else default), verdict
+        return (best if confirmed else default), verdict, bounds
 
 
 def _cpu_load() -> tuple[float, int] | None:
@@ -1051,6 +1123,15 @@ def _cpu_load() -> tuple[float, int] | None:
         return os.getloadavg()[0], cpus
     except (AttributeError, OSError):
         return None
+
+
+def _win_bounds(low: float, high: float) -> dict[str, Any]:
+    """The bounds on a speedup as a record keeps them (``settings["win"]``): None for a
+    side the samples could not bound."""
+    return {
+        "low": round(low, 4) if low > 0 else None,
+        "high": round(high, 4) if math.isfinite(high) else None,
+    }
 
 
 def _macs(problem: Problem) -> int:
