@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from unimatmul import __version__
+from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
 from unimatmul.tuning.selector import Selector
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import ScriptedTimer
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
 

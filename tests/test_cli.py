@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import DEFAULT
 from unimatmul.cli import (
     EXIT_CLOSED_OUTPUT,
     EXIT_ERROR,
@@ -30,7 +31,6 @@ from unimatmul.cli import (
 )
 from unimatmul.cli import output as cli_output
 from unimatmul.cli import tune as tune_cli
-from unimatmul.core.backend import DEFAULT
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager, reset_plugin_manager
 from unimatmul.core.problem import Problem

@@ -24,11 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from unimatmul.cache.lru import LRU, lru_size
+from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import EmptyProduct, Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.tuning.confirm import ConfirmingRunner, clock_for
 from unimatmul.tuning.selector import forget_prepared, get_selector, on_forget
 from unimatmul.tuning.trust import CheckingRunner

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from unimatmul.cache.lru import LRU, lru_size
+from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import default_failed, default_runner, scaled_problem_of
+from unimatmul.core.runners import default_failed, default_runner
+from unimatmul.core.scales import scaled_problem_of
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import get_selector, on_forget
 from unimatmul.tuning.trust import CheckingRunner

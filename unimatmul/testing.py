@@ -25,8 +25,8 @@ from typing import Any
 
 from unimatmul import settings
 from unimatmul.cache.record import OK, PRUNED, TuningRecord
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.arrays import ArrayAdapter
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager, reset_plugin_manager

@@ -22,7 +22,7 @@ from test_rocm_hipblaslt import TARGET, FakeHipblaslt, make_backend
 
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem
+from unimatmul.core.scales import scaled_problem
 from unimatmul_backends.lt.abi import CUBLASLT_12, CUBLASLT_13, HIPBLASLT_6
 from unimatmul_backends.lt.backend import PAD
 from unimatmul_backends.lt.driver import CublasLtConfig, LtDriver

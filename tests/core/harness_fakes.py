@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from unimatmul.backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, ArrayAdapter, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import fast_settings
 from unimatmul.tuning.harness import CpuTimer, Harness
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unimatmul.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem

@@ -17,7 +17,7 @@ import unimatmul
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.selector import Selector, get_selector, set_selector
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
+from unimatmul.backend import Target
 from unimatmul.core.problem import Problem
 
 set_selector(Selector(settings=HarnessSettings(warmup=1, min_samples=3, budget_s=0.01, settle_s=0.0, max_sets=2)))

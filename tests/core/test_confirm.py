@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord, mark_checked
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_of
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
 from unimatmul.tuning import confirm, trust
@@ -271,7 +271,7 @@ def test_a_tie_is_the_fastest_kernel_measured_no_slower_than_default() -> None:
 
 
 def test_a_slim_scaled_choice_runs_default_in_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from unimatmul.core.scaled import scaled_problem
+    from unimatmul.core.scales import scaled_problem
 
     scaled = scaled_problem(1, 4096, 4096)
     plain = Problem.from_shape(1, 4096, 4096, "bf16")

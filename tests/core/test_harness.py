@@ -15,10 +15,11 @@ import pytest
 from harness_fakes import CostClock, CostTimer
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, NumpyAdapter, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)

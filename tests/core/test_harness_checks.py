@@ -29,11 +29,12 @@ from harness_fakes import (
 )
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate, Runner
 from unimatmul.cache.record import OK, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import ErrorModel
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import fast_settings, registered
 from unimatmul.tuning import numeric_check
 from unimatmul.tuning.harness import MAX_WIDEN, CpuTimer, Harness
@@ -117,7 +118,9 @@ def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) 
     assert reference.bounds is not None  # kept by the first check
     again = compare(adapter, ops.out, reference, CPU)
     plain = make_reference(adapter, ops, None, 1.0, 0.0, None, model, CPU)
-    full = numeric_check._full(adapter, ops.out[None], plain, [(slice(0, 1), slice(0, 300))])  # the pass that counts
+    full = numeric_check._full(
+        adapter, ops.out[None], plain, [(slice(0, 1), slice(0, 300))]
+    )  # the pass that counts
     assert first.ok() and first.exact and first.bad == first.nonfinite == 0
     assert again.worst_ratio == first.worst_ratio
     assert first.worst_ratio == pytest.approx(full[3][0], rel=1e-5)

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from unimatmul.backend import Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.harness import CpuTimer, HarnessSettings
 from unimatmul.tuning.selector import Selector

@@ -32,9 +32,9 @@ from harness_fakes import (
 )
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate
 from unimatmul.cache.record import OK, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
-from unimatmul.core.backend import DEFAULT, Candidate
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
 from unimatmul.tuning.harness import Harness, _error_model, _worse

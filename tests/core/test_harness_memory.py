@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import Target
 from unimatmul.core.arrays import CPU, adapter_for_kind, operand_bytes
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings
 from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, TuningTooLarge

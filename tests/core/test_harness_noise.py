@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 from harness_fakes import KernelBackend, right
 
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.cli import main as cli_main
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import ScriptedTimer, registered
 from unimatmul.tuning import harness as harness_module
 from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessSettings, spread

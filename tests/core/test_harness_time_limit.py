@@ -21,11 +21,12 @@ import pytest
 from harness_fakes import KernelBackend, right, sleeps
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.record import ABANDONED, OK, PRUNED
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import fast_settings
 from unimatmul.tuning.harness import CpuTimer, Harness
 from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within

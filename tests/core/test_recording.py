@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import Target
 from unimatmul.cli.tune import read_problem_file
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.harness import HarnessSettings

@@ -12,10 +12,11 @@ import pytest
 
 import unimatmul
 from unimatmul.api import clear_fast_path
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, DefaultRunner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.tuning import tuner as tuner_module
 from unimatmul.tuning.harness import Harness
 from unimatmul.tuning.selector import Selector
@@ -314,7 +315,7 @@ def test_prefer_kernel_picks_a_named_kernel_of_a_backend(
     """``unimatmul.testing.prefer_kernel`` with ``names``: whichever wins, the stored winner
     is the fastest checked kernel of that backend with one of those names (what a GPU test
     that needs a padded cuBLASLt kernel asks for)."""
-    from unimatmul.core.backend import Candidate
+    from unimatmul.backend import Candidate
     from unimatmul.testing import prefer_kernel
 
     fake_backend("fa", kernels=("k0", "k1", "k2"))

@@ -21,6 +21,7 @@ from harness_fakes import FakeKernel, KernelBackend, right
 
 import unimatmul
 from unimatmul import api
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import (
     TuningRecord,
     checked_here,
@@ -30,7 +31,6 @@ from unimatmul.cache.record import (
     mark_from_elsewhere,
 )
 from unimatmul.core.arrays import CPU, adapter_of
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import fast_settings, prefer_kernel, registered
 from unimatmul.tuning import confirm, trust

@@ -20,12 +20,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import unimatmul  # noqa: E402
+from unimatmul.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.arrays import Device, adapter_for_kind  # noqa: E402
-from unimatmul.core.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.dtypes import scaled_tolerance  # noqa: E402
 from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
-from unimatmul.core.scaled import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
+from unimatmul.core.scales import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
 
 HAVE_FP8 = bool(
     torch.cuda.is_available()
@@ -488,7 +488,7 @@ def test_block_scaled_default_and_every_candidate_are_correct(
 ) -> None:
     """torch's own block-scaled product (the Default) and every cuBLASLt candidate (the
     VEC128_32F / BLK128x128_32F modes) against the float64 product of the dequantised inputs."""
-    from unimatmul.core.scaled import default_runner
+    from unimatmul.core.runners import default_runner
 
     tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
     ops = make_scaled_operands(problem, target.adapter, target.device, np.random.default_rng(0))

@@ -33,8 +33,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _gpu_kernels_available(env: Env) -> bool:
+    from unimatmul.backend import Target
     from unimatmul.core.arrays import Device, adapter_for_kind
-    from unimatmul.core.backend import Target
 
     target = Target(adapter_for_kind("torch"), Device("hip" if torch.version.hip else "cuda", 0))
     return bool(env.selector.backends_for(target))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from unimatmul.backend import Target
 from unimatmul.cache.record import TuningRecord
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import prefer_kernel
 from unimatmul.tuning.harness import HarnessSettings

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 import unimatmul
 import unimatmul.torch as ut
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import isolated_selector
 from unimatmul.tuning import agreement

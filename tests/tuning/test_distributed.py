@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from onednn_caps import skip_unless_offered
 
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning import agreement
 from unimatmul.tuning.agreement import Item, adopt, agreed_winner

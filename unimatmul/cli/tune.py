@@ -21,7 +21,7 @@ from unimatmul.cache.errors import CacheWriteError
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.core.notices import size_text
 from unimatmul.core.plugins import get_plugin_manager
 from unimatmul.core.problem import Problem

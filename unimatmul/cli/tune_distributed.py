@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from unimatmul.cli import output, tune, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.tuning.distributed import (
     DistributedError,
     ShardedRun,

@@ -22,7 +22,7 @@ import pluggy
 
 from unimatmul import settings
 from unimatmul.core import hookspecs
-from unimatmul.core.backend import Backend
+from unimatmul.core._backend import Backend
 from unimatmul.core.errors import PluginError
 
 ENTRY_POINT_GROUP = "unimatmul"

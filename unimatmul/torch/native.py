@@ -46,8 +46,8 @@ import torch
 
 from unimatmul import settings
 from unimatmul.core import modes
+from unimatmul.core._backend import DEFAULT as DEFAULT_CANDIDATE
 from unimatmul.core.arrays import hold_for_graphs
-from unimatmul.core.backend import DEFAULT as DEFAULT_CANDIDATE
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
 
 ENV = settings.TORCH_NATIVE.name

@@ -49,10 +49,11 @@ import torch
 import torch.autograd.profiler as _profiler
 
 from unimatmul.core import modes as _config
+from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.arrays import adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem_of, torch_has_block_scaled
+from unimatmul.core.runners import torch_has_block_scaled
+from unimatmul.core.scales import scaled_problem_of
 from unimatmul.torch import native
 from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome
 from unimatmul.tuning.selector import get_selector

@@ -41,8 +41,8 @@ from typing import Any
 
 from unimatmul import settings
 from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.buckets import Buckets, choose
 from unimatmul.tuning.distributed import DistributedError, Group, current_group, write_records

@@ -36,8 +36,8 @@ from typing import Any
 
 from unimatmul.cache.protocol import CacheStore
 from unimatmul.cache.record import TuningRecord
+from unimatmul.core._backend import Target
 from unimatmul.core.arrays import CPU, Device
-from unimatmul.core.backend import Target
 from unimatmul.core.errors import UnimatmulError
 from unimatmul.tuning.harness import HarnessSettings
 from unimatmul.tuning.jobs import TuneJob

@@ -45,13 +45,13 @@ import numpy as np
 from unimatmul import settings as env
 from unimatmul._version import __version__
 from unimatmul.cache.record import ABANDONED, FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
+from unimatmul.core._backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.core.arrays import SCREEN_ELEMENTS, Operands, make_operands, operand_bytes, operand_layouts
-from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
+from unimatmul.core.scales import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
 from unimatmul.tuning import numeric_check
 from unimatmul.tuning.conditions import read_device_state
 from unimatmul.tuning.numeric_check import (
@@ -1101,7 +1101,7 @@ def _failure(exc: BaseException) -> str:
 def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[[], None]:
     a, b, out, bias = ops.a, ops.b, ops.out, ops.bias
     if isinstance(ops, ScaledOperands):
-        # A scaled runner takes the scales after the usual arguments (core/scaled.py).
+        # A scaled runner takes the scales after the usual arguments (core/runners.py: ScaledDefaultRunner).
         scaled: Any = runner
         scale_a, scale_b = ops.scale_a, ops.scale_b
 

@@ -39,7 +39,7 @@ from unimatmul.core.problem import Problem
 from unimatmul.core.text_input import text_lines
 
 if TYPE_CHECKING:
-    from unimatmul.core.backend import Target
+    from unimatmul.core._backend import Target
 
 ENV = settings.RECORD_FILE.name
 FILENAME = "recorded.jsonl"

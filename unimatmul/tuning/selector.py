@@ -27,11 +27,11 @@ from unimatmul import settings as env
 from unimatmul.cache.protocol import CacheStore, open_store
 from unimatmul.cache.record import TuningRecord, checked_here, mark_checked
 from unimatmul.core import notices
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import default_runner
+from unimatmul.core.runners import DefaultRunner, default_runner
 from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.harness import HarnessSettings

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from unimatmul import settings
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.tuning.harness import HarnessSettings, Timer
 
 #: Calls per timed batch: enough that launch latency is a few percent of a small GEMM.

@@ -30,11 +30,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from unimatmul.core._backend import Runner, Target
 from unimatmul.core.arrays import Operands
-from unimatmul.core.backend import Runner, Target
 from unimatmul.core.modes import mode
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import ScaledOperands
+from unimatmul.core.scales import ScaledOperands
 from unimatmul.tuning import numeric_check
 from unimatmul.tuning.harness import reference_of
 from unimatmul.tuning.numeric_check import Check

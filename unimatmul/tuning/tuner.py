@@ -23,11 +23,11 @@ from typing import Any
 
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.core import notices
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.core.errors import UnimatmulError, UnknownCandidate, UnsupportedProblem
 from unimatmul.core.plugins import PluginManager, get_plugin_manager
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import default_runner
+from unimatmul.core.runners import default_runner
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
 from unimatmul.tuning.harness import LOW, CpuTimer, Harness, HarnessSettings, Timer
 from unimatmul.tuning.timers import device_settings, device_timer
