@@ -226,7 +226,7 @@ def agree(workdir: Path, device: str) -> dict[str, Any]:
             # Ranks that called agree() a different number of times all raise, none hangs.
             mismatch = None
             if rank == 1:
-                agreement._calls += 1
+                agreement._process.calls += 1
             try:
                 ut.agree()
             except DistributedError as exc:

@@ -31,11 +31,19 @@ import torch
 
 from unimatmul._version import __version__
 
-_lock = threading.Lock()
-_defined = False
-_library: Any = None
-_previous_pass: Any = None
-_installed = False
+
+class _Registration:
+    """What this process registered with torch: the ``unimatmul`` op library (defined once)
+    and the Inductor pass, with the one it chained after."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.library: Any = None
+        self.previous_pass: Any = None
+        self.installed = False
+
+
+_registered = _Registration()
 
 
 def _mm(
@@ -104,9 +112,8 @@ _SCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def define_ops() -> None:
     """Define ``unimatmul::mm`` once per process (a library cannot be defined twice)."""
-    global _defined, _library
-    with _lock:
-        if _defined:
+    with _registered.lock:
+        if _registered.library is not None:
             return
         library = torch.library.Library("unimatmul", "DEF")
         library.define("mm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=1.0) -> Tensor")
@@ -118,8 +125,7 @@ def define_ops() -> None:
         )
         library.impl("scaled_mm", _scaled_mm, "CompositeExplicitAutograd")
         torch.library.register_fake("unimatmul::scaled_mm", _scaled_mm_fake, lib=library)
-        _library = library
-        _defined = True
+        _registered.library = library
 
 
 _ATEN: dict[Any, str] = {}
@@ -225,28 +231,26 @@ def _make_pass(previous: Any) -> Any:
 
 def install() -> None:
     """Define the op and set the Inductor pass (chained after an existing one)."""
-    global _previous_pass, _installed
     define_ops()
     try:
         import torch._inductor.config as inductor_config
     except Exception:  # a torch without Inductor: eager and aot_eager still route
         return
-    with _lock:
-        if _installed:
+    with _registered.lock:
+        if _registered.installed:
             return
-        _previous_pass = inductor_config.post_grad_custom_pre_pass
-        inductor_config.post_grad_custom_pre_pass = _make_pass(_previous_pass)
-        _installed = True
+        _registered.previous_pass = inductor_config.post_grad_custom_pre_pass
+        inductor_config.post_grad_custom_pre_pass = _make_pass(_registered.previous_pass)
+        _registered.installed = True
 
 
 def uninstall() -> None:
     """Put back the pass that was there before :func:`install`."""
-    global _previous_pass, _installed
-    with _lock:
-        if not _installed:
+    with _registered.lock:
+        if not _registered.installed:
             return
         import torch._inductor.config as inductor_config
 
-        inductor_config.post_grad_custom_pre_pass = _previous_pass
-        _previous_pass = None
-        _installed = False
+        inductor_config.post_grad_custom_pre_pass = _registered.previous_pass
+        _registered.previous_pass = None
+        _registered.installed = False
