@@ -35,7 +35,7 @@ from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
 from unimatmul.core.dtypes import ErrorModel
 from unimatmul.core.problem import Problem
 from unimatmul.core.runners import DefaultRunner
-from unimatmul.testing import fast_settings, registered
+from unimatmul.testing import fast_config, registered
 from unimatmul.tuning import numeric_check
 from unimatmul.tuning.harness import MAX_WIDEN, CpuTimer, Harness
 from unimatmul.tuning.numeric_check import compare, make_reference
@@ -134,7 +134,7 @@ def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) 
 
 
 def test_the_tuning_plan_keeps_bounds_for_small_outputs_only() -> None:
-    harness = Harness(CpuTimer(), fast_settings())
+    harness = Harness(CpuTimer(), fast_config())
     target = fake_target("numpy")
     assert harness.plan_memory(Problem.from_shape(300, 520, 700), target, 0.0).keep_bounds
     # Above SCREEN_ELEMENTS the output is screened: no bounds are kept.
@@ -261,7 +261,7 @@ def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_stil
             lambda: backend.prepare(problem, Candidate.make("fake", "off"), target),
         ),
     ]
-    settings = fast_settings()
+    settings = fast_config()
     settings.prune_ratio = settings.first_prune_ratio = math.inf  # "same" is Default's kernel
     record = Harness(CpuTimer(), settings).measure(problem, target, entries)
     assert record.settings["check"]["widen"] > 1.0
@@ -285,7 +285,7 @@ def test_a_default_far_beyond_the_bound_is_rejected_not_followed() -> None:
         (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "bf16ish"), target)),
         (Candidate.make("fake", "right"), lambda: DefaultRunner(target.adapter)),
     ]
-    record = Harness(CpuTimer(), fast_settings()).measure(problem, target, entries)
+    record = Harness(CpuTimer(), fast_config()).measure(problem, target, entries)
     assert record.result(DEFAULT.identity).status == REJECTED
     assert record.settings["check"]["widen"] == MAX_WIDEN
     assert record.winner == "fake/right" and record.default_s is None
@@ -352,7 +352,7 @@ def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> Non
             lambda: backend.prepare(problem, Candidate.make("fake", "good"), target),
         ),
     ]
-    settings = fast_settings()
+    settings = fast_config()
     settings.prune_ratio = 1.3
     record = Harness(CostTimer(clock), settings).measure(problem, target, entries)
     assert _result(record, "cheat").status == REJECTED

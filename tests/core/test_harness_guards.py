@@ -36,7 +36,7 @@ from unimatmul.backend import DEFAULT, Candidate
 from unimatmul.cache.record import OK, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
+from unimatmul.testing import fast_config
 from unimatmul.tuning.harness import Harness, _error_model, _worse
 from unimatmul.tuning.numeric_check import A_CHARACTERS, Check, compare, make_reference, structure_inputs
 
@@ -165,7 +165,7 @@ def test_a_kernel_nan_on_a_row_of_zeros_is_rejected_even_when_it_is_the_fastest(
         )
         for name in ("scaled", "good")
     ]
-    record = Harness(CostTimer(clock), fast_settings()).measure(problem, target, entries)
+    record = Harness(CostTimer(clock), fast_config()).measure(problem, target, entries)
     scaled = _result(record, "scaled")
     assert scaled.status == REJECTED and "NaN/inf" in scaled.note, scaled.note
     assert scaled.note.startswith("wrong after timing, on new inputs")

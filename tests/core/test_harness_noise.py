@@ -28,7 +28,7 @@ from unimatmul.core.problem import Problem
 from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import ScriptedTimer, registered
 from unimatmul.tuning import harness as harness_module
-from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessSettings, spread
+from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessConfig, spread
 from unimatmul.tuning.selector import Selector
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
@@ -37,9 +37,9 @@ PROBLEM = Problem.from_shape(97, 509, 31)
 Script = Callable[[int], float]  # sample number (0: the first) -> seconds per call
 
 
-def settings(**overrides: Any) -> HarnessSettings:
+def settings(**overrides: Any) -> HarnessConfig:
     # The scripted timer is the only source of noise here: this machine's load is not.
-    base = HarnessSettings(
+    base = HarnessConfig(
         warmup=1, min_samples=3, max_samples=6, budget_s=10.0, settle_s=0.0, max_sets=1, busy_load=math.inf
     )
     for key, value in overrides.items():
@@ -47,7 +47,7 @@ def settings(**overrides: Any) -> HarnessSettings:
     return base
 
 
-def measure(scripts: Sequence[Script], harness_settings: HarnessSettings) -> TuningRecord:
+def measure(scripts: Sequence[Script], harness_settings: HarnessConfig) -> TuningRecord:
     fast = Candidate.make("t", "fast")
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
         (DEFAULT, lambda: DefaultRunner(NUMPY.adapter)),

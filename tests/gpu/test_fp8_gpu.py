@@ -445,12 +445,12 @@ def test_a_native_scaled_entry_runs_its_confirmation_window(native_selector: Any
     timed with CUDA events, and becomes SCALED_LT or DEFAULT by the verdict."""
     import unimatmul.torch as ut
     from unimatmul.torch import native, scaled_routing
-    from unimatmul.tuning.harness import HarnessSettings
+    from unimatmul.tuning.harness import HarnessConfig
 
     a, b, sa, sb = _linear(128, 2048, 1024, "tensor")
     _native_kernel_entry(native_selector, a, b, sa, sb, None)
     native_selector.confirm_calls = 4
-    native_selector.settings = HarnessSettings(min_gain=min_gain)  # windows only: tuning is done
+    native_selector.settings = HarnessConfig(min_gain=min_gain)  # windows only: tuning is done
     ut.clear_plans()
     ut.reset_stats()
     keep = min_gain < 0

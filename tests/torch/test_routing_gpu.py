@@ -232,7 +232,7 @@ def _plan_of(op: str) -> Any:
 def test_a_window_on_the_gpu_times_with_events(gpu_env: Env, min_gain: float) -> None:
     """The window's samples are CUDA events on the caller's stream; the verdict holds."""
     from unimatmul.torch import native
-    from unimatmul.tuning.harness import HarnessSettings
+    from unimatmul.tuning.harness import HarnessConfig
 
     if not _gpu_kernels_available(gpu_env):
         pytest.skip("no GPU backend is available")
@@ -242,7 +242,7 @@ def test_a_window_on_the_gpu_times_with_events(gpu_env: Env, min_gain: float) ->
     reference = x.double() @ lin.weight.double().t() + lin.bias.double()
     _tune_model(gpu_env, lin, x)
     gpu_env.selector.confirm_calls = 4
-    gpu_env.selector.settings = HarnessSettings(min_gain=min_gain)  # windows only: tuning is done
+    gpu_env.selector.settings = HarnessConfig(min_gain=min_gain)  # windows only: tuning is done
     outs = []
     with torch.no_grad(), ut.enabled():
         for _ in range(60):  # a full window, and a few calls to read its last events

@@ -30,12 +30,12 @@ from unimatmul.core.problem import Problem
 from unimatmul.testing import isolated_selector
 from unimatmul.tuning import agreement
 from unimatmul.tuning.distributed import DistributedError, Group, ShardedRun, launch, tune_sharded
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.jobs import TuneJob
 from unimatmul.tuning.selector import Selector
 
 # Enough samples to rank real kernels, few enough for CI's two shared cores.
-QUICK = HarnessSettings(warmup=1, min_samples=2, max_samples=4, budget_s=0.0, settle_s=0.0, max_sets=2)
+QUICK = HarnessConfig(warmup=1, min_samples=2, max_samples=4, budget_s=0.0, settle_s=0.0, max_sets=2)
 
 
 def emit(result: dict[str, Any]) -> None:

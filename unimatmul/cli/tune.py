@@ -29,7 +29,7 @@ from unimatmul.core.text_input import text_lines
 from unimatmul.interop.tunableop_cache import untuned_problems
 from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets
-from unimatmul.tuning.harness import LOW, HarnessSettings
+from unimatmul.tuning.harness import LOW, HarnessConfig
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
 from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
 from unimatmul.tuning.selector import Selector, get_selector
@@ -264,7 +264,7 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     check_cache_writable(selector, jobs, args.force)
     if args.budget_ms is not None and jobs:
         settings = selector.tuner.settings_for(jobs[0].target)
-        selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
+        selector.settings = HarnessConfig(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
     rows: list[list[str]] = []
     results = []
     plan = tune_model.plan(args, jobs)

@@ -147,8 +147,10 @@ class CpuTimer:
 
 
 @dataclass
-class HarnessSettings:
-    """How hard to measure. Defaults suit the CPU; GPU callers pass their own."""
+class HarnessConfig:
+    """How hard to measure: the harness's configuration (not the ``UNIMATMUL_*`` settings,
+    nor a record's ``settings``; see docs/tuning.md). Defaults suit the CPU; GPU callers
+    pass their own."""
 
     warmup: int = 2
     min_samples: int = 5
@@ -309,9 +311,9 @@ class MemoryPlan:
 class Harness:
     """Measures Candidates of one Problem on one Target and returns a TuningRecord."""
 
-    def __init__(self, timer: Timer, settings: HarnessSettings | None = None) -> None:
+    def __init__(self, timer: Timer, settings: HarnessConfig | None = None) -> None:
         self.timer = timer
-        self.settings = settings or HarnessSettings()
+        self.settings = settings or HarnessConfig()
         # perf_counter() time after which no further candidate starts (measure's cap_s).
         self._deadline = math.inf
 

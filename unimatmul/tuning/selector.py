@@ -34,7 +34,7 @@ from unimatmul.core.problem import Problem
 from unimatmul.core.runners import DefaultRunner, default_runner
 from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.buckets import Buckets, bucket_range
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.record_mode import record_problem
 from unimatmul.tuning.tuner import Progress, Tuner
 
@@ -110,7 +110,7 @@ class Selector:
         *,
         plugins: PluginManager | None = None,
         store: CacheStore | None = None,
-        settings: HarnessSettings | None = None,
+        settings: HarnessConfig | None = None,
         backends: Iterable[str] | None = None,
     ) -> None:
         self._store = store
@@ -142,12 +142,12 @@ class Selector:
         return self.tuner.plugins
 
     @property
-    def settings(self) -> HarnessSettings | None:
+    def settings(self) -> HarnessConfig | None:
         """Harness settings for every target (None: each target's own)."""
         return self.tuner.settings
 
     @settings.setter
-    def settings(self, value: HarnessSettings | None) -> None:
+    def settings(self, value: HarnessConfig | None) -> None:
         self.tuner.settings = value
 
     @property

@@ -793,7 +793,7 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
     import unimatmul.torch as ut
     from unimatmul.backend import DEFAULT
     from unimatmul.cache.record import OK
-    from unimatmul.testing import fast_settings, isolated_selector
+    from unimatmul.testing import fast_config, isolated_selector
     from unimatmul.torch import native, routing
     from unimatmul.tuning import confirm
 
@@ -826,7 +826,7 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
 
     with isolated_selector(tmp_path / "cache.msgpack", confirm_calls=4) as selector:  # type: ignore[operator]
         problem, target, record = _triton_winner(selector, lin, x)
-        selector.settings = replace(fast_settings(), min_gain=-100.0)  # every window keeps its choice
+        selector.settings = replace(fast_config(), min_gain=-100.0)  # every window keeps its choice
         namespace = selector.platform(target).namespace
         try:
             assert captured(selector) == (True, native.LAUNCH)
