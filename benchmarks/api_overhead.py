@@ -30,9 +30,9 @@ import torch
 import unimatmul
 import unimatmul.torch as ut
 from unimatmul import api
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import OK, PRUNED
 from unimatmul.core.arrays import adapter_of
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
 from unimatmul.tuning.selector import get_selector

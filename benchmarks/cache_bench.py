@@ -27,7 +27,7 @@ from unimatmul.cache.file_store import MsgpackFileStore, read_file
 from unimatmul.cache.lru import LRU
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 
 NAMESPACE = "nvidia/sm_90/NVIDIA H200/132/torch"
 PLATFORM = {
@@ -154,7 +154,7 @@ def make_records(n: int, seed: int = 1, *, shared_lists: bool = True) -> dict[st
     rng = random.Random(seed)
     lists: dict[tuple[Any, ...], list[str]] = {}
     pool = candidate_pool(rng)
-    base_settings = HarnessSettings(interleave=True, settle_s=0.0).to_dict()
+    base_settings = HarnessConfig(interleave=True, settle_s=0.0).to_dict()
     settings_by_dtype = {
         d: {**base_settings, "timer": "cuda-events", "sets": 16, "tolerance": t}
         for d, t in (("bf16", 2e-2), ("f16", 5e-3), ("f32", 1e-4), ("f8e4m3", 1.25e-1))

@@ -33,13 +33,14 @@ from typing import Any
 import numpy as np
 
 from unimatmul import __version__
+from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
+from unimatmul.core.runners import DefaultRunner
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessConfig
 from unimatmul.tuning.selector import Selector
 
 PRESETS = ("bert-base", "gpt2", "llama3-8b", "resnet50")
@@ -92,7 +93,7 @@ def _numpy_blas() -> str:
 
 
 def confirm(
-    problem: Problem, target: Target, selector: Selector, winner: str, settings: HarnessSettings
+    problem: Problem, target: Target, selector: Selector, winner: str, settings: HarnessConfig
 ) -> tuple[float, float]:
     """Median seconds per call of Default and of ``winner``, measured afresh, unpruned."""
     adapter = target.adapter
@@ -211,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in args.presets if p not in presets]
     if unknown:
         parser.error(f"unknown presets {unknown}; valid: {', '.join(sorted(presets))}")
-    settings = HarnessSettings()
+    settings = HarnessConfig()
     if args.budget_ms is not None:
         settings.budget_s = args.budget_ms / 1e3
-    confirm_settings = HarnessSettings(
+    confirm_settings = HarnessConfig(
         budget_s=settings.budget_s, prune_ratio=math.inf, first_prune_ratio=math.inf, seed=settings.seed + 1
     )
     target = Target(adapter_for_kind("numpy"), CPU)

@@ -118,9 +118,9 @@ class Bench:
         import torch
 
         import unimatmul
+        from unimatmul.backend import Target
         from unimatmul.cache.protocol import MemoryStore
         from unimatmul.core.arrays import Device, adapter_for_kind
-        from unimatmul.core.backend import Target
         from unimatmul.core.plugins import PluginManager
         from unimatmul.tuning.selector import Selector, set_selector
         from unimatmul.tuning.timers import TorchGraphTimer, l2_cache_bytes
@@ -178,7 +178,7 @@ class Bench:
     # -- one shape
     def run_shape(self, shape: Shape) -> Row:
         torch = self.torch
-        from unimatmul.core.backend import Candidate
+        from unimatmul.backend import Candidate
         from unimatmul.core.problem import Problem
 
         row = Row(shape.text, shape.dtype, shape.group)
@@ -358,7 +358,7 @@ class Bench:
             loop("unimatmul.matmul(a, b, out=out) [Lt]", lambda: unimatmul.matmul(a, b, out=out))
             loop("unimatmul.matmul(a, b) [Lt]", lambda: unimatmul.matmul(a, b))
             # The lower-level path: hold the Runner the selector decided on.
-            from unimatmul.core.backend import Target
+            from unimatmul.backend import Target
             from unimatmul.core.problem import Problem
 
             adapter = self.adapter

@@ -7,7 +7,7 @@ Prints, as JSON, what the harness does with: a kernel right but for one element 
 +1.0 at 1024^3, one right on its first call only and one that returns its first result
 on every later call, one that raises SystemExit, and a Default measured during a busy
 moment, 24x its real time (with a scripted timer so that the busy moment is exact). Uses only ``Harness``,
-``HarnessSettings`` fields and records that older versions have too.
+``HarnessConfig`` fields and records that older versions have too.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import ScriptedTimer
-from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessConfig
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
-FAST = HarnessSettings(warmup=1, min_samples=3, max_samples=10, budget_s=0.05, settle_s=0.0, max_sets=2)
+FAST = HarnessConfig(warmup=1, min_samples=3, max_samples=10, budget_s=0.05, settle_s=0.0, max_sets=2)
 
 
 class Kernel:
@@ -72,9 +73,7 @@ def run(shape: tuple[int, int, int], how: str) -> dict[str, Any]:
 
 
 def busy_default() -> dict[str, Any]:
-    settings = HarnessSettings(
-        warmup=1, min_samples=3, max_samples=6, budget_s=10.0, settle_s=0.0, max_sets=1
-    )
+    settings = HarnessConfig(warmup=1, min_samples=3, max_samples=6, budget_s=10.0, settle_s=0.0, max_sets=1)
     fast = Candidate.make("t", "fast")
     timer = ScriptedTimer([lambda i: 24e-3 if i < 7 else 1e-3, lambda i: 1e-3])
     entries = [(DEFAULT, lambda: DefaultRunner(NUMPY.adapter)), (fast, lambda: DefaultRunner(NUMPY.adapter))]

@@ -73,7 +73,7 @@ class Worker:
         from unimatmul.arrays import CPU, adapter_for_kind
         from unimatmul.backend import Target
         from unimatmul.cache import open_store
-        from unimatmul.harness import HarnessSettings
+        from unimatmul.harness import HarnessConfig
         from unimatmul.plugins import PluginManager
         from unimatmul.selector import Selector
         from unimatmul_backends.onednn import OneDNNBackend
@@ -82,7 +82,7 @@ class Worker:
         self.plugins = PluginManager()
         # Unpruned: every oneDNN candidate gets a median, also where Default is far ahead
         # (the question here is how the two libraries compare, not whether to use them).
-        self.settings = HarnessSettings(prune_ratio=math.inf, first_prune_ratio=math.inf)
+        self.settings = HarnessConfig(prune_ratio=math.inf, first_prune_ratio=math.inf)
         self.target = Target(adapter_for_kind("numpy"), CPU)
         store = open_store(Path(self.tmp.name) / "cache.msgpack")
         self.selector = Selector(plugins=self.plugins, store=store, settings=self.settings)

@@ -544,7 +544,7 @@ def _custom_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, report: Report) -> None:
     import unimatmul.torch as ut
-    from unimatmul.core.backend import DEFAULT
+    from unimatmul.backend import DEFAULT
     from unimatmul.torch.model_tuning import collecting
     from unimatmul.tuning.buckets import Buckets
     from unimatmul.tuning.harness import Harness
@@ -593,7 +593,7 @@ def bench_buckets(args: argparse.Namespace, device: torch.device, dtype: torch.d
 
 
 def _default_preparer(target: Any, problem: Any) -> Callable[[], Any]:
-    from unimatmul.core.backend import DefaultRunner
+    from unimatmul.core.runners import DefaultRunner
 
     return lambda: DefaultRunner(target.adapter, problem.activation)
 
@@ -748,8 +748,8 @@ def machine(device: torch.device) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         facts["gpu"] = props.name
         facts["cuda"] = torch.version.cuda or torch.version.hip
+    from unimatmul.backend import Target
     from unimatmul.core.arrays import Device, adapter_for_kind
-    from unimatmul.core.backend import Target
     from unimatmul.tuning.selector import get_selector
 
     kind = "cpu" if device.type == "cpu" else ("hip" if torch.version.hip else "cuda")

@@ -34,9 +34,9 @@ import torch
 
 import unimatmul
 import unimatmul.torch as um_torch
+from unimatmul.backend import Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.selector import Selector, get_selector, set_selector
 
@@ -112,8 +112,8 @@ def collect() -> list[tuple[Problem, Target]]:
 def confirm(problem: Problem, target: Target, selector: Selector, winner: str, pairs: int = 30) -> float:
     """Default's time over the winner's, measured apart from tuning: pairs of 1 ms samples
     of each, taken in turns on one set of operands, median of the pair ratios."""
+    from unimatmul.backend import DEFAULT, Candidate
     from unimatmul.core.arrays import make_operands
-    from unimatmul.core.backend import DEFAULT, Candidate
 
     ops = make_operands(problem, target.adapter, target.device, np.random.default_rng(1))
     runners = [selector.prepare(problem, c, target) for c in (DEFAULT, Candidate.from_identity(winner))]

@@ -44,7 +44,7 @@ records = [r for _, _, r in get_selector().store.items()]
 plan = None
 try:  # what the harness planned to allow (harnesses before the plan had none)
     from unimatmul.core.arrays import CPU, adapter_for_kind
-    from unimatmul.core.backend import Target
+    from unimatmul.backend import Target
     from unimatmul.core.problem import Problem
     from unimatmul.tuning.harness import CpuTimer, Harness
     target = Target(adapter_for_kind(array), CPU)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
-from unimatmul.tuning.harness import HarnessSettings  # noqa: E402
+from unimatmul.tuning.harness import HarnessConfig  # noqa: E402
 from unimatmul.tuning.selector import get_selector  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "gpu-out"))
@@ -183,7 +183,7 @@ def section_gpt2() -> dict[str, Any]:
             for windows in (False, True):
                 forget_verdicts()
                 selector.confirm_calls = 16 if windows else 0
-                selector.settings = HarnessSettings(min_gain=-100.0) if windows else settings
+                selector.settings = HarnessConfig(min_gain=-100.0) if windows else settings
                 with ut.enabled():
                     times["generate windows" if windows else "generate no-windows"].append(timed(generate))
     finally:

@@ -154,9 +154,9 @@ def rotated_sets(m: int, n: int, k: int, l2: int) -> int:
 
 class Run:
     def __init__(self, out: Path, budget_s: float, device: str, quick: bool) -> None:
+        from unimatmul.backend import Target
         from unimatmul.cache.protocol import MemoryStore
         from unimatmul.core.arrays import Device, adapter_for_kind
-        from unimatmul.core.backend import Target
         from unimatmul.tuning.selector import Selector, set_selector
 
         self.out = out
@@ -286,8 +286,8 @@ class Run:
         return sample, getattr(self.timer, "last_mode", "host clock")
 
     def shape(self, model: str, layer: str, m: int, n: int, k: int, scales: str) -> dict[str, Any]:
-        from unimatmul.core.backend import Candidate
-        from unimatmul.core.scaled import scaled_problem, scaled_reference
+        from unimatmul.backend import Candidate
+        from unimatmul.core.scales import scaled_problem, scaled_reference
 
         row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
         count = rotated_sets(m, n, k, self.l2)
@@ -448,7 +448,7 @@ class Run:
         time per call, 2000 calls a round, 7 rounds interleaved, median.
         """
         import unimatmul.torch as ut
-        from unimatmul.core.scaled import scaled_problem
+        from unimatmul.core.scales import scaled_problem
 
         sys.path.insert(0, str(BENCHMARKS))
         from api_overhead import force, per_call

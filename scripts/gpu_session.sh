@@ -7,6 +7,8 @@
 #   fp8      the fp8 products of real fp8 checkpoints (Llama-3.1, Qwen3-FP8, DeepSeek-V3; row-wise,
 #            per-tensor and block-scaled) against torch._scaled_mm; FP8_ARGS="--quick" runs the
 #            fp8 tests, the older benchmark and the fp8 stack instead
+#   moe      mixture-of-experts: grouped GEMMs of four MoE configs against torch._grouped_mm
+#            (benchmarks/moe_bench.py), and two HF MoE models routing off vs on (MOE_S)
 #   hf       the Hugging Face model benchmark (routing off vs on)
 #   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py); committed in benchmarks/results/host-time/
 #   conformance  the full conformance matrix of one backend (CONFORMANCE_BACKEND, default triton)
@@ -59,6 +61,11 @@ for name in "$@"; do
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
         part fp8 "${FP8_S:-200}" env ${FP8_ENV:-} BENCH_BUDGET_S=$(( ${FP8_S:-200} - 50 )) bash scripts/gpu_fp8.sh ${FP8_ARGS:---skip-tests --parts kernels,models} ;;
+    moe)
+        part moe "${MOE_S:-420}" env MOE_S="${MOE_S:-420}" bash -c '
+            python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 ))
+            python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models qwen3-30b-a3b,mixtral-8x7b \
+                --variants eager --time-limit $(( MOE_S / 3 ))' ;;
     hf)
         part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ${HF_ARGS:-} ;;
     conformance)

@@ -18,9 +18,9 @@ from onednn_caps import skip_unless_offered
 
 import unimatmul
 from unimatmul.api import clear_fast_path
+from unimatmul.backend import Target
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, adapter_of
-from unimatmul.core.backend import Target
 from unimatmul.core.dtypes import tolerance
 from unimatmul.core.problem import Problem
 

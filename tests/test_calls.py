@@ -13,7 +13,7 @@ import pytest
 import unimatmul
 from unimatmul import api, calls, scaled
 from unimatmul.calls import PASSING, CallTable, Plan, passing
-from unimatmul.core.backend import DEFAULT, Candidate
+from unimatmul.core._backend import DEFAULT, Candidate
 from unimatmul.tuning.confirm import Confirmation
 from unimatmul.tuning.selector import Decision, forget_prepared
 from unimatmul.tuning.time_limit import run_within

@@ -20,13 +20,13 @@ import pytest
 from scaled_fakes import ScaledFakeBackend
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.dtypes import scaled_tolerance
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem, scaled_problem_of, scaled_reference
+from unimatmul.core.scales import scaled_problem, scaled_problem_of, scaled_reference
 
 torch = pytest.importorskip("torch")
 

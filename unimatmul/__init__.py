@@ -16,7 +16,7 @@ from unimatmul._version import __version__
 if TYPE_CHECKING:
     from unimatmul.api import matmul
     from unimatmul.cache.record import CandidateResult, TuningRecord
-    from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
+    from unimatmul.core._backend import DEFAULT, Backend, Candidate, Runner, Target
     from unimatmul.core.errors import (
         BackendUnavailable,
         DefaultFailed,
@@ -35,11 +35,11 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "matmul": "unimatmul.api",
     "scaled_matmul": "unimatmul.scaled",
-    "DEFAULT": "unimatmul.core.backend",
-    "Backend": "unimatmul.core.backend",
-    "Candidate": "unimatmul.core.backend",
-    "Runner": "unimatmul.core.backend",
-    "Target": "unimatmul.core.backend",
+    "DEFAULT": "unimatmul.core._backend",
+    "Backend": "unimatmul.core._backend",
+    "Candidate": "unimatmul.core._backend",
+    "Runner": "unimatmul.core._backend",
+    "Target": "unimatmul.core._backend",
     "MODES": "unimatmul.core.modes",
     "get_mode": "unimatmul.core.modes",
     "mode": "unimatmul.core.modes",

@@ -25,12 +25,13 @@ from typing import Any
 
 from unimatmul.cache.lru import lru_size
 from unimatmul.calls import PASSING, CallTable, Plan, decide
-from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs, operands_key
-from unimatmul.core.backend import DEFAULT, DefaultRunner, Target
+from unimatmul.core._backend import DEFAULT, Target
+from unimatmul.core.arrays import BY_TYPE, ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.modes import _mode as _mode_var
 from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import EmptyProduct, Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import forget_prepared
 
@@ -87,7 +88,8 @@ def matmul(
     if alpha.__class__ is not float or beta.__class__ is not float:
         alpha, beta = _real(alpha, "alpha"), _real(beta, "beta")
     try:
-        adapter, operands = operands_key(a, b, out, bias)
+        adapter = BY_TYPE.get(type(a)) or adapter_of(a)
+        operands = adapter.operands_key(a, b, out, bias)
     except AttributeError:
         # An operand from another array library (or not an array): Problem.from_operands() says which.
         Problem.from_operands(adapter_of(a), a, b, out=out, c=c, bias=bias, activation=activation, beta=beta)

@@ -25,6 +25,7 @@ says whether a backend is right.
 from __future__ import annotations
 
 from unimatmul.cache.lru import LRU
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, NativeCall, Runner, Target
 from unimatmul.core.arrays import (
     ArrayAdapter,
     Device,
@@ -33,11 +34,11 @@ from unimatmul.core.arrays import (
     make_operands,
     operand_layouts,
 )
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, NativeCall, Runner, Target
 from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
 from unimatmul.core.errors import BackendUnavailable, UnknownCandidate, UnsupportedProblem
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.problem import Problem, matrix_layout
+from unimatmul.core.runners import DefaultRunner
 
 __all__ = [
     "DEFAULT",

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import _mode as _mode_var
 from unimatmul.core.modes import env_mode
 from unimatmul.core.problem import Problem

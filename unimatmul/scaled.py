@@ -15,12 +15,13 @@ from typing import Any
 
 from unimatmul.cache.lru import lru_size
 from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.modes import _mode as _mode_var
 from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
-from unimatmul.core.scaled import default_failed, default_runner, scaled_problem_of
+from unimatmul.core.runners import default_failed, default_runner
+from unimatmul.core.scales import scaled_problem_of
 from unimatmul.tuning.confirm import clock_for
 
 TABLE = CallTable("scaled_matmul", lru_size(8192))
@@ -84,7 +85,7 @@ def scaled_matmul(
             key, adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), mode
         )
     plan.calls += 1
-    runner: Any = plan.runner  # a scaled runner takes the scales last (core/scaled.py)
+    runner: Any = plan.runner  # a scaled runner takes the scales last (core/runners.py)
     if out is None:
         out = plan.allocate()  # type: ignore[misc]
     elif plan.guard(out, a, b, bias, scale_a, scale_b):  # type: ignore[misc]

@@ -25,23 +25,23 @@ from typing import Any
 
 from unimatmul import settings
 from unimatmul.cache.record import OK, PRUNED, TuningRecord
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.arrays import ArrayAdapter
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager, reset_plugin_manager
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.selector import Selector, set_selector
 
 
-def fast_settings() -> HarnessSettings:
-    """Harness settings that keep a tuning run in the tens of milliseconds.
+def fast_config() -> HarnessConfig:
+    """A harness configuration that keeps a tuning run in the tens of milliseconds.
 
     They judge no measurement unstable (``noise_spread=inf``): a few short samples on a
     shared test machine often are, and the warning would bury the ones a test looks for.
     """
-    return HarnessSettings(
+    return HarnessConfig(
         warmup=1,
         min_samples=3,
         max_samples=20,
@@ -52,10 +52,14 @@ def fast_settings() -> HarnessSettings:
     )
 
 
+#: The former name of :func:`fast_config`, for plugins' tests written against it.
+fast_settings = fast_config
+
+
 @contextlib.contextmanager
 def isolated_selector(cache_path: str | os.PathLike[str], *, confirm_calls: int = 0) -> Iterator[Selector]:
-    """A process-wide Selector over its own cache file and plugin manager, with fast
-    settings, for the duration of the block (the previous one comes back after).
+    """A process-wide Selector over its own cache file and plugin manager, with the fast
+    harness configuration, for the duration of the block (the previous one comes back after).
 
     Confirmation windows (:mod:`unimatmul.tuning.confirm`) are off unless
     ``confirm_calls`` asks for them: a backend's tests count its calls and watch them
@@ -64,7 +68,7 @@ def isolated_selector(cache_path: str | os.PathLike[str], *, confirm_calls: int 
     saved = settings.CACHE.raw()
     os.environ[settings.CACHE.name] = str(Path(cache_path))
     plugins = PluginManager()
-    selector = Selector(plugins=plugins, settings=fast_settings())
+    selector = Selector(plugins=plugins, settings=fast_config())
     selector.confirm_calls = confirm_calls
     old = set_selector(selector)
     # A Selector made inside the block without plugins loads the process-wide manager:

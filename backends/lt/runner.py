@@ -247,7 +247,7 @@ class ScaledLtRunner(LtRunner):
     """An Lt algo on the plan of a scaled (fp8) GEMM: ``LtRunner`` plus the scales.
 
     Called as ``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)`` (the scaled
-    runner's form, ``unimatmul.core.scaled``). The scale addresses live in the
+    runner's form, ``unimatmul.core.scales``). The scale addresses live in the
     descriptor, like the bias address: they are set when they change (an activation's
     scale is often a fresh tensor per call; setting them costs a descriptor write, no
     allocation, so the call can still be captured in a graph). The library's A is the

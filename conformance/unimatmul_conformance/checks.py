@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from unimatmul.backend import Candidate
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import OK, CandidateResult, TuningRecord
-from unimatmul.core.backend import Candidate
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.platform import detect_platform
 from unimatmul.core.problem import Problem

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from unimatmul.core.backend import Backend, Candidate, Target
+    from unimatmul.backend import Backend, Candidate, Target
     from unimatmul.core.problem import Problem
     from unimatmul_conformance.matrix import Case
     from unimatmul_conformance.numerics import CaseData

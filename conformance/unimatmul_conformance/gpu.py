@@ -24,7 +24,7 @@ from unimatmul_conformance.numerics import compare, make_case_data
 from unimatmul_conformance.report import FAILED, PASSED
 
 if TYPE_CHECKING:
-    from unimatmul.core.backend import Candidate
+    from unimatmul.backend import Candidate
     from unimatmul_conformance.context import SuiteContext
     from unimatmul_conformance.matrix import Case
 

@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
+from unimatmul.backend import Backend, Target
 from unimatmul.core.arrays import Device, adapter_for_kind
-from unimatmul.core.backend import Backend, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul_conformance.loading import BackendNotFound, load_backend

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from unimatmul.core.backend import Backend
+from unimatmul.backend import Backend
 from unimatmul.core.plugins import PluginManager, get_plugin_manager
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.problem import EPILOGUES, Problem
-from unimatmul.core.scaled import scaled_problem
+from unimatmul.core.scales import scaled_problem
 
 # (dtype of A, B, C, compute), most common first. The first one the backend
 # supports gets the whole matrix; the others a smaller one.

@@ -9,7 +9,7 @@ one wrong element in a large matrix.
 A scaled (fp8) case compares with the float64 product of the dequantised inputs,
 ``(scale_a * A) @ (scale_b * B) + bias``, at the scaled tolerance
 (:func:`unimatmul.core.dtypes.scaled_tolerance`), element by element within the bound
-of that product (:func:`unimatmul.core.scaled.scaled_error_model`); its runner takes
+of that product (:func:`unimatmul.core.scales.scaled_error_model`); its runner takes
 the scales last.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from unimatmul.core.arrays import ArrayAdapter, Device, adapter_for_kind, make_operands
 from unimatmul.core.dtypes import ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import expanded_scale, make_scaled_operands, scaled_error_model
+from unimatmul.core.scales import expanded_scale, make_scaled_operands, scaled_error_model
 from unimatmul_conformance.guards import host64
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unimatmul._version import __version__
+from unimatmul.backend import Backend, Candidate, Target
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
-from unimatmul.core.backend import Backend, Candidate, Target
 from unimatmul.core.errors import BackendUnavailable
 from unimatmul.core.platform import detect_platform
 from unimatmul.core.problem import Problem

@@ -27,12 +27,12 @@ import sys, warnings
 import numpy as np
 import unimatmul
 from unimatmul.cache.file_store import MsgpackFileStore
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.selector import Selector, set_selector
 
 warnings.simplefilter("ignore")  # low-confidence tunings on a busy machine say so
 path, start, count, autoflush = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-fast = HarnessSettings(
+fast = HarnessConfig(
     warmup=1, min_samples=2, max_samples=3, budget_s=0.0, settle_s=0.0, max_sets=1,
     confirm_pairs=2, confirm_rounds=1,
 )

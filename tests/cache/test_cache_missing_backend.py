@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from cache_helpers import PYTHON, record
 
+from unimatmul.backend import Target
 from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.testing import FakeBackend, registered
@@ -95,7 +95,7 @@ import numpy as np
 import unimatmul
 from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
+from unimatmul.backend import Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.selector import get_selector

@@ -14,13 +14,13 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import unimatmul
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.selector import Selector, get_selector, set_selector
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
+from unimatmul.backend import Target
 from unimatmul.core.problem import Problem
 
-set_selector(Selector(settings=HarnessSettings(warmup=1, min_samples=3, budget_s=0.01, settle_s=0.0, max_sets=2)))
+set_selector(Selector(settings=HarnessConfig(warmup=1, min_samples=3, budget_s=0.01, settle_s=0.0, max_sets=2)))
 batch, m, n, k = (int(x) for x in sys.argv[1:5])
 rng = np.random.default_rng(7)
 a = rng.standard_normal((batch, m, k)).astype(np.float32)

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from cache_helpers import record
 
+from unimatmul.backend import Target
 from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.selector import Selector
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import DEFAULT
 from unimatmul.cli import (
     EXIT_CLOSED_OUTPUT,
     EXIT_ERROR,
@@ -30,12 +31,11 @@ from unimatmul.cli import (
 )
 from unimatmul.cli import output as cli_output
 from unimatmul.cli import tune as tune_cli
-from unimatmul.core.backend import DEFAULT
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager, reset_plugin_manager
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.testing import fast_config
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.selector import Selector, set_selector
 from unimatmul_backends.onednn import OneDNNBackend
 
@@ -133,7 +133,7 @@ def test_tune_writes_the_cache_and_prints_the_table(isolated: Any) -> None:
     assert float(row[4].replace(",", "")) == pytest.approx(record.default_s * 1e6, abs=0.06)
     assert row[7] == f"{record.speedup:.2f}x"
     assert row[8] == cli_output.bound(record) and re.fullmatch(r"(>=|<=)\d+\.\d\dx|-", row[8])
-    assert row[9] == record.settings["confidence"] == "high"  # fast_settings judge nothing unstable
+    assert row[9] == record.settings["confidence"] == "high"  # fast_config judge nothing unstable
     assert re.fullmatch(r"\d+\.\d\d", row[10])  # seconds spent tuning
     assert "geometric-mean speedup over default: " in text and " on 1 shape\n" in text
     assert f"cache: {isolated.cache_path} (1 entry)" in text
@@ -281,7 +281,7 @@ def test_an_unwritable_json_file_is_refused_before_tuning(
 
 def _fresh_selector() -> Selector:
     """A process-wide Selector that reads the environment as the test set it."""
-    selector = Selector(settings=fast_settings())
+    selector = Selector(settings=fast_config())
     set_selector(selector)
     return selector
 
@@ -406,7 +406,7 @@ def test_info_and_tuning_say_why_no_backend_is_there(
 ) -> None:
     # As when unimatmul is imported from a source tree that was never installed: no
     # entry point of group 'unimatmul', so not even the built-in backends register.
-    selector = Selector(plugins=PluginManager(load_entry_points=False), settings=fast_settings())
+    selector = Selector(plugins=PluginManager(load_entry_points=False), settings=fast_config())
     set_selector(selector)
     code, text = run(["info"])
     assert code == EXIT_OK
@@ -448,7 +448,7 @@ def test_the_readme_lists_every_exit_code() -> None:
 def _noisy(isolated: Any) -> None:
     """Harness settings under which every measurement counts as unstable (a spread above -1):
     real tuning whose records are all low-confidence, each with the tuner's warning."""
-    isolated.selector.settings = HarnessSettings(**{**fast_settings().to_dict(), "noise_spread": -1.0})
+    isolated.selector.settings = HarnessConfig(**{**fast_config().to_dict(), "noise_spread": -1.0})
 
 
 def test_tune_warnings_are_one_line_per_kind_after_the_table(
@@ -633,7 +633,7 @@ def test_a_cpu_tunableop_export_imports_back_without_a_namespace(
     assert "with torch installed" not in err and not (tmp_path / "n.csv").exists()
     # A win must take no time at all (min_gain 1): Default wins, the one winner TunableOp names
     # on a CPU (a oneDNN winner would be skipped, rightly, and the file would be empty).
-    isolated.selector.settings = HarnessSettings(**{**fast_settings().to_dict(), "min_gain": 1.0})
+    isolated.selector.settings = HarnessConfig(**{**fast_config().to_dict(), "min_gain": 1.0})
     assert run(["tune", "--shape", "16x24x8", "--array", "torch", "--quiet"])[0] == EXIT_OK
     stored = {ns: (k, r) for ns, k, r in isolated.selector.store.items()}
     [torch_ns] = [ns for ns in stored if ns.endswith("/torch")]

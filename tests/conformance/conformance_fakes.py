@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.backend import Backend, Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 
@@ -368,7 +368,7 @@ class ScaledRunner:
     def dequantised(self, a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Any, Any]:
         import torch
 
-        from unimatmul.core.scaled import expanded_scale
+        from unimatmul.core.scales import expanded_scale
 
         f64 = torch.float64
         return (

@@ -16,7 +16,7 @@ def _restore_the_plugin_manager() -> Iterator[None]:
     The suite finds backends by name through it (``load_backend``), which creates it
     on first use; a later test that changes UNIMATMUL_PLUGINS must still get a fresh one.
     """
-    saved = plugins._manager
+    saved = plugins._process.manager
     try:
         yield
     finally:

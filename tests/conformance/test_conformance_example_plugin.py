@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from unimatmul.core.backend import Backend
+from unimatmul.backend import Backend
 from unimatmul.core.plugins import PluginManager
 from unimatmul_conformance import run_suite
 

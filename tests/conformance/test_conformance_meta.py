@@ -15,8 +15,8 @@ from pathlib import Path
 import conformance_fakes as fakes
 import pytest
 
+from unimatmul.backend import Backend
 from unimatmul.cli import main
-from unimatmul.core.backend import Backend
 from unimatmul.core.errors import BackendUnavailable
 from unimatmul.core.problem import Problem
 from unimatmul_conformance import CHECKS, Expectations, Suite, run_suite

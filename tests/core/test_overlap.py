@@ -18,8 +18,8 @@ from overlap_cases import CASES, N, randn
 
 import unimatmul
 from unimatmul import api
+from unimatmul.backend import Target
 from unimatmul.core.arrays import CPU, adapter_of
-from unimatmul.core.backend import Target
 from unimatmul.core.dtypes import tolerance
 from unimatmul.core.overlap import OutGuard, extent
 from unimatmul.core.problem import Problem

@@ -247,8 +247,8 @@ def test_unimatmul_register_backends(isolated: Any, unregistered_backend: Callab
 
 
 def _numpy_target() -> Any:
+    from unimatmul.backend import Target
     from unimatmul.core.arrays import CPU, adapter_for_kind
-    from unimatmul.core.backend import Target
 
     return Target(adapter_for_kind("numpy"), CPU)
 

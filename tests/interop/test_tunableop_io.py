@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from unimatmul.backend import DEFAULT
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import TuningRecord, checked_here
 from unimatmul.cli import interop as cli_interop
 from unimatmul.cli import main
-from unimatmul.core.backend import DEFAULT
 from unimatmul.core.platform import Platform
 from unimatmul.core.problem import Problem
 from unimatmul.interop import tunableop as to
@@ -473,7 +473,7 @@ def test_scaled_gemm_rows_import_as_scaled_problems_and_export_byte_identical(tm
 
 
 def test_scaled_entries_tunableop_cannot_say_are_skipped_with_the_reason() -> None:
-    from unimatmul.core.scaled import scaled_problem
+    from unimatmul.core.scales import scaled_problem
 
     winner = DEFAULT
     fast = scaled_problem(16, 4096, 4096, fast_accum=True)

@@ -135,8 +135,8 @@ def test_a_kept_tie_is_served_from_cpp_and_marked_a_tie(env: Env) -> None:
     tie (on a GPU such an entry runs PyTorch's kernel under graph capture)."""
     from dataclasses import replace
 
+    from unimatmul.backend import DEFAULT
     from unimatmul.cache.record import OK
-    from unimatmul.core.backend import DEFAULT
     from unimatmul.tuning import confirm
 
     if not onednn_available(env.selector):
@@ -303,7 +303,7 @@ def test_the_choice_of_keys() -> None:
 
 
 def test_a_runner_s_native_call_picks_the_entry_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    from unimatmul.core.backend import NativeCall
+    from unimatmul.backend import NativeCall
 
     lt = NativeCall("lt", [1] * 13)
     padded = NativeCall("lt", [1] * 13, (None,) * 6, (0, 0))
@@ -324,7 +324,7 @@ def test_a_runner_s_native_call_picks_the_entry_kind(monkeypatch: pytest.MonkeyP
 
 @NATIVE
 def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
-    from unimatmul.core.backend import NativeCall
+    from unimatmul.backend import NativeCall
 
     if native.has_lt():
         pytest.skip("the GPU build is loaded")
@@ -374,7 +374,7 @@ def test_build_native_command_says_it_builds_once(tmp_path: Any) -> None:
 def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
     """A NativeCall "launch" becomes a LAUNCH entry only in the GPU build, for GPU tensors,
     with words that hold together; anything else is refused when put, never at a call."""
-    from unimatmul.core.backend import NativeCall
+    from unimatmul.backend import NativeCall
 
     ut.enable()
     words = [1, 2, 3, 4, 8, 1, 1, 128, 0, 0, 0, 3, 1, 8, 0, 2, 8, 0, 3, 8, 0]

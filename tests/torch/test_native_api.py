@@ -19,8 +19,8 @@ from torch_helpers import FAST, Env, onednn_available, tune_preferring_kernels  
 
 import unimatmul  # noqa: E402
 from unimatmul import api  # noqa: E402
+from unimatmul.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.arrays import CPU, adapter_of  # noqa: E402
-from unimatmul.core.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
 from unimatmul.settings import SettingError  # noqa: E402
 from unimatmul.torch import native  # noqa: E402

@@ -262,7 +262,7 @@ def test_a_candidates_own_products_on_the_tuning_worker_are_not_routed_back(env:
     # The harness runs each candidate's steps on a worker thread (its time limit): the
     # routing "busy" flag of the tuning thread goes with them, or the kernel's `a @ b`
     # would ask the Selector for the problem being tuned and wait for itself.
-    from unimatmul.core.backend import Backend, Candidate, Target
+    from unimatmul.backend import Backend, Candidate, Target
     from unimatmul.core.problem import Problem
     from unimatmul.testing import registered
 
@@ -416,8 +416,8 @@ class _BrokenRunner:
 
 
 def test_a_kernel_failing_on_a_call_falls_back_to_pytorch_and_warns_once(env: Env) -> None:
+    from unimatmul.backend import Backend, Candidate, Target
     from unimatmul.cache.record import TuningRecord
-    from unimatmul.core.backend import Backend, Candidate, Target
     from unimatmul.core.hookspecs import hookimpl
     from unimatmul.core.problem import Problem
 

@@ -33,8 +33,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _gpu_kernels_available(env: Env) -> bool:
+    from unimatmul.backend import Target
     from unimatmul.core.arrays import Device, adapter_for_kind
-    from unimatmul.core.backend import Target
 
     target = Target(adapter_for_kind("torch"), Device("hip" if torch.version.hip else "cuda", 0))
     return bool(env.selector.backends_for(target))
@@ -232,7 +232,7 @@ def _plan_of(op: str) -> Any:
 def test_a_window_on_the_gpu_times_with_events(gpu_env: Env, min_gain: float) -> None:
     """The window's samples are CUDA events on the caller's stream; the verdict holds."""
     from unimatmul.torch import native
-    from unimatmul.tuning.harness import HarnessSettings
+    from unimatmul.tuning.harness import HarnessConfig
 
     if not _gpu_kernels_available(gpu_env):
         pytest.skip("no GPU backend is available")
@@ -242,7 +242,7 @@ def test_a_window_on_the_gpu_times_with_events(gpu_env: Env, min_gain: float) ->
     reference = x.double() @ lin.weight.double().t() + lin.bias.double()
     _tune_model(gpu_env, lin, x)
     gpu_env.selector.confirm_calls = 4
-    gpu_env.selector.settings = HarnessSettings(min_gain=min_gain)  # windows only: tuning is done
+    gpu_env.selector.settings = HarnessConfig(min_gain=min_gain)  # windows only: tuning is done
     outs = []
     with torch.no_grad(), ut.enabled():
         for _ in range(60):  # a full window, and a few calls to read its last events

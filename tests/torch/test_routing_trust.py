@@ -22,9 +22,9 @@ from torch_helpers import Env  # noqa: E402
 
 import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
+from unimatmul.backend import DEFAULT, Backend, Candidate, Target  # noqa: E402
 from unimatmul.cache.record import TuningRecord, checked_here, mark_checked, mark_from_elsewhere  # noqa: E402
 from unimatmul.core.arrays import CPU, adapter_of  # noqa: E402
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
 from unimatmul.testing import prefer_kernel, registered  # noqa: E402
 from unimatmul.tuning import confirm  # noqa: E402

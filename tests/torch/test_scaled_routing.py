@@ -21,10 +21,10 @@ from torch_helpers import Env
 
 import unimatmul
 import unimatmul.torch as ut
+from unimatmul.backend import Target
 from unimatmul.cache.record import TuningRecord, mark_checked
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
-from unimatmul.core.scaled import scaled_problem_of, scaled_reference
+from unimatmul.core.scales import scaled_problem_of, scaled_reference
 from unimatmul.testing import registered
 from unimatmul.torch import native, routing, scaled_routing
 from unimatmul.tuning.trust import CheckingRunner

@@ -25,8 +25,8 @@ from torch_helpers import Env, onednn_available, tune_preferring_kernels  # noqa
 import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
 from unimatmul import api  # noqa: E402
+from unimatmul.backend import Target  # noqa: E402
 from unimatmul.core.arrays import CPU, adapter_of  # noqa: E402
-from unimatmul.core.backend import Target  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
+from unimatmul.backend import Target
 from unimatmul.cache.record import TuningRecord
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import prefer_kernel
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.selector import Selector
 
-FAST = HarnessSettings(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
+FAST = HarnessConfig(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
 
 
 @dataclass

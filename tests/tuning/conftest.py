@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from unimatmul.core.backend import Backend
+from unimatmul.backend import Backend
 from unimatmul.testing import registered
 
 

@@ -24,18 +24,18 @@ import torch.distributed as dist
 
 import unimatmul
 import unimatmul.torch as ut
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.testing import isolated_selector
 from unimatmul.tuning import agreement
 from unimatmul.tuning.distributed import DistributedError, Group, ShardedRun, launch, tune_sharded
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.jobs import TuneJob
 from unimatmul.tuning.selector import Selector
 
 # Enough samples to rank real kernels, few enough for CI's two shared cores.
-QUICK = HarnessSettings(warmup=1, min_samples=2, max_samples=4, budget_s=0.0, settle_s=0.0, max_sets=2)
+QUICK = HarnessConfig(warmup=1, min_samples=2, max_samples=4, budget_s=0.0, settle_s=0.0, max_sets=2)
 
 
 def emit(result: dict[str, Any]) -> None:
@@ -226,7 +226,7 @@ def agree(workdir: Path, device: str) -> dict[str, Any]:
             # Ranks that called agree() a different number of times all raise, none hangs.
             mismatch = None
             if rank == 1:
-                agreement._calls += 1
+                agreement._process.calls += 1
             try:
                 ut.agree()
             except DistributedError as exc:

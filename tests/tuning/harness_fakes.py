@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from unimatmul.backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, ArrayAdapter, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
+from unimatmul.core.runners import DefaultRunner
+from unimatmul.testing import fast_config
 from unimatmul.tuning.harness import CpuTimer, Harness
 
 Kernel = Callable[["FakeKernel", Any, Any, Any, float, float, Any], None]
@@ -266,7 +267,7 @@ def measure_kernels(
     for name in kernels:
         candidate = Candidate.make("fake", name)
         entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
-    settings = fast_settings()
+    settings = fast_config()
     for key, value in overrides.items():
         setattr(settings, key, value)
     return Harness(timer or CpuTimer(), settings).measure(problem, target, entries)

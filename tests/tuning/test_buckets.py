@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unimatmul.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Target
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.buckets import Buckets, bucket_range, check_points, choose
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.selector import Selector, set_selector
 
-FAST = HarnessSettings(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
+FAST = HarnessConfig(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
 
 
 # --- the ranges -------------------------------------------------------------------------

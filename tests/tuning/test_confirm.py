@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord, mark_checked
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_of
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
+from unimatmul.testing import fast_config
 from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.selector import Selector
 
@@ -111,7 +111,7 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
         _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 1 + CALLS  # Default from now on
     # Another process (a new Selector on the same file) goes to Default without a window.
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "reverted" and decision.runner.candidate == DEFAULT
     assert decision.confirmation is None
@@ -130,7 +130,7 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
 def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any) -> None:
     fake = fake_backend("quick", "correct")
     isolated.selector.confirm_calls = CALLS
-    isolated.selector.settings = replace(fast_settings(), min_gain=-100.0)  # any kernel wins
+    isolated.selector.settings = replace(fast_config(), min_gain=-100.0)  # any kernel wins
     a, b = _operands()
     problem = _problem(a, b)
     namespace = _store_winner(isolated.selector, problem, "quick/k0")
@@ -140,7 +140,7 @@ def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any
     assert isolated.selector.settle(timeout=10)
     found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
     assert found["verdict"] == "confirmed" and found["kernel_s"] > 0 and found["default_s"] > 0
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
     assert decision.confirmation is None
@@ -193,7 +193,7 @@ def test_a_bucket_choice_that_loses_stores_default_for_its_m_only(
     assert exact.settings["confirm"]["verdict"] == "reverted"
     assert exact.settings["confirm"]["bucket"] == rep.key
     assert "confirm" not in isolated.selector.store.get(namespace, rep.key).settings  # m = 4 untouched
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     assert other.decide(problem, _target(), "cached").source == "reverted"
 
 
@@ -271,7 +271,7 @@ def test_a_tie_is_the_fastest_kernel_measured_no_slower_than_default() -> None:
 
 
 def test_a_slim_scaled_choice_runs_default_in_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from unimatmul.core.scaled import scaled_problem
+    from unimatmul.core.scales import scaled_problem
 
     scaled = scaled_problem(1, 4096, 4096)
     plain = Problem.from_shape(1, 4096, 4096, "bf16")
@@ -300,7 +300,7 @@ def test_a_tie_runs_in_a_window_and_is_kept_where_it_wins(isolated: Any, fake_ba
     # -100), the window keeps it and the record says so; another process uses it at once.
     fake = fake_backend("quick", "correct")
     isolated.selector.confirm_calls = CALLS
-    isolated.selector.settings = replace(fast_settings(), min_gain=-100.0)
+    isolated.selector.settings = replace(fast_config(), min_gain=-100.0)
     a, b = _operands()
     problem = _problem(a, b)
     namespace = _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.99e-6)
@@ -320,7 +320,7 @@ def test_a_tie_runs_in_a_window_and_is_kept_where_it_wins(isolated: Any, fake_ba
     assert main(["cache", "show", "--cache", str(isolated.cache_path)], out=text) == 0
     (row,) = [line for line in text.getvalue().splitlines() if "tie quick/k0" in line]
     assert row.split()[1] == DEFAULT.identity and row.split()[-3:-1] == ["quick/k0", "confirmed"]
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
     assert decision.confirmation is None
@@ -338,7 +338,7 @@ def test_a_tie_that_loses_where_it_runs_leaves_default(isolated: Any, fake_backe
     assert isolated.selector.settle(timeout=10)
     found = isolated.selector.store.get(namespace, problem.key).settings["confirm"]
     assert found["verdict"] == "reverted" and found["kernel"] == "sleepy/k0"
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "reverted" and decision.runner.candidate == DEFAULT
 
@@ -372,7 +372,7 @@ def test_a_tie_runs_default_while_the_stream_is_captured(
     monkeypatch.setattr(confirm.HostClock, "capturing", lambda self: capturing[0])
     fake = fake_backend("quick", "correct")
     isolated.selector.confirm_calls = CALLS
-    isolated.selector.settings = replace(fast_settings(), min_gain=-100.0)  # the window keeps it
+    isolated.selector.settings = replace(fast_config(), min_gain=-100.0)  # the window keeps it
     a, b = _operands()
     problem = _problem(a, b)
     _store_default_with_tie(isolated.selector, problem, "quick/k0", 1.99e-6)
@@ -391,7 +391,7 @@ def test_a_tie_runs_default_while_the_stream_is_captured(
         _check(unimatmul.matmul(a, b), a, b)
         assert fake.calls == expected
     # Another process reads the verdict: the kept tie, again Default under capture.
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "confirmed" and isinstance(decision.runner, confirm.TieRunner)
     out = np.full((a.shape[0], b.shape[1]), np.nan, np.float32)

@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 from onednn_caps import skip_unless_offered
 
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning import agreement
 from unimatmul.tuning.agreement import Item, adopt, agreed_winner
 from unimatmul.tuning.buckets import Buckets
 from unimatmul.tuning.distributed import estimated_cost, lpt_order, static_shards
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.jobs import TuneJob
 
 pytest.importorskip("torch.distributed")
@@ -116,7 +116,7 @@ def test_static_shards_hold_every_job_once_and_balance_the_cost() -> None:
 
 def test_the_cost_estimate_orders_bigger_work_first() -> None:
     target = Target(adapter_for_kind("numpy"), CPU)
-    settings = HarnessSettings()
+    settings = HarnessConfig()
     small = TuneJob(Problem.parse_shape("16x16x16:f32"), target)
     big = TuneJob(Problem.parse_shape("2048x2048x2048:f32"), target)
     bucket = TuneJob(Problem.parse_shape("16x16x16:f32"), target, Buckets.parse("pow2"))

@@ -15,11 +15,12 @@ import pytest
 from harness_fakes import CostClock, CostTimer
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.record import FAILED, OK, PRUNED, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, NumpyAdapter, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings
+from unimatmul.core.runners import DefaultRunner
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessConfig
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 
@@ -28,7 +29,7 @@ def _by_identity(record: TuningRecord) -> dict[str, Any]:
     return {r.identity: r for r in record.results}
 
 
-def assert_fastest_right_candidate_won(record: TuningRecord, settings: HarnessSettings) -> None:
+def assert_fastest_right_candidate_won(record: TuningRecord, settings: HarnessConfig) -> None:
     """The winner is a checked candidate whose samples beat Default clearly (its lower bound
     past min_gain, in ``settings["win"]``), or Default when none did."""
     results = _by_identity(record)
@@ -158,7 +159,7 @@ class _CostedRunner:
         self.calls += 1
 
 
-def _scripted(costs: dict[Candidate, Any], settings: HarnessSettings) -> TuningRecord:
+def _scripted(costs: dict[Candidate, Any], settings: HarnessConfig) -> TuningRecord:
     clock = CostClock()
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
         (candidate, lambda c=candidate, t=cost: _CostedRunner(c, t, clock))
@@ -170,9 +171,7 @@ def _scripted(costs: dict[Candidate, Any], settings: HarnessSettings) -> TuningR
 
 def test_pruning_marks_clear_losers_and_keeps_their_times() -> None:
     fast, close, loser, hopeless = (Candidate.make("t", n) for n in ("fast", "close", "loser", "hopeless"))
-    settings = HarnessSettings(
-        warmup=1, min_samples=3, max_samples=10, budget_s=1.0, settle_s=0.0, max_sets=1
-    )
+    settings = HarnessConfig(warmup=1, min_samples=3, max_samples=10, budget_s=1.0, settle_s=0.0, max_sets=1)
     record = _scripted({DEFAULT: 1.0, fast: 0.5, close: 0.6, loser: 0.8, hopeless: 10.0}, settings)
     results = _by_identity(record)
     assert record.winner == fast.identity and record.winner_s == 0.5
@@ -193,9 +192,7 @@ def test_pruning_marks_clear_losers_and_keeps_their_times() -> None:
 
 def test_a_small_gain_keeps_default() -> None:
     nearly = Candidate.make("t", "nearly")
-    settings = HarnessSettings(
-        warmup=1, min_samples=3, max_samples=5, settle_s=0.0, max_sets=1, min_gain=0.05
-    )
+    settings = HarnessConfig(warmup=1, min_samples=3, max_samples=5, settle_s=0.0, max_sets=1, min_gain=0.05)
     record = _scripted({DEFAULT: 1.0, nearly: 0.97}, settings)
     assert record.winner == DEFAULT.identity and record.speedup == 1.0
     assert _by_identity(record)[nearly.identity].median_s == 0.97
@@ -203,7 +200,7 @@ def test_a_small_gain_keeps_default() -> None:
 
 def test_interleaved_rounds_prune_too() -> None:
     fast, close, loser = (Candidate.make("t", n) for n in ("fast", "close", "loser"))
-    settings = HarnessSettings(
+    settings = HarnessConfig(
         warmup=1, min_samples=3, max_samples=6, budget_s=1.0, settle_s=0.0, max_sets=1, interleave=True
     )
     record = _scripted({DEFAULT: 1.0, fast: 0.5, close: 0.6, loser: 0.9}, settings)
@@ -222,7 +219,7 @@ def test_interleaved_rounds_prune_a_candidate_that_falls_behind_later() -> None:
     the best by the ratio, not only after the first rounds: its further samples could not
     change the winner (this makes warm tuning cheaper)."""
     fast, fading = Candidate.make("t", "fast"), Candidate.make("t", "fading")
-    settings = HarnessSettings(
+    settings = HarnessConfig(
         warmup=1, min_samples=3, max_samples=10, budget_s=60.0, settle_s=0.0, max_sets=1, interleave=True
     )
     # Level with the best up to its 8th call (checks, warm-up, the first rounds), then 1.8x.
@@ -237,7 +234,7 @@ def test_interleaved_rounds_prune_a_candidate_that_falls_behind_later() -> None:
 
 
 def test_inputs_rotate_through_more_memory_than_the_cache() -> None:
-    settings = HarnessSettings(rotate_bytes=4 << 20, max_sets=128)
+    settings = HarnessConfig(rotate_bytes=4 << 20, max_sets=128)
     problem = Problem.from_shape(64, 64, 64)  # 48 KiB a set
     sets = Harness(CpuTimer(), settings)._operand_sets(problem, NUMPY, np.random.default_rng(0))
     assert len(sets) == -(-(4 << 20) // problem.min_bytes)
@@ -247,7 +244,7 @@ def test_inputs_rotate_through_more_memory_than_the_cache() -> None:
 
 def test_sets_that_all_fit_in_l2_are_not_rotated() -> None:
     # 16 sets of 6x4x3 take 2 KiB: cached whatever their order, so two serve as well.
-    settings = HarnessSettings(rotate_bytes=64 << 20, max_sets=16)
+    settings = HarnessConfig(rotate_bytes=64 << 20, max_sets=16)
     sets = Harness(CpuTimer(), settings)._operand_sets(
         Problem.from_shape(6, 4, 3), NUMPY, np.random.default_rng(0)
     )

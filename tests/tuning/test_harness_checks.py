@@ -29,13 +29,16 @@ from harness_fakes import (
 )
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate, Runner
 from unimatmul.cache.record import OK, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import ErrorModel
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings, registered
+from unimatmul.core.runners import DefaultRunner
+from unimatmul.testing import fast_config, registered
+from unimatmul.tuning import numeric_check
 from unimatmul.tuning.harness import MAX_WIDEN, CpuTimer, Harness
+from unimatmul.tuning.numeric_check import compare, make_reference
 
 KINDS = ["numpy", "torch"]
 
@@ -86,12 +89,12 @@ def test_the_bound_has_headroom_for_right_kernels_and_none_for_one_wrong_element
     model = ErrorModel.for_problem(
         k=1024, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
     )
-    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    reference = make_reference(adapter, ops, None, 1.0, 0.0, None, model, CPU)
     np.matmul(ops.a, ops.b, out=ops.out)
-    right_check = adapter.compare(ops.out, reference, CPU)
+    right_check = compare(adapter, ops.out, reference, CPU)
     assert right_check.ok() and right_check.worst_ratio < 0.05  # 20x headroom for numpy's own f32
     ops.out[511, 7] += 1.0
-    wrong = adapter.compare(ops.out, reference, CPU)
+    wrong = compare(adapter, ops.out, reference, CPU)
     assert not wrong.ok() and wrong.bad == 1 and wrong.worst_ratio > 50
     assert "(511, 7)" in wrong.worst
 
@@ -99,7 +102,7 @@ def test_the_bound_has_headroom_for_right_kernels_and_none_for_one_wrong_element
 @pytest.mark.parametrize("kind", KINDS)
 def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) -> None:
     # A tuning run keeps each block's bound with its reference (the one-pass check of
-    # ArrayAdapter._within): a right output gets the worst ratio the full pass finds,
+    # numeric_check._within): a right output gets the worst ratio the full pass finds,
     # and an output with one wrong element or one NaN is still counted exactly.
     target = fake_target(kind)
     adapter = target.adapter
@@ -108,28 +111,30 @@ def test_kept_bounds_give_the_same_check_and_still_catch_one_element(kind: str) 
     model = ErrorModel.for_problem(
         k=700, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
     )
-    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    reference = make_reference(adapter, ops, None, 1.0, 0.0, None, model, CPU)
     reference.keep_bounds = True
     adapter.matmul(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
-    first = adapter.compare(ops.out, reference, CPU)
+    first = compare(adapter, ops.out, reference, CPU)
     assert reference.bounds is not None  # kept by the first check
-    again = adapter.compare(ops.out, reference, CPU)
-    plain = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
-    full = adapter._full(ops.out[None], plain, [(slice(0, 1), slice(0, 300))])  # the pass that counts
+    again = compare(adapter, ops.out, reference, CPU)
+    plain = make_reference(adapter, ops, None, 1.0, 0.0, None, model, CPU)
+    full = numeric_check._full(
+        adapter, ops.out[None], plain, [(slice(0, 1), slice(0, 300))]
+    )  # the pass that counts
     assert first.ok() and first.exact and first.bad == first.nonfinite == 0
     assert again.worst_ratio == first.worst_ratio
     assert first.worst_ratio == pytest.approx(full[3][0], rel=1e-5)
     assert first.rel_error == pytest.approx(math.sqrt(full[0][0] / plain.sumsq), rel=1e-4)
     ops.out[123, 45] += 1.0
-    wrong = adapter.compare(ops.out, reference, CPU)
+    wrong = compare(adapter, ops.out, reference, CPU)
     assert wrong.bad == 1 and wrong.nonfinite == 0 and "(123, 45)" in wrong.worst
     ops.out[7, 9] = float("nan")
-    wrong = adapter.compare(ops.out, reference, CPU)
+    wrong = compare(adapter, ops.out, reference, CPU)
     assert wrong.bad == 2 and wrong.nonfinite == 1 and not wrong.ok(MAX_WIDEN)
 
 
 def test_the_tuning_plan_keeps_bounds_for_small_outputs_only() -> None:
-    harness = Harness(CpuTimer(), fast_settings())
+    harness = Harness(CpuTimer(), fast_config())
     target = fake_target("numpy")
     assert harness.plan_memory(Problem.from_shape(300, 520, 700), target, 0.0).keep_bounds
     # Above SCREEN_ELEMENTS the output is screened: no bounds are kept.
@@ -147,17 +152,17 @@ def test_a_large_output_is_screened_and_still_catches_one_element(kind: str) -> 
     model = ErrorModel.for_problem(
         k=4, dtype_in="f32", dtype_out="f32", compute="f32", activation=None, ref_dtype="f32"
     )
-    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    reference = make_reference(adapter, ops, None, 1.0, 0.0, None, model, CPU)
     adapter.matmul(ops.a, ops.b, ops.out, 1.0, 0.0, None, None)
-    right_check = adapter.compare(ops.out, reference, CPU)
+    right_check = compare(adapter, ops.out, reference, CPU)
     assert right_check.ok() and not right_check.exact
-    exact = adapter.compare(ops.out, reference, CPU, exact=True)
+    exact = compare(adapter, ops.out, reference, CPU, exact=True)
     assert right_check.rel_error == pytest.approx(exact.rel_error, rel=0.01)  # sums of squares in f32
     ops.out[1500, 1000] += 1.0
-    wrong = adapter.compare(ops.out, reference, CPU)
+    wrong = compare(adapter, ops.out, reference, CPU)
     assert wrong.bad == 1 and "(1500, 1000)" in wrong.worst
     ops.out[7, 9] = float("nan")
-    assert adapter.compare(ops.out, reference, CPU).nonfinite == 1
+    assert compare(adapter, ops.out, reference, CPU).nonfinite == 1
 
 
 @pytest.mark.parametrize(
@@ -182,12 +187,12 @@ def test_torch_defaults_pass_their_bound_in_every_dtype(dtype: str, epilogue: st
         activation=problem.activation,
         ref_dtype="f32",
     )
-    reference = adapter.make_reference(ops, c0, 1.0, beta, problem.activation, model, CPU)
+    reference = make_reference(adapter, ops, c0, 1.0, beta, problem.activation, model, CPU)
     adapter.matmul(ops.a, ops.b, ops.out, 1.0, beta, ops.bias, problem.activation)
-    check = adapter.compare(ops.out, reference, CPU)
+    check = compare(adapter, ops.out, reference, CPU)
     assert check.ok(), check
     ops.out[0, 0] = torch.nan
-    assert not adapter.compare(ops.out, reference, CPU).ok()
+    assert not compare(adapter, ops.out, reference, CPU).ok()
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
@@ -203,17 +208,17 @@ def test_split_k_kernels_that_keep_partial_sums_in_the_output_dtype_pass(dtype: 
     model = ErrorModel.for_problem(
         k=4096, dtype_in=dtype, dtype_out=dtype, compute="f32", activation=None, ref_dtype="f32"
     )
-    reference = adapter.make_reference(ops, None, 1.0, 0.0, None, model, CPU)
+    reference = make_reference(adapter, ops, None, 1.0, 0.0, None, model, CPU)
     a, b, step = ops.a.float(), ops.b.float(), 4096 // splits
     running = None
     for s in range(splits):
         part = (a[:, s * step : (s + 1) * step] @ b[s * step : (s + 1) * step]).to(ops.out.dtype)
         running = part if running is None else (running.float() + part.float()).to(ops.out.dtype)
     ops.out.copy_(running)
-    assert adapter.compare(ops.out, reference, CPU).ok()
+    assert compare(adapter, ops.out, reference, CPU).ok()
     flat = ops.out.view(-1)
     flat[int(flat.float().abs().argmax())] *= -1
-    assert not adapter.compare(ops.out, reference, CPU).ok()
+    assert not compare(adapter, ops.out, reference, CPU).ok()
 
 
 def test_tf32_products_get_an_input_rounding_term() -> None:
@@ -256,7 +261,7 @@ def test_a_sloppy_default_widens_the_bound_for_everyone_but_a_wrong_element_stil
             lambda: backend.prepare(problem, Candidate.make("fake", "off"), target),
         ),
     ]
-    settings = fast_settings()
+    settings = fast_config()
     settings.prune_ratio = settings.first_prune_ratio = math.inf  # "same" is Default's kernel
     record = Harness(CpuTimer(), settings).measure(problem, target, entries)
     assert record.settings["check"]["widen"] > 1.0
@@ -280,7 +285,7 @@ def test_a_default_far_beyond_the_bound_is_rejected_not_followed() -> None:
         (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "bf16ish"), target)),
         (Candidate.make("fake", "right"), lambda: DefaultRunner(target.adapter)),
     ]
-    record = Harness(CpuTimer(), fast_settings()).measure(problem, target, entries)
+    record = Harness(CpuTimer(), fast_config()).measure(problem, target, entries)
     assert record.result(DEFAULT.identity).status == REJECTED
     assert record.settings["check"]["widen"] == MAX_WIDEN
     assert record.winner == "fake/right" and record.default_s is None
@@ -347,7 +352,7 @@ def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> Non
             lambda: backend.prepare(problem, Candidate.make("fake", "good"), target),
         ),
     ]
-    settings = fast_settings()
+    settings = fast_config()
     settings.prune_ratio = 1.3
     record = Harness(CostTimer(clock), settings).measure(problem, target, entries)
     assert _result(record, "cheat").status == REJECTED

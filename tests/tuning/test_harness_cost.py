@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from unimatmul.backend import Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import CpuTimer, HarnessSettings
+from unimatmul.tuning.harness import CpuTimer, HarnessConfig
 from unimatmul.tuning.selector import Selector
 
 SMALL = [(2, 3, 2), (8, 8, 8), (6, 4, 3), (25, 5, 10), (1, 8, 8), (16, 32, 5), (12, 7, 9)]
@@ -43,7 +43,7 @@ def test_small_problems_tune_in_tens_of_milliseconds_with_default_settings(kind:
 
 
 def test_large_products_still_settle_between_blocks() -> None:
-    settings = HarnessSettings()
+    settings = HarnessConfig()
     big = Problem.from_shape(64, 64, 64)  # 2^18 multiply-adds: OpenBLAS's own threading threshold
     assert big.m * big.n * big.k >= settings.settle_min_macs
     assert settings.settle_min_macs > 8 * 8 * 8

@@ -16,9 +16,9 @@ import pytest
 from harness_fakes import KernelBackend, exits_on_call, interrupted_on_call, right
 
 import unimatmul
+from unimatmul.backend import Target
 from unimatmul.cache.record import FAILED, OK
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)

@@ -32,19 +32,13 @@ from harness_fakes import (
 )
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate
 from unimatmul.cache.record import OK, REJECTED, TuningRecord
-from unimatmul.core.arrays import (
-    A_CHARACTERS,
-    CPU,
-    Check,
-    adapter_for_kind,
-    make_operands,
-    structure_inputs,
-)
-from unimatmul.core.backend import DEFAULT, Candidate
+from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
+from unimatmul.testing import fast_config
 from unimatmul.tuning.harness import Harness, _error_model, _worse
+from unimatmul.tuning.numeric_check import A_CHARACTERS, Check, compare, make_reference, structure_inputs
 
 KINDS = ["numpy", "torch"]
 UNPRUNED = {"prune_ratio": math.inf, "first_prune_ratio": math.inf}  # nothing escapes the checks by noise
@@ -171,7 +165,7 @@ def test_a_kernel_nan_on_a_row_of_zeros_is_rejected_even_when_it_is_the_fastest(
         )
         for name in ("scaled", "good")
     ]
-    record = Harness(CostTimer(clock), fast_settings()).measure(problem, target, entries)
+    record = Harness(CostTimer(clock), fast_config()).measure(problem, target, entries)
     scaled = _result(record, "scaled")
     assert scaled.status == REJECTED and "NaN/inf" in scaled.note, scaled.note
     assert scaled.note.startswith("wrong after timing, on new inputs")
@@ -224,12 +218,12 @@ def test_defaults_pass_the_structured_inputs_and_one_wrong_element_does_not(
         c0 = adapter.empty(tuple(ops.out.shape), dtype, CPU)
         adapter.copy_(c0, ops.out)
         model = _error_model(problem)  # the bound the harness holds every candidate to
-        reference = adapter.make_reference(ops, c0, 1.0, beta, problem.activation, model, CPU)
+        reference = make_reference(adapter, ops, c0, 1.0, beta, problem.activation, model, CPU)
         adapter.matmul(ops.a, ops.b, ops.out, 1.0, beta, ops.bias, problem.activation)
-        check = adapter.compare(ops.out, reference, CPU)
+        check = compare(adapter, ops.out, reference, CPU)
         assert check.ok(), (variant, check)
         ops.out[m - 1, 5] += 100.0 * (abs(float(ops.out[m - 1, 5])) + 1.0)  # far out in any dtype
-        assert not adapter.compare(ops.out, reference, CPU).ok()
+        assert not compare(adapter, ops.out, reference, CPU).ok()
 
 
 @pytest.mark.parametrize("m", [50, 2])

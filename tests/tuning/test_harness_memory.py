@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import Target
 from unimatmul.core.arrays import CPU, adapter_for_kind, operand_bytes
-from unimatmul.core.backend import Target
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
-from unimatmul.tuning.harness import CpuTimer, Harness, HarnessSettings, TuningTooLarge
+from unimatmul.testing import fast_config
+from unimatmul.tuning.harness import CpuTimer, Harness, HarnessConfig, TuningTooLarge
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
 # C dominates, as in the issue: 16 MiB of output from 64 KiB of inputs.
@@ -32,9 +32,7 @@ def test_tuning_a_wide_product_stays_within_its_multiple(
     isolated: Any, factor: float, keeps: bool, most: float
 ) -> None:
     # numpy registers its arrays with tracemalloc: the peak is what tuning allocated.
-    settings = HarnessSettings(
-        **{**fast_settings().to_dict(), "rotate_bytes": 1 << 20, "memory_factor": factor}
-    )
+    settings = HarnessConfig(**{**fast_config().to_dict(), "rotate_bytes": 1 << 20, "memory_factor": factor})
     isolated.selector.settings = settings
     plan = Harness(CpuTimer(), settings).plan_memory(WIDE, NUMPY, beta=0.0)
     footprint = operand_bytes(WIDE)
@@ -54,7 +52,7 @@ def test_tuning_a_wide_product_stays_within_its_multiple(
 
 
 def test_the_plan_counts_sets_and_the_check_within_the_bound() -> None:
-    settings = HarnessSettings(rotate_bytes=1 << 20, memory_factor=4.0)
+    settings = HarnessConfig(rotate_bytes=1 << 20, memory_factor=4.0)
     plan = Harness(CpuTimer(), settings).plan_memory(WIDE, NUMPY, beta=0.0)
     assert plan.per_set == operand_bytes(WIDE)
     assert plan.sets * plan.per_set + plan.check <= plan.allowed <= 4 * plan.per_set + (1 << 20)
@@ -66,7 +64,7 @@ def test_the_plan_counts_sets_and_the_check_within_the_bound() -> None:
 
 def test_small_products_still_rotate_through_the_cache() -> None:
     # 4 x a 48 KiB product would not even hold the check: the rotation target decides.
-    settings = HarnessSettings(rotate_bytes=8 << 20, max_sets=256, memory_factor=1.0)
+    settings = HarnessConfig(rotate_bytes=8 << 20, max_sets=256, memory_factor=1.0)
     plan = Harness(CpuTimer(), settings).plan_memory(Problem.from_shape(64, 64, 64), NUMPY, beta=0.0)
     assert plan.sets == -(-(8 << 20) // plan.per_set)
 
@@ -74,14 +72,14 @@ def test_small_products_still_rotate_through_the_cache() -> None:
 def test_free_memory_bounds_tuning_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(NUMPY.adapter, "available_bytes", lambda device: 20 << 20)  # 20 MiB free
     with pytest.raises(TuningTooLarge, match=r"75% of the 20\.0 MiB free"):
-        Harness(CpuTimer(), HarnessSettings(memory_factor=100.0)).plan_memory(WIDE, NUMPY, beta=0.0)
+        Harness(CpuTimer(), HarnessConfig(memory_factor=100.0)).plan_memory(WIDE, NUMPY, beta=0.0)
 
 
 def test_a_product_too_large_to_tune_runs_default_with_one_warning(
     isolated: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "1.5")
-    isolated.selector.settings = HarnessSettings(**{**fast_settings().to_dict(), "rotate_bytes": 1 << 20})
+    isolated.selector.settings = HarnessConfig(**{**fast_config().to_dict(), "rotate_bytes": 1 << 20})
     rng = np.random.default_rng(0)
     a = rng.standard_normal((2048, 8)).astype(np.float32)
     b = rng.standard_normal((8, 2048)).astype(np.float32)

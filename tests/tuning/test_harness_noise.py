@@ -20,16 +20,17 @@ import numpy as np
 import pytest
 from harness_fakes import KernelBackend, right
 
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.cli import main as cli_main
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.testing import ScriptedTimer, registered
 from unimatmul.tuning import harness as harness_module
-from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessSettings, spread
+from unimatmul.tuning.harness import HIGH, LOW, Harness, HarnessConfig, spread
 from unimatmul.tuning.selector import Selector
 
 NUMPY = Target(adapter_for_kind("numpy"), CPU)
@@ -38,9 +39,9 @@ PROBLEM = Problem.from_shape(97, 509, 31)
 Script = Callable[[int], float]  # sample number (0: the first) -> seconds per call
 
 
-def settings(**overrides: Any) -> HarnessSettings:
+def settings(**overrides: Any) -> HarnessConfig:
     # The scripted timer is the only source of noise here: this machine's load is not.
-    base = HarnessSettings(
+    base = HarnessConfig(
         warmup=1, min_samples=3, max_samples=6, budget_s=10.0, settle_s=0.0, max_sets=1, busy_load=math.inf
     )
     for key, value in overrides.items():
@@ -48,7 +49,7 @@ def settings(**overrides: Any) -> HarnessSettings:
     return base
 
 
-def measure(scripts: Sequence[Script], harness_settings: HarnessSettings) -> TuningRecord:
+def measure(scripts: Sequence[Script], harness_settings: HarnessConfig) -> TuningRecord:
     fast = Candidate.make("t", "fast")
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
         (DEFAULT, lambda: DefaultRunner(NUMPY.adapter)),
@@ -195,7 +196,7 @@ def test_a_busy_cpu_alone_warns_once_not_per_problem(tmp_path: Path, monkeypatch
 
 
 def measure_kernels(
-    default: Script, kernels: Sequence[tuple[str, Script]], harness_settings: HarnessSettings
+    default: Script, kernels: Sequence[tuple[str, Script]], harness_settings: HarnessConfig
 ) -> TuningRecord:
     """Default and the named kernels (all right: numpy's own numbers), scripted in that order."""
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [(DEFAULT, lambda: DefaultRunner(NUMPY.adapter))]
@@ -295,7 +296,7 @@ def test_tuning_a_call_in_tune_mode_stores_the_bound_and_cache_show_prints_it(tm
     # Real tune mode, real oneDNN candidates, the real cache file.
     import unimatmul
     from unimatmul.cli import output
-    from unimatmul.testing import fast_settings, isolated_selector
+    from unimatmul.testing import fast_config, isolated_selector
 
     cache = tmp_path / "cache.msgpack"
     rng = np.random.default_rng(3)
@@ -303,7 +304,7 @@ def test_tuning_a_call_in_tune_mode_stores_the_bound_and_cache_show_prints_it(tm
     b = rng.standard_normal((96, 80), dtype=np.float32)
     with isolated_selector(cache) as selector, unimatmul.mode("tune"):
         # Nothing pruned: oneDNN's first call on a loaded machine can take 1000x its time.
-        selector.settings = replace(fast_settings(), prune_ratio=math.inf, first_prune_ratio=math.inf)
+        selector.settings = replace(fast_config(), prune_ratio=math.inf, first_prune_ratio=math.inf)
         got = unimatmul.matmul(a, b)
         selector.store.flush()
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)

@@ -21,12 +21,13 @@ import pytest
 from harness_fakes import KernelBackend, right, sleeps
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.record import ABANDONED, OK, PRUNED
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner, Target
 from unimatmul.core.modes import get_mode
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings
+from unimatmul.core.runners import DefaultRunner
+from unimatmul.testing import fast_config
 from unimatmul.tuning.harness import CpuTimer, Harness
 from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
@@ -95,7 +96,7 @@ def test_the_limit_follows_defaults_time_where_that_is_more() -> None:
         (Candidate.make("fake", n), lambda n=n: backend.prepare(problem, Candidate.make("fake", n), NUMPY))
         for n in ("slow", "good")
     ]
-    settings = fast_settings()
+    settings = fast_config()
     settings.limit_s, settings.limit_ratio = 0.0, 10.0
     started = time.perf_counter()
     record = Harness(CpuTimer(), settings).measure(problem, NUMPY, entries)
@@ -137,7 +138,7 @@ def test_default_has_no_limit() -> None:
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
         (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "default"), NUMPY))
     ]
-    settings = fast_settings()
+    settings = fast_config()
     settings.limit_s, settings.limit_ratio = 0.0, 1.0
     record = Harness(CpuTimer(), settings).measure(problem, NUMPY, entries)
     assert record.result(DEFAULT.identity).status == OK

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import PRUNED
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.harness import CAPPED
 from unimatmul.tuning.jobs import TuneJob

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul.backend import Target
 from unimatmul.cli.tune import read_problem_file
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.record_mode import ProblemRecorder, RecordedProblem, default_record_path, read_problems
 from unimatmul.tuning.selector import Selector, set_selector
 
@@ -131,7 +131,7 @@ def test_neither_format_is_a_clear_error(tmp_path: Path) -> None:
 def recording_selector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("UNIMATMUL_CACHE", str(tmp_path / "cache.msgpack"))
     monkeypatch.setenv("UNIMATMUL_RECORD_FILE", str(tmp_path / "rec.jsonl"))
-    fast = HarnessSettings(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
+    fast = HarnessConfig(warmup=1, min_samples=3, max_samples=10, budget_s=0.01, settle_s=0.0, max_sets=2)
     old = set_selector(Selector(plugins=PluginManager(), settings=fast))
     try:
         yield tmp_path / "rec.jsonl"

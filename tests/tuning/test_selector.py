@@ -12,10 +12,11 @@ import pytest
 
 import unimatmul
 from unimatmul.api import clear_fast_path
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, DefaultRunner, Target
 from unimatmul.core.problem import Problem
+from unimatmul.core.runners import DefaultRunner
 from unimatmul.tuning import tuner as tuner_module
 from unimatmul.tuning.harness import Harness
 from unimatmul.tuning.selector import Selector
@@ -314,7 +315,7 @@ def test_prefer_kernel_picks_a_named_kernel_of_a_backend(
     """``unimatmul.testing.prefer_kernel`` with ``names``: whichever wins, the stored winner
     is the fastest checked kernel of that backend with one of those names (what a GPU test
     that needs a padded cuBLASLt kernel asks for)."""
-    from unimatmul.core.backend import Candidate
+    from unimatmul.backend import Candidate
     from unimatmul.testing import prefer_kernel
 
     fake_backend("fa", kernels=("k0", "k1", "k2"))
@@ -324,3 +325,29 @@ def test_prefer_kernel_picks_a_named_kernel_of_a_backend(
         winner = Candidate.from_identity(record.winner)
         assert (winner.backend, winner.name in names) == ("fa", True), record.winner
         assert isolated.selector.lookup(problem, NUMPY).winner == record.winner  # stored
+
+
+def test_selection_state_keeps_the_process_wide_pieces_in_one_object() -> None:
+    """The Selector, the tuning gate and the forget hooks are one object's state: a fresh
+    one starts empty, a hook registers once, and removing the gate removes ``collective``."""
+    from unimatmul.tuning import selector as selector_module
+    from unimatmul.tuning.selector import SelectionState
+
+    assert selector_module.get_selector.__self__ is selector_module.STATE  # type: ignore[attr-defined]
+    state = SelectionState()
+    assert state.selector is None and state.tuning_gate is None
+    told: list[int] = []
+
+    def hook() -> None:
+        told.append(1)
+
+    state.on_forget(hook)
+    state.on_forget(hook)
+    mine: Any = object()  # stands for a Selector: the state only keeps it
+    assert state.set_selector(mine) is None and told == [1]
+    assert state.get_selector() is mine and state.set_selector(None) is mine and told == [1, 1]
+    state.set_tuning_gate(lambda problem, target: True, collective=lambda: True)
+    assert state.collective is not None and state.collective()
+    state.set_tuning_gate(None)
+    assert state.tuning_gate is None and state.collective is None
+    assert selector_module.STATE.selector is not mine  # the process's own state is untouched

@@ -21,6 +21,7 @@ from harness_fakes import FakeKernel, KernelBackend, right
 
 import unimatmul
 from unimatmul import api
+from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import (
     TuningRecord,
     checked_here,
@@ -30,9 +31,8 @@ from unimatmul.cache.record import (
     mark_from_elsewhere,
 )
 from unimatmul.core.arrays import CPU, adapter_of
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
-from unimatmul.testing import fast_settings, prefer_kernel, registered
+from unimatmul.testing import fast_config, prefer_kernel, registered
 from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.selector import Selector, set_selector
 
@@ -131,7 +131,7 @@ def test_a_foreign_entry_naming_a_wrong_kernel_is_caught_at_its_first_call(
     found = stored.settings[confirm.KEY]
     assert found["verdict"] == confirm.REVERTED and found["kernel"] == "buggy/transposed"
     assert "wrong on a real call" in found["reason"] and "over the error bound" in found["reason"]
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(a), "cached")
     assert decision.source == confirm.REVERTED and decision.runner.candidate == DEFAULT
 
@@ -174,7 +174,7 @@ def test_a_right_foreign_entry_is_checked_once_then_served_as_it_is(
     assert isolated.selector.settle(timeout=10)
     stored = isolated.selector.store.get(namespace, problem.key)
     assert checked_here(stored) and checked_hosts(stored) == ["some-other-machine", local_host()]
-    other = Selector(plugins=isolated.plugins, settings=fast_settings())
+    other = Selector(plugins=isolated.plugins, settings=fast_config())
     assert isinstance(other.decide(problem, _target(a), "cached").runner, FakeKernel)
     # The same process decides again (its prepared runners forgotten): no second check.
     isolated.selector.store.put(namespace, problem.key, mark_from_elsewhere(stored, "merge"))
@@ -201,7 +201,7 @@ def test_a_choice_wrong_only_on_the_programs_inputs_is_caught_by_its_window(isol
     slower); the window's first call, on the program's inputs, catches it."""
     backend = KernelBackend("sly", {"f32": wrong_on_sentinel})
     isolated.selector.confirm_calls = 4
-    isolated.selector.settings = replace(fast_settings(), min_gain=0.0)
+    isolated.selector.settings = replace(fast_config(), min_gain=0.0)
     a, b = _arrays("numpy", np.float16)
     problem = Problem.from_operands(adapter_of(a), a, b)[0]
     with registered(isolated.plugins, backend), unimatmul.mode("tune"):
@@ -283,7 +283,7 @@ def test_an_entry_merged_into_the_live_file_is_checked_even_if_it_claims_this_ho
     assert merged[problem.key].settings["trust"] == {"checked": [], "origin": "merge"}
     own = Problem.from_operands(adapter_of(c), c, d)[0].key
     assert checked_hosts(merged[own]) == [local_host()]
-    fresh = Selector(plugins=isolated.plugins, settings=fast_settings())
+    fresh = Selector(plugins=isolated.plugins, settings=fast_config())
     set_selector(fresh)  # a new process on the merged file
     calls = wrong.calls
     with pytest.warns(RuntimeWarning, match="buggy/transposed returned a wrong result"):

@@ -272,16 +272,32 @@ def keep_copy(path: Path) -> Path:
 
 # --- the store ---------------------------------------------------------------------------
 
+
 # Stores with changes not written yet, held (not weakly) until they are: a store dropped
 # while another process was writing still writes its records, at the latest at exit.
-_dirty: set[MsgpackFileStore] = set()
-_atexit_registered = False
+class _Unwritten:
+    """The stores with changes not written yet, and whether their flush at exit is registered."""
+
+    def __init__(self) -> None:
+        self.stores: set[MsgpackFileStore] = set()
+        self.at_exit = False
+
+    def add(self, store: MsgpackFileStore) -> None:
+        self.stores.add(store)
+        if not self.at_exit:
+            atexit.register(self.flush_all)
+            self.at_exit = True
+
+    def discard(self, store: MsgpackFileStore) -> None:
+        self.stores.discard(store)
+
+    def flush_all(self) -> None:
+        for store in list(self.stores):
+            with contextlib.suppress(Exception):
+                store.flush()
 
 
-def _flush_all() -> None:
-    for store in list(_dirty):
-        with contextlib.suppress(Exception):
-            store.flush()
+_dirty = _Unwritten()
 
 
 class MsgpackFileStore:
@@ -563,16 +579,12 @@ class MsgpackFileStore:
             snap.namespace(namespace).platform = dict(facts)
 
     def _after_change(self) -> None:
-        global _atexit_registered
         pending = len(self._puts) + len(self._deletes)
         if self.autoflush > 0 and self._batch_depth == 0 and pending >= self.autoflush:
             # A short wait: while another process writes, the records stay pending.
             self._flush(wait_s=PUT_LOCK_WAIT_S, strict=False)
         if self.pending:
             _dirty.add(self)
-            if not _atexit_registered:
-                atexit.register(_flush_all)
-                _atexit_registered = True
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[MsgpackFileStore]:

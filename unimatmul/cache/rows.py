@@ -30,7 +30,7 @@ _TIME_ZERO = 16384
 _TIME_EXACT = 0xFFFF
 
 
-DEFAULT_IDENTITY = "default/default"  # unimatmul.core.backend.DEFAULT.identity
+DEFAULT_IDENTITY = "default/default"  # unimatmul.core._backend.DEFAULT.identity
 
 
 _STATUS_CODES = {OK: 0, REJECTED: 1, FAILED: 2, PRUNED: 3}

@@ -33,7 +33,7 @@ from unimatmul.cache.record import mark_from_elsewhere
 from unimatmul.cli import interop, output
 from unimatmul.cli.interop import reader
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.core.notices import size_text
 from unimatmul.tuning import confirm
 from unimatmul.tuning.harness import LOW

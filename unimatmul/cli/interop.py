@@ -21,8 +21,8 @@ from unimatmul.cache.protocol import CacheStore, MemoryStore
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
+from unimatmul.core._backend import Target
 from unimatmul.core.arrays import Device, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.text_input import InputFileError
 from unimatmul.interop import json_export
 from unimatmul.interop.tunableop import TunableOpValidators, parse, write

@@ -30,8 +30,8 @@ from typing import Any, TextIO
 from unimatmul import settings
 from unimatmul.cache.protocol import default_cache_path
 from unimatmul.cache.record import TuningRecord
+from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import Device, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.errors import CommandError
 from unimatmul.core.problem import Problem

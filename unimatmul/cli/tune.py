@@ -21,7 +21,7 @@ from unimatmul.cache.errors import CacheWriteError
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.core.notices import size_text
 from unimatmul.core.plugins import get_plugin_manager
 from unimatmul.core.problem import Problem
@@ -29,7 +29,7 @@ from unimatmul.core.text_input import text_lines
 from unimatmul.interop.tunableop_cache import untuned_problems
 from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets
-from unimatmul.tuning.harness import LOW, HarnessSettings
+from unimatmul.tuning.harness import LOW, HarnessConfig
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
 from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
 from unimatmul.tuning.selector import Selector, get_selector
@@ -264,7 +264,7 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     check_cache_writable(selector, jobs, args.force)
     if args.budget_ms is not None and jobs:
         settings = selector.tuner.settings_for(jobs[0].target)
-        selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
+        selector.settings = HarnessConfig(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
     rows: list[list[str]] = []
     results = []
     plan = tune_model.plan(args, jobs)

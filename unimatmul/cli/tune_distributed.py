@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from unimatmul.cli import output, tune, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.tuning.distributed import (
     DistributedError,
     ShardedRun,
@@ -31,7 +31,7 @@ from unimatmul.tuning.distributed import (
     rank_device,
     tune_sharded,
 )
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.jobs import TuneJob
 from unimatmul.tuning.selector import get_selector
 
@@ -110,7 +110,7 @@ def cmd_tune_distributed(args: argparse.Namespace, out: TextIO) -> int:
     selector = get_selector()
     if args.budget_ms is not None and jobs:
         settings = selector.tuner.settings_for(jobs[0].target)
-        selector.settings = HarnessSettings(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
+        selector.settings = HarnessConfig(**{**settings.to_dict(), "budget_s": args.budget_ms / 1e3})
     if lead:
         for note in notes:
             sys.stderr.write(f"unimatmul: {note}\n")

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from unimatmul.cli import output
 from unimatmul.cli.output import EXIT_OK, EXIT_UNAVAILABLE, CliError
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.tuning.jobs import TuneJob
 from unimatmul.tuning.model_gemms import DEFAULT_TOKENS, ConfigError, ModelGemm, load_config, model_gemms
 from unimatmul.tuning.plan import LeftOut, PlannedJob, TunePlan, problem_seconds, roofline_s

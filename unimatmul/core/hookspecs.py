@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 import pluggy
 
 if TYPE_CHECKING:
-    from unimatmul.core.backend import Backend
+    from unimatmul.core._backend import Backend
 
 PROJECT = "unimatmul"
 hookspec = pluggy.HookspecMarker(PROJECT)

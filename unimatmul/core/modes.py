@@ -89,28 +89,34 @@ def mode(name: str) -> Iterator[None]:
 
 # How many mode() blocks are open, in any thread: the native torch kernels cannot read a
 # context variable, so while one is open they hand every call to the Python kernels.
-_overrides = 0
-_overrides_lock = threading.Lock()
-_override_listeners: list[Callable[[int], None]] = []
+class _OpenBlocks:
+    """The count of open mode() blocks and the listeners told when it changes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+        self.listeners: list[Callable[[int], None]] = []
+
+
+_open = _OpenBlocks()
 
 
 def overrides() -> int:
-    return _overrides
+    return _open.count
 
 
 def on_overrides(listener: Callable[[int], None], remove: bool = False) -> None:
     """Call ``listener(count)`` whenever the number of open mode() blocks changes."""
-    with _overrides_lock:
+    with _open.lock:
         if remove:
-            if listener in _override_listeners:
-                _override_listeners.remove(listener)
-        elif listener not in _override_listeners:
-            _override_listeners.append(listener)
+            if listener in _open.listeners:
+                _open.listeners.remove(listener)
+        elif listener not in _open.listeners:
+            _open.listeners.append(listener)
 
 
 def _count_override(step: int) -> None:
-    global _overrides
-    with _overrides_lock:  # listeners called under the lock: they see the counts in order
-        _overrides += step
-        for listener in _override_listeners:
-            listener(_overrides)
+    with _open.lock:  # listeners called under the lock: they see the counts in order
+        _open.count += step
+        for listener in _open.listeners:
+            listener(_open.count)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from unimatmul.core.backend import Backend, Target
+    from unimatmul.core._backend import Backend, Target
 
 
 @dataclass(frozen=True)

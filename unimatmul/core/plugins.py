@@ -22,7 +22,7 @@ import pluggy
 
 from unimatmul import settings
 from unimatmul.core import hookspecs
-from unimatmul.core.backend import Backend
+from unimatmul.core._backend import Backend
 from unimatmul.core.errors import PluginError
 
 ENTRY_POINT_GROUP = "unimatmul"
@@ -257,25 +257,32 @@ class PluginManager:
         return [name for name, _ in self._pm.list_name_plugin()]
 
 
-_manager: PluginManager | None = None
-_manager_lock = threading.Lock()
+class _ProcessManager:
+    """The process-wide plugin manager (None until first use) and its lock."""
+
+    def __init__(self) -> None:
+        self.manager: PluginManager | None = None
+        self.lock = threading.Lock()
+
+
+_process = _ProcessManager()
 
 
 def get_plugin_manager() -> PluginManager:
     """The process-wide plugin manager, loaded on first use."""
-    global _manager
-    if _manager is None:
-        with _manager_lock:
-            if _manager is None:
-                _manager = PluginManager()
-    return _manager
+    found = _process.manager
+    if found is None:
+        with _process.lock:
+            if _process.manager is None:
+                _process.manager = PluginManager()
+            found = _process.manager
+    return found
 
 
 def reset_plugin_manager(manager: PluginManager | None = None) -> None:
     """Replace (or drop, to reload on next use) the process-wide plugin manager."""
-    global _manager
-    with _manager_lock:
-        _manager = manager
+    with _process.lock:
+        _process.manager = manager
 
 
 def available_backends(manager: PluginManager | None = None) -> dict[str, Any]:

@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from unimatmul.cache.record import OK, CandidateResult, TuningRecord, mark_from_elsewhere
-from unimatmul.core.backend import DEFAULT, Candidate
+from unimatmul.core._backend import DEFAULT, Candidate
 from unimatmul.core.problem import SCALED_OUTPUTS, Problem
 from unimatmul.core.rocblas_indices import biased, biased_listing, index_source, legacy_source
 from unimatmul.interop.tunableop import (

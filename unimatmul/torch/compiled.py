@@ -36,11 +36,19 @@ import torch
 
 from unimatmul._version import __version__
 
-_lock = threading.Lock()
-_defined = False
-_library: Any = None
-_previous_pass: Any = None
-_installed = False
+
+class _Registration:
+    """What this process registered with torch: the ``unimatmul`` op library (defined once)
+    and the Inductor pass, with the one it chained after."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.library: Any = None
+        self.previous_pass: Any = None
+        self.installed = False
+
+
+_registered = _Registration()
 
 
 def _mm(
@@ -109,9 +117,8 @@ _SCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def define_ops() -> None:
     """Define ``unimatmul::mm`` once per process (a library cannot be defined twice)."""
-    global _defined, _library
-    with _lock:
-        if _defined:
+    with _registered.lock:
+        if _registered.library is not None:
             return
         library = torch.library.Library("unimatmul", "DEF")
         library.define("mm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=1.0) -> Tensor")
@@ -123,8 +130,7 @@ def define_ops() -> None:
         )
         library.impl("scaled_mm", _scaled_mm, "CompositeExplicitAutograd")
         torch.library.register_fake("unimatmul::scaled_mm", _scaled_mm_fake, lib=library)
-        _library = library
-        _defined = True
+        _registered.library = library
 
 
 _ATEN: dict[Any, str] = {}
@@ -233,8 +239,8 @@ def install() -> None:
     Inductor's config is imported, else once it is (importing it takes 2-9 s, most of an
     ``enable()`` that set the pass at once, and a program that never compiles never needs it)."""
     define_ops()
-    with _lock:
-        if _installed or _hook in sys.meta_path:
+    with _registered.lock:
+        if _registered.installed or _hook in sys.meta_path:
             return
         if _INDUCTOR_CONFIG not in sys.modules:
             sys.meta_path.insert(0, _hook)
@@ -246,17 +252,16 @@ _INDUCTOR_CONFIG = "torch._inductor.config"
 
 
 def _set_pass() -> None:
-    global _previous_pass, _installed
     try:
         import torch._inductor.config as inductor_config
     except Exception:  # a torch without Inductor: eager and aot_eager still route
         return
-    with _lock:
-        if _installed:
+    with _registered.lock:
+        if _registered.installed:
             return
-        _previous_pass = inductor_config.post_grad_custom_pre_pass
-        inductor_config.post_grad_custom_pre_pass = _make_pass(_previous_pass)
-        _installed = True
+        _registered.previous_pass = inductor_config.post_grad_custom_pre_pass
+        inductor_config.post_grad_custom_pre_pass = _make_pass(_registered.previous_pass)
+        _registered.installed = True
 
 
 class _WhenInductorLoads(importlib.abc.MetaPathFinder):
@@ -287,7 +292,7 @@ _hook = _WhenInductorLoads()
 
 
 def _unhook() -> None:
-    with _lock:
+    with _registered.lock:
         if _hook in sys.meta_path:
             sys.meta_path.remove(_hook)
 
@@ -295,13 +300,12 @@ def _unhook() -> None:
 def uninstall() -> None:
     """Put back the pass that was there before :func:`install` (or set none, if Inductor
     was not imported meanwhile)."""
-    global _previous_pass, _installed
     _unhook()
-    with _lock:
-        if not _installed:
+    with _registered.lock:
+        if not _registered.installed:
             return
         import torch._inductor.config as inductor_config
 
-        inductor_config.post_grad_custom_pre_pass = _previous_pass
-        _previous_pass = None
-        _installed = False
+        inductor_config.post_grad_custom_pre_pass = _registered.previous_pass
+        _registered.previous_pass = None
+        _registered.installed = False

@@ -12,7 +12,7 @@ import torch
 
 from unimatmul.cache.record import TuningRecord
 from unimatmul.core import modes as config
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import enabled, routing
 from unimatmul.tuning import agreement

@@ -40,8 +40,8 @@ import torch.autograd.profiler as _profiler
 
 from unimatmul.calls import PASSING, Plan, decide
 from unimatmul.core import modes as _config
+from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.arrays import adapter_of, held_for_graphs, hold_for_graphs
-from unimatmul.core.backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
 from unimatmul.torch.router import Router

@@ -16,7 +16,7 @@ block-scaled call where torch has no block-scaled product, ...). Block-scaled ca
 
 PyTorch's own kernel is reached through the ``out=`` form, ``aten::_scaled_mm.out``,
 which is never taken over: routing cannot recurse, not even through the Default
-candidate (``core/scaled.py``, the same call). While the Selector decides or tunes, the
+candidate (``core/runners.py``, the same call). While the Selector decides or tunes, the
 call runs inside ``unimatmul.mode("off")``, so the harness's own products (its float64
 reference goes through ``aten::mm``) pass through every routed kernel, native ones too.
 
@@ -47,9 +47,10 @@ import torch.autograd.profiler as _profiler
 
 from unimatmul.calls import PASSING, Plan, decide
 from unimatmul.core import modes as _config
+from unimatmul.core._backend import Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
-from unimatmul.core.backend import Target
-from unimatmul.core.scaled import scaled_problem_of, torch_has_block_scaled
+from unimatmul.core.runners import torch_has_block_scaled
+from unimatmul.core.scales import scaled_problem_of
 from unimatmul.torch import native
 from unimatmul.torch.router import Router
 from unimatmul.tuning.selector import Decision
@@ -249,7 +250,7 @@ def _fill(
     plan.problem, plan.target = problem, target
     plan.out_shape = (problem.m, problem.n)
     plan.out_dtype = out_dtype
-    # A window's Default is torch._scaled_mm's out= form (core/scaled.py), which this
+    # A window's Default is torch._scaled_mm's out= form (core/runners.py), which this
     # kernel never takes over: no recursion.
     decision = decide(problem, target, mode)
     plan.take(decision)

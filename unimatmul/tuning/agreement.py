@@ -41,8 +41,8 @@ from typing import Any
 
 from unimatmul import settings
 from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind
-from unimatmul.core.backend import DEFAULT, Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.buckets import Buckets, choose
 from unimatmul.tuning.distributed import DistributedError, Group, current_group, write_records
@@ -83,9 +83,17 @@ def _default_device(kind: str) -> Device:
     return Device(kind, torch.cuda.current_device())
 
 
-_pending: dict[Item, Target] = {}
-_pending_lock = threading.Lock()
-_calls = 0  # agree() calls of this process: ranks compare them
+class _Agreements:
+    """This process's side of agreeing: the problems deferred to the next agreement, and
+    how many agree() calls it made (the ranks compare them)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[Item, Target] = {}
+        self.lock = threading.Lock()
+        self.calls = 0
+
+
+_process = _Agreements()
 
 
 def active(group: Any = None) -> bool:
@@ -101,8 +109,8 @@ def _defer(problem: Problem, target: Target) -> bool:
     """The Selector's gate: in a distributed job, a problem met in a call waits for agree()."""
     if not active():
         return False
-    with _pending_lock:
-        _pending.setdefault(Item.of(problem, target), target)
+    with _process.lock:
+        _process.pending.setdefault(Item.of(problem, target), target)
     return True
 
 
@@ -118,14 +126,14 @@ def uninstall() -> None:
 
 def pending() -> list[Item]:
     """Problems deferred on this rank since the last :func:`agree`."""
-    with _pending_lock:
-        return sorted(_pending)
+    with _process.lock:
+        return sorted(_process.pending)
 
 
 def _take_pending() -> dict[Item, Target]:
-    with _pending_lock:
-        taken = dict(_pending)
-        _pending.clear()
+    with _process.lock:
+        taken = dict(_process.pending)
+        _process.pending.clear()
     return taken
 
 
@@ -289,9 +297,8 @@ def _stored_winner(job: TuneJob, selector: Selector) -> tuple[str | None, Tuning
 def _agree_together(
     selector: Selector, group: Group, mine: dict[Item, Target], force: bool, progress: bool | None
 ) -> Agreement:
-    global _calls
-    _calls += 1
-    hello = group.all_gather({"call": _calls, "items": [astuple(item) for item in sorted(mine)]})
+    _process.calls += 1
+    hello = group.all_gather({"call": _process.calls, "items": [astuple(item) for item in sorted(mine)]})
     calls = [h["call"] for h in hello]
     if len(set(calls)) > 1:
         msg = (

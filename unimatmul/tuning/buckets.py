@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from unimatmul import settings
 from unimatmul.cache.record import TuningRecord
-from unimatmul.core.backend import DEFAULT
+from unimatmul.core._backend import DEFAULT
 
 ENV = settings.BUCKETS.name
 DEFAULT_SPEC = settings.BUCKETS.default

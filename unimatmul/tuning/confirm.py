@@ -63,7 +63,7 @@ from typing import Any, Protocol
 
 from unimatmul import settings
 from unimatmul.cache.record import OK, TuningRecord
-from unimatmul.core.backend import DEFAULT, Runner, Target
+from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.problem import Problem
 
 #: Untimed calls at the start of a window: the choice once, then Default once.

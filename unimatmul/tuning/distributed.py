@@ -36,10 +36,10 @@ from typing import Any
 
 from unimatmul.cache.protocol import CacheStore
 from unimatmul.cache.record import TuningRecord
+from unimatmul.core._backend import Target
 from unimatmul.core.arrays import CPU, Device
-from unimatmul.core.backend import Target
 from unimatmul.core.errors import UnimatmulError
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.jobs import TuneJob
 from unimatmul.tuning.selector import Selector
 
@@ -187,7 +187,7 @@ _NOMINAL = {"cpu": (50e9, 5e-6, 10e9), "gpu": (200e12, 8e-6, 30e12)}
 _NOMINAL_CANDIDATES = 8
 
 
-def estimated_cost(job: TuneJob, harness: HarnessSettings) -> float:
+def estimated_cost(job: TuneJob, harness: HarnessConfig) -> float:
     """Seconds a job's tuning may take (a nominal model: for ordering jobs, not a promise).
 
     Each candidate costs its pause, warm-up and samples (bounded by the budget and by the

@@ -48,28 +48,25 @@ import numpy as np
 from unimatmul import settings as env
 from unimatmul._version import __version__
 from unimatmul.cache.record import ABANDONED, FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
-from unimatmul.core.arrays import (
-    GUARD_VALUES,
-    SCREEN_ELEMENTS,
-    Check,
-    Guard,
-    Operands,
-    Reference,
-    guard_bytes,
-    guarded_output,
-    make_operands,
-    operand_bytes,
-    operand_layouts,
-    structure_inputs,
-)
-from unimatmul.core.backend import DEFAULT, Candidate, Runner, Target
+from unimatmul.core._backend import DEFAULT, Candidate, Runner, Target
+from unimatmul.core.arrays import SCREEN_ELEMENTS, Operands, make_operands, operand_bytes, operand_layouts
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
+from unimatmul.core.scales import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
+from unimatmul.tuning import numeric_check
 from unimatmul.tuning.bounds import ratio_bounds, speedup_bounds, within_noise
 from unimatmul.tuning.conditions import read_device_state
+from unimatmul.tuning.numeric_check import (
+    GUARD_VALUES,
+    Check,
+    Guard,
+    Reference,
+    guard_bytes,
+    guarded_output,
+    structure_inputs,
+)
 from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
 #: What a plugin's code may raise that makes its candidate FAILED. ``SystemExit`` from a
@@ -154,8 +151,10 @@ class CpuTimer:
 
 
 @dataclass
-class HarnessSettings:
-    """How hard to measure. Defaults suit the CPU; GPU callers pass their own."""
+class HarnessConfig:
+    """How hard to measure: the harness's configuration (not the ``UNIMATMUL_*`` settings,
+    nor a record's ``settings``; see docs/tuning.md). Defaults suit the CPU; GPU callers
+    pass their own."""
 
     warmup: int = 2
     min_samples: int = 5
@@ -312,7 +311,7 @@ class MemoryPlan:
     sets: int
     available: int | None
     factor: float
-    keep_bounds: bool = False  # the check keeps each block's bound (ArrayAdapter._within)
+    keep_bounds: bool = False  # the check keeps each block's bound (numeric_check._within)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -321,9 +320,9 @@ class MemoryPlan:
 class Harness:
     """Measures Candidates of one Problem on one Target and returns a TuningRecord."""
 
-    def __init__(self, timer: Timer, settings: HarnessSettings | None = None) -> None:
+    def __init__(self, timer: Timer, settings: HarnessConfig | None = None) -> None:
         self.timer = timer
-        self.settings = settings or HarnessSettings()
+        self.settings = settings or HarnessConfig()
         # perf_counter() time after which no further candidate starts (measure's cap_s).
         self._deadline = math.inf
 
@@ -601,7 +600,7 @@ class Harness:
             # of them only cost the time to fill them. Two still let the check after
             # timing use a set other than the first.
             wanted = min(wanted, 2)
-        # The check may keep the output's bounds (ArrayAdapter._within): a few launches a
+        # The check may keep the output's bounds (numeric_check._within): a few launches a
         # check instead of dozens. Taken where they cost no rotated set.
         bounds = _bounds_bytes(problem)
         bands, indices = guard_bytes(*operand_layouts(problem)["c"], problem.dtype_c)
@@ -702,7 +701,7 @@ class Harness:
         around it (``GUARD_VALUES[poison]``); run once; compare, and look for writes outside."""
         adapter = target.adapter
         if guard is not None:
-            adapter.poison_guard(guard, GUARD_VALUES[poison])
+            numeric_check.poison_guard(guard, GUARD_VALUES[poison])
         if beta != 0.0:
             adapter.copy_(ops.out, c0)
         else:
@@ -711,9 +710,11 @@ class Harness:
         # No synchronisation of its own: the comparison runs on the same stream after the
         # call, and reading its scalars back waits for both (an error of the call surfaces
         # there, to the same handler).
-        found = adapter.compare(ops.out, reference, target.device)
+        found = numeric_check.compare(adapter, ops.out, reference, target.device)
         if guard is not None:
-            found.outside, found.outside_where = adapter.guard_writes(guard, GUARD_VALUES[poison])
+            found.outside, found.outside_where = numeric_check.guard_writes(
+                adapter, guard, GUARD_VALUES[poison]
+            )
         return found
 
     def _late_check_set(
@@ -1139,7 +1140,7 @@ def _macs(problem: Problem) -> int:
 
 
 def _check_bytes(problem: Problem, beta: float, block: int) -> int:
-    """Bytes the numeric check allocates at most at one time (see ArrayAdapter.make_reference)."""
+    """Bytes the numeric check allocates at most at one time (see numeric_check.make_reference)."""
     out_elements = problem.m * problem.n * problem.batch
     ref = out_elements * (8 if problem.dtype_c == "f64" else 4)
     c0 = out_elements * ITEMSIZE[problem.dtype_c] if beta != 0.0 else 0
@@ -1156,7 +1157,7 @@ def _check_bytes(problem: Problem, beta: float, block: int) -> int:
 
 def _bounds_bytes(problem: Problem) -> int:
     """Bytes of the bounds an exactly checked output keeps with its reference (in the
-    reference's dtype; see ArrayAdapter._within); 0 for a screened one."""
+    reference's dtype; see numeric_check._within); 0 for a screened one."""
     out_elements = problem.m * problem.n * problem.batch
     return out_elements * (8 if problem.dtype_c == "f64" else 4) if out_elements <= SCREEN_ELEMENTS else 0
 
@@ -1183,7 +1184,7 @@ def _failure(exc: BaseException) -> str:
 def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[[], None]:
     a, b, out, bias = ops.a, ops.b, ops.out, ops.bias
     if isinstance(ops, ScaledOperands):
-        # A scaled runner takes the scales after the usual arguments (core/scaled.py).
+        # A scaled runner takes the scales after the usual arguments (core/runners.py: ScaledDefaultRunner).
         scaled: Any = runner
         scale_a, scale_b = ops.scale_a, ops.scale_b
 
@@ -1227,8 +1228,8 @@ def reference_of(
     adapter = target.adapter
     if model is None:
         model = _error_model(problem)
-    found = adapter.make_reference(
-        _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, target.device
+    found = numeric_check.make_reference(
+        adapter, _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, target.device
     )
     found.keep_bounds = keep_bounds
     return found

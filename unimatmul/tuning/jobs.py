@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from unimatmul.cache.record import TuningRecord
-from unimatmul.core.backend import Target
+from unimatmul.core._backend import Target
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.buckets import Buckets, bucket_range
 from unimatmul.tuning.selector import Selector

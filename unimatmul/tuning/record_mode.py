@@ -39,7 +39,7 @@ from unimatmul.core.problem import Problem
 from unimatmul.core.text_input import text_lines
 
 if TYPE_CHECKING:
-    from unimatmul.core.backend import Target
+    from unimatmul.core._backend import Target
 
 ENV = settings.RECORD_FILE.name
 FILENAME = "recorded.jsonl"
@@ -130,18 +130,24 @@ def _exclusive(fh: io.FileIO) -> Iterator[None]:
         fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-_recorder: ProblemRecorder | None = None
-_recorder_lock = threading.Lock()
+class _ProcessRecorder:
+    """The process-wide recorder (None until first use) and its lock."""
+
+    def __init__(self) -> None:
+        self.recorder: ProblemRecorder | None = None
+        self.lock = threading.Lock()
+
+
+_process = _ProcessRecorder()
 
 
 def get_recorder() -> ProblemRecorder:
     """The process-wide recorder, following ``UNIMATMUL_RECORD_FILE`` if it changes."""
-    global _recorder
     path = default_record_path()
-    with _recorder_lock:
-        if _recorder is None or _recorder.path != path:
-            _recorder = ProblemRecorder(path)
-        return _recorder
+    with _process.lock:
+        if _process.recorder is None or _process.recorder.path != path:
+            _process.recorder = ProblemRecorder(path)
+        return _process.recorder
 
 
 def record_problem(problem: Problem, target: Target) -> None:

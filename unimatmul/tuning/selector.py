@@ -27,14 +27,14 @@ from unimatmul import settings as env
 from unimatmul.cache.protocol import CacheStore, open_store
 from unimatmul.cache.record import TuningRecord, checked_here, mark_checked
 from unimatmul.core import notices
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, DefaultRunner, Runner, Target
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.core.platform import Platform, detect_platform
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import default_runner
+from unimatmul.core.runners import DefaultRunner, default_runner
 from unimatmul.tuning import confirm, trust
 from unimatmul.tuning.buckets import Buckets, bucket_range
-from unimatmul.tuning.harness import HarnessSettings
+from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.record_mode import record_problem
 from unimatmul.tuning.tuner import Progress, Tuner
 
@@ -110,7 +110,7 @@ class Selector:
         *,
         plugins: PluginManager | None = None,
         store: CacheStore | None = None,
-        settings: HarnessSettings | None = None,
+        settings: HarnessConfig | None = None,
         backends: Iterable[str] | None = None,
     ) -> None:
         self._store = store
@@ -142,12 +142,12 @@ class Selector:
         return self.tuner.plugins
 
     @property
-    def settings(self) -> HarnessSettings | None:
+    def settings(self) -> HarnessConfig | None:
         """Harness settings for every target (None: each target's own)."""
         return self.tuner.settings
 
     @settings.setter
-    def settings(self, value: HarnessSettings | None) -> None:
+    def settings(self, value: HarnessConfig | None) -> None:
         self.tuner.settings = value
 
     @property
@@ -205,7 +205,7 @@ class Selector:
                 record = self.lookup_bucket(problem, target)
                 source = "bucket" if record is not None else source
             if record is None and mode == "tune":
-                gate = _tuning_gate
+                gate = STATE.tuning_gate
                 if gate is not None and gate(problem, target):
                     # Deferred (a distributed job decides at its next collective point).
                     return Decision(DefaultRunner(target.adapter, problem.activation), "deferred")
@@ -254,7 +254,7 @@ class Selector:
         whose margin is slim (:func:`confirm.default_in_graphs`).
         """
         calls = self.confirm_calls if self.confirm_calls is not None else confirm.calls_per_candidate()
-        collective = _collective
+        collective = STATE.collective
         # In a distributed job deciding together every rank must run the same kernel,
         # which windows judged on each rank alone would not keep: such choices run
         # unconfirmed, and ties not at all.
@@ -386,7 +386,7 @@ class Selector:
                     target=self._write_jobs, name="unimatmul-verdicts", daemon=True
                 )
                 self._writer.start()
-                _live.add(self)
+                STATE.live.add(self)
 
     def _write_jobs(self) -> None:
         while True:
@@ -638,68 +638,73 @@ class Selector:
         self.store.put(platform.namespace, key, record)
 
 
-_selector: Selector | None = None
-_selector_lock = threading.Lock()
-# Selectors with verdicts being written: given a few seconds to finish at exit.
-_live: weakref.WeakSet[Selector] = weakref.WeakSet()
+class SelectionState:
+    """What the process shares about selection, in one object: its Selector, the gate that
+    may defer tuning, and the callers to tell when prepared runners must be forgotten.
+
+    A gate, consulted before a call tunes a problem it meets (mode "tune"), says True when
+    Default should serve the call and the gate's owner tune the problem later: distributed
+    jobs use it so that no rank decides alone and no collective runs inside a call
+    (unimatmul.tuning.distributed). It outlives :meth:`set_selector`. Callers that keep
+    prepared runners in front of the Selector (the API's fast path, PyTorch routing's
+    plans) register with :meth:`on_forget` to forget them when the answers may change.
+    """
+
+    def __init__(self) -> None:
+        self.selector: Selector | None = None
+        self.lock = threading.Lock()
+        # Selectors with verdicts being written: given a few seconds to finish at exit.
+        self.live: weakref.WeakSet[Selector] = weakref.WeakSet()
+        self.tuning_gate: Callable[[Problem, Target], bool] | None = None
+        # Whether the gate's owner decides collectively now (then no rank may judge a choice alone).
+        self.collective: Callable[[], bool] | None = None
+        self.forget_hooks: list[Callable[[], None]] = []
+
+    def get_selector(self) -> Selector:
+        """The process-wide Selector."""
+        found = self.selector
+        if found is None:
+            with self.lock:
+                if self.selector is None:
+                    self.selector = Selector()
+                found = self.selector
+        return found
+
+    def set_selector(self, selector: Selector | None) -> Selector | None:
+        """Install another process-wide Selector (tests, embedding); returns the old one."""
+        with self.lock:
+            old, self.selector = self.selector, selector
+        self.forget_prepared()
+        return old
+
+    def set_tuning_gate(
+        self, gate: Callable[[Problem, Target], bool] | None, *, collective: Callable[[], bool] | None = None
+    ) -> None:
+        """Install (or with None remove) the gate that may defer tuning on a call;
+        ``collective()`` says whether its owner's job decides together right now."""
+        self.tuning_gate = gate
+        self.collective = collective if gate is not None else None
+
+    def on_forget(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` whenever :meth:`forget_prepared` runs (once per distinct hook)."""
+        if hook not in self.forget_hooks:
+            self.forget_hooks.append(hook)
+
+    def forget_prepared(self) -> None:
+        """Make every caller forget its prepared runners (the selector, cache or mode changed)."""
+        for hook in list(self.forget_hooks):
+            hook()
+
+    def settle_at_exit(self) -> None:
+        for selector in list(self.live):
+            selector.settle(timeout=5.0)
 
 
-@atexit.register
-def _settle_at_exit() -> None:
-    for selector in list(_live):
-        selector.settle(timeout=5.0)
-
-
-def get_selector() -> Selector:
-    """The process-wide Selector."""
-    global _selector
-    if _selector is None:
-        with _selector_lock:
-            if _selector is None:
-                _selector = Selector()
-    return _selector
-
-
-def set_selector(selector: Selector | None) -> Selector | None:
-    """Install another process-wide Selector (tests, embedding); returns the old one."""
-    global _selector
-    with _selector_lock:
-        old, _selector = _selector, selector
-    forget_prepared()
-    return old
-
-
-# A gate consulted before a call tunes a problem it meets (mode "tune"): when it says
-# True, Default serves the call and the gate's owner tunes the problem later. Distributed
-# jobs use it so that no rank decides alone and no collective runs inside a call
-# (unimatmul.tuning.distributed). Process-wide, so that it outlives set_selector().
-_tuning_gate: Callable[[Problem, Target], bool] | None = None
-# Whether the gate's owner decides collectively now (then no rank may judge a choice alone).
-_collective: Callable[[], bool] | None = None
-
-
-def set_tuning_gate(
-    gate: Callable[[Problem, Target], bool] | None, *, collective: Callable[[], bool] | None = None
-) -> None:
-    """Install (or with None remove) the gate that may defer tuning on a call;
-    ``collective()`` says whether its owner's job decides together right now."""
-    global _tuning_gate, _collective
-    _tuning_gate = gate
-    _collective = collective if gate is not None else None
-
-
-# Callers that keep prepared runners in front of the Selector (the API's fast path,
-# PyTorch routing's plans) register here to forget them when the answers may change.
-_forget_hooks: list[Callable[[], None]] = []
-
-
-def on_forget(hook: Callable[[], None]) -> None:
-    """Call ``hook`` whenever :func:`forget_prepared` runs (once per distinct hook)."""
-    if hook not in _forget_hooks:
-        _forget_hooks.append(hook)
-
-
-def forget_prepared() -> None:
-    """Make every caller forget its prepared runners (the selector, cache or mode changed)."""
-    for hook in list(_forget_hooks):
-        hook()
+#: The one per process.
+STATE = SelectionState()
+atexit.register(STATE.settle_at_exit)
+get_selector = STATE.get_selector
+set_selector = STATE.set_selector
+set_tuning_gate = STATE.set_tuning_gate
+on_forget = STATE.on_forget
+forget_prepared = STATE.forget_prepared

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from unimatmul import settings
-from unimatmul.core.backend import Target
-from unimatmul.tuning.harness import HarnessSettings, Timer
+from unimatmul.core._backend import Target
+from unimatmul.tuning.harness import HarnessConfig, Timer
 
 #: Calls per timed batch: enough that launch latency is a few percent of a small GEMM.
 MIN_CALLS = 20
@@ -213,9 +213,9 @@ def l2_cache_bytes(target: Target) -> int:
         return 50 << 20
 
 
-def device_settings(target: Target) -> HarnessSettings:
+def device_settings(target: Target) -> HarnessConfig:
     """Harness settings for a GPU target (see the module docstring)."""
-    return HarnessSettings(
+    return HarnessConfig(
         warmup=1,
         min_samples=3,
         max_samples=20,

@@ -7,7 +7,7 @@ had a mark) did not, and one that passed the check's inputs may still be wrong o
 program's own. So such a choice reaches its caller wrapped in a :class:`CheckingRunner`:
 its first call runs the choice, runs Default on the same inputs into a buffer of its own,
 and holds both to the element-wise bound of the problem's dtype against a float64
-reference of those inputs (:meth:`~unimatmul.core.arrays.ArrayAdapter.compare`, the
+reference of those inputs (:func:`~unimatmul.tuning.numeric_check.compare`, the
 harness's own check). A choice whose output is over the bound where Default's is not is
 wrong: the call returns Default's result, the key goes back to Default, a warning says so
 once, and the store records why (``settings["confirm"]``, verdict ``reverted`` with a
@@ -30,12 +30,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from unimatmul.core.arrays import Check, Operands
-from unimatmul.core.backend import Runner, Target
+from unimatmul.core._backend import Runner, Target
+from unimatmul.core.arrays import Operands
 from unimatmul.core.modes import mode
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import ScaledOperands
+from unimatmul.core.scales import ScaledOperands
+from unimatmul.tuning import numeric_check
 from unimatmul.tuning.harness import reference_of
+from unimatmul.tuning.numeric_check import Check
 
 
 def check_outputs(
@@ -61,10 +63,10 @@ def check_outputs(
     else:
         ops = Operands(a, b, got, bias)
     reference = reference_of(problem, target, ops, c0, alpha, beta)  # the harness's own check
-    mine = adapter.compare(got, reference, device)
+    mine = numeric_check.compare(adapter, got, reference, device)
     if mine.ok():
         return ""
-    theirs = adapter.compare(want, reference, device)
+    theirs = numeric_check.compare(adapter, want, reference, device)
     widen = _widen(theirs)
     if mine.ok(widen) or (mine.nonfinite and theirs.nonfinite >= mine.nonfinite):
         return ""  # Default is as far off on these inputs (their own range, not the kernel)

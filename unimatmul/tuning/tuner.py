@@ -23,13 +23,13 @@ from typing import Any
 
 from unimatmul.cache.record import OK, TuningRecord
 from unimatmul.core import notices
-from unimatmul.core.backend import DEFAULT, Backend, Candidate, Runner, Target
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, Runner, Target
 from unimatmul.core.errors import UnimatmulError, UnknownCandidate, UnsupportedProblem
 from unimatmul.core.plugins import PluginManager, get_plugin_manager
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import default_runner
+from unimatmul.core.runners import default_runner
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
-from unimatmul.tuning.harness import LOW, CpuTimer, Harness, HarnessSettings, Timer
+from unimatmul.tuning.harness import LOW, CpuTimer, Harness, HarnessConfig, Timer
 from unimatmul.tuning.timers import device_settings, device_timer
 
 Entry = tuple[Candidate, Callable[[], Runner]]
@@ -53,7 +53,7 @@ class Tuner:
         self,
         *,
         plugins: PluginManager | None = None,
-        settings: HarnessSettings | None = None,
+        settings: HarnessConfig | None = None,
         backends: Iterable[str] | None = None,
         warn: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -132,11 +132,11 @@ class Tuner:
             return CpuTimer()
         return device_timer(target)
 
-    def settings_for(self, target: Target) -> HarnessSettings:
+    def settings_for(self, target: Target) -> HarnessConfig:
         if self.settings is not None:
             return self.settings
         if target.device.kind == "cpu":
-            return HarnessSettings()
+            return HarnessConfig()
         return device_settings(target)
 
     # --- what to measure ------------------------------------------------------------

@@ -480,8 +480,7 @@ def _phase_clock() -> dict[str, float]:
     """
     import functools
 
-    from unimatmul.core import arrays
-    from unimatmul.tuning import harness, timers, tuner
+    from unimatmul.tuning import harness, numeric_check, timers, tuner
 
     clock: dict[str, float] = {}
 
@@ -501,13 +500,13 @@ def _phase_clock() -> dict[str, float]:
     wrap(tuner.Tuner, "entries", "candidates")
     wrap(tuner.Tuner, "prepare", "prepare")
     wrap(harness.Harness, "_operand_sets", "inputs")
-    wrap(arrays.ArrayAdapter, "make_reference", "references")
+    wrap(numeric_check, "make_reference", "references")
     wrap(harness.Harness, "_check_call", "checks")
     wrap(harness.Harness, "_time", "timing")
     wrap(harness.Harness, "_confirm", "confirm")
     # Inside the above: the comparison of a check ("checks"), a candidate's capture with
     # its eager warm-up ("timing"), and the new values of the sets checked after timing.
-    wrap(arrays.ArrayAdapter, "compare", "checks: compare")
+    wrap(numeric_check, "compare", "checks: compare")
     wrap(timers.TorchGraphTimer, "prepare", "timing: capture")
     wrap(harness.Harness, "_late_check_set", "timing: late sets")
     return clock

@@ -46,7 +46,7 @@ from unimatmul import Candidate, Problem, UnsupportedProblem  # noqa: E402
 from unimatmul.backend import Device, Target, adapter_for_kind, make_operands, tolerance  # noqa: E402  # noqa: E402
 from unimatmul.core.dtypes import scaled_tolerance  # noqa: E402
 from unimatmul.core.plugins import PluginManager  # noqa: E402
-from unimatmul.core.scaled import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
+from unimatmul.core.scales import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
 
 CPU = Device("cpu")
 
@@ -453,7 +453,7 @@ def test_fp8_kernels_compile_for_hopper_and_mi300_without_a_gpu() -> None:
     script = """
 import json
 from triton.backends.compiler import GPUTarget
-from unimatmul.core.scaled import scaled_problem
+from unimatmul.core.scales import scaled_problem
 from unimatmul_triton.backend import compile_plan
 from unimatmul_triton.configs import ROWS, SKINNY, TILE, KernelConfig
 from unimatmul_triton.launch import plan_for
@@ -791,9 +791,9 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
     from dataclasses import replace
 
     import unimatmul.torch as ut
+    from unimatmul.backend import DEFAULT
     from unimatmul.cache.record import OK
-    from unimatmul.core.backend import DEFAULT
-    from unimatmul.testing import fast_settings, isolated_selector
+    from unimatmul.testing import fast_config, isolated_selector
     from unimatmul.torch import native, routing
     from unimatmul.tuning import confirm
 
@@ -826,7 +826,7 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
 
     with isolated_selector(tmp_path / "cache.msgpack", confirm_calls=4) as selector:  # type: ignore[operator]
         problem, target, record = _triton_winner(selector, lin, x)
-        selector.settings = replace(fast_settings(), min_gain=-100.0)  # every window keeps its choice
+        selector.settings = replace(fast_config(), min_gain=-100.0)  # every window keeps its choice
         namespace = selector.platform(target).namespace
         try:
             assert captured(selector) == (True, native.LAUNCH)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unimatmul.core.backend import Candidate
+from unimatmul.backend import Candidate
 from unimatmul.core.plugins import PluginManager
 from unimatmul.tuning.timers import MAX_BATCH_S, MIN_CALLS, batch_size
 from unimatmul_backends.cuda import library

@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from unimatmul.backend import Candidate, Target  # noqa: E402
 from unimatmul.core.arrays import Device, adapter_for_kind, make_operands  # noqa: E402
-from unimatmul.core.backend import Candidate, Target  # noqa: E402
 from unimatmul.core.dtypes import tolerance  # noqa: E402
 from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
@@ -231,7 +231,7 @@ def test_runner_runs_on_the_callers_stream(backend: Any, target: Target) -> None
 
 
 def test_graph_timer_times_lt_and_default(backend: Any, target: Target) -> None:
-    from unimatmul.core.backend import DefaultRunner
+    from unimatmul.core.runners import DefaultRunner
     from unimatmul.tuning.timers import TorchGraphTimer
 
     problem = _problem(256, 256, 256)

@@ -20,12 +20,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import unimatmul  # noqa: E402
+from unimatmul.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.arrays import Device, adapter_for_kind  # noqa: E402
-from unimatmul.core.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.dtypes import scaled_tolerance  # noqa: E402
 from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
-from unimatmul.core.scaled import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
+from unimatmul.core.scales import make_scaled_operands, scaled_problem, scaled_reference  # noqa: E402
 
 HAVE_FP8 = bool(
     torch.cuda.is_available()
@@ -445,12 +445,12 @@ def test_a_native_scaled_entry_runs_its_confirmation_window(native_selector: Any
     timed with CUDA events, and becomes SCALED_LT or DEFAULT by the verdict."""
     import unimatmul.torch as ut
     from unimatmul.torch import native, scaled_routing
-    from unimatmul.tuning.harness import HarnessSettings
+    from unimatmul.tuning.harness import HarnessConfig
 
     a, b, sa, sb = _linear(128, 2048, 1024, "tensor")
     _native_kernel_entry(native_selector, a, b, sa, sb, None)
     native_selector.confirm_calls = 4
-    native_selector.settings = HarnessSettings(min_gain=min_gain)  # windows only: tuning is done
+    native_selector.settings = HarnessConfig(min_gain=min_gain)  # windows only: tuning is done
     ut.clear_plans()
     ut.reset_stats()
     keep = min_gain < 0
@@ -488,7 +488,7 @@ def test_block_scaled_default_and_every_candidate_are_correct(
 ) -> None:
     """torch's own block-scaled product (the Default) and every cuBLASLt candidate (the
     VEC128_32F / BLK128x128_32F modes) against the float64 product of the dequantised inputs."""
-    from unimatmul.core.scaled import default_runner
+    from unimatmul.core.runners import default_runner
 
     tol = scaled_tolerance(problem.dtype_c, problem.fast_accum)
     ops = make_scaled_operands(problem, target.adapter, target.device, np.random.default_rng(0))

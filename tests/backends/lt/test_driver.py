@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from unimatmul.backend import Candidate, Target
 from unimatmul.core.arrays import Device
-from unimatmul.core.backend import Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.abi import CUBLASLT_13, HIPBLASLT_6, LtABI

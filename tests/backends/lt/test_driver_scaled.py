@@ -19,7 +19,7 @@ from test_driver import FakeHooks, FakeLtBackend, RecordingLtLibrary, _target, d
 
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem
+from unimatmul.core.scales import scaled_problem
 from unimatmul_backends.lt.abi import CUBLASLT_12, CUBLASLT_13
 from unimatmul_backends.lt.backend import PAD
 from unimatmul_backends.lt.driver import CublasLtConfig, LtDriver

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from onednn_caps import skip_unless_offered
 
+from unimatmul.backend import Candidate, Target
 from unimatmul.core.arrays import CPU, Operands, adapter_for_kind, make_operands
-from unimatmul.core.backend import Candidate, Target
 from unimatmul.core.dtypes import tolerance
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from unimatmul.backend import Target
 from unimatmul.core.arrays import Device, NumpyAdapter, make_operands
-from unimatmul.core.backend import Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul_backends.lt.abi import (
@@ -737,9 +737,10 @@ def test_solutions_sharing_a_kernel_are_told_apart_by_the_solution_name() -> Non
 def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_build() -> None:
     """Tuning over the pool: every supported solution measured and checked against float64,
     and the best one's identity runs the same solution where the build numbers it anew."""
+    from unimatmul.backend import DEFAULT, Candidate
     from unimatmul.cache.record import OK, PRUNED
-    from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner
-    from unimatmul.testing import fast_settings
+    from unimatmul.core.runners import DefaultRunner
+    from unimatmul.testing import fast_config
     from unimatmul.tuning.harness import CpuTimer, Harness
 
     names = {10: kernel(64, 64), 20: kernel(128, 64), 30: kernel(32, 32, gsu=2), 40: kernel(64, 32)}
@@ -752,7 +753,7 @@ def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_bu
     assert [c.param("index") for c in candidates] == [10, 30, 20]  # heuristic, then the tile order
     entries = [(DEFAULT, lambda: DefaultRunner(TARGET.adapter))]
     entries += [(c, lambda c=c: backend.prepare(problem, c, TARGET)) for c in candidates]
-    record = Harness(CpuTimer(), fast_settings()).measure(problem, TARGET, entries)
+    record = Harness(CpuTimer(), fast_config()).measure(problem, TARGET, entries)
     results = {r.identity: r for r in record.results}
     # Each passed the numeric check (numpy's Default is faster than the fake's Python
     # matmul, so they may be pruned after it, never rejected).

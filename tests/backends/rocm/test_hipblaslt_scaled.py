@@ -16,7 +16,7 @@ from test_hipblaslt import TARGET, FakeHipblaslt, make_backend
 
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
-from unimatmul.core.scaled import scaled_problem
+from unimatmul.core.scales import scaled_problem
 from unimatmul_backends.lt.abi import HIPBLASLT_6
 from unimatmul_backends.lt.runner import ScaledLtRunner
 from unimatmul_backends.rocm.hipblaslt import solution_candidate

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from unimatmul.backend import Candidate, Target
 from unimatmul.core.arrays import Device, NumpyAdapter, make_operands
-from unimatmul.core.backend import Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
 from unimatmul_backends.rocm.libraries import LibraryChoice

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from unimatmul.backend import Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cli import interop as cli_interop
 from unimatmul.core.arrays import Device, adapter_for_kind
-from unimatmul.core.backend import Target
 from unimatmul.core.platform import detect_platform
 
 torch = pytest.importorskip("torch")

@@ -118,7 +118,7 @@ def _scale_params(p: Problem) -> list[Param]:
     """A scaled GEMM's scale pointers (f32) and, block-scaled, the scales' strides: scale_a
     ``[m, ceil(k/128)]`` outer-dim-major (strides ``(1, m)``) and scale_b ``[ceil(k/128),
     ceil(n/128)]`` with strides ``(1, ceil(k/128))``, the layouts the Problem stands for
-    (``unimatmul.core.scaled``). A plain GEMM has none of them (compiled-in Nones and 0s)."""
+    (``unimatmul.core.scales``). A plain GEMM has none of them (compiled-in Nones and 0s)."""
     if not p.is_scaled:
         return [
             Param("sa_ptr", "constexpr", None),

@@ -9,7 +9,7 @@ exception is a bug of the backend, which the selector contains (warn once, Defau
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from unimatmul.core.errors import UnsupportedProblem
@@ -154,20 +154,6 @@ class Target:
     @property
     def array_kind(self) -> str:
         return self.adapter.kind
-
-
-@dataclass
-class DefaultRunner:
-    """The Default candidate: what the caller's array library itself would do."""
-
-    adapter: ArrayAdapter
-    activation: str | None = None
-    candidate: Candidate = field(default=DEFAULT)
-
-    def __call__(
-        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
-    ) -> None:
-        self.adapter.matmul(a, b, out, alpha, beta, bias, self.activation)
 
 
 class Backend(ABC):

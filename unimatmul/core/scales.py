@@ -1,4 +1,4 @@
-"""Scaled (fp8) GEMMs in the vocabulary: their Problems, operands, reference and Default.
+"""Scaled (fp8) GEMMs in the vocabulary: their Problems, scales, operands and reference.
 
 A scaled GEMM is ``D[m, n] = (scale_a * A[m, k]) @ (scale_b * B[k, n]) (+ bias[n])``
 with fp8 A and B, f32 scales and a bf16, f16 or f32 D: what ``torch._scaled_mm`` computes
@@ -18,7 +18,7 @@ as ``b`` is ``w.t()``). torch computes block-scaled products on sm90 only (cuBLA
 
 A scaled runner is a Runner called with two more arguments,
 ``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)``; its Default,
-:class:`ScaledDefaultRunner`, is ``torch._scaled_mm`` through its ``out=`` form (which
+:class:`~unimatmul.core.runners.ScaledDefaultRunner`, is ``torch._scaled_mm`` through its ``out=`` form (which
 PyTorch routing never takes over, so it cannot recurse). The harness checks every
 candidate against :func:`scaled_reference`: the float64 product of the dequantised
 operands, which the fp8 values and f32 scales give exactly.
@@ -29,16 +29,13 @@ dtype. torch is imported through the array adapter, never at import time.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from unimatmul.core.arrays import ArrayAdapter, Device, Operands
-from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import FP8, ErrorModel, canonical
-from unimatmul.core.errors import DefaultFailed
 from unimatmul.core.problem import (
     BLOCK_SCALES,
     SCALE_BLOCK,
@@ -297,7 +294,7 @@ def scaled_problem_of(
     )
 
 
-# --- operands, reference, Default ------------------------------------------------------------
+# --- operands and reference ------------------------------------------------------------
 
 
 @dataclass
@@ -308,7 +305,8 @@ class ScaledOperands(Operands):
     scale_b: Any = field(default=None)
 
 
-def _torch(adapter: ArrayAdapter) -> Any:
+def torch_of(adapter: ArrayAdapter) -> Any:
+    """The torch module of a torch adapter; TypeError for any other array library."""
     torch = getattr(adapter, "torch", None)
     if adapter.kind != "torch" or torch is None:
         msg = f"scaled GEMMs run on torch tensors only, not {adapter.kind} arrays (no fp8 dtype there)"
@@ -334,7 +332,7 @@ def make_scaled_operands(
     spread over a factor of four (a row-wise scale differs from row to row, so that a
     kernel that applied one scale to all rows would fail the check).
     """
-    torch = _torch(adapter)
+    torch = torch_of(adapter)
     tdevice = adapter.torch_device(device)  # type: ignore[attr-defined]
     gen = torch.Generator(device=tdevice)
     gen.manual_seed(int(rng.integers(0, 2**62)))
@@ -388,7 +386,7 @@ def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> Operands:
     """The scaled operands as float32 ``scale_a * A`` and ``scale_b * B`` (the numeric
     check's reference is the plain product of these; fp8 values times a float32 scale
     lose at most one float32 rounding, far below any fp8 output's bound)."""
-    torch = _torch(adapter)
+    torch = torch_of(adapter)
     f32 = torch.float32
     a = ops.a.to(f32) * expanded_scale(ops.scale_a.to(f32), ops.a.shape)
     b = ops.b.to(f32) * expanded_scale(ops.scale_b.to(f32), ops.b.shape)
@@ -412,7 +410,7 @@ def expanded_scale(scale: Any, shape: tuple[int, ...]) -> Any:
 def scaled_reference(adapter: ArrayAdapter, a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any) -> Any:
     """``(scale_a * a) @ (scale_b * b) + bias`` in float64 on the operands' device (block
     scales applied over their blocks: :func:`expanded_scale`)."""
-    torch = _torch(adapter)
+    torch = torch_of(adapter)
     f64 = torch.float64
     ref = (a.to(f64) * expanded_scale(scale_a.to(f64), a.shape)) @ (
         b.to(f64) * expanded_scale(scale_b.to(f64), b.shape)
@@ -422,107 +420,11 @@ def scaled_reference(adapter: ArrayAdapter, a: Any, b: Any, scale_a: Any, scale_
     return ref
 
 
-@dataclass
-class ScaledDefaultRunner:
-    """The Default of a scaled GEMM: ``torch._scaled_mm`` (its ``out=`` form).
-
-    Block-scaled (``block_scaled``): torch's own product where torch has one (CUDA; torch
-    itself refuses GPUs other than sm90), else :class:`DefaultFailed` saying so: no slow
-    path runs in its place.
-    """
-
-    adapter: ArrayAdapter
-    fast_accum: bool = False
-    candidate: Candidate = field(default=DEFAULT)
-    block_scaled: bool = False
-
-    def __post_init__(self) -> None:
-        self._scaled_mm = _torch(self.adapter)._scaled_mm
-        if self.block_scaled:
-            self._scaled_mm = self._block_scaled_mm
-
-    def _block_scaled_mm(self, a: Any, b: Any, scale_a: Any, scale_b: Any, **kwargs: Any) -> Any:
-        device = self.adapter.device(a)
-        if not torch_has_block_scaled(self.adapter, device):
-            raise block_default_missing(device)
-        return _torch(self.adapter)._scaled_mm(a, b, scale_a, scale_b, **kwargs)
-
-    def __call__(
-        self,
-        a: Any,
-        b: Any,
-        out: Any,
-        alpha: float = 1.0,
-        beta: float = 0.0,
-        bias: Any = None,
-        scale_a: Any = None,
-        scale_b: Any = None,
-    ) -> None:
-        if alpha != 1.0 or beta != 0.0:
-            msg = f"torch._scaled_mm has no alpha or beta (got alpha={alpha}, beta={beta})"
-            raise ValueError(msg)
-        self._scaled_mm(
-            a,
-            b,
-            scale_a,
-            scale_b,
-            bias=bias,
-            out_dtype=out.dtype,
-            use_fast_accum=self.fast_accum,
-            out=out,
-        )
-
-
-def torch_has_block_scaled(adapter: ArrayAdapter, device: Device) -> bool:
-    """Whether torch may compute a block-scaled product on ``device``: on CUDA only, not
-    ROCm (ScaledBlas.cpp; torch itself then refuses GPUs other than sm90, and cuBLASLt
-    before 12.9, with its own error)."""
-    return device.kind == "cuda" and not getattr(_torch(adapter).version, "hip", None)
-
-
-def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
-    """The error of a scaled call whose Default, ``torch._scaled_mm``, failed on ``device``:
-    what failed and, on a CPU, why torch's own fp8 product may not run there."""
-    said = str(exc).strip().splitlines()[0].rstrip(". ") if str(exc).strip() else type(exc).__name__
-    msg = f"scaled_matmul: torch._scaled_mm (Default: torch's own fp8 product) failed on {device}: {said}"
-    if device.kind == "cpu":
-        # torch runs CPU fp8 through oneDNN where the CPU has AMX, and oneDNN under an ISA cap
-        # below AMX cannot build that primitive (ATen's _scaled_mm_out_cpu).
-        cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
-        msg += ". torch computes CPU fp8 products with oneDNN on CPUs with AMX"
-        if cap:
-            msg += f", and ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN below AMX: unset it"
-        msg += "; unimatmul has no other CPU kernel to run instead"
-    return DefaultFailed(msg, call="torch._scaled_mm")
-
-
-def block_default_missing(device: Device) -> DefaultFailed:
-    """The error of a block-scaled call on a device where torch has no block-scaled product."""
-    msg = (
-        f"scaled_matmul: torch has no block-scaled (1x128 groups of a, 128x128 blocks of b) fp8 product "
-        f"on {device}: torch._scaled_mm takes these scales on CUDA GPUs of compute capability 9.0 only "
-        "(cuBLASLt >= 12.9), so the Default cannot run here; unimatmul runs no slow path in its place "
-        "(its float64 reference of the dequantised product only checks candidates)"
-    )
-    return DefaultFailed(msg, call="torch._scaled_mm")
-
-
-def default_runner(problem: Problem, adapter: ArrayAdapter) -> Runner:
-    """What the caller's library itself would do for ``problem``: the one Default."""
-    if problem.is_scaled:
-        return ScaledDefaultRunner(adapter, problem.fast_accum, block_scaled=problem.is_block_scaled)
-    return DefaultRunner(adapter, problem.activation)
-
-
 __all__ = [
     "SCALE_MODES",
     "SCALE_PAIRS",
-    "ScaledDefaultRunner",
     "ScaledOperands",
-    "block_default_missing",
     "block_scale_shapes",
-    "default_failed",
-    "default_runner",
     "expanded_scale",
     "make_scaled_operands",
     "scale_modes",
@@ -530,5 +432,5 @@ __all__ = [
     "scaled_problem_of",
     "scaled_reference",
     "torch_fp8",
-    "torch_has_block_scaled",
+    "torch_of",
 ]

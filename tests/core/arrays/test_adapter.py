@@ -1,0 +1,66 @@
+"""The array adapters' package: one module per library behind ``unimatmul.core.arrays``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import unimatmul.core.arrays as arrays
+from unimatmul.core.arrays import cupy as cupy_module
+from unimatmul.core.arrays import numpy as numpy_module
+from unimatmul.core.arrays import torch as torch_module
+
+
+def test_every_name_of_the_package_is_the_one_of_its_module() -> None:
+    for name in arrays.__all__:
+        assert getattr(arrays, name) is not None, name
+    assert arrays.NumpyAdapter is numpy_module.NumpyAdapter
+    assert arrays.TorchAdapter is torch_module.TorchAdapter
+    assert arrays.CupyAdapter is cupy_module.CupyAdapter
+    assert arrays.kept_torch_buffer is torch_module.kept_torch_buffer
+
+
+def test_dispatch_by_type_finds_each_librarys_adapter_once() -> None:
+    a = np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3)
+    found = arrays.adapter_of(a)
+    assert isinstance(found, numpy_module.NumpyAdapter)
+    assert found is arrays.adapter_for_kind("numpy") is arrays.adapter_of(a.T)
+    assert found.signature(a) == (a.shape, a.strides, a.dtype.num, a.__array_interface__["data"][0] & 15)
+    torch = pytest.importorskip("torch")
+    t = torch.ones(2, 3)
+    assert isinstance(arrays.adapter_of(t), torch_module.TorchAdapter)
+    assert arrays.adapter_of(t) is arrays.adapter_for_kind("torch")
+
+
+def test_an_unknown_kind_or_array_names_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="unknown array kind 'jax'; valid: numpy, torch, cupy"):
+        arrays.adapter_for_kind("jax")
+    with pytest.raises(
+        TypeError, match=r"takes NumPy arrays, torch tensors or CuPy arrays, not builtins\.list"
+    ):
+        arrays.adapter_of([[1.0]])
+
+
+def test_the_packages_import_loads_no_array_library_but_numpy() -> None:
+    code = "import sys, unimatmul.core.arrays; print(sorted({'torch', 'cupy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_default_runner_through_the_sdk_gives_numpys_product() -> None:
+    from unimatmul.backend import DefaultRunner
+    from unimatmul.core.problem import Problem
+    from unimatmul.core.runners import default_runner
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 4)).astype(np.float32)
+    out = np.empty((5, 4), dtype=np.float32)
+    runner = default_runner(Problem.from_shape(5, 4, 7), arrays.adapter_of(a))
+    assert isinstance(runner, DefaultRunner)
+    runner(a, b, out, 2.0)
+    ref = 2.0 * (a.astype(np.float64) @ b.astype(np.float64))
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
