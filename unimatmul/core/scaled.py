@@ -39,6 +39,7 @@ from unimatmul.core.arrays import ArrayAdapter, Device, Operands
 from unimatmul.core.backend import DEFAULT, Candidate, DefaultRunner, Runner
 from unimatmul.core.dtypes import FP8, ErrorModel, canonical
 from unimatmul.core.errors import DefaultFailed
+from unimatmul.core.grouped import GroupedDefaultRunner
 from unimatmul.core.problem import (
     BLOCK_SCALES,
     SCALE_BLOCK,
@@ -511,6 +512,8 @@ def default_runner(problem: Problem, adapter: ArrayAdapter) -> Runner:
     """What the caller's library itself would do for ``problem``: the one Default."""
     if problem.is_scaled:
         return ScaledDefaultRunner(adapter, problem.fast_accum, block_scaled=problem.is_block_scaled)
+    if problem.is_grouped:
+        return GroupedDefaultRunner(adapter)
     return DefaultRunner(adapter, problem.activation)
 
 
