@@ -1,0 +1,98 @@
+"""A grouped GEMM computed as a loop of dense GEMMs, each through ``unimatmul.matmul``.
+
+Each group's product goes through the dense door in ``cached`` mode: the kernel stored
+for that group's shape here (oneDNN on a CPU, cuBLASLt or hipBLASLt on a GPU, tuned by
+``unimatmul tune`` or an earlier run), else the array library's own. The loop reads
+``offs`` on the host (on a GPU a copy and a synchronisation per call, as torch's own
+fallback makes), so it is offered only for few groups, where a grouped kernel gains the
+least from running them all at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from unimatmul.api import matmul
+from unimatmul.core.backend import Backend, Candidate, Target
+from unimatmul.core.errors import UnsupportedProblem
+from unimatmul.core.grouped import group_bounds
+from unimatmul.core.modes import mode
+from unimatmul.core.problem import Problem
+
+NAME = "grouped_loop"
+#: The most groups the loop is offered for: past this, a launch (and a dispatch) per group
+#: costs more than one grouped kernel saves by sizing its tiles per group.
+MAX_GROUPS = 16
+LOOP = Candidate.make(NAME, "dense")
+
+
+@dataclass
+class GroupedLoopRunner:
+    """``runner(a, b, out, alpha, beta, bias, offs)``: one dense product per group."""
+
+    jagged: str
+    candidate: Candidate = field(default=LOOP)
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        offs: Any = None,
+    ) -> None:
+        if alpha != 1.0 or beta != 0.0 or bias is not None:
+            msg = "a grouped GEMM has no alpha, beta or bias"
+            raise ValueError(msg)
+        jagged = self.jagged
+        with mode("cached"):  # each group's kernel as stored: no tuning inside a grouped call
+            if jagged == "none":
+                for g in range(a.shape[0]):
+                    matmul(a[g], b[g], out=out[g])
+                return
+            extent = {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}[jagged]
+            for g, (s, e) in enumerate(group_bounds(offs, extent)):
+                if jagged == "m":
+                    if e > s:
+                        matmul(a[s:e], b[g], out=out[s:e])
+                elif jagged == "k":
+                    if e > s:
+                        matmul(a[:, s:e], b[s:e], out=out[g])
+                    else:
+                        out[g].zero_()  # an empty sum (torch's mm over K = 0)
+                elif e > s:
+                    matmul(a[g], b[:, s:e], out=out[:, s:e])
+
+
+class GroupedLoopBackend(Backend):
+    """One candidate for grouped problems of at most MAX_GROUPS groups, on torch tensors."""
+
+    name = NAME
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "hip"})
+    array_kinds: ClassVar[frozenset[str]] = frozenset({"torch"})
+    ops: ClassVar[frozenset[str]] = frozenset({"grouped_gemm"})
+
+    def availability(self) -> str | None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        self._require(problem)
+        return [LOOP] if problem.batch <= MAX_GROUPS else []
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> GroupedLoopRunner:
+        self._require(problem)
+        if candidate != LOOP:
+            msg = f"{candidate.identity} is not a {NAME} candidate (it has one: {LOOP.identity})"
+            raise UnsupportedProblem(msg, problem=problem, backend=NAME)
+        return GroupedLoopRunner(problem.jagged)
+
+    def _require(self, problem: Problem) -> None:
+        if not problem.is_grouped:
+            msg = f"{NAME} computes grouped GEMMs, not {problem.op}"
+            raise UnsupportedProblem(msg, problem=problem, backend=NAME)
