@@ -59,13 +59,13 @@ def reference(jagged: str, a: Any, b: Any, offs: Any) -> torch.Tensor:
     starts = [0, *ends[:-1]]
     if jagged == "m":
         out = torch.full((a.shape[0], b.shape[-1]), float("nan"), dtype=torch.float64)
-        for g, (s, e) in enumerate(zip(starts, ends)):
+        for g, (s, e) in enumerate(zip(starts, ends, strict=True)):
             out[s:e] = a64[s:e] @ b64[g]
         return out
     if jagged == "k":
-        return torch.stack([a64[:, s:e] @ b64[s:e] for s, e in zip(starts, ends)])
+        return torch.stack([a64[:, s:e] @ b64[s:e] for s, e in zip(starts, ends, strict=True)])
     out = torch.full((a.shape[1], b.shape[1]), float("nan"), dtype=torch.float64)
-    for g, (s, e) in enumerate(zip(starts, ends)):
+    for g, (s, e) in enumerate(zip(starts, ends, strict=True)):
         out[:, s:e] = a64[g] @ b64[:, s:e]
     return out
 

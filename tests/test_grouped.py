@@ -8,6 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from grouped_cases import close, offs_of, operands, reference  # noqa: E402
+
 import unimatmul  # noqa: E402
 from unimatmul.cache.record import OK, PRUNED  # noqa: E402
 from unimatmul.core.arrays import CPU, adapter_for_kind  # noqa: E402
@@ -15,8 +17,6 @@ from unimatmul.core.backend import DEFAULT, Target  # noqa: E402
 from unimatmul.core.grouped import grouped_problem_of  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
 from unimatmul.tuning.selector import get_selector  # noqa: E402
-
-from grouped_cases import close, offs_of, operands, reference  # noqa: E402
 
 ADAPTER = adapter_for_kind("torch")
 # Group sizes along the jagged dimension: skewed with an empty group, one group holding
