@@ -340,11 +340,15 @@ def group_sizes(problem: Problem, distribution: str, rng: np.random.Generator, d
                 counts[low] = 0
     sizes = [int(c) * step for c in counts]
     if distribution == "tail" and step == 1 and groups > 1 and units > 2:
-        # an odd group start: move one row from the first non-empty group to the next one
+        # an odd group start: one row moves from the first group of two or more rows to the
+        # next non-empty one (empty groups stay empty)
         first = next((i for i, s in enumerate(sizes) if s > 1), None)
-        if first is not None and first + 1 < groups:
+        later = (
+            next((j for j in range(first + 1, groups) if sizes[j] > 0), None) if first is not None else None
+        )
+        if first is not None and later is not None and sizes[first] % 2 == 0:
             sizes[first] -= 1
-            sizes[first + 1] += 1
+            sizes[later] += 1
     return sizes
 
 
