@@ -163,3 +163,39 @@ def test_a_tuned_choice_serves_every_offs_and_every_row_count_of_its_bucket(isol
                 assert decision.source == "cache", (sizes, rows, decision.source)
                 assert close(unimatmul.grouped_matmul(a2, b2, offs2), reference("m", a2, b2, offs2), "bf16")
     assert isolated.store_count() == 1  # nothing tuned again
+
+
+def test_record_mode_then_tune_from_then_tunableop_export_carry_grouped_problems(
+    isolated: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    import io
+
+    from unimatmul.cli import main
+    from unimatmul.tuning.record_mode import read_problems
+
+    record_file = tmp_path / "recorded.jsonl"
+    monkeypatch.setenv("UNIMATMUL_RECORD_FILE", str(record_file))
+    a, b, offs = operands("m", SIZES["skewed"])
+    x, w, offs_k = operands("k", SIZES["odd"])
+    with unimatmul.mode("record"):
+        out = unimatmul.grouped_matmul(a, b, offs)
+        unimatmul.grouped_matmul(x, w, offs_k)
+    assert close(out, reference("m", a, b, offs), "bf16")  # a recorded call still computes
+    recorded = read_problems(record_file).problems
+    assert sorted(item.problem.jagged for item in recorded) == ["k", "m"]
+    assert {item.problem for item in recorded} == {
+        grouped_problem_of(ADAPTER, a, b, offs),
+        grouped_problem_of(ADAPTER, x, w, offs_k),
+    }
+    assert isolated.store_count() == 0
+
+    said = io.StringIO()
+    assert main(["tune", "--from", str(record_file), "--device", "cpu"], out=said) == 0, said.getvalue()
+    keys = {key for _, key, _ in isolated.selector.store.items(None)}
+    assert keys == {item.problem.key for item in recorded}
+
+    said = io.StringIO()
+    csv = tmp_path / "tunableop.csv"
+    assert main(["cache", "export", "--format", "tunableop", "-o", str(csv)], out=said) == 0
+    assert "2 x grouped GEMMs (torch._grouped_mm) have no TunableOp op" in said.getvalue()
+    assert "GroupedGemm" not in csv.read_text() and "grouped" not in csv.read_text()
