@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, ClassVar
 
 import torch
+
+from unimatmul import Backend, Candidate, Problem, Target
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 TOL = {"bf16": 2e-2, "f16": 3e-3, "f32": 1e-5}
@@ -76,3 +79,55 @@ def close(out: Any, ref: torch.Tensor, dtype: str) -> bool:
     err = (out.double() - ref).abs()[covered]
     scale = ref.abs()[covered].max().clamp(min=1.0) if covered.any() else 1.0
     return bool(torch.isfinite(out.double()[covered]).all()) and bool((err <= TOL[dtype] * scale).all())
+
+
+class GroupedFake(Backend):
+    """Grouped products (2-D x 3-D) in float64, right or wrong on purpose: ``skips_empty``
+    takes the weights of the groups after an empty one from the wrong expert;
+    ``short_tiles`` leaves the last quarter of a group holding most rows unwritten."""
+
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    array_kinds: ClassVar[frozenset[str]] = frozenset({"torch"})
+    ops: ClassVar[frozenset[str]] = frozenset({"grouped_gemm"})
+
+    def __init__(self, behaviour: str) -> None:
+        self.name = f"fake-grouped-{behaviour}"
+        self.behaviour = behaviour
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def availability(self) -> str | None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        return [Candidate.make(self.name, "kernel")]
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
+        backend = self
+
+        class Runner:
+            def __init__(self) -> None:
+                self.candidate = candidate
+
+            def __call__(
+                self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any
+            ) -> None:
+                with backend.lock:
+                    backend.calls += 1
+                ends = [int(v) for v in offs.tolist()]
+                start, used = 0, 0
+                for g, end in enumerate(ends):
+                    # skips_empty: packs the non-empty groups and takes the weights in that
+                    # order, so every group after an empty one gets the wrong weight
+                    w = used if backend.behaviour == "skips_empty" else g
+                    used += end > start
+                    stop = end
+                    if backend.behaviour == "short_tiles":
+                        stop = min(end, start + 3 * a.shape[0] // 4)  # a tile limit a full group passes
+                    out[start:stop] = (a[start:stop].double() @ b[w].double()).to(out.dtype)
+                    start = end
+
+        return Runner()

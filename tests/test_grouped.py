@@ -199,3 +199,38 @@ def test_record_mode_then_tune_from_then_tunableop_export_carry_grouped_problems
     assert main(["cache", "export", "--format", "tunableop", "-o", str(csv)], out=said) == 0
     assert "2 x grouped GEMMs (torch._grouped_mm) have no TunableOp op" in said.getvalue()
     assert "GroupedGemm" not in csv.read_text() and "grouped" not in csv.read_text()
+
+
+@pytest.mark.parametrize("behaviour", ["skips_empty", "correct"])
+def test_a_grouped_entry_from_elsewhere_is_checked_on_its_first_call(
+    isolated: Any, registered: Any, behaviour: str
+) -> None:
+    import warnings
+
+    from grouped_cases import GroupedFake
+
+    from unimatmul.cache.record import TuningRecord, mark_from_elsewhere
+    from unimatmul.tuning import confirm
+
+    fake = GroupedFake(behaviour)
+    a, b, offs = operands("m", SIZES["skewed"])
+    problem = grouped_problem_of(ADAPTER, a, b, offs)
+    target = Target(ADAPTER, CPU)
+    platform = isolated.selector.platform(target)
+    winner = f"{fake.name}/kernel"
+    verdict = {"verdict": "confirmed", "kernel": winner, "kernel_s": 1e-6, "default_s": 2e-6}
+    record = TuningRecord(
+        problem.key, winner, 1e-6, 2e-6, versions=dict(platform.versions), settings={confirm.KEY: verdict}
+    )
+    with registered(isolated.plugins, fake):
+        isolated.selector.store.put(platform.namespace, problem.key, mark_from_elsewhere(record, "merge"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = unimatmul.grouped_matmul(a, b, offs)
+            again = unimatmul.grouped_matmul(a, b, offs)
+    assert close(out, reference("m", a, b, offs), "bf16") and close(again, reference("m", a, b, offs), "bf16")
+    wrong = [w for w in caught if "wrong result" in str(w.message)]
+    if behaviour == "correct":
+        assert not wrong and fake.calls == 2  # checked once, then served as it is
+    else:
+        assert len(wrong) == 1 and fake.calls == 1  # caught on the first call; Default after

@@ -4,15 +4,16 @@ the harness's check of grouped kernels (a wrong one is rejected, before or after
 from __future__ import annotations
 
 import math
-import threading
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from unimatmul import Backend, Candidate, Problem, Target  # noqa: E402
+from grouped_cases import GroupedFake  # noqa: E402
+
+from unimatmul import Problem, Target  # noqa: E402
 from unimatmul.cache.record import REJECTED  # noqa: E402
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
 from unimatmul.core.backend import DEFAULT  # noqa: E402
@@ -151,61 +152,11 @@ def test_operands_are_never_zero_and_offs_are_int32() -> None:
     assert bool((ops.a != 0).any()) and bool((ops.b != 0).any())
 
 
-class _GroupedFake(Backend):
-    """Grouped products in float64, right or wrong on purpose (``behaviour``)."""
-
-    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
-    array_kinds: ClassVar[frozenset[str]] = frozenset({"torch"})
-    ops: ClassVar[frozenset[str]] = frozenset({"grouped_gemm"})
-
-    def __init__(self, behaviour: str) -> None:
-        self.name = f"fake-grouped-{behaviour}"
-        self.behaviour = behaviour
-        self.calls = 0
-        self.lock = threading.Lock()
-
-    def availability(self) -> str | None:
-        return None
-
-    def versions(self) -> dict[str, str]:
-        return {}
-
-    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
-        return [Candidate.make(self.name, "kernel")]
-
-    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
-        backend = self
-
-        class Runner:
-            def __init__(self) -> None:
-                self.candidate = candidate
-
-            def __call__(
-                self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any
-            ) -> None:
-                with backend.lock:
-                    backend.calls += 1
-                ends = [int(v) for v in offs.tolist()]
-                start, used = 0, 0
-                for g, end in enumerate(ends):
-                    # skips_empty: packs the non-empty groups and takes the weights in that
-                    # order, so every group after an empty one gets the wrong weight
-                    w = used if backend.behaviour == "skips_empty" else g
-                    used += end > start
-                    stop = end
-                    if backend.behaviour == "short_tiles":
-                        stop = min(end, start + 3 * a.shape[0] // 4)  # a tile limit a full group passes
-                    out[start:stop] = (a[start:stop].double() @ b[w].double()).to(out.dtype)
-                    start = end
-
-        return Runner()
-
-
 @pytest.mark.parametrize(("behaviour", "when"), [("skips_empty", "checked"), ("short_tiles", "after timing")])
 def test_a_grouped_kernel_wrong_for_some_offs_is_rejected(
     isolated: Any, registered: Any, behaviour: str, when: str
 ) -> None:
-    fake = _GroupedFake(behaviour)
+    fake = GroupedFake(behaviour)
     problem = grouped_problem(8, 64, 32, 64, "bf16")
     # No pruning: a slow wrong kernel must still be caught by the check after timing.
     settings = HarnessSettings(prune_ratio=math.inf, first_prune_ratio=math.inf, budget_s=0.02, settle_s=0.0)
@@ -219,7 +170,7 @@ def test_a_grouped_kernel_wrong_for_some_offs_is_rejected(
 
 
 def test_a_right_grouped_kernel_passes_every_check(isolated: Any, registered: Any) -> None:
-    fake = _GroupedFake("correct")
+    fake = GroupedFake("correct")
     with registered(isolated.plugins, fake):
         record = Tuner(plugins=isolated.plugins).tune(grouped_problem(8, 64, 32, 64, "bf16"), TARGET)
     result = record.result(f"{fake.name}/kernel")
