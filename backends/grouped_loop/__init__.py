@@ -1,8 +1,8 @@
-"""The grouped-loop backend: a grouped GEMM as one tuned dense GEMM per group.
+"""The grouped-loop backend: a grouped GEMM as one dense GEMM per group.
 
 Registered through the ``unimatmul`` entry-point group like any third-party plugin. It
 offers one candidate for grouped problems with few groups (``backend.MAX_GROUPS``),
-where a loop of the dense products each group needs, each on its own tuned kernel, can
+where a loop of the dense products each group needs, each sized for its own group, can
 beat a grouped kernel that sizes its tiles for every group alike.
 """
 

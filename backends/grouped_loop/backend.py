@@ -1,11 +1,13 @@
-"""A grouped GEMM computed as a loop of dense GEMMs, each through ``unimatmul.matmul``.
+"""A grouped GEMM computed as a loop of dense GEMMs, one ``torch.mm`` per group.
 
-Each group's product goes through the dense door in ``cached`` mode: the kernel stored
-for that group's shape here (oneDNN on a CPU, cuBLASLt or hipBLASLt on a GPU, tuned by
-``unimatmul tune`` or an earlier run), else the array library's own. The loop reads
-``offs`` on the host (on a GPU a copy and a synchronisation per call, as torch's own
-fallback makes), so it is offered only for few groups, where a grouped kernel gains the
-least from running them all at once.
+Each group's product is torch's dense kernel (cuBLAS / hipBLASLt on a GPU, oneDNN or MKL
+on a CPU) through its ``out=`` form, which PyTorch routing never takes over (a kernel
+must not call routed ops). On a GPU that is what the loop is for: torch's grouped kernel
+sizes one tile for every group, a dense kernel per group picks its own. Reaching each
+group's *tuned* dense choice instead needs the engine (the Selector), which a backend
+may not import; the shared call path can offer that loop. The loop reads ``offs`` on the
+host (on a GPU a copy and a synchronisation per call, as torch's own fallback makes), so
+it is offered only for few groups.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from unimatmul.api import matmul
 from unimatmul.core.backend import Backend, Candidate, Target
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.grouped import group_bounds
-from unimatmul.core.modes import mode
 from unimatmul.core.problem import Problem
 
 NAME = "grouped_loop"
@@ -47,24 +47,25 @@ class GroupedLoopRunner:
         if alpha != 1.0 or beta != 0.0 or bias is not None:
             msg = "a grouped GEMM has no alpha, beta or bias"
             raise ValueError(msg)
-        jagged = self.jagged
-        with mode("cached"):  # each group's kernel as stored: no tuning inside a grouped call
-            if jagged == "none":
-                for g in range(a.shape[0]):
-                    matmul(a[g], b[g], out=out[g])
-                return
-            extent = {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}[jagged]
-            for g, (s, e) in enumerate(group_bounds(offs, extent)):
-                if jagged == "m":
-                    if e > s:
-                        matmul(a[s:e], b[g], out=out[s:e])
-                elif jagged == "k":
-                    if e > s:
-                        matmul(a[:, s:e], b[s:e], out=out[g])
-                    else:
-                        out[g].zero_()  # an empty sum (torch's mm over K = 0)
-                elif e > s:
-                    matmul(a[g], b[:, s:e], out=out[:, s:e])
+        import torch  # the runner is only ever called with torch tensors
+
+        mm, jagged = torch.mm, self.jagged
+        if jagged == "none":
+            for g in range(a.shape[0]):
+                mm(a[g], b[g], out=out[g])
+            return
+        extent = {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}[jagged]
+        for g, (s, e) in enumerate(group_bounds(offs, extent)):
+            if jagged == "m":
+                if e > s:
+                    mm(a[s:e], b[g], out=out[s:e])
+            elif jagged == "k":
+                if e > s:
+                    mm(a[:, s:e], b[s:e], out=out[g])
+                else:
+                    out[g].zero_()  # an empty sum (torch's mm over K = 0)
+            elif e > s:
+                out[:, s:e] = mm(a[g], b[:, s:e])  # a column block: not an out= torch takes in place
 
 
 class GroupedLoopBackend(Backend):
