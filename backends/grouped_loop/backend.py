@@ -13,6 +13,7 @@ it is offered only for few groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, ClassVar
 
 from unimatmul.core.backend import Backend, Candidate, Target
@@ -80,7 +81,11 @@ class GroupedLoopBackend(Backend):
         return None
 
     def versions(self) -> dict[str, str]:
-        return {}
+        # Its kernels are torch's own dense ones: a torch upgrade re-checks its entries.
+        try:
+            return {"torch": metadata.version("torch")}
+        except metadata.PackageNotFoundError:
+            return {}
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         self._require(problem)
