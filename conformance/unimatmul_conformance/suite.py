@@ -303,8 +303,16 @@ class Suite:
 
     def _grouped_plan(self) -> list[Check]:
         """The grouped matrix's checks, for a backend that names ``grouped_gemm`` in its ops."""
-        if "grouped_gemm" not in getattr(self.backend, "ops", ()) or "torch" not in self.targets:
-            return []
+        if "grouped_gemm" not in getattr(self.backend, "ops", ()):
+            return [
+                Check(
+                    C.GROUPED, C.GROUPED, skip="the backend names no grouped_gemm op: never asked about one"
+                )
+            ]
+        if "torch" not in self.targets:
+            return [
+                Check(C.GROUPED, C.GROUPED, skip="grouped GEMMs run on torch tensors, which it does not take")
+            ]
         plan = []
         for problem in grouped_matrix(self.quick):
             case = Case(problem, kind="torch")
