@@ -16,10 +16,15 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, ClassVar
 
-from unimatmul.core.backend import Backend, Candidate, Target
-from unimatmul.core.errors import UnsupportedProblem
-from unimatmul.core.grouped import group_bounds
-from unimatmul.core.problem import Problem
+from unimatmul.backend import (
+    Backend,
+    Candidate,
+    Problem,
+    Target,
+    UnsupportedProblem,
+    group_bounds,
+    plain_grouped_call,
+)
 
 NAME = "grouped_loop"
 #: The most groups the loop is offered for: past this, a launch (and a dispatch) per group
@@ -45,9 +50,7 @@ class GroupedLoopRunner:
         bias: Any = None,
         offs: Any = None,
     ) -> None:
-        if alpha != 1.0 or beta != 0.0 or bias is not None:
-            msg = "a grouped GEMM has no alpha, beta or bias"
-            raise ValueError(msg)
+        plain_grouped_call(alpha, beta, bias)
         import torch  # the runner is only ever called with torch tensors
 
         mm, jagged = torch.mm, self.jagged

@@ -379,6 +379,14 @@ def make_grouped_operands(
     return GroupedOperands(made["a"], made["b"], made["c"], None, offs, problem.jagged)
 
 
+def plain_grouped_call(alpha: float, beta: float, bias: Any) -> None:
+    """ValueError unless a grouped runner's call is a plain one (alpha 1, beta 0, no bias):
+    ``torch._grouped_mm`` has neither, so no grouped runner computes them."""
+    if alpha != 1.0 or beta != 0.0 or bias is not None:
+        msg = f"a grouped GEMM has no alpha, beta or bias (got alpha={alpha}, beta={beta}, bias {bias is not None})"
+        raise ValueError(msg)
+
+
 def group_bounds(offs: Any, extent: int) -> list[tuple[int, int]]:
     """(start, end) of each group as torch's slices read ``offs`` (clamped to ``extent``)."""
     out, start = [], 0
@@ -463,9 +471,7 @@ class GroupedDefaultRunner:
         bias: Any = None,
         offs: Any = None,
     ) -> None:
-        if alpha != 1.0 or beta != 0.0 or bias is not None:
-            msg = f"torch._grouped_mm has no alpha, beta or bias (got alpha={alpha}, beta={beta})"
-            raise ValueError(msg)
+        plain_grouped_call(alpha, beta, bias)
         out.copy_(self.grouped_mm(a, b, offs))
 
 
@@ -495,4 +501,5 @@ __all__ = [
     "make_grouped_operands",
     "padded_operands",
     "padded_output",
+    "plain_grouped_call",
 ]

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from unimatmul import Backend, Candidate, Problem, Target, UnsupportedProblem
+from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedProblem, plain_grouped_call
 
 NAME = "triton_grouped"
 DTYPES = ("bf16", "f16")
@@ -128,9 +128,7 @@ class GroupedRunner:
         bias: Any = None,
         offs: Any = None,
     ) -> None:
-        if alpha != 1.0 or beta != 0.0 or bias is not None:
-            msg = "a grouped GEMM has no alpha, beta or bias"
-            raise ValueError(msg)
+        plain_grouped_call(alpha, beta, bias)
         sa, sb, sc = a.stride(), b.stride(), out.stride()
         form = self._form
         # (groups, rows, columns, depth) of the call, and each operand's group stride (0: 2-D).
