@@ -340,8 +340,8 @@ def group_sizes(problem: Problem, distribution: str, rng: np.random.Generator, d
                 counts[low] = 0
     sizes = [int(c) * step for c in counts]
     if distribution == "tail" and step == 1 and groups > 1 and units > 2:
-        # an odd group start: one row moves from the first group of two or more rows to the
-        # next non-empty one (empty groups stay empty)
+        # an odd group start: where the first group of two or more rows has an even size,
+        # one of its rows moves to the next non-empty group (empty groups stay empty)
         first = next((i for i, s in enumerate(sizes) if s > 1), None)
         later = (
             next((j for j in range(first + 1, groups) if sizes[j] > 0), None) if first is not None else None
