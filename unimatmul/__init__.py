@@ -29,12 +29,14 @@ if TYPE_CHECKING:
     from unimatmul.core.modes import MODES, get_mode, mode
     from unimatmul.core.platform import Platform
     from unimatmul.core.problem import Problem
+    from unimatmul.grouped import grouped_matmul
     from unimatmul.scaled import scaled_matmul
 
 # Public name -> the module that defines it, imported on first access (PEP 562).
 _EXPORTS: dict[str, str] = {
     "matmul": "unimatmul.api",
     "scaled_matmul": "unimatmul.scaled",
+    "grouped_matmul": "unimatmul.grouped",
     "DEFAULT": "unimatmul.core._backend",
     "Backend": "unimatmul.core._backend",
     "Candidate": "unimatmul.core._backend",
@@ -75,6 +77,7 @@ __all__ = [
     "UnsupportedProblem",
     "__version__",
     "get_mode",
+    "grouped_matmul",
     "hookimpl",
     "matmul",
     "mode",

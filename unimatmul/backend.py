@@ -5,7 +5,9 @@ that the core can be reorganised without breaking plugins. What each name is:
 
 * :class:`Backend`, :class:`Candidate`, :class:`Runner`, :class:`Target`,
   :data:`DEFAULT`, :class:`DefaultRunner`, :class:`NativeCall`: the protocol.
-* :class:`Problem`, :func:`matrix_layout`: what a backend is asked to run.
+* :class:`Problem`, :func:`matrix_layout`: what a backend is asked to run;
+  :func:`group_bounds` and :func:`plain_grouped_call` for grouped runners
+  (``docs/grouped.md``).
 * :class:`Device`, :class:`ArrayAdapter`, :func:`adapter_for_kind`,
   :func:`operand_layouts`, :func:`make_operands`: arrays of the caller's library;
   :func:`kept_torch_buffer` for a torch GPU buffer a runner keeps across calls.
@@ -36,6 +38,7 @@ from unimatmul.core.arrays import (
 )
 from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
 from unimatmul.core.errors import BackendUnavailable, UnknownCandidate, UnsupportedProblem
+from unimatmul.core.grouped import group_bounds, plain_grouped_call
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.problem import Problem, matrix_layout
 from unimatmul.core.runners import DefaultRunner
@@ -58,10 +61,12 @@ __all__ = [
     "UnsupportedProblem",
     "adapter_for_kind",
     "canonical",
+    "group_bounds",
     "hookimpl",
     "kept_torch_buffer",
     "make_operands",
     "matrix_layout",
     "operand_layouts",
+    "plain_grouped_call",
     "tolerance",
 ]

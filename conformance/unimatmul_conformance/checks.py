@@ -13,7 +13,9 @@ Names (the first part of every check id):
 - ``identity-stable``: a fresh process lists the same candidate identities;
 - ``cache-roundtrip``: records naming the candidates survive the cache store and
   lead back to the same kernels;
-- ``graph``, ``stream`` (GPU): see :mod:`unimatmul_conformance.gpu`.
+- ``graph``, ``stream`` (GPU): see :mod:`unimatmul_conformance.gpu`;
+- ``grouped``: a grouped GEMM's candidate is right on every distribution of ``offs``
+  (backends whose ``ops`` name ``grouped_gemm``): see :mod:`unimatmul_conformance.grouped`.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ IDENTITY = "identity-stable"
 CACHE = "cache-roundtrip"
 GRAPH = "graph"
 STREAM = "stream"
+GROUPED = "grouped"
 ALL = (
     PLATFORM,
     CANDIDATES,
@@ -73,6 +76,7 @@ ALL = (
     CACHE,
     GRAPH,
     STREAM,
+    GROUPED,
 )
 RUN = (PREPARE, RESULT, WRITTEN, GUARD)  # the checks one run of a candidate answers
 

@@ -23,6 +23,7 @@ from unimatmul.core.problem import Problem
 from unimatmul_conformance import checks as C
 from unimatmul_conformance import gpu
 from unimatmul_conformance.expectations import Expectations
+from unimatmul_conformance.grouped import check_grouped, grouped_matrix
 from unimatmul_conformance.loading import load_backend
 from unimatmul_conformance.matrix import Case, build_matrix, make_problem
 from unimatmul_conformance.numerics import CaseData, make_case_data
@@ -294,9 +295,33 @@ class Suite:
                     )
                     plan.append(Check(f"{C.GRAPH}::{ident}", C.GRAPH, case, candidate, skip))
                     plan.append(Check(f"{C.STREAM}::{ident}", C.STREAM, case, candidate, skip))
+        plan += self._grouped_plan()
         if not gpu:
             plan.append(Check(C.GRAPH, C.GRAPH, skip="CPU target: no graphs"))
             plan.append(Check(C.STREAM, C.STREAM, skip="CPU target: no streams"))
+        return plan
+
+    def _grouped_plan(self) -> list[Check]:
+        """The grouped matrix's checks, for a backend that names ``grouped_gemm`` in its ops."""
+        if "grouped_gemm" not in getattr(self.backend, "ops", ()):
+            return [
+                Check(
+                    C.GROUPED, C.GROUPED, skip="the backend names no grouped_gemm op: never asked about one"
+                )
+            ]
+        if "torch" not in self.targets:
+            return [
+                Check(C.GROUPED, C.GROUPED, skip="grouped GEMMs run on torch tensors, which it does not take")
+            ]
+        plan = []
+        for problem in grouped_matrix(self.quick):
+            case = Case(problem, kind="torch")
+            plan.append(Check(f"{C.CANDIDATES}::{case.label}", C.CANDIDATES, case))
+            offered = self.offered(case)
+            for candidate in offered if isinstance(offered, list) else []:
+                if isinstance(candidate, Candidate):
+                    ident = f"{C.GROUPED}::{case.label}::{candidate.identity}"
+                    plan.append(Check(ident, C.GROUPED, case, candidate))
         return plan
 
     # --- running ----------------------------------------------------------------------
@@ -337,6 +362,8 @@ class Suite:
             if key not in self._runs:
                 self._runs[key] = C.execute(self, case, candidate)
             return self._runs[key][name]
+        if name == C.GROUPED:
+            return check_grouped(self, case.problem, candidate)
         if name == C.THREADS:
             return C.check_threads(self, case, candidate, threads=self.threads)
         if name == C.GRAPH:

@@ -158,6 +158,9 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[TuneJob], list[str]]:
             if item.problem.is_scaled and array != "torch":
                 notes.append(f"{item.problem.shape_text}: scaled (fp8) problems tune on torch tensors only")
                 continue
+            if item.problem.is_grouped and array != "torch":
+                notes.append(f"{item.problem.shape_text}: grouped problems tune on torch tensors only")
+                continue
             key = (array, device)
             if key not in targets:
                 targets[key] = output.target(array, device)

@@ -165,6 +165,9 @@ class Backend(ABC):
     device_kinds: ClassVar[frozenset[str]]
     #: Array libraries whose arrays the runners take (``numpy``, ``torch``, ``cupy``).
     array_kinds: ClassVar[frozenset[str]]
+    #: The Problem ops whose candidates it lists (``Problem.op``): a backend is never asked
+    #: about an op it does not name, so a grouped problem only reaches grouped kernels.
+    ops: ClassVar[frozenset[str]] = frozenset({"gemm", "scaled_gemm"})
 
     def serves(self, target: Target) -> bool:
         return target.device.kind in self.device_kinds and target.array_kind in self.array_kinds

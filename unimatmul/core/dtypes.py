@@ -123,6 +123,10 @@ ACTIVATION_SLOPE: dict[str | None, float] = {None: 1.0, "relu": 1.0, "gelu": 1.1
 # result by at most 0.2 u in absolute terms, however small the result is (with 25 %
 # headroom here). For x >= 0, |x| <= 2 |gelu(x)|, which the 2 |ref| term covers.
 _ACTIVATION_ABSOLUTE: dict[str | None, float] = {None: 0.0, "relu": 0.0, "gelu": 0.25, "gelu_tanh": 0.25}
+# The smallest normal value of each output dtype: a result below it is rounded to the
+# subnormal grid, whose error is u * this however small the result (f16's grid of 2^-24
+# matters: a short sum, e.g. a grouped GEMM's group of one K column, can land there).
+_SMALLEST_NORMAL: dict[str, float] = {"f16": 2.0**-14, "f8e4m3": 2.0**-6, "f8e5m2": 2.0**-14}
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ class ErrorModel:
             inputs=2.0 * lam * u_in + partials,
             slope=ACTIVATION_SLOPE[activation],
             weight_ref=2.0 if activation is not None else 1.0,
-            absolute=_ACTIVATION_ABSOLUTE[activation],
+            absolute=_ACTIVATION_ABSOLUTE[activation] + _SMALLEST_NORMAL.get(dtype_out, 0.0),
             c_acc=c_acc,
         )
 

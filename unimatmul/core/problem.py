@@ -14,7 +14,7 @@ from typing import Any
 
 from unimatmul.core.dtypes import FP8, ITEMSIZE, canonical
 
-OPS = ("gemm", "scaled_gemm")
+OPS = ("gemm", "scaled_gemm", "grouped_gemm")
 EPILOGUES = ("none", "relu", "gelu", "gelu_tanh", "bias", "bias_relu", "bias_gelu", "bias_gelu_tanh")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 #: How a scaled GEMM's operand is scaled (``Problem.scale_a`` / ``scale_b``): ``tensor``
@@ -34,6 +34,13 @@ SCALE_BLOCK = 128
 SCALE_PAIRS = (("tensor", "tensor"), ("rowwise", "rowwise"), BLOCK_SCALES)
 #: What a scaled GEMM may write (fp8 outputs, which need an output scale, are not offered).
 SCALED_OUTPUTS = ("bf16", "f16", "f32")
+#: Which dimension of a grouped GEMM (``op == "grouped_gemm"``, ``torch._grouped_mm``) its
+#: ``offs`` cut into groups (``Problem.jagged``): ``m`` (2-D a times 3-D b: the MoE
+#: forward), ``k`` (2-D times 2-D: the weight gradient), ``n`` (3-D a times 2-D b), or
+#: ``none`` (3-D times 3-D: one product per group, no offs). See ``core/grouped.py``.
+JAGGED = ("m", "k", "n", "none")
+#: What a grouped GEMM takes and writes (torch's rule: the output's dtype is a's).
+GROUPED_DTYPES = ("bf16", "f16", "f32")
 
 _KEY_RE = re.compile(
     r"^(?P<op>[a-z_]+):(?P<da>\w+)\.(?P<db>\w+)\.(?P<dc>\w+):(?P<cp>\w+):(?P<ta>[NT])(?P<tb>[NT])"
@@ -43,7 +50,8 @@ _KEY_RE = re.compile(
     r":beta(?P<beta>[01])"
     r":(?P<ep>[a-z_]+)(?::bias(?P<dbias>\w+))?"
     r":al(?P<al>\d+)"
-    r"(?::scales=(?P<sca>[a-z0-9]+),(?P<scb>[a-z0-9]+):fastaccum=(?P<fa>[01]))?$"
+    r"(?::scales=(?P<sca>[a-z0-9]+),(?P<scb>[a-z0-9]+):fastaccum=(?P<fa>[01]))?"
+    r"(?::jagged=(?P<jag>[a-z]+))?$"
 )
 
 
@@ -79,6 +87,10 @@ class Problem:
     scale_a: str = ""
     scale_b: str = ""
     fast_accum: bool = False
+    # Grouped GEMMs only (``op == "grouped_gemm"``): the dimension ``offs`` cuts into
+    # ``batch`` groups (one of JAGGED); that dimension's size is the bucket of the call's
+    # total (core/grouped.py), so that calls whose offs differ share one Problem.
+    jagged: str = ""
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k", "batch"):
@@ -133,7 +145,7 @@ class Problem:
         if self.dtype_bias is not None and self.dtype_bias not in ITEMSIZE:
             msg = f"Problem.dtype_bias={self.dtype_bias!r} is not one of {sorted(ITEMSIZE)}"
             raise ValueError(msg)
-        why = _scaled_fields_error(self)
+        why = _scaled_fields_error(self) or _grouped_fields_error(self)
         if why:
             raise ValueError(why)
 
@@ -148,6 +160,11 @@ class Problem:
         return self.op == "scaled_gemm"
 
     @property
+    def is_grouped(self) -> bool:
+        """Whether this is a grouped GEMM: its runners also take ``offs`` (core/grouped.py)."""
+        return self.op == "grouped_gemm"
+
+    @property
     def is_block_scaled(self) -> bool:
         """Whether this is a block-scaled GEMM (1x128 groups of A, 128x128 blocks of B)."""
         return self.scale_a == BLOCK_SCALES[0]
@@ -160,6 +177,8 @@ class Problem:
 
     @property
     def flops(self) -> int:
+        if self.jagged in ("m", "k", "n"):
+            return 2 * self.m * self.n * self.k  # the groups share out the jagged dimension
         return 2 * self.m * self.n * self.k * self.batch
 
     @property
@@ -207,6 +226,8 @@ class Problem:
             if self.is_scaled
             else ""
         )
+        if self.is_grouped:
+            scaled = f":jagged={self.jagged}"
         return (
             f"{self.op}:{self.dtype_a}.{self.dtype_b}.{self.dtype_c}:{self.compute}:"
             f"{'T' if self.trans_a else 'N'}{'T' if self.trans_b else 'N'}:"
@@ -252,6 +273,7 @@ class Problem:
             scale_a=g["sca"] or "",
             scale_b=g["scb"] or "",
             fast_accum=g["fa"] == "1",
+            jagged=g["jag"] or "",
         )
 
     @classmethod
@@ -444,6 +466,22 @@ def _scaled_fields_error(p: Problem) -> str:
         return f"scales {pair[0]},{pair[1]} are not a pair a scaled GEMM takes ({valid})"
     if p.batch != 1 or not p.beta_zero or p.epilogue not in ("none", "bias"):
         return "a scaled GEMM is one matrix product, beta = 0, with at most a bias (as torch._scaled_mm)"
+    return ""
+
+
+def _grouped_fields_error(p: Problem) -> str:
+    """Why the grouped-GEMM fields of ``p`` do not fit its op, or ""."""
+    if not p.is_grouped:
+        return f"jagged belongs to op 'grouped_gemm', not {p.op!r}" if p.jagged else ""
+    if p.jagged not in JAGGED:
+        return f"Problem.jagged={p.jagged!r} is not one of {', '.join(JAGGED)}"
+    if not p.dtype_a == p.dtype_b == p.dtype_c or p.dtype_a not in GROUPED_DTYPES:
+        return (
+            f"a grouped GEMM takes and writes one dtype of {', '.join(GROUPED_DTYPES)} "
+            f"(torch._grouped_mm), got {p.dtype_a}, {p.dtype_b} and {p.dtype_c}"
+        )
+    if not p.beta_zero or p.epilogue != "none":
+        return "a grouped GEMM has beta = 0 and no epilogue (torch._grouped_mm takes no bias)"
     return ""
 
 

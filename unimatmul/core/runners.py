@@ -14,6 +14,7 @@ from typing import Any
 from unimatmul.core._backend import DEFAULT, Candidate, Runner
 from unimatmul.core.arrays import ArrayAdapter, Device
 from unimatmul.core.errors import DefaultFailed
+from unimatmul.core.grouped import GroupedDefaultRunner
 from unimatmul.core.problem import Problem
 from unimatmul.core.scales import torch_of
 
@@ -121,6 +122,8 @@ def default_runner(problem: Problem, adapter: ArrayAdapter) -> Runner:
     """What the caller's library itself would do for ``problem``: the one Default."""
     if problem.is_scaled:
         return ScaledDefaultRunner(adapter, problem.fast_accum, block_scaled=problem.is_block_scaled)
+    if problem.is_grouped:
+        return GroupedDefaultRunner(adapter)
     return DefaultRunner(adapter, problem.activation)
 
 

@@ -375,6 +375,10 @@ def gemm_of(problem: Problem, winner: Candidate, *, legacy: bool, time_ms: float
     """The TunableOp row of one entry, or RowSkipped naming what TunableOp cannot express."""
     if problem.is_scaled:
         return _scaled_gemm_of(problem, winner, legacy=legacy, time_ms=time_ms)
+    if problem.is_grouped:
+        raise RowSkipped(
+            "grouped GEMMs (torch._grouped_mm) have no TunableOp op: TunableOp tunes none of them"
+        )
     if problem.op != "gemm" or problem.epilogue not in ("none", "bias"):
         raise RowSkipped(f"epilogue {problem.epilogue!r} has no TunableOp op")
     if not problem.beta_zero:

@@ -52,6 +52,15 @@ from unimatmul.core._backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.core.arrays import SCREEN_ELEMENTS, Operands, make_operands, operand_bytes, operand_layouts
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
 from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
+from unimatmul.core.grouped import (
+    DISTRIBUTIONS,
+    GroupedOperands,
+    grouped_layouts,
+    grouped_operand_bytes,
+    make_grouped_operands,
+    padded_operands,
+    padded_output,
+)
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
 from unimatmul.core.scales import ScaledOperands, dequantised, make_scaled_operands, scaled_error_model
@@ -588,7 +597,7 @@ class Harness:
         """How many input sets fit the memory bound; TuningTooLarge if not even one does."""
         settings = self.settings
         adapter, device = target.adapter, target.device
-        per_set = max(operand_bytes(problem), 1)
+        per_set = max(grouped_operand_bytes(problem) if problem.is_grouped else operand_bytes(problem), 1)
         out_elements = problem.m * problem.n * problem.batch
         block = adapter.block_elements(device, reference=True, total=out_elements)
         check = _check_bytes(problem, beta, block)
@@ -603,7 +612,7 @@ class Harness:
         # The check may keep the output's bounds (numeric_check._within): a few launches a
         # check instead of dozens. Taken where they cost no rotated set.
         bounds = _bounds_bytes(problem)
-        bands, indices = guard_bytes(*operand_layouts(problem)["c"], problem.dtype_c)
+        bands, indices = guard_bytes(*_layouts(problem)["c"], problem.dtype_c)
         check += indices + wanted * bands  # the outputs' guard bands (Harness._guard)
         if per_set < rotate:
             # A product smaller than the rotation target gets the sets it rotates through
@@ -649,6 +658,12 @@ class Harness:
             count = self.plan_memory(problem, target, beta).sets
         if problem.is_scaled:
             return [make_scaled_operands(problem, target.adapter, target.device, rng) for _ in range(count)]
+        if problem.is_grouped:
+            # The timed sets take turns of the first two distributions: a choice is timed on both.
+            return [
+                make_grouped_operands(problem, target.adapter, target.device, rng, DISTRIBUTIONS[i % 2])
+                for i in range(count)
+            ]
         # With beta = 0 the output is never read: no random numbers for it.
         return [
             make_operands(problem, target.adapter, target.device, rng, fill_out=beta != 0.0)
@@ -670,7 +685,7 @@ class Harness:
         set, gets their guards): its values copied over when beta != 0, new random ones
         when ``renewing`` (the old output may still be written by an abandoned call)."""
         adapter, device = target.adapter, target.device
-        shape, strides = operand_layouts(problem)["c"]
+        shape, strides = _layouts(problem)["c"]
         offset = problem.align // ITEMSIZE[problem.dtype_c] if problem.align < 16 else 0
         like = next(iter(guards.values()), None)
         for ops in sets:
@@ -710,7 +725,7 @@ class Harness:
         # No synchronisation of its own: the comparison runs on the same stream after the
         # call, and reading its scalars back waits for both (an error of the call surfaces
         # there, to the same handler).
-        found = numeric_check.compare(adapter, ops.out, reference, target.device)
+        found = compare_output(target, ops, ops.out, reference)
         if guard is not None:
             found.outside, found.outside_where = numeric_check.guard_writes(
                 adapter, guard, GUARD_VALUES[poison]
@@ -745,6 +760,14 @@ class Harness:
             assert isinstance(ops, ScaledOperands) and isinstance(fresh, ScaledOperands)
             adapter.copy_(ops.scale_a, fresh.scale_a)
             adapter.copy_(ops.scale_b, fresh.scale_b)
+        elif problem.is_grouped:
+            # New offs too, of the distributions the timed sets do not have: after timing
+            # every candidate is checked with one group holding all rows, then on a tail.
+            distribution = DISTRIBUTIONS[2 + variant % 2]
+            fresh = make_grouped_operands(problem, adapter, device, rng, distribution, with_out=False)
+            assert isinstance(ops, GroupedOperands) and isinstance(fresh, GroupedOperands)
+            if ops.offs is not None:
+                adapter.copy_(ops.offs, fresh.offs)
         else:
             fresh = make_operands(problem, adapter, device, rng, with_out=beta != 0.0)
         # An operand broadcast over the batch (batch stride 0) is one matrix in memory.
@@ -752,7 +775,7 @@ class Harness:
         broadcast_b = problem.batch > 1 and problem.stride_b == 0
         fresh_a = fresh.a[0] if broadcast_a else fresh.a
         fresh_b = fresh.b[0] if broadcast_b else fresh.b
-        if not problem.is_scaled:
+        if not problem.is_scaled and not problem.is_grouped:
             structure_inputs(
                 adapter, fresh_a, fresh_b, variant, (problem.dtype_a, problem.dtype_b, problem.dtype_c)
             )
@@ -1192,6 +1215,15 @@ def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[
             scaled(a, b, out, alpha, beta, bias, scale_a, scale_b)
 
         return scaled_call
+    if isinstance(ops, GroupedOperands):
+        # A grouped runner takes offs after the usual arguments (core/grouped.py).
+        grouped: Any = runner
+        offs = ops.offs
+
+        def grouped_call() -> None:
+            grouped(a, b, out, alpha, beta, bias, offs)
+
+        return grouped_call
 
     def call() -> None:
         runner(a, b, out, alpha, beta, bias)
@@ -1228,8 +1260,9 @@ def reference_of(
     adapter = target.adapter
     if model is None:
         model = _error_model(problem)
+    base = padded_operands(adapter, ops) if isinstance(ops, GroupedOperands) else ops
     found = numeric_check.make_reference(
-        adapter, _reference_operands(adapter, ops), c0, alpha, beta, problem.activation, model, target.device
+        adapter, _reference_operands(adapter, base), c0, alpha, beta, problem.activation, model, target.device
     )
     found.keep_bounds = keep_bounds
     return found
@@ -1238,3 +1271,15 @@ def reference_of(
 def _reference_operands(adapter: Any, ops: Operands) -> Operands:
     """What the float64 reference is the plain product of (a scaled problem's dequantised inputs)."""
     return dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else ops
+
+
+def compare_output(target: Target, ops: Operands, out: Any, reference: Reference) -> Check:
+    """``out``, a candidate's output on ``ops``, compared with ``ops``' reference (a
+    grouped output in the padded shape its reference has: :func:`reference_of`)."""
+    if isinstance(ops, GroupedOperands):
+        out = padded_output(ops, out)
+    return numeric_check.compare(target.adapter, out, reference, target.device)
+
+
+def _layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    return grouped_layouts(problem) if problem.is_grouped else operand_layouts(problem)

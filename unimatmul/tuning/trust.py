@@ -32,11 +32,11 @@ from typing import Any
 
 from unimatmul.core._backend import Runner, Target
 from unimatmul.core.arrays import Operands
+from unimatmul.core.grouped import GroupedOperands
 from unimatmul.core.modes import mode
 from unimatmul.core.problem import Problem
 from unimatmul.core.scales import ScaledOperands
-from unimatmul.tuning import numeric_check
-from unimatmul.tuning.harness import reference_of
+from unimatmul.tuning.harness import compare_output, reference_of
 from unimatmul.tuning.numeric_check import Check
 
 
@@ -56,17 +56,18 @@ def check_outputs(
     """Why ``got`` (the choice's output) is wrong where ``want`` (Default's, on the same
     inputs) is not, or "" when it is right: each is compared with a float64 reference of
     the inputs, element by element; the choice may be as far off as Default is."""
-    adapter, device = target.adapter, target.device
     ops: Operands
-    if extra:
+    if problem.is_grouped:
+        ops = GroupedOperands(a, b, got, bias, offs=extra[0] if extra else None, jagged=problem.jagged)
+    elif extra:
         ops = ScaledOperands(a, b, got, bias, scale_a=extra[0], scale_b=extra[1])
     else:
         ops = Operands(a, b, got, bias)
     reference = reference_of(problem, target, ops, c0, alpha, beta)  # the harness's own check
-    mine = numeric_check.compare(adapter, got, reference, device)
+    mine = compare_output(target, ops, got, reference)
     if mine.ok():
         return ""
-    theirs = numeric_check.compare(adapter, want, reference, device)
+    theirs = compare_output(target, ops, want, reference)
     widen = _widen(theirs)
     if mine.ok(widen) or (mine.nonfinite and theirs.nonfinite >= mine.nonfinite):
         return ""  # Default is as far off on these inputs (their own range, not the kernel)

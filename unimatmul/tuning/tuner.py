@@ -121,6 +121,8 @@ class Tuner:
         backend = self.plugins.backends().get(candidate.backend)
         if backend is None or not backend.serves(target) or backend.availability() is not None:
             return False
+        if problem.op not in backend.ops:
+            return False
         try:
             return backend.check(problem, candidate, target)
         except (Exception, SystemExit):  # a backend's SystemExit is its failure (see PluginExit)
@@ -160,6 +162,8 @@ class Tuner:
                 f"only Default ({self.why_no_backend(target)})",
             )
         for backend in backends:
+            if problem.op not in backend.ops:
+                continue
             try:
                 offered = backend.candidates(problem, target)
             except UnsupportedProblem:

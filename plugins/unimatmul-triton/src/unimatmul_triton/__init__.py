@@ -1,7 +1,8 @@
 """unimatmul-triton: Triton GEMM kernels as unimatmul candidates.
 
-One hook registers the backend (``triton``); see ``backend.py`` for what it serves
-and the README for the kernels, the tuning cost and the native-launch format.
+One hook registers the backends (``triton``, and ``triton_grouped`` for grouped GEMMs:
+``grouped.py``); see ``backend.py`` for what they serve and the README for the kernels,
+the tuning cost and the native-launch format.
 Neither torch nor Triton is imported here: the backend loads them on first use.
 """
 
@@ -12,9 +13,12 @@ from typing import Any
 
 from unimatmul import hookimpl
 from unimatmul_triton.backend import TritonBackend, TritonInterpreterBackend, __version__, make_backend
+from unimatmul_triton.grouped import TritonGroupedBackend, TritonGroupedInterpreterBackend
 
 __all__ = [
     "TritonBackend",
+    "TritonGroupedBackend",
+    "TritonGroupedInterpreterBackend",
     "TritonInterpreterBackend",
     "__version__",
     "make_backend",
@@ -24,4 +28,11 @@ __all__ = [
 
 @hookimpl
 def unimatmul_register_backends(register: Callable[[Any], None]) -> None:
-    register(make_backend())
+    dense = make_backend()
+    register(dense)
+    kind = (
+        TritonGroupedInterpreterBackend
+        if isinstance(dense, TritonInterpreterBackend)
+        else TritonGroupedBackend
+    )
+    register(kind(dense))

@@ -1,0 +1,245 @@
+"""Grouped GEMMs (``torch._grouped_mm``'s four forms) as Triton kernels: ``triton_grouped``.
+
+One kernel, :func:`grouped_kernel`, serves every form (``Problem.jagged``: ``m``, ``k``,
+``n``, ``none``). It is persistent: ``programs`` programs walk the output tiles of all
+groups in turn (tile ``t`` goes to program ``t % programs``), reading the group
+boundaries from ``offs`` on the device, so no host sync and no per-call set-up; each
+group's bounds are clamped to its operand as torch's slices clamp them (an empty group
+has no tiles; in the ``k`` form its output tile is all zeros). Its configs are per
+bucket of rows per group: the **skinny** form (16-row tiles, long K steps) where groups
+hold 1-16 rows (decode), the **persistent** form's larger tiles where they hold more.
+bf16 and f16, fp32 accumulation.
+
+A runner launches through Triton's own Python launcher (``kernel[grid](...)``), on the
+caller's current stream; in test mode (``UNIMATMUL_TRITON_INTERPRET=1``) the same kernel
+runs in Triton's interpreter on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedProblem, plain_grouped_call
+
+NAME = "triton_grouped"
+DTYPES = ("bf16", "f16")
+SKINNY, PERSISTENT = "skinny", "persistent"
+_FORM = {"m": 0, "k": 1, "n": 2, "none": 3}
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """One tile shape of the grouped kernel (its candidate's identity names all of it)."""
+
+    form: str  # SKINNY or PERSISTENT
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int = 4
+    stages: int = 3
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate.make(
+            NAME, self.form, bm=self.block_m, bn=self.block_n, bk=self.block_k, w=self.warps, s=self.stages
+        )
+
+
+SKINNY_CONFIGS = (
+    GroupedConfig(SKINNY, 16, 64, 128),
+    GroupedConfig(SKINNY, 16, 128, 128),
+    GroupedConfig(SKINNY, 16, 32, 256, stages=4),
+)
+PERSISTENT_CONFIGS = (
+    GroupedConfig(PERSISTENT, 64, 128, 64),
+    GroupedConfig(PERSISTENT, 128, 128, 64, warps=8),
+    GroupedConfig(PERSISTENT, 128, 64, 64, stages=4),
+    GroupedConfig(PERSISTENT, 64, 64, 64),
+)
+CONFIGS = {c.candidate: c for c in SKINNY_CONFIGS + PERSISTENT_CONFIGS}
+
+
+def rows_per_group(problem: Problem) -> float:
+    """The mean rows a group's product has in ``problem``'s bucket (what picks the tiles)."""
+    if problem.jagged == "m":
+        return problem.m / problem.batch
+    return float(problem.m)
+
+
+def offered(problem: Problem, limit: int | None = None) -> list[GroupedConfig]:
+    """The configs of ``problem``'s bucket, most likely first: skinny tiles where groups
+    hold up to 16 rows, both kinds up to 64, the larger tiles beyond."""
+    rows = rows_per_group(problem)
+    if rows <= 16:
+        found = [*SKINNY_CONFIGS, PERSISTENT_CONFIGS[3]]
+    elif rows <= 64:
+        found = [PERSISTENT_CONFIGS[3], SKINNY_CONFIGS[0], PERSISTENT_CONFIGS[0]]
+    else:
+        found = list(PERSISTENT_CONFIGS)
+    return found[:limit] if limit is not None else found
+
+
+def unsupported(problem: Problem) -> str:
+    """Why the grouped kernel does not compute ``problem`` ("" when it does)."""
+    if not problem.is_grouped:
+        return f"{NAME} computes grouped GEMMs, not {problem.op}"
+    if problem.dtype_a not in DTYPES:
+        return f"{NAME} takes {' or '.join(DTYPES)}, not {problem.dtype_a}"
+    if problem.compute not in ("f32", problem.dtype_a):
+        return f"{NAME} accumulates in f32, which does not serve compute type {problem.compute}"
+    return ""
+
+
+def _kernel() -> Any:
+    from unimatmul_triton.grouped_kernels import grouped_kernel
+
+    return grouped_kernel
+
+
+@dataclass
+class GroupedRunner:
+    """``runner(a, b, out, alpha, beta, bias, offs)``: one launch of the grouped kernel."""
+
+    candidate: Candidate
+    config: GroupedConfig
+    jagged: str
+    programs: int
+    interpreted: bool = False
+    kernel: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.kernel = _kernel()
+        self._form = _FORM[self.jagged]
+        self._grid = (self.programs,)
+        c = self.config
+        self._meta = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}
+        if not self.interpreted:
+            self._meta.update(num_warps=c.warps, num_stages=c.stages)
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        offs: Any = None,
+    ) -> None:
+        plain_grouped_call(alpha, beta, bias)
+        sa, sb, sc = a.stride(), b.stride(), out.stride()
+        form = self._form
+        # (groups, rows, columns, depth) of the call, and each operand's group stride (0: 2-D).
+        if form == 0:
+            g, m, n, k = b.shape[0], a.shape[0], b.shape[2], a.shape[1]
+        elif form == 1:
+            g, m, n, k = offs.shape[0], a.shape[0], b.shape[1], a.shape[1]
+        elif form == 2:
+            g, m, n, k = a.shape[0], a.shape[1], b.shape[1], a.shape[2]
+        else:
+            g, m, n, k = a.shape[0], a.shape[1], b.shape[2], a.shape[2]
+        sag = sa[0] if a.dim() == 3 else 0
+        sbg = sb[0] if b.dim() == 3 else 0
+        scg = sc[0] if out.dim() == 3 else 0
+        args = (
+            a,
+            b,
+            out,
+            offs if offs is not None else out,  # never read without offs (form "none")
+            g,
+            m,
+            n,
+            k,
+            sag,
+            sa[-2],
+            sa[-1],
+            sbg,
+            sb[-2],
+            sb[-1],
+            scg,
+            sc[-2],
+            sc[-1],
+            self.programs,
+        )
+        if self.interpreted:
+            from unimatmul_triton.runner import _INTERPRETER_LOCK
+
+            with _INTERPRETER_LOCK:
+                self.kernel[self._grid](*args, JAGGED=form, **self._meta)
+            return
+        self.kernel[self._grid](*args, JAGGED=form, **self._meta)
+
+
+class TritonGroupedBackend(Backend):
+    """The grouped kernel compiled for a GPU (CUDA or ROCm), on torch tensors."""
+
+    name = NAME
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cuda", "hip"})
+    array_kinds: ClassVar[frozenset[str]] = frozenset({"torch"})
+    ops: ClassVar[frozenset[str]] = frozenset({"grouped_gemm"})
+    interpreted: ClassVar[bool] = False
+
+    def __init__(self, dense: Backend) -> None:
+        self._dense = dense  # the plugin's dense backend: one answer to "is Triton usable here"
+
+    def availability(self) -> str | None:
+        return self._dense.availability()
+
+    def versions(self) -> dict[str, str]:
+        return self._dense.versions()
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        self._require(problem)
+        return [c.candidate for c in offered(problem, self._limit())]
+
+    def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        return not unsupported(problem) and candidate in CONFIGS
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> GroupedRunner:
+        self._require(problem)
+        config = CONFIGS.get(candidate)
+        if config is None:
+            msg = f"{NAME} has no kernel {candidate.identity}"
+            raise UnsupportedProblem(msg, problem=problem, backend=NAME)
+        return GroupedRunner(
+            candidate, config, problem.jagged, self._programs(problem, config, target), self.interpreted
+        )
+
+    def _programs(self, problem: Problem, config: GroupedConfig, target: Target) -> int:
+        """Programs of one launch: two per SM (persistent), or fewer when the bucket has fewer tiles."""
+        import torch
+
+        sms = torch.cuda.get_device_properties(target.device.index).multi_processor_count
+        tiles = math.ceil(problem.m / config.block_m) * math.ceil(problem.n / config.block_n)
+        if problem.jagged in ("k", "none"):
+            tiles *= problem.batch
+        return max(1, min(2 * sms, tiles + problem.batch))
+
+    def _limit(self) -> int | None:
+        return None
+
+    def _require(self, problem: Problem) -> None:
+        why = unsupported(problem) or (self.availability() or "")
+        if why:
+            raise UnsupportedProblem(why, problem=problem, backend=NAME)
+
+
+class TritonGroupedInterpreterBackend(TritonGroupedBackend):
+    """The same kernel in Triton's interpreter, on CPU torch tensors (test mode)."""
+
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    interpreted: ClassVar[bool] = True
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> GroupedRunner:
+        from unimatmul_triton.runner import _interpreter_numpy2_fix
+
+        _interpreter_numpy2_fix()
+        return super().prepare(problem, candidate, target)
+
+    def _programs(self, problem: Problem, config: GroupedConfig, target: Target) -> int:
+        return 3  # a few programs: each walks several groups' tiles, as on a GPU
+
+    def _limit(self) -> int | None:
+        return 2  # the interpreter is slow: the bucket's two likeliest configs

@@ -1,0 +1,210 @@
+"""The grouped kernel (``triton_grouped``): every form and edge offs against float64, in
+Triton's interpreter on the CPU (or compiled, with a GPU); compiled for Hopper without one;
+real tune mode through the harness's grouped check."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from test_triton_backend import compiled_in_a_fresh_process  # noqa: E402
+from unimatmul_triton import TritonInterpreterBackend, make_backend  # noqa: E402
+from unimatmul_triton.grouped import (  # noqa: E402
+    CONFIGS,
+    SKINNY,
+    TritonGroupedBackend,
+    TritonGroupedInterpreterBackend,
+    offered,
+)
+
+from unimatmul import Problem, UnsupportedProblem  # noqa: E402
+from unimatmul.backend import Device, Target, adapter_for_kind  # noqa: E402
+from unimatmul.core.grouped import grouped_problem, grouped_problem_of  # noqa: E402
+
+INTERPRET = os.environ.get("UNIMATMUL_TRITON_INTERPRET") == "1"
+DEVICE = Device("cpu", 0) if INTERPRET else Device("cuda", 0)
+TARGET = Target(adapter_for_kind("torch"), DEVICE)
+TOL = {"bf16": 2e-2, "f16": 3e-3}
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+gpu = pytest.mark.skipif(INTERPRET, reason="needs a GPU (the interpreter runs the other tests)")
+
+# Group sizes: skewed with an empty group, one group holding all, odd starts, all empty.
+SIZES = {"skewed": [13, 0, 7, 4], "one": [0, 24, 0, 0], "odd": [1, 3, 5, 15], "empty": [0, 0, 0, 0]}
+
+
+@pytest.fixture(scope="module")
+def backend() -> TritonGroupedBackend:
+    dense = make_backend()
+    kind = (
+        TritonGroupedInterpreterBackend
+        if isinstance(dense, TritonInterpreterBackend)
+        else TritonGroupedBackend
+    )
+    found = kind(dense)
+    if found.availability() is not None:
+        pytest.skip(f"triton unavailable: {found.availability()}")
+    return found
+
+
+def _operands(
+    jagged: str, sizes: list[int], dtype: str, m: int = 24, n: int = 48, k: int = 40
+) -> tuple[Any, ...]:
+    gen = torch.Generator().manual_seed(len(sizes) + sum(sizes))
+    dev = "cpu" if INTERPRET else "cuda"
+    total = sum(sizes) or 24
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, generator=gen).to(DTYPES[dtype]).to(dev)
+
+    offs = torch.tensor(np.cumsum(sizes), dtype=torch.int32, device=dev)
+    g = len(sizes)
+    if jagged == "m":
+        return rand(total, k), rand(g, n, k).transpose(-2, -1), offs
+    if jagged == "k":
+        return rand(total, m).t(), rand(total, n), offs
+    if jagged == "n":
+        return rand(g, m, k), rand(k, total), offs
+    return rand(g, m, k), rand(g, k, n), None
+
+
+def _reference(jagged: str, a: Any, b: Any, offs: Any) -> Any:
+    a64, b64 = a.double().cpu(), b.double().cpu()
+    if jagged == "none":
+        return a64 @ b64
+    ends = [int(v) for v in offs.tolist()]
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    if jagged == "k":
+        return torch.stack([a64[:, s:e] @ b64[s:e] for s, e in bounds])
+    shape = (a.shape[0], b.shape[-1]) if jagged == "m" else (a.shape[1], b.shape[1])
+    out = torch.full(shape, float("nan"), dtype=torch.float64)
+    for g, (s, e) in enumerate(bounds):
+        if jagged == "m":
+            out[s:e] = a64[s:e] @ b64[g]
+        else:
+            out[:, s:e] = a64[g] @ b64[:, s:e]
+    return out
+
+
+# bf16 on every edge; f16 on the skewed offs (the interpreter is slow: the plugin's whole
+# suite runs in it).
+EDGE_CASES = [
+    (j, sizes, "bf16") for j in ("m", "k", "n", "none") for sizes in SIZES if j != "none" or sizes == "skewed"
+]
+EDGE_CASES += [(j, "skewed", "f16") for j in ("m", "k", "n", "none")]
+
+
+@pytest.mark.parametrize(("jagged", "sizes", "dtype"), EDGE_CASES)
+def test_every_form_and_edge_offs(backend: TritonGroupedBackend, jagged: str, sizes: str, dtype: str) -> None:
+    a, b, offs = _operands(jagged, SIZES[sizes], dtype)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    want = _reference(jagged, a, b, offs)
+    for candidate in backend.candidates(problem, TARGET):
+        runner = backend.prepare(problem, candidate, TARGET)
+        out = torch.full(want.shape, float("nan"), dtype=a.dtype, device=a.device)
+        runner(a, b, out, 1.0, 0.0, None, offs)
+        got = out.double().cpu()
+        covered = ~torch.isnan(want)
+        assert bool(torch.isfinite(got[covered]).all()), candidate.identity
+        err = (got - want).abs()[covered]
+        scale = want.abs()[covered].max().clamp(min=1.0) if covered.any() else 1.0
+        assert bool((err <= TOL[dtype] * scale).all()), (candidate.identity, float(err.max()))
+        if jagged == "m" and sizes != "empty":  # rows past offs[-1] are left alone
+            assert bool(torch.isnan(got[~covered]).all())
+
+
+def test_the_configs_follow_the_rows_per_group() -> None:
+    decode = grouped_problem(64, 256, 2048, 1024)  # 4 rows per expert: the skinny form leads
+    prefill = grouped_problem(8, 8192, 14336, 4096)
+    assert offered(decode)[0].form == SKINNY and all(c.block_m == 16 for c in offered(decode)[:3])
+    assert all(c.form != SKINNY for c in offered(prefill))
+    assert all(c.candidate in CONFIGS for c in offered(decode) + offered(prefill))
+
+
+def test_what_it_cannot_run_is_refused(backend: TritonGroupedBackend) -> None:
+    with pytest.raises(UnsupportedProblem, match="grouped"):
+        backend.candidates(Problem.from_shape(16, 16, 16, "bf16"), TARGET)
+    with pytest.raises(UnsupportedProblem, match="bf16 or f16"):
+        backend.candidates(grouped_problem(4, 16, 16, 16, "f32"), TARGET)
+    assert backend.ops == frozenset({"grouped_gemm"})
+
+
+def test_the_plugin_hook_registers_it_beside_the_dense_backend() -> None:
+    from unimatmul_triton import TritonBackend, unimatmul_register_backends
+
+    found: list[Any] = []
+    unimatmul_register_backends(found.append)
+    assert [b.name for b in found] == ["triton", "triton_grouped"]
+    dense, grouped = found
+    assert isinstance(dense, TritonBackend) and isinstance(grouped, TritonGroupedBackend)
+    assert isinstance(grouped, TritonGroupedInterpreterBackend) == isinstance(dense, TritonInterpreterBackend)
+
+
+def test_compiles_for_hopper_without_a_gpu() -> None:
+    """Every config of every form compiles for sm_90 (Triton ships ptxas), in a fresh
+    process without the interpreter."""
+    script = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from unimatmul_triton.grouped import CONFIGS, _FORM
+from unimatmul_triton.grouped_kernels import grouped_kernel
+ints = ("G", "M", "N", "K", "stride_ag", "stride_am", "stride_ak", "stride_bg", "stride_bk", "stride_bn",
+        "stride_cg", "stride_cm", "stride_cn", "PROGRAMS")
+out = []
+for config in CONFIGS.values():
+    for form in _FORM.values():
+        sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i32", **dict.fromkeys(ints, "i32")}
+        consts = {"JAGGED": form, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        ck = triton.compile(ASTSource(grouped_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": config.warps, "num_stages": config.stages})
+        out.append([ck.metadata.global_scratch_size, ck.metadata.shared])
+print(json.dumps(out))
+"""
+    results = compiled_in_a_fresh_process(script)
+    assert len(results) == len(CONFIGS) * 4
+    for scratch, shared in results:
+        assert scratch == 0 and shared < 227 * 1024
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the CPU's tune mode (a GPU has the GPU tests)")
+def test_real_tune_mode_checks_the_grouped_candidates(tmp_path: Any) -> None:
+    """``grouped_matmul`` in tune mode: every triton_grouped candidate is measured by the
+    harness and checked, on every distribution of offs, against the float64 reference."""
+    import unimatmul
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import isolated_selector, registered
+
+    a, b, offs = _operands("m", SIZES["skewed"], "bf16")
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:
+        dense = TritonInterpreterBackend()
+        grouped = TritonGroupedInterpreterBackend(dense)
+        with registered(selector.plugins, grouped, name="grouped-test"), unimatmul.mode("tune"):
+            out = unimatmul.grouped_matmul(a, b, offs)
+        (record,) = [r for _, _, r in selector.store.items(None)]
+    want = _reference("m", a, b, offs)
+    assert float((out.double() - want).abs().max()) <= TOL["bf16"] * float(want.abs().max())
+    found = {r.identity: r for r in record.results if r.identity.startswith("triton_grouped/")}
+    assert len(found) == 2
+    for result in found.values():
+        assert result.status in (OK, PRUNED), result
+        assert result.error is not None and result.error < TOL["bf16"]
+
+
+@gpu
+def test_on_the_gpu_every_candidate_matches_torch_grouped_mm(backend: TritonGroupedBackend) -> None:
+    a, b, offs = _operands("m", [300, 0, 700, 24], "bf16", n=512, k=256)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    want = torch._grouped_mm(a, b, offs)
+    for candidate in backend.candidates(problem, TARGET):
+        out = torch.empty_like(want)
+        backend.prepare(problem, candidate, TARGET)(a, b, out, 1.0, 0.0, None, offs)
+        torch.cuda.synchronize()
+        assert float((out.float() - want.float()).abs().max()) <= 2e-2 * float(want.float().abs().max())

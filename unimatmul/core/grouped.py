@@ -1,0 +1,505 @@
+"""Grouped GEMMs in the vocabulary: their Problems, operands, reference and Default.
+
+A grouped GEMM is what ``torch._grouped_mm(a, b, offs)`` (``F.grouped_mm``) computes:
+one product per group, the groups cut out of one operand dimension by ``offs`` (int32,
+``offs[g]`` the end of group g, each group starting where the previous one ended):
+
+* 2-D ``a [M, K]`` x 3-D ``b [G, K, N]`` (``jagged == "m"``, the MoE forward): the rows
+  ``offs[g-1]:offs[g]`` of ``a`` times ``b[g]`` give those rows of ``out [M, N]``;
+  rows past ``offs[-1]`` are not written (as torch, whose output there is undefined);
+* 2-D ``a [M, K]`` x 2-D ``b [K, N]`` (``"k"``, the weight gradient): ``out [G, M, N]``,
+  ``out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g]]`` (zero for an empty group);
+* 3-D ``a [G, M, K]`` x 2-D ``b [K, N]`` (``"n"``): the columns ``offs[g-1]:offs[g]`` of
+  ``out [M, N]`` are ``a[g] @ b[:, offs[g-1]:offs[g]]``;
+* 3-D ``a [G, M, K]`` x 3-D ``b [G, K, N]`` (``"none"``, no offs): ``out = bmm(a, b)``.
+
+Its Problem is a ``grouped_gemm``: ``batch`` is the group count G and the jagged
+dimension's size is the *bucket* of the call's total (:func:`bucket_extent`, the next
+power of two), so that a serving process, whose ``offs`` change every call, finds one
+Problem for every call of a bucket. ``offs`` itself is never read to build the key: on a
+GPU that is a device-to-host copy and a synchronisation on every call, and impossible
+while a CUDA graph is captured. Every candidate must be right for every ``offs``; the
+harness checks each on several distributions (:data:`DISTRIBUTIONS`) and times it on a
+mix of them (``docs/grouped.md``).
+
+A grouped runner is a Runner called with one more argument,
+``runner(a, b, out, alpha, beta, bias, offs)`` (alpha 1, beta 0, bias None: torch has
+neither); its Default, :class:`GroupedDefaultRunner`, is ``torch._grouped_mm``. Torch
+tensors only; torch is imported through the array adapter, never at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unimatmul.core._backend import DEFAULT, Candidate
+from unimatmul.core.arrays import ArrayAdapter, Device, Operands
+from unimatmul.core.dtypes import ITEMSIZE
+from unimatmul.core.errors import DefaultFailed
+from unimatmul.core.problem import GROUPED_DTYPES, EmptyProduct, Problem, matrix_layout, pointer_alignment
+
+#: The token distributions the harness draws ``offs`` from: its rotated input sets take
+#: turns of ``skewed`` and ``uniform`` (what it times), and its checks after timing use
+#: ``one`` and ``tail`` in place, so every candidate is checked on each of them.
+#: ``skewed``: a few groups hold most rows (Zipf-like router load) and one group is
+#: empty; ``uniform``: rows spread evenly at random; ``one``: one group holds every row,
+#: the others are empty; ``tail``: empty groups, group starts at unaligned positions
+#: (where the device allows them) and rows past ``offs[-1]`` that no group covers.
+DISTRIBUTIONS = ("skewed", "uniform", "one", "tail")
+
+_FORMS = {(2, 3): "m", (2, 2): "k", (3, 2): "n", (3, 3): "none"}
+
+
+class GroupedInputError(RuntimeError, ValueError):
+    """A grouped call torch would refuse: a RuntimeError, as torch's own, and a ValueError."""
+
+
+def bucket_extent(total: int) -> int:
+    """The bucket of a jagged dimension's total: the next power of two (``total`` itself
+    when it is one). Calls up to twice apart share a choice: rows per group then differ by
+    at most 2x within a bucket, the step between the tile sizes grouped kernels are built
+    from (16, 32, 64, 128 rows), so one kernel stays right for the whole bucket."""
+    return 1 << max(total - 1, 0).bit_length()
+
+
+def _fail(msg: str) -> GroupedInputError:
+    return GroupedInputError(f"grouped_matmul: {msg}")
+
+
+def _check_strides(adapter: ArrayAdapter, x: Any, name: str) -> None:
+    """torch's own rule (GroupedMMUtils.h): 16-byte aligned data, a unit stride in one of
+    the last two dimensions and the other stride a multiple of 16 bytes."""
+    shape, strides = adapter.shape(x), adapter.strides(x)
+    align = 16 // ITEMSIZE[adapter.dtype(x)]
+    if adapter.ptr(x) % 16:
+        raise _fail(
+            f"{name}'s data must be aligned to 16 bytes (torch._grouped_mm), got address {adapter.ptr(x):#x}"
+        )
+    if strides[-2] == 1 and strides[-1] >= max(1, shape[-2]):
+        ld = strides[-1]
+    elif strides[-1] == 1 and strides[-2] >= max(1, shape[-1]):
+        ld = strides[-2]
+    else:
+        raise _fail(f"invalid strides/sizes of {name}: strides {strides} for sizes {shape}")
+    if ld % align:
+        raise _fail(f"{name}'s strides should be multiples of 16 bytes, got {strides} (torch._grouped_mm)")
+
+
+def grouped_shapes(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], groups: int
+) -> tuple[str, tuple[int, ...]]:
+    """(jagged dimension, output shape) of a grouped call; ``groups``: offs' length (unused
+    for 3-D x 3-D)."""
+    jagged = _FORMS[(len(a_shape), len(b_shape))]
+    if jagged == "m":
+        return jagged, (a_shape[0], b_shape[-1])
+    if jagged == "k":
+        return jagged, (groups, a_shape[0], b_shape[1])
+    if jagged == "n":
+        return jagged, (a_shape[1], b_shape[1])
+    return jagged, (a_shape[0], a_shape[1], b_shape[-1])
+
+
+def grouped_problem_of(
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    offs: Any,
+    *,
+    bias: Any = None,
+    out_dtype: Any = None,
+    out: Any = None,
+) -> Problem:
+    """The grouped-GEMM Problem of a call on the caller's own tensors.
+
+    Checks the operands as ``torch._grouped_mm`` does and raises
+    :class:`GroupedInputError` (a RuntimeError, as torch's) with torch's reason;
+    :class:`~unimatmul.core.problem.EmptyProduct` for valid operands with an empty
+    dimension (torch computes those). ``offs``' values are never read.
+    """
+    if adapter.kind != "torch":
+        msg = f"grouped_matmul takes torch tensors, not {type(a).__module__}.{type(a).__name__}"
+        raise TypeError(msg)
+    device = adapter.device(a)
+    for name, x in (("b", b), ("offs", offs), ("bias", bias), ("out", out)):
+        if x is None:
+            continue
+        if not adapter.same_library(x):
+            msg = f"grouped_matmul: {name} is a {type(x).__name__}, but a is a {type(a).__name__}"
+            raise TypeError(msg)
+        if adapter.device(x) != device:
+            raise _fail(f"a is on {device} but {name} is on {adapter.device(x)}")
+    dtype = adapter.dtype(a)
+    for name, x in (("mat_a", a), ("mat_b", b)):
+        if adapter.dtype(x) not in GROUPED_DTYPES:
+            raise _fail(
+                f"expected {name} to be a float32, bfloat16 or float16 matrix, got {adapter.dtype(x)}"
+            )
+    a_shape, b_shape = adapter.shape(a), adapter.shape(b)
+    for name, shape in (("mat_a", a_shape), ("mat_b", b_shape)):
+        if len(shape) not in (2, 3):
+            raise _fail(f"{name} has to be 2 or 3d, got shape {shape}")
+    jagged = _FORMS[(len(a_shape), len(b_shape))]
+    if jagged != "k" and a_shape[-1] != b_shape[-2]:
+        raise _fail(f"contraction dimension of mat_a {a_shape} and mat_b {b_shape} must match")
+    _check_strides(adapter, a, "mat_a")
+    _check_strides(adapter, b, "mat_b")
+    if (offs is None) != (jagged == "none"):
+        raise _fail(
+            "have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d "
+            f"(got mat_a {a_shape}, mat_b {b_shape}, offs {'None' if offs is None else 'given'})"
+        )
+    groups = 0
+    if offs is not None:
+        if len(adapter.shape(offs)) != 1:
+            raise _fail(f"offs has to be 1D, got shape {adapter.shape(offs)}")
+        if str(offs.dtype) != "torch.int32":
+            raise _fail(f"offsets have to be int32, got {offs.dtype}")
+        groups = adapter.shape(offs)[0]
+    if bias is not None:
+        raise _fail("bias not supported yet (torch._grouped_mm takes none)")
+    if out_dtype is not None and adapter.torch_dtype(dtype) != out_dtype:  # type: ignore[attr-defined]
+        raise _fail(f"grouped gemm output dtype must match mat_a's dtype {dtype}, got {out_dtype}")
+    if adapter.dtype(b) != dtype:
+        raise _fail(f"expected mat_a and mat_b to have the same dtype, but got {dtype} != {adapter.dtype(b)}")
+    if jagged == "m" and groups != b_shape[0]:
+        raise _fail(f"matrix batch sizes have to match: offs has {groups} groups and mat_b {b_shape[0]}")
+    if jagged == "n" and groups != a_shape[0]:
+        raise _fail(f"matrix batch sizes have to match: offs has {groups} groups and mat_a {a_shape[0]}")
+    if jagged == "none" and a_shape[0] != b_shape[0]:
+        raise _fail(f"batched dimension has to match: mat_a {a_shape} and mat_b {b_shape}")
+    if jagged == "k" and a_shape[1] != b_shape[0]:
+        # torch itself does not check this; a group past the shorter one then fails or
+        # reads a different range of each: refused here, so no offs can mean two things.
+        raise _fail(
+            f"mat_a's columns ({a_shape[1]}) and mat_b's rows ({b_shape[0]}) must match: offs cuts both"
+        )
+    _, out_shape = grouped_shapes(a_shape, b_shape, groups)
+    if out is not None:
+        if adapter.shape(out) != out_shape:
+            raise _fail(f"out has shape {adapter.shape(out)}, expected {out_shape}")
+        if adapter.dtype(out) != dtype:
+            msg = f"grouped_matmul: out is {adapter.dtype(out)}, expected {dtype} like mat_a"
+            raise TypeError(msg)
+    m = a_shape[-2]
+    k = a_shape[-1]
+    n = b_shape[-1]
+    batch = groups if jagged != "none" else a_shape[0]
+    if min(m, n, k, batch) < 1:
+        raise EmptyProduct(f"grouped_matmul: empty operands (m={m}, n={n}, k={k}, groups={batch})", out_shape)
+    trans_a, lda = matrix_layout(a_shape, adapter.strides(a), "mat_a")
+    trans_b, ldb = matrix_layout(b_shape, adapter.strides(b), "mat_b")
+    ldc, stride_c = out_shape[-1], (out_shape[-2] * out_shape[-1] if len(out_shape) == 3 else 0)
+    if out is not None:
+        o_trans, ldc = matrix_layout(out_shape, adapter.strides(out), "out")
+        if o_trans and out_shape[-2] > 1 and out_shape[-1] > 1:
+            raise _fail(f"out must be row-major, got strides {adapter.strides(out)}")
+        stride_c = adapter.strides(out)[0] if len(out_shape) == 3 else 0
+    # The jagged dimension's total is bucketed, and so is a leading dimension that is
+    # exactly that total (a tight layout): one Problem for every call of the bucket.
+    if jagged == "m":
+        m = bucket_extent(m)
+        lda = _bucketed_ld(lda, a_shape[0], m) if trans_a else lda
+    elif jagged == "k":
+        k = bucket_extent(k)
+        lda = lda if trans_a else _bucketed_ld(lda, a_shape[1], k)
+        ldb = _bucketed_ld(ldb, b_shape[0], k) if trans_b else ldb
+    elif jagged == "n":
+        n = bucket_extent(n)
+        ldb = ldb if trans_b else _bucketed_ld(ldb, b_shape[1], n)
+        ldc = _bucketed_ld(ldc, out_shape[1], n)
+    strides_a, strides_b = adapter.strides(a), adapter.strides(b)
+    ptrs = [adapter.ptr(a), adapter.ptr(b)] + ([adapter.ptr(out)] if out is not None else [])
+    return Problem(
+        m=m,
+        n=n,
+        k=k,
+        batch=batch,
+        dtype_a=dtype,
+        dtype_b=dtype,
+        dtype_c=dtype,
+        compute=adapter.compute_type(dtype, device),
+        trans_a=trans_a,
+        trans_b=trans_b,
+        lda=lda,
+        ldb=ldb,
+        ldc=ldc,
+        stride_a=strides_a[0] if len(a_shape) == 3 else 0,
+        stride_b=strides_b[0] if len(b_shape) == 3 else 0,
+        stride_c=stride_c,
+        align=pointer_alignment(*ptrs),
+        op="grouped_gemm",
+        jagged=jagged,
+    )
+
+
+def _bucketed_ld(ld: int, extent: int, bucket: int) -> int:
+    return bucket if ld <= extent else max(ld, bucket)
+
+
+def grouped_problem(
+    groups: int, m: int, n: int, k: int, dtype: str = "bf16", *, jagged: str = "m", trans_b: bool = True
+) -> Problem:
+    """The grouped GEMM of an MoE layer's experts: ``x[m, k]`` (the rows of all groups,
+    m bucketed) times ``w[g].t()`` for weights ``w [groups, n, k]`` (``trans_b``), as
+    Hugging Face's ``grouped_mm`` experts call it; ``jagged`` picks another form."""
+    extent = {"m": m, "k": k, "n": n}.get(jagged)
+    if extent is not None:
+        extent = bucket_extent(extent)
+        m, k, n = (
+            (extent if jagged == "m" else m),
+            (extent if jagged == "k" else k),
+            (extent if jagged == "n" else n),
+        )
+    shapes = {"m": ((m, k), (groups, k, n)), "k": ((m, k), (k, n)), "n": ((groups, m, k), (k, n))}
+    a_shape, b_shape = shapes.get(jagged, ((groups, m, k), (groups, k, n)))
+    tb = trans_b and len(b_shape) == 3
+    return Problem(
+        m=m,
+        n=n,
+        k=k,
+        batch=groups,
+        dtype_a=dtype,
+        dtype_b=dtype,
+        dtype_c=dtype,
+        compute="f32",
+        trans_b=tb,
+        stride_a=m * k if len(a_shape) == 3 else 0,
+        stride_b=k * n if len(b_shape) == 3 else 0,
+        stride_c=m * n if jagged in ("k", "none") else 0,
+        op="grouped_gemm",
+        jagged=jagged,
+    )
+
+
+# --- operands, reference, Default ------------------------------------------------------------
+
+
+def grouped_layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(shape, strides) in elements of A, B and C of a grouped problem at its bucket's size."""
+    m, n, k, g, jagged = problem.m, problem.n, problem.k, problem.batch, problem.jagged
+    a2 = (1, problem.lda) if problem.trans_a else (problem.lda, 1)
+    b2 = (1, problem.ldb) if problem.trans_b else (problem.ldb, 1)
+    c2 = (problem.ldc, 1)
+    a = ((m, k), a2) if jagged in ("m", "k") else ((g, m, k), (problem.stride_a, *a2))
+    b = ((k, n), b2) if jagged in ("k", "n") else ((g, k, n), (problem.stride_b, *b2))
+    c = ((m, n), c2) if jagged in ("m", "n") else ((g, m, n), (problem.stride_c, *c2))
+    return {"a": a, "b": b, "c": c}
+
+
+def grouped_operand_bytes(problem: Problem) -> int:
+    """Bytes one set of a grouped problem's operands takes (A, B, C and offs)."""
+    total = 4 * problem.batch
+    for name, (shape, strides) in grouped_layouts(problem).items():
+        dtype = {"a": problem.dtype_a, "b": problem.dtype_b, "c": problem.dtype_c}[name]
+        elements = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        total += (elements + 16) * ITEMSIZE[dtype]
+    return total
+
+
+@dataclass
+class GroupedOperands(Operands):
+    """Operands of a grouped GEMM: ``a``, ``b``, ``out``, the int32 ``offs`` (None for 3-D x
+    3-D) and the dimension ``offs`` cuts (``Problem.jagged``)."""
+
+    offs: Any = field(default=None)
+    jagged: str = "m"
+
+
+def _extent(problem: Problem) -> int:
+    return {"m": problem.m, "k": problem.k, "n": problem.n}.get(problem.jagged, 0)
+
+
+def group_sizes(problem: Problem, distribution: str, rng: np.random.Generator, device: Device) -> list[int]:
+    """Sizes of the groups of one draw of ``distribution`` (:data:`DISTRIBUTIONS`) over the
+    problem's jagged extent. On a GPU a K or N group starts at a multiple of 16 bytes
+    (torch's kernels need it); elsewhere, and for rows (M), anywhere."""
+    groups, extent = problem.batch, _extent(problem)
+    step = 1
+    if device.kind != "cpu" and problem.jagged in ("k", "n"):
+        step = max(1, 16 // ITEMSIZE[problem.dtype_a])
+    if distribution == "tail":
+        extent = max(0, extent - max(1, extent // 8))  # rows past offs[-1]: covered by no group
+    units = extent // step
+    if distribution == "one":
+        counts = np.zeros(groups, dtype=np.int64)
+        counts[int(rng.integers(0, groups))] = units
+    elif distribution == "uniform":
+        counts = rng.multinomial(units, np.full(groups, 1.0 / groups))
+    else:  # skewed and tail: Zipf-like router load, in a random order of the groups
+        weights = 1.0 / np.arange(1, groups + 1)
+        counts = rng.multinomial(units, rng.permutation(weights / weights.sum()))
+        if groups > 1:
+            # one empty group at least: move the smallest group's rows to the largest
+            low, high = int(np.argmin(counts)), int(np.argmax(counts))
+            if low != high:
+                counts[high] += counts[low]
+                counts[low] = 0
+    sizes = [int(c) * step for c in counts]
+    if distribution == "tail" and step == 1 and groups > 1 and units > 2:
+        # an odd group start: where the first group of two or more rows has an even size,
+        # one of its rows moves to the next non-empty group (empty groups stay empty)
+        first = next((i for i, s in enumerate(sizes) if s > 1), None)
+        later = (
+            next((j for j in range(first + 1, groups) if sizes[j] > 0), None) if first is not None else None
+        )
+        if first is not None and later is not None and sizes[first] % 2 == 0:
+            sizes[first] -= 1
+            sizes[later] += 1
+    return sizes
+
+
+def make_grouped_operands(
+    problem: Problem,
+    adapter: ArrayAdapter,
+    device: Device,
+    rng: np.random.Generator,
+    distribution: str = "skewed",
+    *,
+    with_out: bool = True,
+) -> GroupedOperands:
+    """Random, never-zero operands of a grouped problem in its exact layout, with ``offs``
+    drawn from ``distribution`` (:data:`DISTRIBUTIONS`)."""
+    layouts = grouped_layouts(problem)
+    made: dict[str, Any] = {}
+    for name in ("a", "b", "c"):
+        if name == "c" and not with_out:
+            made[name] = None
+            continue
+        shape, strides = layouts[name]
+        made[name] = adapter.random_strided(shape, strides, problem.dtype_a, device, rng, fill=name != "c")
+    offs = None
+    if problem.jagged != "none":
+        sizes = group_sizes(problem, distribution, rng, device)
+        ends = np.cumsum(np.asarray(sizes, dtype=np.int64)).astype(np.int32)
+        offs = adapter.host_indices(ends, device)
+    return GroupedOperands(made["a"], made["b"], made["c"], None, offs, problem.jagged)
+
+
+def plain_grouped_call(alpha: float, beta: float, bias: Any) -> None:
+    """ValueError unless a grouped runner's call is a plain one (alpha 1, beta 0, no bias):
+    ``torch._grouped_mm`` has neither, so no grouped runner computes them."""
+    if alpha != 1.0 or beta != 0.0 or bias is not None:
+        msg = f"a grouped GEMM has no alpha, beta or bias (got alpha={alpha}, beta={beta}, bias {bias is not None})"
+        raise ValueError(msg)
+
+
+def group_bounds(offs: Any, extent: int) -> list[tuple[int, int]]:
+    """(start, end) of each group as torch's slices read ``offs`` (clamped to ``extent``)."""
+    out, start = [], 0
+    for end in (int(v) for v in offs.tolist()):
+        lo, hi = min(max(start, 0), extent), min(max(end, 0), extent)
+        out.append((lo, max(lo, hi)))
+        start = end
+    return out
+
+
+def padded_operands(adapter: ArrayAdapter, ops: GroupedOperands) -> Operands:
+    """The grouped product as a batched one whose float64 product is the reference: each
+    group's slice of the jagged operand(s) zero-padded to the largest group (rows past a
+    group's end, and past ``offs[-1]``, then hold zeros in the reference and in
+    :func:`padded_output` alike). The output is a placeholder of the padded shape."""
+    torch = adapter.torch  # type: ignore[attr-defined]
+    a, b, jagged = ops.a, ops.b, ops.jagged
+    if jagged == "none":
+        return Operands(a, b, torch.empty(ops.out.shape, dtype=torch.float64, device=a.device))
+    bounds = group_bounds(ops.offs, {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}[jagged])
+    size = max([1] + [e - s for s, e in bounds])
+    g = len(bounds)
+    f64 = torch.float64
+    if jagged == "m":
+        a_pad = torch.zeros((g, size, a.shape[1]), dtype=f64, device=a.device)
+        for i, (s, e) in enumerate(bounds):
+            a_pad[i, : e - s] = a[s:e]
+        return Operands(a_pad, b, torch.empty((g, size, b.shape[-1]), dtype=f64, device=a.device))
+    if jagged == "k":
+        a_pad = torch.zeros((g, a.shape[0], size), dtype=f64, device=a.device)
+        b_pad = torch.zeros((g, size, b.shape[1]), dtype=f64, device=a.device)
+        for i, (s, e) in enumerate(bounds):
+            a_pad[i, :, : e - s] = a[:, s:e]
+            b_pad[i, : e - s] = b[s:e]
+        return Operands(a_pad, b_pad, torch.empty(ops.out.shape, dtype=f64, device=a.device))
+    b_pad = torch.zeros((g, b.shape[0], size), dtype=f64, device=a.device)
+    for i, (s, e) in enumerate(bounds):
+        b_pad[i, :, : e - s] = b[:, s:e]
+    return Operands(a, b_pad, torch.empty((g, a.shape[1], size), dtype=f64, device=a.device))
+
+
+def padded_output(ops: GroupedOperands, out: Any) -> Any:
+    """A grouped output in the padded batched shape of :func:`padded_operands`: each
+    group's part of ``out``, zeros past its end (what is compared with the reference)."""
+    jagged = ops.jagged
+    if jagged in ("none", "k"):
+        return out
+    bounds = group_bounds(ops.offs, out.shape[0] if jagged == "m" else out.shape[1])
+    size = max([1] + [e - s for s, e in bounds])
+    if jagged == "m":
+        padded = out.new_zeros((len(bounds), size, out.shape[1]))
+        for i, (s, e) in enumerate(bounds):
+            padded[i, : e - s] = out[s:e]
+        return padded
+    padded = out.new_zeros((len(bounds), out.shape[0], size))
+    for i, (s, e) in enumerate(bounds):
+        padded[i, :, : e - s] = out[:, s:e]
+    return padded
+
+
+@dataclass
+class GroupedDefaultRunner:
+    """The Default of a grouped GEMM: ``torch._grouped_mm``, its result copied into ``out``."""
+
+    adapter: ArrayAdapter
+    candidate: Candidate = field(default=DEFAULT)
+
+    def __post_init__(self) -> None:
+        torch = getattr(self.adapter, "torch", None)
+        if self.adapter.kind != "torch" or torch is None:
+            msg = f"grouped GEMMs run on torch tensors only, not {self.adapter.kind} arrays"
+            raise TypeError(msg)
+        self.grouped_mm = torch._grouped_mm
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        offs: Any = None,
+    ) -> None:
+        plain_grouped_call(alpha, beta, bias)
+        out.copy_(self.grouped_mm(a, b, offs))
+
+
+def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
+    """The error of a grouped call whose Default, ``torch._grouped_mm``, failed on ``device``."""
+    said = str(exc).strip().splitlines()[0].rstrip(". ") if str(exc).strip() else type(exc).__name__
+    msg = (
+        f"grouped_matmul: torch._grouped_mm (Default: torch's own grouped product) failed on {device}: {said}"
+    )
+    return DefaultFailed(msg, call="torch._grouped_mm")
+
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "GroupedDefaultRunner",
+    "GroupedInputError",
+    "GroupedOperands",
+    "bucket_extent",
+    "default_failed",
+    "group_bounds",
+    "group_sizes",
+    "grouped_layouts",
+    "grouped_operand_bytes",
+    "grouped_problem",
+    "grouped_problem_of",
+    "grouped_shapes",
+    "make_grouped_operands",
+    "padded_operands",
+    "padded_output",
+    "plain_grouped_call",
+]
