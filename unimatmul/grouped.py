@@ -12,26 +12,21 @@ against the float64 product of every group.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from unimatmul.cache.lru import LRU, lru_size
-from unimatmul.core._backend import DEFAULT, Runner, Target
+from unimatmul.cache.lru import lru_size
+from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.grouped import default_failed, grouped_problem_of, grouped_shapes
-from unimatmul.core.modes import get_mode
+from unimatmul.core.modes import _mode as _mode_var
+from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
-from unimatmul.core.problem import EmptyProduct, Problem
+from unimatmul.core.problem import EmptyProduct
 from unimatmul.core.runners import default_runner
 from unimatmul.tuning.confirm import clock_for
-from unimatmul.tuning.selector import get_selector, on_forget
-from unimatmul.tuning.trust import CheckingRunner
 
-# signature -> (runner, Problem, output allocator, whether the stream is being captured,
-# and with an out=: whether a call's out overlaps its inputs); bounded like the API's map.
-_Found = tuple[Runner, Problem, Callable[[], Any], Callable[[], bool], Callable[..., bool] | None]
-_fast: LRU[tuple[Any, ...], _Found] = LRU(lru_size(8192))
-on_forget(_fast.clear)
+TABLE = CallTable("grouped_matmul", lru_size(8192))
 
 
 def grouped_matmul(
@@ -54,9 +49,9 @@ def grouped_matmul(
     """
     adapter = adapter_of(a)
     signature = adapter.signature
-    mode = get_mode()
+    mode = "off" if PASSING.on else _mode_var.get() or env_mode()
     try:
-        sig = (
+        key = (
             mode,
             adapter.kind,
             signature(a),
@@ -70,39 +65,35 @@ def grouped_matmul(
         # An operand that is no tensor at all: the full check says which one.
         grouped_problem_of(adapter, a, b, offs, bias=bias, out_dtype=out_dtype, out=out)
         raise
-    found = _fast.peek(sig)
-    if found is None:
+    plan = TABLE.plans.get(key)
+    if plan is None:
         try:
-            found = _resolve(adapter, a, b, offs, bias, out_dtype, out, mode)
+            plan = _resolve(key, adapter, a, b, offs, bias, out_dtype, out, mode)
         except EmptyProduct:
             return _torch_own(adapter, a, b, offs, out)  # no kernel to choose: torch's result
-        _fast.put(sig, found)
-        if isinstance(found[0], CheckingRunner):  # its first call checks it; then what it settles on
-            found[0].on_final.append(lambda final: _fast.put(sig, (final, *found[1:])))
-    runner = found[0]
+    plan.calls += 1
+    runner: Any = plan.runner  # a grouped runner takes offs last (core/grouped.py)
     if out is None:
         if runner.candidate is DEFAULT:
             return _torch_own(adapter, a, b, offs, None)  # torch's own output: no copy of it
-        out = found[2]()
-    elif found[4](out, a, b, offs):  # type: ignore[misc]
-        own: Any = default_runner(found[1], adapter)
+        out = plan.allocate()  # type: ignore[misc]
+    elif plan.guard(out, a, b, offs):  # type: ignore[misc]
+        own: Any = plan.default
 
         def call(dst: Any) -> None:
             own(a, b, dst, 1.0, 0.0, None, offs)
 
-        return run_overlapping(adapter, out, call, call, found[2])
-    grouped: Any = runner  # a grouped runner takes offs last (core/grouped.py)
+        return run_overlapping(adapter, out, call, call, plan.allocate)  # type: ignore[arg-type]
     try:
-        grouped(a, b, out, 1.0, 0.0, None, offs)
-        if found[3]():
-            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its signature
+        runner(a, b, out, 1.0, 0.0, None, offs)
+        if plan.capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its key
     except Exception as exc:
         if runner.candidate == DEFAULT:
             if type(exc) is RuntimeError:  # not its subclasses (out of memory, ...): those are torch's
                 raise default_failed(exc, adapter.device(a)) from exc
             raise
-        default: Any = get_selector().fall_back(found[1], runner.candidate, exc, adapter)
-        _fast.put(sig, (default, *found[1:]))
+        default: Any = TABLE.fall_back(plan, exc, adapter)
         default(a, b, out, 1.0, 0.0, None, offs)
     return out
 
@@ -116,14 +107,21 @@ def _torch_own(adapter: ArrayAdapter, a: Any, b: Any, offs: Any, out: Any) -> An
 
 
 def _resolve(
-    adapter: ArrayAdapter, a: Any, b: Any, offs: Any, bias: Any, out_dtype: Any, out: Any, mode: str
-) -> _Found:
+    key: tuple[Any, ...],
+    adapter: ArrayAdapter,
+    a: Any,
+    b: Any,
+    offs: Any,
+    bias: Any,
+    out_dtype: Any,
+    out: Any,
+    mode: str,
+) -> Plan:
     problem = grouped_problem_of(adapter, a, b, offs, bias=bias, out_dtype=out_dtype, out=out)
     device = adapter.device(a)
     target = Target(adapter, device)
     groups = adapter.shape(offs)[0] if offs is not None else 0
     _, out_shape = grouped_shapes(adapter.shape(a), adapter.shape(b), groups)
-    allocate = adapter.allocator(out_shape, problem.dtype_c, device)
     if mode in ("tune", "record"):
         # These modes write: a call whose Default fails must fail before anything is tuned
         # or recorded for it (as unimatmul.matmul's first calls do).
@@ -133,8 +131,13 @@ def _resolve(
             if type(exc) is not RuntimeError:
                 raise
             raise default_failed(exc, device) from exc
-    decision = get_selector().decide(problem, target, mode)
-    if decision.source == "tuned":
-        _fast.clear()  # signatures resolved earlier in another mode may hold Default for it
-    guard = None if out is None else OutGuard(adapter, out, a, b, offs).check
-    return decision.runner, problem, allocate, clock_for(target, 0).capturing, guard
+    default = default_runner(problem, adapter)
+    plan = Plan("grouped_matmul", runner=default, default=default, problem=problem, target=target)
+    plan.out_shape, plan.allocate = tuple(out_shape), adapter.allocator(out_shape, problem.dtype_c, device)
+    if device.kind != "cpu":
+        plan.capturing = clock_for(target, 0).capturing
+    if out is not None:
+        plan.guard = OutGuard(adapter, out, a, b, offs).check
+    decision = decide(problem, target, mode)
+    plan.take(decision)
+    return TABLE.insert(key, plan, decision)

@@ -25,7 +25,7 @@ from unimatmul.core.grouped import (  # noqa: E402
     grouped_problem_of,
     make_grouped_operands,
 )
-from unimatmul.tuning.harness import HarnessSettings  # noqa: E402
+from unimatmul.tuning.harness import HarnessConfig  # noqa: E402
 from unimatmul.tuning.tuner import Tuner  # noqa: E402
 
 ADAPTER = adapter_for_kind("torch")
@@ -159,7 +159,7 @@ def test_a_grouped_kernel_wrong_for_some_offs_is_rejected(
     fake = GroupedFake(behaviour)
     problem = grouped_problem(8, 64, 32, 64, "bf16")
     # No pruning: a slow wrong kernel must still be caught by the check after timing.
-    settings = HarnessSettings(prune_ratio=math.inf, first_prune_ratio=math.inf, budget_s=0.02, settle_s=0.0)
+    settings = HarnessConfig(prune_ratio=math.inf, first_prune_ratio=math.inf, budget_s=0.02, settle_s=0.0)
     with registered(isolated.plugins, fake):
         record = Tuner(plugins=isolated.plugins, settings=settings).tune(problem, TARGET)
     result = record.result(f"{fake.name}/kernel")

@@ -38,6 +38,7 @@ __all__ = [
     "disable",
     "enable",
     "enabled",
+    "grouped_stats",
     "is_enabled",
     "plans",
     "reset_stats",
@@ -55,15 +56,13 @@ def enable() -> None:
     Without torch installed: :class:`~unimatmul.core.errors.MissingDependency` (an ImportError).
     """
     _need_torch()
-    from unimatmul.torch import compiled, routing, scaled_routing
+    from unimatmul.torch import compiled, grouped_routing, routing, scaled_routing
     from unimatmul.tuning import agreement
-    from unimatmul.tuning.selector import on_forget
 
     routing.install()
     scaled_routing.install()
+    grouped_routing.install()
     compiled.install()
-    on_forget(routing.clear_plans)
-    on_forget(scaled_routing.clear_plans)
     agreement.install()  # inert unless UNIMATMUL_DISTRIBUTED=1 in a process group
 
 
@@ -85,10 +84,11 @@ def _need_torch() -> None:
 
 def disable() -> None:
     """Give every product back to PyTorch: its own kernels and Inductor pass return."""
-    from unimatmul.torch import compiled, routing, scaled_routing
+    from unimatmul.torch import compiled, grouped_routing, routing, scaled_routing
 
     routing.uninstall()
     scaled_routing.uninstall()
+    grouped_routing.uninstall()
     compiled.uninstall()
 
 
@@ -131,11 +131,20 @@ def scaled_stats() -> dict[str, Any]:
     return scaled_routing.stats()
 
 
+def grouped_stats() -> dict[str, Any]:
+    """Counts of routed ``torch._grouped_mm`` calls (MoE experts); see
+    :func:`unimatmul.torch.grouped_routing.stats`."""
+    from unimatmul.torch import grouped_routing
+
+    return grouped_routing.stats()
+
+
 def reset_stats() -> None:
-    from unimatmul.torch import routing, scaled_routing
+    from unimatmul.torch import grouped_routing, routing, scaled_routing
 
     routing.reset_stats()
     scaled_routing.reset_stats()
+    grouped_routing.reset_stats()
 
 
 def clear_plans() -> None:
@@ -143,10 +152,11 @@ def clear_plans() -> None:
 
     Needed after another process tuned problems this one already resolved.
     """
-    from unimatmul.torch import routing, scaled_routing
+    from unimatmul.torch import grouped_routing, routing, scaled_routing
 
     routing.clear_plans()
     scaled_routing.clear_plans()
+    grouped_routing.clear_plans()
 
 
 def plans() -> list[Plan]:

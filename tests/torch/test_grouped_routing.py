@@ -1,0 +1,165 @@
+"""Routing ``aten::_grouped_mm`` (MoE experts): forward and backward, each form, torch's
+errors, mode off, and an MoE block written as Hugging Face's grouped_mm experts are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from grouped_cases import close, offs_of, operands, reference  # noqa: E402
+from torch_helpers import Env  # noqa: E402
+
+import unimatmul  # noqa: E402
+import unimatmul.torch as ut  # noqa: E402
+from unimatmul.core.problem import Problem  # noqa: E402
+from unimatmul.torch import grouped_routing  # noqa: E402
+
+FORMS = ["m", "k", "n", "none"]
+SIZES = [13, 0, 7, 4]
+
+
+def _routed_calls() -> int:
+    return int(ut.grouped_stats()["routed"])
+
+
+@pytest.mark.parametrize("jagged", FORMS)
+def test_each_form_is_routed_and_right(env: Env, jagged: str) -> None:
+    a, b, offs = operands(jagged, SIZES)
+    want = torch._grouped_mm(a, b, offs)
+    ut.enable()
+    with unimatmul.mode("tune"):
+        got = torch._grouped_mm(a, b, offs)
+    got_again = torch._grouped_mm(a, b, offs)  # cached: the same plan
+    ref = reference(jagged, a, b, offs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert close(got, ref, "bf16") and close(got_again, ref, "bf16")
+    assert _routed_calls() == 2
+    plans = grouped_routing.plans()  # one per mode: tune, then the environment's
+    assert len(plans) == 2
+    assert all(
+        p.problem is not None and p.problem.op == "grouped_gemm" and p.problem.jagged == jagged for p in plans
+    )
+
+
+def test_forward_and_backward_are_routed_and_their_gradients_right(env: Env) -> None:
+    a64, b64, offs = operands("m", SIZES, "f32")
+    a = a64.clone().requires_grad_(True)
+    b = b64.clone().requires_grad_(True)
+    grad = torch.randn(a.shape[0], b.shape[-1], generator=torch.Generator().manual_seed(5))
+    ut.enable()
+    with unimatmul.mode("tune"):
+        y = torch._grouped_mm(a, b, offs)
+        (y * grad).sum().backward()
+    assert y.grad_fn is not None
+    # float64 gradients, group by group
+    ga = torch.zeros_like(a64, dtype=torch.float64)
+    gb = torch.zeros_like(b64, dtype=torch.float64)
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        rows = slice(start, end)
+        ga[rows] = grad[rows].double() @ b64[g].double().T
+        gb[g] = a64[rows].double().T @ grad[rows].double()
+        start = end
+    assert a.grad is not None and b.grad is not None
+    assert torch.allclose(a.grad.double(), ga, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(b.grad.double(), gb, rtol=1e-4, atol=1e-4)
+    # the forward (2-D x 3-D) and both products of the backward: grad @ b^T (2-D x 3-D)
+    # and a^T @ grad (2-D x 2-D, offs over K)
+    assert _routed_calls() == 3
+    tuned = [Problem.from_key(key) for _, key, _ in env.selector.store.items(None)]
+    assert sorted(p.jagged for p in tuned) == ["k", "m", "m"]
+
+
+def test_functional_grouped_mm_under_no_grad_is_routed(env: Env) -> None:
+    grouped_mm = getattr(torch.nn.functional, "grouped_mm", None)
+    if grouped_mm is None:
+        pytest.skip("this torch has no torch.nn.functional.grouped_mm")
+    a, b, offs = operands("m", SIZES)
+    ut.enable()
+    with torch.no_grad(), unimatmul.mode("tune"):
+        got = grouped_mm(a, b, offs=offs)
+    assert close(got, reference("m", a, b, offs), "bf16")
+    assert _routed_calls() == 1
+
+
+def test_mode_off_and_disable_leave_torch_alone(env: Env) -> None:
+    a, b, offs = operands("m", SIZES)
+    want = torch._grouped_mm(a, b, offs)
+    ut.enable()
+    with unimatmul.mode("off"):
+        got = torch._grouped_mm(a, b, offs)
+    assert torch.equal(got[: int(offs[-1])], want[: int(offs[-1])]) and not grouped_routing.plans()
+    ut.disable()
+    torch._grouped_mm(a, b, offs)
+    assert not grouped_routing.plans() and _routed_calls() == 0
+
+
+def test_what_torch_refuses_it_still_refuses_with_its_own_error(env: Env) -> None:
+    a, b, offs = operands("m", SIZES)
+    bias = torch.zeros(b.shape[-1], dtype=a.dtype)
+
+    def message(call: Any) -> str:
+        with pytest.raises(Exception) as caught:
+            call()
+        return f"{type(caught.value).__name__}: {caught.value}"
+
+    unrouted = message(lambda: torch._grouped_mm(a, b, offs, bias=bias))
+    ut.enable()
+    assert message(lambda: torch._grouped_mm(a, b, offs, bias=bias)) == unrouted
+    (plan,) = grouped_routing.plans()
+    assert plan.runner is None and plan.source == "passthrough" and plan.reason
+
+
+class Experts(torch.nn.Module):
+    """Experts as Hugging Face's ``grouped_mm`` implementation runs them: tokens sorted by
+    expert, ``offs`` the running count, gate/up and down as two grouped products."""
+
+    def __init__(self, experts: int, hidden: int, inter: int, top_k: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.top_k = top_k
+        self.router = torch.nn.Linear(hidden, experts, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1)
+        self.down = torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=gen) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.topk(self.router(x).softmax(-1), self.top_k, dim=-1)
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)
+        tokens = order // self.top_k
+        offs = torch.bincount(flat, minlength=self.gate_up.shape[0]).cumsum(0).to(torch.int32)
+        h = torch._grouped_mm(x[tokens], self.gate_up.transpose(-2, -1), offs)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
+        out = torch.zeros_like(x)
+        out.index_add_(0, tokens, y * weights.reshape(-1)[order, None])
+        return out
+
+
+def test_an_moe_block_gives_the_same_result_routed(env: Env) -> None:
+    torch.manual_seed(0)
+    block = Experts(experts=8, hidden=32, inter=16, top_k=2).to(torch.bfloat16)
+    x = torch.randn(20, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = block(x)
+        ut.enable()
+        with unimatmul.mode("tune"):
+            first = block(x)
+        again = block(x)
+    assert torch.allclose(first.float(), want.float(), rtol=3e-2, atol=3e-2)
+    assert torch.allclose(again.float(), want.float(), rtol=3e-2, atol=3e-2)
+    assert _routed_calls() == 4  # two grouped products per call
+
+
+def test_offs_of_another_distribution_reuse_the_key(env: Env) -> None:
+    a, b, offs = operands("m", SIZES)
+    ut.enable()
+    with unimatmul.mode("tune"):
+        torch._grouped_mm(a, b, offs)
+    other = offs_of([0, 20, 2, 2])  # same total, another distribution
+    got = torch._grouped_mm(a, b, other)
+    assert close(got, reference("m", a, b, other), "bf16")
+    assert len(grouped_routing.plans()) == 2  # the tune-mode key and the cached one: no third

@@ -1,0 +1,209 @@
+"""Routing ``aten::_grouped_mm`` (mixture-of-experts' experts) through unimatmul.
+
+Hugging Face transformers 5 runs the experts of MoE models through
+``torch.nn.functional.grouped_mm`` / ``torch._grouped_mm`` (``experts_implementation``
+"grouped_mm", its default); both reach ``aten::_grouped_mm``. The kernel here is
+registered at the ``ADInplaceOrView`` dispatch key: below autograd, which records the
+op and its backward (whose products, ``grad @ b^T`` and ``a^T @ grad`` with ``offs`` over
+K, are ``_grouped_mm`` calls too, so they are routed as well), and above the backend's
+own kernel (torch's grouped GEMM on CUDA, its composite loop on the CPU), which it
+reaches by redispatching below itself for every call it passes through: routing cannot
+recurse. Runners run under ``AutoDispatchBelowADInplaceOrView`` (what their torch calls
+compute is not recorded, and never comes back here).
+
+Like the other routed products it keeps one plan per operand key (shapes, strides,
+dtypes, devices and alignment of ``a``, ``b``, ``offs`` and ``bias``, the output dtype, the
+mode; ``offs``' values are never read: a serving process's token distribution changes
+every call, and the Problem buckets it, ``docs/grouped.md``) in a
+:class:`~unimatmul.calls.CallTable`. ``torch.compile`` graphs are Inductor's own: their
+grouped GEMMs are not routed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.autograd.profiler as _profiler
+
+from unimatmul.calls import PASSING, Plan, decide
+from unimatmul.core import modes as _config
+from unimatmul.core._backend import DEFAULT, Target
+from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
+from unimatmul.core.grouped import grouped_problem_of, grouped_shapes
+from unimatmul.core.problem import EmptyProduct
+from unimatmul.torch import native
+from unimatmul.torch.router import Router
+from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, clock_for
+from unimatmul.tuning.selector import Decision
+from unimatmul.tuning.trust import CheckingRunner
+
+DISPATCH_KEY = "ADInplaceOrView"
+MAX_PLANS = 4096
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+_OP = torch.ops.aten._grouped_mm.default
+_BELOW = torch._C._after_ADInplaceOrView_keyset
+_Below = torch._C._AutoDispatchBelowADInplaceOrView
+
+_router = Router("grouped_mm", MAX_PLANS, native.ROUTING)  # no native table: Python kernels only
+TABLE = _router.table
+_plans = TABLE.plans  # read per call; emptied in place, never replaced
+_mode_var = _config._mode
+_signature = adapter_for_kind("torch").signature
+
+
+def _grouped_mm(
+    keyset: Any,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The routed ``aten::_grouped_mm``: a plan per operand key (module docstring)."""
+    mode = _mode_var.get() or _router.env_mode
+    if mode == "off" or PASSING.on:
+        return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
+    signature = _signature
+    key = (
+        mode,
+        signature(a),
+        signature(b),
+        None if offs is None else signature(offs),
+        None if bias is None else signature(bias),
+        out_dtype,
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _resolve(key, a, b, offs, bias, out_dtype, mode)
+    plan.calls += 1
+    runner: Any = plan.runner
+    if runner is None:
+        return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=a.device)
+    try:
+        with _Below():
+            if _profiler._is_profiler_enabled:
+                with torch.profiler.record_function(plan.label):
+                    runner(a, b, out, 1.0, 0.0, None, offs)
+            else:
+                runner(a, b, out, 1.0, 0.0, None, offs)
+        if plan.capturing():
+            hold_for_graphs(runner)  # a graph now holds its buffers: never freed
+    except Exception as exc:
+        TABLE.fall_back(plan, exc, adapter_of(a))  # PyTorch's own kernel from now on
+        return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
+    return out
+
+
+class _TorchGrouped:
+    """PyTorch's own grouped GEMM in the runner convention (the Default of a window or a
+    first-call check here), below this kernel: never routed again."""
+
+    candidate = DEFAULT
+
+    def __call__(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any) -> None:
+        with _Below():
+            out.copy_(_OP(a, b, offs, None, out.dtype))
+
+
+_TORCH: Any = _TorchGrouped()
+
+
+def _resolve(
+    key: tuple[Any, ...],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    mode: str,
+) -> Plan:
+    plan = Plan("grouped_mm")
+    try:
+        decision = _fill(plan, a, b, offs, bias, out_dtype, mode)
+    except Exception as exc:  # never break the caller's program over a routing decision
+        plan.runner, plan.source = None, "passthrough"
+        plan.reason = f"{type(exc).__name__}: {exc}"
+        decision = None
+    return TABLE.insert(key, plan, decision)
+
+
+def _fill(
+    plan: Plan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    mode: str,
+) -> Decision | None:
+    """Describe the call in ``plan`` and decide; None where routing does not take it
+    (``plan.reason`` says why: PyTorch's kernel runs it, or raises its own error)."""
+    if bias is not None:
+        plan.reason = "a bias (torch's own kernel takes or refuses it)"
+        return None
+    if a.dtype not in _DTYPES or a.device.type not in ("cpu", "cuda") or a.device != b.device:
+        plan.reason = f"dtype {a.dtype} on {a.device}"
+        return None
+    adapter = adapter_of(a)
+    try:
+        problem = grouped_problem_of(adapter, a, b, offs, out_dtype=out_dtype)
+    except (TypeError, ValueError, RuntimeError, EmptyProduct) as exc:
+        # What torch refuses (its kernel raises its own error), or nothing to compute.
+        plan.reason = str(exc) or type(exc).__name__
+        return None
+    target = Target(adapter, adapter.device(a))
+    groups = adapter.shape(offs)[0] if offs is not None else 0
+    plan.problem, plan.target = problem, target
+    plan.out_shape = tuple(grouped_shapes(adapter.shape(a), adapter.shape(b), groups)[1])
+    plan.out_dtype = out_dtype if out_dtype is not None else a.dtype
+    if target.device.kind != "cpu":
+        plan.capturing = clock_for(target, 0).capturing
+    decision = decide(problem, target, mode)
+    plan.take(decision)
+    runner = plan.runner
+    if isinstance(runner, CheckingRunner):
+        runner.default = _TORCH
+        runner = runner.inner
+    if isinstance(runner, (ConfirmingRunner, TieRunner)):
+        runner.default = _TORCH
+    return decision
+
+
+def clear_plans() -> None:
+    """Forget every plan (after tuning elsewhere, a new Selector, a new cache)."""
+    TABLE.clear()
+
+
+def install() -> None:
+    """Register the kernel at the ADInplaceOrView key (idempotent); :func:`uninstall` undoes it."""
+
+    def register(library: Any, native_keys: tuple[str, ...]) -> None:
+        library.impl("_grouped_mm", _grouped_mm, DISPATCH_KEY, with_keyset=True)
+
+    _router.install(register, tuple, _no_native)
+
+
+def _no_native(keys: tuple[str, ...], mode: str, overrides: int) -> None:  # pragma: no cover - never called
+    msg = "grouped routing has no native kernels"
+    raise RuntimeError(msg)
+
+
+def uninstall() -> None:
+    _router.uninstall(lambda: None)
+
+
+def stats() -> dict[str, Any]:
+    """Calls of ``aten::_grouped_mm`` seen since the last :func:`reset_stats`, in the call
+    table's shape (:meth:`unimatmul.calls.CallTable.stats`)."""
+    return TABLE.stats()
+
+
+def reset_stats() -> None:
+    TABLE.reset_stats()
+
+
+def plans() -> list[Plan]:
+    """The live plans (for inspection and tests)."""
+    return TABLE.live()
