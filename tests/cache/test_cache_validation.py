@@ -68,7 +68,7 @@ def real_plugins() -> Iterator[None]:
     """The installed plugins, loaded for this test only: later tests get a fresh manager."""
     import unimatmul.core.plugins as plugins_module
 
-    saved = plugins_module._manager
+    saved = plugins_module._process.manager
     plugins_module.reset_plugin_manager()
     try:
         yield

@@ -267,6 +267,7 @@ def test_a_failed_build_falls_back_to_the_python_kernels(env: Env, monkeypatch: 
     monkeypatch.setenv(native.ENV, "auto")
     monkeypatch.setattr(native, "load", lambda cuda, **_: False)
     monkeypatch.setitem(native._failures, False, "OSError: no compiler (test)")
+    monkeypatch.setitem(native._failures, True, "OSError: no compiler (test)")  # the GPU build, on a GPU
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     ref = _ref(a, b)
     with pytest.warns(RuntimeWarning, match="native routing kernels did not build"):

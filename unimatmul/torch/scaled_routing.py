@@ -216,6 +216,7 @@ def _fill(
 ) -> Decision | None:
     """Describe the call in ``plan`` and decide; None where routing does not take it
     (``plan.reason`` says why)."""
+    plan.out_dtype = out_dtype  # part of the native entry's key, whatever routing decides
     if out_dtype not in _OUT_DTYPES:
         plan.reason = f"output dtype {out_dtype or a.dtype} (unimatmul writes bf16, f16 or f32)"
         return None
