@@ -120,9 +120,18 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     b = w.transpose(-2, -1)  # [E, K, N] as a view of HF's [E, N, K] weights
                     a = torch.randn(rows_total, b.shape[1], device=device, dtype=torch.bfloat16)
-                    rows.append(measure(row_id, a, b, offs, counts, args.rounds, torch, unimatmul))
-                    rows[-1].update(config=name, source=source, proj=proj, tokens=t, routing=routing)
-                    print(json.dumps(rows[-1]), flush=True)
+                    try:
+                        row = measure(row_id, a, b, offs, counts, args.rounds, torch, unimatmul)
+                    except Exception as exc:  # recorded, and the run goes on with the next product
+                        left_out.append(
+                            f"{row_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        )
+                        print(f"moe_bench: {left_out[-1]}", file=sys.stderr, flush=True)
+                        torch.cuda.synchronize()
+                        continue
+                    row.update(config=name, source=source, proj=proj, tokens=t, routing=routing)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
         del weights
         torch.cuda.empty_cache()
     write(args.out, rows, left_out, torch)

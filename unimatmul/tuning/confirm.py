@@ -496,11 +496,13 @@ class ConfirmingRunner:
     ) -> None:
         clock = self._clock
         i = self._next
-        if i >= WARMUP + self._timed or clock.capturing():
+        capturing = clock.capturing()
+        if i >= WARMUP + self._timed or capturing:
             # The window is full and its last events may still be running (or the stream
-            # is being captured): the choice, untimed; the verdict once the clock can be read.
+            # is being captured): the choice, untimed; the verdict once the clock can be read
+            # (never during a capture, where an event may not even be queried).
             self.kernel(a, b, out, alpha, beta, bias, *extra)
-            if i >= WARMUP + self._timed and clock.ready():
+            if i >= WARMUP + self._timed and not capturing and clock.ready():
                 self.confirmation.conclude(*split(clock.seconds()), clock.name)
             return
         self._next = i + 1
