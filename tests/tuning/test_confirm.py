@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import unimatmul
-from unimatmul.backend import DEFAULT, Target
+from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord, mark_checked
 from unimatmul.cli import main
 from unimatmul.core.arrays import CPU, adapter_of
@@ -418,3 +418,61 @@ def test_a_kernel_that_won_outright_is_captured_as_it_is(
     assert isinstance(window, confirm.ConfirmingRunner) and not window.tie
     _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 1
+
+
+class _CapturingClock:
+    """A clock whose stream is being captured from a given call on: its events may then
+    not be read (as CUDA's, which raise when queried during a capture)."""
+
+    name = "fake-events"
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self.capture = False
+        self.finished = False  # whether the window's last events have run
+        self.done = 0
+
+    def capturing(self) -> bool:
+        return self.capture
+
+    def begin(self, index: int) -> None:
+        pass
+
+    def end(self, index: int) -> None:
+        self.done += 1
+
+    def ready(self) -> bool:
+        if self.capture:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return self.finished
+
+    def seconds(self) -> list[float]:
+        return [1e-3] * self.samples
+
+
+def test_a_full_window_met_under_graph_capture_runs_the_choice_and_judges_later() -> None:
+    from unimatmul.tuning.confirm import WARMUP, Confirmation, ConfirmingRunner
+
+    calls: list[str] = []
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.candidate = DEFAULT if name == "default" else Candidate.make("fake", name)
+
+        def __call__(self, *args: Any) -> None:
+            calls.append(self.name)
+
+    confirmation = Confirmation("fake/k", calls=2, min_gain=0.0)
+    clock = _CapturingClock(2 * confirmation.calls)
+    window = ConfirmingRunner(Named("k"), Named("default"), confirmation, clock)  # type: ignore[arg-type]
+    full = WARMUP + 2 * confirmation.calls
+    for _ in range(full):
+        window(None, None, None)
+    clock.capture = True  # the window is full, its verdict not read yet: a graph captures the call
+    calls.clear()
+    window(None, None, None)
+    assert calls == ["k"] and confirmation.outcome is None
+    clock.capture, clock.finished = False, True
+    window(None, None, None)  # after the capture: the verdict
+    assert confirmation.outcome is not None
