@@ -87,6 +87,15 @@ def scaled_matmul(
     plan.calls += 1
     runner: Any = plan.runner  # a scaled runner takes the scales last (core/runners.py)
     if out is None:
+        if runner is plan.default:
+            # Default with no out=: torch's own call, exactly as the caller would make it,
+            # and the output torch allocates.
+            try:
+                return runner.own(a, b, scale_a, scale_b, bias, out_dtype)
+            except RuntimeError as exc:
+                if type(exc) is RuntimeError:  # not its subclasses (out of memory, ...): those are torch's
+                    raise default_failed(exc, adapter.device(a)) from exc
+                raise
         out = plan.allocate()  # type: ignore[misc]
     elif plan.guard(out, a, b, bias, scale_a, scale_b):  # type: ignore[misc]
         # torch's own kernel, as torch makes the call (core/overlap.py).

@@ -58,6 +58,13 @@ class ScaledDefaultRunner:
             raise block_default_missing(device)
         return torch_of(self.adapter)._scaled_mm(a, b, scale_a, scale_b, **kwargs)
 
+    def own(self, a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any, out_dtype: Any) -> Any:
+        """torch's own call with no ``out=``, and its result (what a caller without
+        unimatmul gets: the same kernel, the output torch allocates)."""
+        return self._scaled_mm(
+            a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, use_fast_accum=self.fast_accum
+        )
+
     def __call__(
         self,
         a: Any,
