@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unimatmul.cache.lru import lru_size
-from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.calls import PASSING, CallTable, Plan, decide_into
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import BY_TYPE, ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.modes import _mode as _mode_var
@@ -259,8 +259,7 @@ def _resolve(
     plan.source, plan.label = "default", "unimatmul::matmul [default]"
     decision = None
     if problem is not None:
-        decision = decide(problem, target, mode)
-        plan.take(decision)
+        decision = decide_into(plan, problem, target, mode)
     put = _native_putter(adapter, a, b, out, c, bias, activation, alpha, beta, mode)
     return _door.table.insert(key, plan, decision, put)
 

@@ -25,7 +25,7 @@ from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import _mode as _mode_var
 from unimatmul.core.modes import env_mode
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, clock_for
+from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, TieRunner, clock_for
 from unimatmul.tuning.selector import Decision, forget_prepared, get_selector, on_forget
 from unimatmul.tuning.time_limit import carry_thread_state
 from unimatmul.tuning.trust import CheckingRunner, unwrapped
@@ -171,6 +171,29 @@ def decide(problem: Problem, target: Target, mode: str) -> Decision:
         mode = "cached"
     with passing():
         return get_selector().decide(problem, target, mode)
+
+
+def decide_into(plan: Plan, problem: Problem, target: Target, mode: str, own_default: Any = None) -> Decision:
+    """:func:`decide`, and the decision taken into ``plan`` (:meth:`Plan.take`).
+    ``own_default``: the door's own Default where it is not the Selector's (a routed op's
+    kernel, reached below the door): a first-call check's and a confirmation window's
+    Default become it, so that they never call back into the door."""
+    decision = decide(problem, target, mode)
+    plan.take(decision)
+    if own_default is not None:
+        runner = plan.runner
+        if isinstance(runner, CheckingRunner):
+            runner.default = own_default
+            runner = runner.inner
+        if isinstance(runner, (ConfirmingRunner, TieRunner)):
+            runner.default = own_default
+    return decision
+
+
+def signatures(adapter: Any, *arrays: Any) -> tuple[Any, ...]:
+    """The signatures of a call's arrays (None for an array not given): part of a door's key."""
+    signature = adapter.signature
+    return tuple(None if x is None else signature(x) for x in arrays)
 
 
 def _capturing(target: Target) -> bool:

@@ -15,12 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from unimatmul.cache.lru import lru_size
-from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.calls import CallTable, Plan, decide_into, mode_now, signatures
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
 from unimatmul.core.grouped import default_failed, grouped_problem_of, grouped_shapes
-from unimatmul.core.modes import _mode as _mode_var
-from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import EmptyProduct
 from unimatmul.core.runners import default_runner
@@ -48,19 +46,8 @@ def grouped_matmul(
     as torch refuses it. ``out`` (row-major) is written in place. Returns the output.
     """
     adapter = adapter_of(a)
-    signature = adapter.signature
-    mode = "off" if PASSING.on else _mode_var.get() or env_mode()
     try:
-        key = (
-            mode,
-            adapter.kind,
-            signature(a),
-            signature(b),
-            None if offs is None else signature(offs),
-            None if bias is None else signature(bias),
-            None if out is None else signature(out),
-            out_dtype,
-        )
+        key = (mode_now(), adapter.kind, signatures(adapter, a, b, offs, bias, out), out_dtype)
     except AttributeError:
         # An operand that is no tensor at all: the full check says which one.
         grouped_problem_of(adapter, a, b, offs, bias=bias, out_dtype=out_dtype, out=out)
@@ -68,7 +55,7 @@ def grouped_matmul(
     plan = TABLE.plans.get(key)
     if plan is None:
         try:
-            plan = _resolve(key, adapter, a, b, offs, bias, out_dtype, out, mode)
+            plan = _resolve(key, adapter, a, b, offs, bias, out_dtype, out, key[0])
         except EmptyProduct:
             return _torch_own(adapter, a, b, offs, out)  # no kernel to choose: torch's result
     plan.calls += 1
@@ -138,6 +125,5 @@ def _resolve(
         plan.capturing = clock_for(target, 0).capturing
     if out is not None:
         plan.guard = OutGuard(adapter, out, a, b, offs).check
-    decision = decide(problem, target, mode)
-    plan.take(decision)
+    decision = decide_into(plan, problem, target, mode)
     return TABLE.insert(key, plan, decision)

@@ -14,11 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from unimatmul.cache.lru import lru_size
-from unimatmul.calls import PASSING, CallTable, Plan, decide
+from unimatmul.calls import CallTable, Plan, decide_into, mode_now, signatures
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.modes import _mode as _mode_var
-from unimatmul.core.modes import env_mode
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.runners import default_failed, default_runner
 from unimatmul.core.scales import scaled_problem_of
@@ -50,18 +48,11 @@ def scaled_matmul(
     Returns ``out``.
     """
     adapter = adapter_of(a)
-    signature = adapter.signature
-    mode = "off" if PASSING.on else _mode_var.get() or env_mode()
     try:
         key = (
-            mode,
+            mode_now(),
             adapter.kind,
-            signature(a),
-            signature(b),
-            signature(scale_a),
-            signature(scale_b),
-            None if bias is None else signature(bias),
-            None if out is None else signature(out),
+            signatures(adapter, a, b, scale_a, scale_b, bias, out),
             out_dtype,
             bool(use_fast_accum),
         )
@@ -82,7 +73,7 @@ def scaled_matmul(
     plan = TABLE.plans.get(key)
     if plan is None:
         plan = _resolve(
-            key, adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), mode
+            key, adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), key[0]
         )
     plan.calls += 1
     runner: Any = plan.runner  # a scaled runner takes the scales last (core/runners.py)
@@ -162,6 +153,5 @@ def _resolve(
         plan.capturing = clock_for(target, 0).capturing
     if out is not None:
         plan.guard = OutGuard(adapter, out, a, b, bias, scale_a, scale_b).check
-    decision = decide(problem, target, mode)
-    plan.take(decision)
+    decision = decide_into(plan, problem, target, mode)
     return TABLE.insert(key, plan, decision)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, Plan, decide
+from unimatmul.calls import PASSING, Plan, decide_into
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
@@ -34,9 +34,8 @@ from unimatmul.core.grouped import grouped_problem_of, grouped_shapes
 from unimatmul.core.problem import EmptyProduct
 from unimatmul.torch import native
 from unimatmul.torch.router import Router
-from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, clock_for
+from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import Decision
-from unimatmul.tuning.trust import CheckingRunner
 
 DISPATCH_KEY = "ADInplaceOrView"
 MAX_PLANS = 4096
@@ -160,15 +159,7 @@ def _fill(
     plan.out_dtype = out_dtype if out_dtype is not None else a.dtype
     if target.device.kind != "cpu":
         plan.capturing = clock_for(target, 0).capturing
-    decision = decide(problem, target, mode)
-    plan.take(decision)
-    runner = plan.runner
-    if isinstance(runner, CheckingRunner):
-        runner.default = _TORCH
-        runner = runner.inner
-    if isinstance(runner, (ConfirmingRunner, TieRunner)):
-        runner.default = _TORCH
-    return decision
+    return decide_into(plan, problem, target, mode, _TORCH)
 
 
 def clear_plans() -> None:

@@ -38,16 +38,14 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, Plan, decide
+from unimatmul.calls import PASSING, Plan, decide_into
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.arrays import adapter_of, held_for_graphs, hold_for_graphs
 from unimatmul.core.problem import Problem
 from unimatmul.torch import native
 from unimatmul.torch.router import Router
-from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner
 from unimatmul.tuning.selector import Decision, get_selector
-from unimatmul.tuning.trust import CheckingRunner
 
 DISPATCH_KEYS = ("CPU", "CUDA")
 # Dtypes a GEMM backend may take; anything else (ints, complex) is PyTorch's at once.
@@ -320,17 +318,7 @@ def _fill_plan(
     plan.problem, plan.target = problem, Target(adapter, adapter.device(a))
     plan.out_shape = tuple(shape)
     plan.form = form
-    decision = decide(problem, plan.target, mode)
-    plan.take(decision)
-    runner = plan.runner
-    if isinstance(runner, CheckingRunner):
-        runner.default = _PYTORCH
-        runner = runner.inner
-    if isinstance(runner, (ConfirmingRunner, TieRunner)):
-        # Inside a dispatcher kernel, Default is PyTorch's kernel through its out= and
-        # in-place forms (torch.matmul(out=...) would refuse operands that require grad).
-        runner.default = _PYTORCH
-    return decision
+    return decide_into(plan, problem, plan.target, mode, _PYTORCH)
 
 
 class _PyTorchKernel:

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, Plan, decide
+from unimatmul.calls import PASSING, Plan, decide_into
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
@@ -253,8 +253,7 @@ def _fill(
     plan.out_dtype = out_dtype
     # A window's Default is torch._scaled_mm's out= form (core/runners.py), which this
     # kernel never takes over: no recursion.
-    decision = decide(problem, target, mode)
-    plan.take(decision)
+    decision = decide_into(plan, problem, target, mode)
     return decision
 
 
