@@ -141,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
 def measure(
     row_id: str, a: Any, b: Any, offs: Any, counts: list[int], rounds: int, torch: Any, unimatmul: Any
 ) -> dict[str, Any]:
-    expected = torch._grouped_mm(a, b, offs)
     t0 = time.perf_counter()
     with unimatmul.mode("tune"):
         got = unimatmul.grouped_matmul(a, b, offs)
@@ -166,9 +165,7 @@ def measure(
             times["torch"].append(graph_time(lambda: torch._grouped_mm(a, b, offs), torch))
             times["unimatmul"].append(graph_time(lambda: unimatmul.grouped_matmul(a, b, offs), torch))
     torch_s, umm_s = statistics.median(times["torch"]), statistics.median(times["unimatmul"])
-    del expected
-    plans = [p for p in unimatmul.grouped.TABLE.live()] if hasattr(unimatmul.grouped, "TABLE") else []
-    chosen = next((p.label for p in plans if p.calls), "")
+    chosen = next((p.label for p in unimatmul.grouped.TABLE.live() if p.calls), "")
     return {
         "id": row_id,
         "m": int(a.shape[0]),

@@ -190,6 +190,17 @@ def decide_into(plan: Plan, problem: Problem, target: Target, mode: str, own_def
     return decision
 
 
+def routed_decision(plan: Plan, fill: Callable[..., Decision | None], *args: Any) -> Decision | None:
+    """``fill(plan, *args)`` for a routed op's new key; an exception from it leaves the call
+    passed through to the op's own kernel (``plan.reason`` says why): a routed product never
+    breaks the caller's program over a routing decision."""
+    try:
+        return fill(plan, *args)
+    except Exception as exc:
+        plan.runner, plan.source, plan.reason = None, "passthrough", f"{type(exc).__name__}: {exc}"
+        return None
+
+
 def signatures(adapter: Any, *arrays: Any) -> tuple[Any, ...]:
     """The signatures of a call's arrays (None for an array not given): part of a door's key."""
     signature = adapter.signature

@@ -46,8 +46,9 @@ def grouped_matmul(
     as torch refuses it. ``out`` (row-major) is written in place. Returns the output.
     """
     adapter = adapter_of(a)
+    mode = mode_now()
     try:
-        key = (mode_now(), adapter.kind, signatures(adapter, a, b, offs, bias, out), out_dtype)
+        key = (mode, adapter.kind, signatures(adapter, a, b, offs, bias, out), out_dtype)
     except AttributeError:
         # An operand that is no tensor at all: the full check says which one.
         grouped_problem_of(adapter, a, b, offs, bias=bias, out_dtype=out_dtype, out=out)
@@ -55,7 +56,7 @@ def grouped_matmul(
     plan = TABLE.plans.get(key)
     if plan is None:
         try:
-            plan = _resolve(key, adapter, a, b, offs, bias, out_dtype, out, key[0])
+            plan = _resolve(key, adapter, a, b, offs, bias, out_dtype, out, mode)
         except EmptyProduct:
             return _torch_own(adapter, a, b, offs, out)  # no kernel to choose: torch's result
     plan.calls += 1

@@ -48,9 +48,10 @@ def scaled_matmul(
     Returns ``out``.
     """
     adapter = adapter_of(a)
+    mode = mode_now()
     try:
         key = (
-            mode_now(),
+            mode,
             adapter.kind,
             signatures(adapter, a, b, scale_a, scale_b, bias, out),
             out_dtype,
@@ -73,7 +74,7 @@ def scaled_matmul(
     plan = TABLE.plans.get(key)
     if plan is None:
         plan = _resolve(
-            key, adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), key[0]
+            key, adapter, a, b, scale_a, scale_b, out_dtype, bias, out, bool(use_fast_accum), mode
         )
     plan.calls += 1
     runner: Any = plan.runner  # a scaled runner takes the scales last (core/runners.py)

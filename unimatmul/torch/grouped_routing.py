@@ -26,13 +26,12 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, Plan, decide_into
+from unimatmul.calls import PASSING, Plan, decide_into, routed_decision
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
 from unimatmul.core.grouped import grouped_problem_of, grouped_shapes
 from unimatmul.core.problem import EmptyProduct
-from unimatmul.torch import native
 from unimatmul.torch.router import Router
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import Decision
@@ -44,7 +43,7 @@ _OP = torch.ops.aten._grouped_mm.default
 _BELOW = torch._C._after_ADInplaceOrView_keyset
 _Below = torch._C._AutoDispatchBelowADInplaceOrView
 
-_router = Router("grouped_mm", MAX_PLANS, native.ROUTING)  # no native table: Python kernels only
+_router = Router("grouped_mm", MAX_PLANS)  # no native table: Python kernels only
 TABLE = _router.table
 _plans = TABLE.plans  # read per call; emptied in place, never replaced
 _mode_var = _config._mode
@@ -119,12 +118,7 @@ def _resolve(
     mode: str,
 ) -> Plan:
     plan = Plan("grouped_mm")
-    try:
-        decision = _fill(plan, a, b, offs, bias, out_dtype, mode)
-    except Exception as exc:  # never break the caller's program over a routing decision
-        plan.runner, plan.source = None, "passthrough"
-        plan.reason = f"{type(exc).__name__}: {exc}"
-        decision = None
+    decision = routed_decision(plan, _fill, a, b, offs, bias, out_dtype, mode)
     return TABLE.insert(key, plan, decision)
 
 
@@ -173,16 +167,11 @@ def install() -> None:
     def register(library: Any, native_keys: tuple[str, ...]) -> None:
         library.impl("_grouped_mm", _grouped_mm, DISPATCH_KEY, with_keyset=True)
 
-    _router.install(register, tuple, _no_native)
-
-
-def _no_native(keys: tuple[str, ...], mode: str, overrides: int) -> None:  # pragma: no cover - never called
-    msg = "grouped routing has no native kernels"
-    raise RuntimeError(msg)
+    _router.install(register)
 
 
 def uninstall() -> None:
-    _router.uninstall(lambda: None)
+    _router.uninstall()
 
 
 def stats() -> dict[str, Any]:

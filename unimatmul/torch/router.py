@@ -25,7 +25,7 @@ class Router:
     generation more after the table is emptied, for the process's life where a CUDA
     graph captured their call)."""
 
-    def __init__(self, op: str, max_plans: int, native_table: int) -> None:
+    def __init__(self, op: str, max_plans: int, native_table: int | None = None) -> None:
         self.table = CallTable(op, max_plans)
         self.native_table = native_table
         self.library: Any = None
@@ -36,12 +36,12 @@ class Router:
     def install(
         self,
         register: Callable[[Any, tuple[str, ...]], None],
-        native_keys: Callable[[], tuple[str, ...]],
-        native_install: Callable[[tuple[str, ...], str, int], None],
+        native_keys: Callable[[], tuple[str, ...]] = tuple,
+        native_install: Callable[[tuple[str, ...], str, int], None] | None = None,
     ) -> None:
         """Register the door's kernels (idempotent): ``register(library, native_keys)`` puts
         the Python kernels at the keys the native ones do not serve, ``native_install``
-        the native kernels at theirs."""
+        the native kernels at theirs (a door without native kernels gives neither)."""
         with self.table.lock:
             if self.library is not None:
                 return
@@ -53,18 +53,14 @@ class Router:
                     # PyTorch warns that a kernel is overridden: that is the point here.
                     warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
                     register(library, keys)
-                    if keys:
+                    if keys and native_install is not None:
                         native_install(keys, self.env_mode, modes.overrides())
             except Exception:
                 library._destroy()
                 raise
             self.library = library
-            self.native_keys = keys
-            if keys:
-                if self.kept is None:
-                    self.kept = native.Kept(self.native_table)
-                self.table.native = self.kept
-                modes.on_overrides(self._overrides)
+            if keys and native_install is not None:
+                self._serve_natively(keys)
 
     def take_native(
         self, keys: tuple[str, ...], native_install: Callable[[tuple[str, ...], str, int], None]
@@ -77,20 +73,26 @@ class Router:
             if self.library is None or self.native_keys:
                 return
             native_install(keys, self.env_mode, modes.overrides())
-            self.native_keys = keys
-            if self.kept is None:
-                self.kept = native.Kept(self.native_table)
-            self.table.native = self.kept
-            modes.on_overrides(self._overrides)
+            self._serve_natively(keys)
             self.table.clear()
+
+    def _serve_natively(self, keys: tuple[str, ...]) -> None:
+        """The native kernels serve ``keys`` now: their table's calls count in the door's
+        (lock held)."""
+        assert self.native_table is not None  # only a door with native kernels gets here
+        self.native_keys = keys
+        if self.kept is None:
+            self.kept = native.Kept(self.native_table)
+        self.table.native = self.kept
+        modes.on_overrides(self._overrides)
 
     def _overrides(self, count: int) -> None:
         native.configure(self.env_mode, count)
 
-    def uninstall(self, native_uninstall: Callable[[], None]) -> None:
+    def uninstall(self, native_uninstall: Callable[[], None] | None = None) -> None:
         """Give the door's ops back to PyTorch and forget every plan."""
         with self.table.lock:
-            if self.native_keys:
+            if self.native_keys and native_uninstall is not None:
                 native_uninstall()
                 modes.on_overrides(self._overrides, remove=True)
             if self.library is not None:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, Plan, decide_into
+from unimatmul.calls import PASSING, Plan, decide_into, routed_decision
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.arrays import adapter_of, held_for_graphs, hold_for_graphs
@@ -239,11 +239,7 @@ def _resolve(
 ) -> Plan:
     """Build the plan for a key met for the first time: describe, decide, prepare."""
     plan = Plan(op)
-    try:
-        decision = _fill_plan(plan, op, a, b, c, alpha, beta, mode)
-    except Exception as exc:  # never break the caller's program over a routing decision
-        plan.runner, plan.source, plan.reason = None, "passthrough", f"{type(exc).__name__}: {exc}"
-        decision = None
+    decision = routed_decision(plan, _fill_plan, op, a, b, c, alpha, beta, mode)
     put = None
     if a.device.type.upper() in _router.native_keys and _mode_var.get() is None:
 

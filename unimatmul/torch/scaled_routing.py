@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _profiler
 
-from unimatmul.calls import PASSING, Plan, decide_into
+from unimatmul.calls import PASSING, Plan, decide_into, routed_decision
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
@@ -164,12 +164,9 @@ def _resolve(
     mode: str,
 ) -> Plan:
     plan = Plan("scaled_mm")
-    try:
-        decision = _fill(plan, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode)
-    except Exception as exc:  # never break the caller's program over a routing decision
-        plan.runner, plan.source = None, "passthrough"
-        plan.reason = f"{type(exc).__name__}: {exc}"
-        decision = None
+    decision = routed_decision(
+        plan, _fill, a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, mode
+    )
     put = None
     if scale_result is None and a.device.type.upper() in _router.native_keys and _mode_var.get() is None:
 
