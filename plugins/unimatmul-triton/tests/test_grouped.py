@@ -17,10 +17,12 @@ from test_triton_backend import compiled_in_a_fresh_process  # noqa: E402
 from unimatmul_triton import TritonInterpreterBackend, make_backend  # noqa: E402
 from unimatmul_triton.grouped import (  # noqa: E402
     CONFIGS,
+    ROWS,
     SKINNY,
     TritonGroupedBackend,
     TritonGroupedInterpreterBackend,
     offered,
+    rows_slots,
 )
 
 from unimatmul import Problem, UnsupportedProblem  # noqa: E402
@@ -119,11 +121,50 @@ def test_every_form_and_edge_offs(backend: TritonGroupedBackend, jagged: str, si
 
 
 def test_the_configs_follow_the_rows_per_group() -> None:
-    decode = grouped_problem(64, 256, 2048, 1024)  # 4 rows per expert: the skinny form leads
+    decode = grouped_problem(64, 256, 2048, 1024)  # 4 rows per expert: 16-row tiles
     prefill = grouped_problem(8, 8192, 14336, 4096)
-    assert offered(decode)[0].form == SKINNY and all(c.block_m == 16 for c in offered(decode)[:3])
-    assert all(c.form != SKINNY for c in offered(prefill))
+    assert all(c.form == ROWS and c.block_m == 16 for c in offered(decode))
+    assert all(c.form != SKINNY and c.block_m >= 64 for c in offered(prefill))
     assert all(c.candidate in CONFIGS for c in offered(decode) + offered(prefill))
+    # The other forms keep the persistent kernel (the rows kernel cuts a's rows only).
+    weight_grad = grouped_problem(64, 2048, 1024, 256, jagged="k")
+    assert offered(weight_grad) and all(c.form != ROWS for c in offered(weight_grad))
+
+
+def test_the_rows_kernel_is_refused_for_the_other_forms(backend: TritonGroupedBackend) -> None:
+    a, b, offs = _operands("k", SIZES["skewed"], "bf16")
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    rows = next(c for c in CONFIGS.values() if c.form == ROWS).candidate
+    assert not backend.check(problem, rows, TARGET)
+    with pytest.raises(UnsupportedProblem, match="m form"):
+        backend.prepare(problem, rows, TARGET)
+
+
+@pytest.mark.parametrize("block_m", [16, 64, 128])
+def test_rows_slots_bound_the_tiles_of_any_offs(block_m: int) -> None:
+    rng = np.random.default_rng(block_m)
+    for _ in range(300):
+        groups = int(rng.integers(1, 300))
+        m = int(rng.integers(1, 5000))
+        sizes = rng.multinomial(m, rng.dirichlet(np.full(groups, float(rng.choice([0.05, 1.0, 20.0])))))
+        tiles = int(sum(-(-int(r) // block_m) for r in sizes))
+        assert tiles <= rows_slots(m, groups, block_m) <= m
+
+
+def test_many_experts_with_a_few_rows_each(backend: TritonGroupedBackend) -> None:
+    """Decode through 128 experts: most empty, a few holding 1-3 rows, one past 16."""
+    sizes = [0] * 128
+    for g, rows in ((3, 1), (17, 2), (64, 3), (100, 1), (127, 19)):
+        sizes[g] = rows
+    a, b, offs = _operands("m", sizes, "bf16", n=32, k=32)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    want = _reference("m", a, b, offs)
+    for candidate in backend.candidates(problem, TARGET):
+        out = torch.full(want.shape, float("nan"), dtype=a.dtype, device=a.device)
+        backend.prepare(problem, candidate, TARGET)(a, b, out, 1.0, 0.0, None, offs)
+        err = (out.double().cpu() - want).abs()
+        assert bool(torch.isfinite(out).all()), candidate.identity
+        assert float(err.max()) <= TOL["bf16"] * float(want.abs().max()), candidate.identity
 
 
 def test_what_it_cannot_run_is_refused(backend: TritonGroupedBackend) -> None:
@@ -153,12 +194,22 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from unimatmul_triton.grouped import CONFIGS, _FORM
-from unimatmul_triton.grouped_kernels import grouped_kernel
+from unimatmul_triton.grouped import CONFIGS, ROWS, _FORM
+from unimatmul_triton.grouped_kernels import grouped_kernel, grouped_rows_kernel
 ints = ("G", "M", "N", "K", "stride_ag", "stride_am", "stride_ak", "stride_bg", "stride_bk", "stride_bn",
         "stride_cg", "stride_cm", "stride_cn", "PROGRAMS")
+rows_ints = ("G", "M", "N", "K", "stride_am", "stride_ak", "stride_bg", "stride_bk", "stride_bn",
+             "stride_cm", "stride_cn", "SLOTS")
 out = []
 for config in CONFIGS.values():
+    if config.form == ROWS:
+        sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i32", **dict.fromkeys(rows_ints, "i32")}
+        consts = {"G_POW2": 256, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        ck = triton.compile(ASTSource(grouped_rows_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": config.warps, "num_stages": config.stages})
+        out.append([ck.metadata.global_scratch_size, ck.metadata.shared])
+        continue
     for form in _FORM.values():
         sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i32", **dict.fromkeys(ints, "i32")}
         consts = {"JAGGED": form, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
@@ -169,7 +220,8 @@ for config in CONFIGS.values():
 print(json.dumps(out))
 """
     results = compiled_in_a_fresh_process(script)
-    assert len(results) == len(CONFIGS) * 4
+    rows = sum(1 for c in CONFIGS.values() if c.form == ROWS)
+    assert len(results) == (len(CONFIGS) - rows) * 4 + rows
     for scratch, shared in results:
         assert scratch == 0 and shared < 227 * 1024
 

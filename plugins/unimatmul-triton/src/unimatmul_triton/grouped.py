@@ -1,14 +1,26 @@
 """Grouped GEMMs (``torch._grouped_mm``'s four forms) as Triton kernels: ``triton_grouped``.
 
-One kernel, :func:`grouped_kernel`, serves every form (``Problem.jagged``: ``m``, ``k``,
-``n``, ``none``). It is persistent: ``programs`` programs walk the output tiles of all
-groups in turn (tile ``t`` goes to program ``t % programs``), reading the group
-boundaries from ``offs`` on the device, so no host sync and no per-call set-up; each
-group's bounds are clamped to its operand as torch's slices clamp them (an empty group
-has no tiles; in the ``k`` form its output tile is all zeros). Its configs are per
-bucket of rows per group: the **skinny** form (16-row tiles, long K steps) where groups
-hold 1-16 rows (decode), the **persistent** form's larger tiles where they hold more.
-bf16 and f16, fp32 accumulation.
+Two kernels. :func:`grouped_rows_kernel` serves the ``m`` form (``offs`` cut a's rows:
+the MoE forward and its input gradient), the **rows** form: one program per (row tile,
+column tile), each finding its group with one vector load of ``offs`` and a prefix sum
+over the groups' tile counts, so a model with 128 experts costs no loop over them. Its
+grid bounds the row tiles of any ``offs`` of the call (``min(ceil(M / BM) + min(G, M),
+M)`` slots); the slots past the call's tiles return at once. It is compiled once per
+config, whatever the token count (``M`` is not specialised). Its configs are per bucket
+of rows per group: 16-row tiles with long K steps where groups hold a few rows (decode:
+the weights are read once per group), larger tiles where they hold more.
+
+:func:`grouped_kernel` serves every form (``Problem.jagged``: ``m``, ``k``, ``n``,
+``none``). It is persistent: ``programs`` programs walk the output tiles of all groups in
+turn (tile ``t`` goes to program ``t % programs``), reading the group boundaries from
+``offs`` one group after another; the **skinny** form (16-row tiles) where groups hold
+1-16 rows, the **persistent** form's larger tiles where they hold more. In the ``m`` form
+only its largest tile is still offered, for groups of more than 64 rows.
+
+Both read the group boundaries from ``offs`` on the device, so no host sync and no
+per-call set-up; each group's bounds are clamped to its operand as torch's slices clamp
+them (an empty group has no tiles; in the ``k`` form its output tile is all zeros). bf16
+and f16, fp32 accumulation.
 
 A runner launches through Triton's own Python launcher (``kernel[grid](...)``), on the
 caller's current stream; in test mode (``UNIMATMUL_TRITON_INTERPRET=1``) the same kernel
@@ -25,7 +37,7 @@ from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedPr
 
 NAME = "triton_grouped"
 DTYPES = ("bf16", "f16")
-SKINNY, PERSISTENT = "skinny", "persistent"
+SKINNY, PERSISTENT, ROWS = "skinny", "persistent", "rows"
 _FORM = {"m": 0, "k": 1, "n": 2, "none": 3}
 
 
@@ -33,7 +45,7 @@ _FORM = {"m": 0, "k": 1, "n": 2, "none": 3}
 class GroupedConfig:
     """One tile shape of the grouped kernel (its candidate's identity names all of it)."""
 
-    form: str  # SKINNY or PERSISTENT
+    form: str  # ROWS (grouped_rows_kernel), SKINNY or PERSISTENT (grouped_kernel)
     block_m: int
     block_n: int
     block_k: int
@@ -58,7 +70,20 @@ PERSISTENT_CONFIGS = (
     GroupedConfig(PERSISTENT, 128, 64, 64, stages=4),
     GroupedConfig(PERSISTENT, 64, 64, 64),
 )
-CONFIGS = {c.candidate: c for c in SKINNY_CONFIGS + PERSISTENT_CONFIGS}
+# The rows kernel's, by the bucket's rows per group (chosen on the H200 over the expert
+# products of four MoE configs: Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V2-Lite, gpt-oss-20b).
+ROWS_DECODE = (
+    GroupedConfig(ROWS, 16, 64, 256),
+    GroupedConfig(ROWS, 16, 128, 128),
+    GroupedConfig(ROWS, 16, 64, 128, stages=4),
+    GroupedConfig(ROWS, 16, 32, 256, stages=4),
+)
+ROWS_TILES = (
+    GroupedConfig(ROWS, 64, 128, 64),
+    GroupedConfig(ROWS, 128, 128, 64, warps=8),
+    GroupedConfig(ROWS, 128, 256, 64, warps=8),
+)
+CONFIGS = {c.candidate: c for c in SKINNY_CONFIGS + PERSISTENT_CONFIGS + ROWS_DECODE + ROWS_TILES}
 
 
 def rows_per_group(problem: Problem) -> float:
@@ -69,10 +94,22 @@ def rows_per_group(problem: Problem) -> float:
 
 
 def offered(problem: Problem, limit: int | None = None) -> list[GroupedConfig]:
-    """The configs of ``problem``'s bucket, most likely first: skinny tiles where groups
-    hold up to 16 rows, both kinds up to 64, the larger tiles beyond."""
+    """The configs of ``problem``'s bucket, most likely first. The ``m`` form: the rows
+    kernel's 16-row tiles where groups hold up to 4 rows, those and its 64-row tiles up to
+    16, its larger tiles beyond (and the persistent kernel's largest over 64 rows). The
+    other forms: skinny tiles where groups hold up to 16 rows, both kinds up to 64, the
+    larger tiles beyond."""
     rows = rows_per_group(problem)
-    if rows <= 16:
+    if problem.jagged == "m":
+        if rows <= 4:
+            found = list(ROWS_DECODE)
+        elif rows <= 16:
+            found = [ROWS_DECODE[1], ROWS_TILES[0], ROWS_DECODE[2]]
+        elif rows <= 64:
+            found = [ROWS_TILES[0], ROWS_TILES[1], ROWS_DECODE[1]]
+        else:
+            found = [ROWS_TILES[1], ROWS_TILES[0], ROWS_TILES[2], PERSISTENT_CONFIGS[1]]
+    elif rows <= 16:
         found = [*SKINNY_CONFIGS, PERSISTENT_CONFIGS[3]]
     elif rows <= 64:
         found = [PERSISTENT_CONFIGS[3], SKINNY_CONFIGS[0], PERSISTENT_CONFIGS[0]]
@@ -92,10 +129,23 @@ def unsupported(problem: Problem) -> str:
     return ""
 
 
-def _kernel() -> Any:
-    from unimatmul_triton.grouped_kernels import grouped_kernel
+def _kernel(form: str) -> Any:
+    from unimatmul_triton import grouped_kernels
 
-    return grouped_kernel
+    return grouped_kernels.grouped_rows_kernel if form == ROWS else grouped_kernels.grouped_kernel
+
+
+def rows_slots(m: int, groups: int, block_m: int) -> int:
+    """Row-tile slots of a rows-kernel launch: at least the tiles of any ``offs`` over ``m``
+    rows and ``groups`` groups (each group's tiles <= its rows / BM + 1, and every tile
+    holds a row)."""
+    return min(-(-m // block_m) + min(groups, m), m)
+
+
+def g_pow2(groups: int) -> int:
+    """The rows kernel's vector of groups: 256 wide up to 256 groups (one compile for every
+    model up to there), the next power of two beyond."""
+    return 256 if groups <= 256 else 1 << (groups - 1).bit_length()
 
 
 @dataclass
@@ -110,10 +160,11 @@ class GroupedRunner:
     kernel: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.kernel = _kernel()
+        c = self.config
+        self.kernel = _kernel(c.form)
+        self._rows = c.form == ROWS
         self._form = _FORM[self.jagged]
         self._grid = (self.programs,)
-        c = self.config
         self._meta = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}
         if not self.interpreted:
             self._meta.update(num_warps=c.warps, num_stages=c.stages)
@@ -130,6 +181,9 @@ class GroupedRunner:
     ) -> None:
         plain_grouped_call(alpha, beta, bias)
         sa, sb, sc = a.stride(), b.stride(), out.stride()
+        if self._rows:
+            self._call_rows(a, b, out, offs, sa, sb, sc)
+            return
         form = self._form
         # (groups, rows, columns, depth) of the call, and each operand's group stride (0: 2-D).
         if form == 0:
@@ -171,6 +225,22 @@ class GroupedRunner:
             return
         self.kernel[self._grid](*args, JAGGED=form, **self._meta)
 
+    def _call_rows(self, a: Any, b: Any, out: Any, offs: Any, sa: Any, sb: Any, sc: Any) -> None:
+        m, g = a.shape[0], b.shape[0]
+        if m == 0:
+            return
+        bm, bn = self.config.block_m, self.config.block_n
+        slots = rows_slots(m, g, bm)
+        grid = (slots * -(-b.shape[2] // bn),)
+        args = (a, b, out, offs, g, m, b.shape[2], a.shape[1], sa[0], sa[1], sb[0], sb[1], sb[2], sc[0], sc[1], slots)
+        if self.interpreted:
+            from unimatmul_triton.runner import _INTERPRETER_LOCK
+
+            with _INTERPRETER_LOCK:
+                self.kernel[grid](*args, G_POW2=g_pow2(g), **self._meta)
+            return
+        self.kernel[grid](*args, G_POW2=g_pow2(g), **self._meta)
+
 
 class TritonGroupedBackend(Backend):
     """The grouped kernel compiled for a GPU (CUDA or ROCm), on torch tensors."""
@@ -195,13 +265,17 @@ class TritonGroupedBackend(Backend):
         return [c.candidate for c in offered(problem, self._limit())]
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
-        return not unsupported(problem) and candidate in CONFIGS
+        config = CONFIGS.get(candidate)
+        return not unsupported(problem) and config is not None and (config.form != ROWS or problem.jagged == "m")
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> GroupedRunner:
         self._require(problem)
         config = CONFIGS.get(candidate)
         if config is None:
             msg = f"{NAME} has no kernel {candidate.identity}"
+            raise UnsupportedProblem(msg, problem=problem, backend=NAME)
+        if config.form == ROWS and problem.jagged != "m":
+            msg = f"{NAME}'s rows kernel computes the m form (offs over a's rows), not {problem.jagged}"
             raise UnsupportedProblem(msg, problem=problem, backend=NAME)
         return GroupedRunner(
             candidate, config, problem.jagged, self._programs(problem, config, target), self.interpreted

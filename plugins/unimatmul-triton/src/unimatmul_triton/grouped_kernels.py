@@ -99,3 +99,74 @@ def grouped_kernel(
                 mask=(rm[:, None] < m_hi) & (rn[None, :] < n_hi),
             )
         tile_base += tiles
+
+
+@triton.jit(do_not_specialize=["M", "SLOTS"])  # one compile for every token count
+def grouped_rows_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    offs_ptr,
+    G,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bg,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    SLOTS,
+    G_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The ``m`` form (``offs`` cut a's rows), one program per (row tile, column tile).
+
+    Every program reads all of ``offs`` at once, counts each group's row tiles and finds
+    its own group by a prefix sum: no loop over the groups, so many experts cost one
+    vector load. ``SLOTS`` row-tile slots bound the tiles of any ``offs`` of the call;
+    the slots past the call's tiles return at once.
+    """
+    pid = tl.program_id(0)
+    slot = pid % SLOTS
+    pid_n = pid // SLOTS
+    gi = tl.arange(0, G_POW2)
+    inside = gi < G
+    ends = tl.load(offs_ptr + gi, mask=inside, other=0)
+    starts = tl.load(offs_ptr + gi - 1, mask=inside & (gi > 0), other=0)
+    # torch's slices: [start, end) clamped to a's rows, empty when end < start
+    lo = tl.minimum(tl.maximum(starts, 0), M)
+    hi = tl.maximum(tl.minimum(tl.maximum(ends, 0), M), lo)
+    hi = tl.where(inside, hi, lo)
+    tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+    last = tl.cumsum(tiles, 0)  # one past each group's last tile
+    if slot >= tl.sum(tiles):
+        return
+    g = tl.sum((last <= slot).to(tl.int32))
+    own = gi == g
+    first = tl.sum(tl.where(own, last - tiles, 0))
+    m_lo = tl.sum(tl.where(own, lo, 0))
+    m_hi = tl.sum(tl.where(own, hi, 0))
+    rm = m_lo + (slot - first) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    b_base = b_ptr + g.to(tl.int64) * stride_bg
+    a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_am
+    b_cols = b_base + rn[None, :].to(tl.int64) * stride_bn
+    row_ok = rm[:, None] < m_hi
+    col_ok = rn[None, :] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(a_rows + kk[None, :].to(tl.int64) * stride_ak, mask=row_ok & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_cols + kk[:, None].to(tl.int64) * stride_bk, mask=(kk[:, None] < K) & col_ok, other=0.0)
+        acc = tl.dot(a, b, acc)
+    tl.store(
+        c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :].to(tl.int64) * stride_cn,
+        acc.to(c_ptr.dtype.element_ty),
+        mask=row_ok & col_ok,
+    )
