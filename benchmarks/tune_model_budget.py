@@ -1,0 +1,127 @@
+"""Does a budgeted `tune --model` keep the speedup of a budget-free one? (GPU or CPU)
+
+    python benchmarks/tune_model_budget.py --model llama-3-8b --device cuda --budget 10 \
+        --out benchmarks/results/tune-model-h200
+
+Runs ``unimatmul tune --model MODEL --budget SECONDS`` in a fresh process with a fresh
+cache file and an empty Triton cache (``TRITON_CACHE_DIR`` a new folder), then the same
+without ``--budget`` (fresh cache, empty Triton cache again), and compares them:
+
+- wall time of each command (its start-up included) and the tuning time it reports;
+- the model's GEMM speedup each run's records claim, weighting every problem by its share
+  of the model's GEMM time (the command's own roofline shares): ``sum(share) /
+  sum(share / speedup)``, a problem left out counting as 1.0x;
+- how much of the budget-free run's gain the budgeted one keeps: ``(S_budget - 1) /
+  (S_free - 1)``, and the ratio ``S_budget / S_free``.
+
+The speedups are the tuner's own measurements (Default's time over the winner's, in
+CUDA-graph replays on a GPU). Writes ``tune-model.json`` and ``README``-ready
+``tune-model.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def run(model: str, device: str, budget: float | None, work: Path, tag: str, extra: list[str]) -> dict[str, Any]:
+    cache = work / f"{tag}.msgpack"
+    triton_cache = work / f"triton-{tag}"
+    triton_cache.mkdir()
+    records = work / f"{tag}.json"
+    env = {**os.environ, "UNIMATMUL_CACHE": str(cache), "TRITON_CACHE_DIR": str(triton_cache)}
+    cmd = [sys.executable, "-m", "unimatmul", "tune", "--model", model, "--device", device, "--quiet"]
+    cmd += ["--json", str(records), *extra]
+    if budget is not None:
+        cmd += ["--budget", f"{budget:g}"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    rows = json.loads(records.read_text())
+    coverage = re.search(r"coverage: ([0-9.]+)% of the GEMM time tuned in ([0-9.]+) s", done.stdout)
+    return {
+        "tag": tag,
+        "command": " ".join(["unimatmul", *cmd[3:]]).replace(str(work), "$WORK"),
+        "wall_s": wall,
+        "coverage_pct": float(coverage.group(1)) if coverage else None,
+        "tuning_s": float(coverage.group(2)) if coverage else None,
+        "summary": [line for line in done.stdout.splitlines() if line.startswith(("coverage", "cache"))],
+        "records": [
+            {
+                "problem": r["problem"],
+                "share": r["share"],
+                "source": r["source"],
+                "winner": r["winner"],
+                "speedup": (r["default_s"] / r["winner_s"]) if r.get("default_s") and r.get("winner_s") else 1.0,
+            }
+            for r in rows
+        ],
+    }
+
+
+def model_speedup(shares: dict[str, float], speedups: dict[str, float]) -> float:
+    """The GEMM time's speedup over Default, each problem weighted by its share."""
+    total = sum(shares.values())
+    return total / sum(s / speedups.get(p, 1.0) for p, s in shares.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget", type=float, default=10.0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--extra", default="", help="more arguments for both tune commands, space-separated")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    extra = args.extra.split()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        budgeted = run(args.model, args.device, args.budget, work, "budget", extra)
+        free = run(args.model, args.device, None, work, "free", extra)
+    shares = {r["problem"]: r["share"] for r in free["records"]}
+    s_free = model_speedup(shares, {r["problem"]: r["speedup"] for r in free["records"]})
+    s_budget = model_speedup(shares, {r["problem"]: r["speedup"] for r in budgeted["records"]})
+    kept = (s_budget - 1) / (s_free - 1) if s_free > 1 else 1.0
+    result = {
+        "model": args.model,
+        "device": args.device,
+        "budget_s": args.budget,
+        "problems": len(shares),
+        "budgeted": budgeted,
+        "free": free,
+        "speedup_free": s_free,
+        "speedup_budget": s_budget,
+        "ratio": s_budget / s_free,
+        "gain_kept": kept,
+    }
+    (args.out / "tune-model.json").write_text(json.dumps(result, indent=1))
+    lines = [
+        f"model {args.model} on {args.device}: {len(shares)} problems",
+        "",
+        "| run | wall s (command) | tuning s | coverage | problems tuned | GEMM speedup (claimed) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tag, res, s in (("--budget %g" % args.budget, budgeted, s_budget), ("no budget", free, s_free)):
+        cov = f"{res['coverage_pct']:.1f}%" if res["coverage_pct"] is not None else "-"
+        tuned = sum(1 for r in res["records"] if r["source"] == "tuned")
+        lines.append(f"| {tag} | {res['wall_s']:.1f} | {res['tuning_s'] or 0:.1f} | {cov} | {tuned} | {s:.3f}x |")
+    lines += ["", f"budgeted / free: {s_budget / s_free:.4f}; share of the gain kept: {kept:.1%}"]
+    (args.out / "tune-model.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
