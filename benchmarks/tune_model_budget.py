@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 
-def run(model: str, device: str, budget: float | None, work: Path, tag: str, extra: list[str]) -> dict[str, Any]:
+def run(
+    model: str, device: str, budget: float | None, work: Path, tag: str, extra: list[str]
+) -> dict[str, Any]:
     cache = work / f"{tag}.msgpack"
     triton_cache = work / f"triton-{tag}"
     triton_cache.mkdir()
@@ -63,7 +65,9 @@ def run(model: str, device: str, budget: float | None, work: Path, tag: str, ext
                 "share": r["share"],
                 "source": r["source"],
                 "winner": r["winner"],
-                "speedup": (r["default_s"] / r["winner_s"]) if r.get("default_s") and r.get("winner_s") else 1.0,
+                "speedup": (r["default_s"] / r["winner_s"])
+                if r.get("default_s") and r.get("winner_s")
+                else 1.0,
             }
             for r in rows
         ],
@@ -113,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         "| run | wall s (command) | tuning s | coverage | problems tuned | GEMM speedup (claimed) |",
         "|---|---|---|---|---|---|",
     ]
-    for tag, res, s in (("--budget %g" % args.budget, budgeted, s_budget), ("no budget", free, s_free)):
+    for tag, res, s in ((f"--budget {args.budget:g}", budgeted, s_budget), ("no budget", free, s_free)):
         cov = f"{res['coverage_pct']:.1f}%" if res["coverage_pct"] is not None else "-"
         tuned = sum(1 for r in res["records"] if r["source"] == "tuned")
-        lines.append(f"| {tag} | {res['wall_s']:.1f} | {res['tuning_s'] or 0:.1f} | {cov} | {tuned} | {s:.3f}x |")
+        lines.append(
+            f"| {tag} | {res['wall_s']:.1f} | {res['tuning_s'] or 0:.1f} | {cov} | {tuned} | {s:.3f}x |"
+        )
     lines += ["", f"budgeted / free: {s_budget / s_free:.4f}; share of the gain kept: {kept:.1%}"]
     (args.out / "tune-model.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

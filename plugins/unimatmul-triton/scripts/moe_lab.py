@@ -28,12 +28,23 @@ import triton
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[3] / "benchmarks"))
 from moe_bench import CONFIGS, ROUTINGS, counts_of  # noqa: E402
-
 from unimatmul_triton.grouped_kernels import grouped_rows_kernel  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-DECODE = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 4)]
-TILES = [(64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 256, 64, 8, 3)]
+DECODE = [
+    (16, 32, 256, 4, 4),
+    (16, 64, 128, 4, 4),
+    (16, 64, 256, 4, 3),
+    (16, 128, 128, 4, 3),
+    (32, 64, 128, 4, 4),
+]
+TILES = [
+    (64, 64, 64, 4, 4),
+    (64, 128, 64, 4, 3),
+    (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3),
+    (64, 256, 64, 8, 3),
+]
 CALLS, ROUNDS = 10, 7
 L2 = 60 * 2**20
 
@@ -101,7 +112,7 @@ def graph_of(fn: Any, sets: int) -> Any:
 
 def time_round(graphs: list[Any]) -> list[float]:
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
-    for (s, e), g in zip(ev, graphs):
+    for (s, e), g in zip(ev, graphs, strict=True):
         s.record()
         g.replay()
         e.record()
@@ -144,7 +155,9 @@ def main() -> int:
                     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
                     rpg = m / experts
-                    cfgs = (DECODE + TILES[:2]) if rpg <= 16 else (DECODE[-1:] + TILES) if rpg <= 128 else TILES
+                    cfgs = (
+                        (DECODE + TILES[:2]) if rpg <= 16 else (DECODE[-1:] + TILES) if rpg <= 128 else TILES
+                    )
                     ok_cfgs = []
                     for cfg in cfgs:
                         out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -154,8 +167,11 @@ def main() -> int:
                             ok_cfgs.append(cfg)
                         else:
                             print(f"WRONG {name}/{proj}/t{t}/{routing} {cfg}: {err}", flush=True)
-                    fns = [lambda i: torch._grouped_mm(a, bs[i], offs)]
-                    fns += [lambda i, c=c: launch(c, a, bs[i], outs[i], offs) for c in ok_cfgs]
+                    fns = [lambda i, a=a, bs=bs, offs=offs: torch._grouped_mm(a, bs[i], offs)]
+                    fns += [
+                        lambda i, c=c, a=a, bs=bs, o=outs, offs=offs: launch(c, a, bs[i], o[i], offs)
+                        for c in ok_cfgs
+                    ]
                     graphs = [graph_of(f, sets) for f in fns]
                     per = [time_round(graphs) for _ in range(ROUNDS)]
                     torch_us = statistics.median(r[0] for r in per)

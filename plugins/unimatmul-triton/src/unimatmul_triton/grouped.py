@@ -232,7 +232,24 @@ class GroupedRunner:
         bm, bn = self.config.block_m, self.config.block_n
         slots = rows_slots(m, g, bm)
         grid = (slots * -(-b.shape[2] // bn),)
-        args = (a, b, out, offs, g, m, b.shape[2], a.shape[1], sa[0], sa[1], sb[0], sb[1], sb[2], sc[0], sc[1], slots)
+        args = (
+            a,
+            b,
+            out,
+            offs,
+            g,
+            m,
+            b.shape[2],
+            a.shape[1],
+            sa[0],
+            sa[1],
+            sb[0],
+            sb[1],
+            sb[2],
+            sc[0],
+            sc[1],
+            slots,
+        )
         if self.interpreted:
             from unimatmul_triton.runner import _INTERPRETER_LOCK
 
@@ -266,7 +283,9 @@ class TritonGroupedBackend(Backend):
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         config = CONFIGS.get(candidate)
-        return not unsupported(problem) and config is not None and (config.form != ROWS or problem.jagged == "m")
+        return (
+            not unsupported(problem) and config is not None and (config.form != ROWS or problem.jagged == "m")
+        )
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> GroupedRunner:
         self._require(problem)
