@@ -16,6 +16,9 @@
 #   decode-lab  a GEMV shaped like the weight-read kernel against the plugin's, torch and the
 #            read kernel on decode shapes (plugins/unimatmul-triton/scripts/decode_lab.py)
 #   bench    the H200 GEMM benchmark against torch.matmul (benchmarks/gpu_bench.py, BENCH_ARGS)
+#   tunemodel  tune --model llama-3-8b --budget 10 against a budget-free tune, empty Triton caches
+#            (benchmarks/tune_model_budget.py, TUNEMODEL_S)
+#   agreement  do two tuning runs agree? 16 model products, AGREEMENT_RUNS runs (benchmarks/tune_agreement.py)
 #   models   PyTorch decoder stacks off vs routed, per-call overhead, buckets and TunableOp
 #            (benchmarks/torch_models.py, MODEL_ARGS)
 # Every part writes under $SESSION/<part>; at the end everything is packed into
@@ -90,6 +93,12 @@ for name in "$@"; do
             PYTORCH_TUNABLEOP_FILENAME=/tmp/tunableop_results%d.csv python3 benchmarks/torch_models.py \
                 --device cuda --sections models --modes off,tunableop --no-graphs ${MODEL_ARGS:-} \
                 --out "$o/tunableop" --cache "$c"' ;;
+    tunemodel)
+        part tunemodel "${TUNEMODEL_S:-240}" python3 benchmarks/tune_model_budget.py --model llama-3-8b \
+            --device cuda --budget 10 --out "$SESSION/tunemodel" ;;
+    agreement)
+        part agreement "${AGREEMENT_S:-240}" python3 benchmarks/tune_agreement.py --device cuda \
+            --runs "${AGREEMENT_RUNS:-4}" --out "$SESSION/agreement" ;;
     confirm)
         part confirm "${CONFIRM_S:-200}" env UNIMATMUL_CACHE=/tmp/unimatmul-confirm-cache.msgpack python3 scripts/gpu_confirm.py ;;
     *) echo "unknown part $name" ;;
