@@ -553,8 +553,7 @@ class Run:
             state: [[] for _ in runs] for state, runs in captured.items()
         }
         ratios = []
-        for i in range(STACK_ROUNDS):
-            order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        for i, order in enumerate(paired_timing.round_orders(("off", "on"), STACK_ROUNDS)):
             sample = {}
             for state in order:
                 indices = range(copies) if i % 2 == 0 else range(copies - 1, -1, -1)
