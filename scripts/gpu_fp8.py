@@ -354,7 +354,7 @@ class Run:
         rows.append(row)
         print(
             f"{label:48s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
-            f"{row['speedup']:.3f}x  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
+            f"{row['speedup']:.3f}x (rounds {_ratios(row)})  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
         )
         self.write()
 
