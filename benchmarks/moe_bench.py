@@ -8,14 +8,17 @@ The experts of four real MoE configurations (N, K and the expert count from thei
 config.json: gate/up and down), total tokens 1, 16, 128, 1024 and 8192 routed to top-k
 experts, uniform and skewed (Zipf) routing. Each product is tuned through
 ``unimatmul.grouped_matmul`` in tune mode (first-time and warm tuning wall time recorded),
-checked against the float64 product of every group, then timed as CUDA-graph replays,
-``torch._grouped_mm`` and unimatmul interleaved, median of rounds. Writes
+checked against the float64 product of every group, then timed by ``paired_timing``: each
+side one CUDA graph of back-to-back calls over input sets (activations and copies of the
+expert weights) that touch more than 3.2x L2, the two graphs replayed in alternating rounds
+(A B, B A, ...), the speedup the median of the rounds' own ratios. Writes
 ``moe-bench.json``, ``moe-summary.md`` and ``moe-speedup.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -25,6 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import paired_timing
 
 # name, experts, hidden, expert intermediate, top-k, source
 CONFIGS = (
@@ -51,37 +57,26 @@ def counts_of(tokens: int, experts: int, top_k: int, routing: str, seed: int) ->
     return [int(c) for c in counts]
 
 
-def graph_time(fn: Any, torch: Any, calls: int = 20, rounds: int = 1) -> float:
-    """Seconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(rounds):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / calls)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument(
+        "--rounds", type=int, default=paired_timing.MAX_ROUNDS, help="timed rounds a product at most"
+    )
+    p.add_argument(
+        "--time-s",
+        type=float,
+        default=paired_timing.BUDGET_S,
+        help=f"seconds of timed rounds a product (at least {paired_timing.MIN_ROUNDS} rounds)",
+    )
+    p.add_argument(
+        "--rotate-gb",
+        type=float,
+        default=paired_timing.MAX_ROTATION_BYTES / 2**30,
+        help="memory the rotated input sets of a product may take (GiB)",
+    )
     p.add_argument("--budget-s", type=float, default=math.inf, help="stop starting new products after this")
     args = p.parse_args(argv)
     os.environ.setdefault("UNIMATMUL_CACHE", str(Path(tempfile.mkdtemp()) / "moe-cache.msgpack"))
@@ -96,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.configs.split(","))
     tokens = [int(t) for t in args.tokens.split(",")]
     device = torch.device("cuda")
+    l2 = paired_timing.cuda_l2_bytes(device.index or 0)
     rows: list[dict[str, Any]] = []
     left_out: list[str] = []
     for name, experts, hidden, inter, top_k, source in CONFIGS:
@@ -121,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                     b = w.transpose(-2, -1)  # [E, K, N] as a view of HF's [E, N, K] weights
                     a = torch.randn(rows_total, b.shape[1], device=device, dtype=torch.bfloat16)
                     try:
-                        row = measure(row_id, a, b, offs, counts, args.rounds, torch, unimatmul)
+                        row = measure(row_id, a, b, offs, counts, args, l2, torch, unimatmul)
                     except Exception as exc:  # recorded, and the run goes on with the next product
                         left_out.append(
                             f"{row_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -138,8 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def copy_of(x: Any, torch: Any) -> Any:
+    """A copy of ``x`` with its strides (a transposed weight view stays one)."""
+    return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+
+
 def measure(
-    row_id: str, a: Any, b: Any, offs: Any, counts: list[int], rounds: int, torch: Any, unimatmul: Any
+    row_id: str,
+    a: Any,
+    b: Any,
+    offs: Any,
+    counts: list[int],
+    args: argparse.Namespace,
+    l2: int,
+    torch: Any,
+    unimatmul: Any,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     with unimatmul.mode("tune"):
@@ -158,13 +167,28 @@ def measure(
             worst = max(worst, err)
         start += c
     ok = worst < 2e-2
+    # Input sets: a call reads a and its active experts' weights and writes its output; a copy
+    # allocates a and every expert's weights (their copies make most of the memory).
+    size = a.element_size()
+    n, k = int(b.shape[2]), int(b.shape[1])
+    touched = size * (a.shape[0] * k + sum(1 for c in counts if c) * n * k + a.shape[0] * n)
+    count = paired_timing.rotation_sets(
+        touched, l2, set_bytes=size * (a.numel() + b.numel()), max_bytes=int(args.rotate_gb * 2**30)
+    )
+    sets = [(a, b)] + [(copy_of(a, torch), copy_of(b, torch)) for _ in range(count - 1)]
     with unimatmul.mode("cached"):
         unimatmul.grouped_matmul(a, b, offs)
-        times: dict[str, list[float]] = {"torch": [], "unimatmul": []}
-        for _ in range(rounds):
-            times["torch"].append(graph_time(lambda: torch._grouped_mm(a, b, offs), torch))
-            times["unimatmul"].append(graph_time(lambda: unimatmul.grouped_matmul(a, b, offs), torch))
-    torch_s, umm_s = statistics.median(times["torch"]), statistics.median(times["unimatmul"])
+        timing = paired_timing.time_candidates(
+            {
+                "torch": [functools.partial(torch._grouped_mm, x, w, offs) for x, w in sets],
+                "unimatmul": [functools.partial(unimatmul.grouped_matmul, x, w, offs) for x, w in sets],
+            },
+            torch=torch,
+            budget_s=args.time_s,
+            max_rounds=args.rounds,
+        )
+    del sets
+    stats = timing.stats("torch", "unimatmul")
     chosen = next((p.label for p in unimatmul.grouped.TABLE.live() if p.calls), "")
     return {
         "id": row_id,
@@ -174,9 +198,16 @@ def measure(
         "groups": int(b.shape[0]),
         "largest_group": max(counts),
         "empty_groups": sum(1 for c in counts if c == 0),
-        "torch_us": torch_s * 1e6,
-        "unimatmul_us": umm_s * 1e6,
-        "speedup": torch_s / umm_s,
+        "torch_us": stats["numerator_s"] * 1e6,
+        "unimatmul_us": stats["denominator_s"] * 1e6,
+        "speedup": stats["speedup"],
+        "round_ratios": stats["round_ratios"],
+        "ratio_of_medians": stats["ratio_of_medians"],
+        "speedup_method": stats["speedup_method"],
+        "sets": count,
+        "rotation_mb": round(count * touched / 2**20, 1),
+        "calls_per_graph": timing.calls,
+        "timing_modes": timing.modes,
         "tune_s": tune_s,
         "max_rel_err": worst,
         "correct": ok,
@@ -196,6 +227,8 @@ def write(out: Path, rows: list[dict[str, Any]], left_out: list[str], torch: Any
         "wrong": [r["id"] for r in rows if not r["correct"]],
         "geomean_speedup": geo,
         "min_speedup": min((r["speedup"] for r in ran), default=math.nan),
+        "speedup_method": "median of per-round ratios (paired_timing: one CUDA graph a side, "
+        "inputs rotated through > 3.2x L2, replays alternating A B, B A)",
         "tune_s_first": rows[0]["tune_s"] if rows else math.nan,
         "tune_s_median": statistics.median(tunes) if tunes else math.nan,
         "left_out": left_out,
@@ -205,15 +238,16 @@ def write(out: Path, rows: list[dict[str, Any]], left_out: list[str], torch: Any
         f"# MoE grouped GEMMs: unimatmul against torch._grouped_mm ({summary['device']}, torch {summary['torch']})",
         "",
         f"geomean {geo:.3f}x over {len(ran)} products, lowest {summary['min_speedup']:.3f}x; "
-        f"tuning median {summary['tune_s_median']:.2f} s a product",
+        f"tuning median {summary['tune_s_median']:.2f} s a product; speedup: {summary['speedup_method']}",
         "",
-        "| product | m x n x k, groups | largest group | torch us | unimatmul us | speedup | tune s | choice |",
-        "|---|---|---|---|---|---|---|---|",
+        "| product | m x n x k, groups | largest group | torch us | unimatmul us | speedup | round ratios | tune s | choice |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['id']} | {r['m']}x{r['n']}x{r['k']}, {r['groups']} | {r['largest_group']} | {r['torch_us']:.1f} | "
-            f"{r['unimatmul_us']:.1f} | {r['speedup']:.3f}x{'' if r['correct'] else ' WRONG'} | {r['tune_s']:.2f} | {r['choice']} |"
+            f"{r['unimatmul_us']:.1f} | {r['speedup']:.3f}x{'' if r['correct'] else ' WRONG'} | "
+            f"{r['round_ratios']['min']:.3f}-{r['round_ratios']['max']:.3f} | {r['tune_s']:.2f} | {r['choice']} |"
         )
     if left_out:
         lines += ["", "Not run: " + "; ".join(left_out)]

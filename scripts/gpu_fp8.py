@@ -14,9 +14,10 @@ Run by ``scripts/gpu_fp8.sh`` (which installs unimatmul for its entry points fir
    fused w1/w2 22016x4096, mlp c_proj 4096x11008; its 4096x4096 is Llama's) at m = 1,
    16, 128, 1024, 8192, per-tensor and row-wise scales, e4m3 in, bf16 out. Columns:
    ``torch._scaled_mm`` (its ``out=`` form) and unimatmul's tuned choice (the Selector
-   tunes the problem, the winner's runner is timed). Timing as ``benchmarks/gpu_bench.py``
-   (GPU-NOTES): CUDA-graph replays of >= 20 back-to-back calls (fewer for long calls),
-   inputs rotated through > 3x L2, both columns' replays interleaved, median of 15.
+   tunes the problem, the winner's runner is timed). Timing by ``benchmarks/paired_timing.py``:
+   each column one CUDA graph of back-to-back calls over inputs rotated through > 3.2x L2,
+   captured once, the graphs replayed in alternating rounds (A B, B A, ...); the speedup is
+   the median of the rounds' own ratios (``speedup_method``, ``round_ratios`` in the JSON).
    The candidates are cuBLASLt's heuristic list plus ``--exhaustive N`` (default 16)
    configurations of the exhaustive search (``UNIMATMUL_LT_EXHAUSTIVE``); 0 for the
    heuristic list alone.
@@ -60,7 +61,6 @@ from typing import Any
 
 import torch
 
-REPLAYS = 15
 M_VALUES = (1, 16, 128, 1024, 8192)
 # (model, layer, n, k): y[m, n] = x[m, k] @ w[n, k].t()
 LAYERS = [
@@ -105,8 +105,12 @@ MODEL_PRODUCTS: list[tuple[str, str, int, int, str, tuple[int, ...]]] = [
     ("llama3.1-8b", "down", 4096, 14336, "tensor", (1024,)),
 ]
 FP8_MAX = 448.0  # float8_e4m3fn
-#: benchmarks/: the host-time and profiling helpers this script borrows (api_overhead, profile_decode).
+#: benchmarks/: the timing, host-time and profiling helpers this script borrows (paired_timing,
+#: api_overhead, profile_decode).
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import paired_timing  # noqa: E402
+
 #: The stack: forwards a sample, rounds of off and on (ABBA), routed eager forwards before timing.
 STACK_CALLS = 20
 STACK_ROUNDS = 15
@@ -147,11 +151,6 @@ def operands(
     return sets
 
 
-def rotated_sets(m: int, n: int, k: int, l2: int) -> int:
-    """Input sets to rotate through: more than 3x the L2 in all (2 to 64)."""
-    return max(2, min(64, math.ceil(3.2 * l2 / (m * k + k * n + 2 * m * n))))
-
-
 class Run:
     def __init__(self, out: Path, budget_s: float, device: str, quick: bool) -> None:
         from unimatmul.backend import Target
@@ -173,16 +172,7 @@ class Run:
         self.selector = Selector(store=self.store)
         set_selector(self.selector)
         self.data: dict[str, Any] = {"rows": [], "skipped": [], "stack": [], "errors": []}
-        if self.gpu:
-            from unimatmul.tuning.timers import TorchGraphTimer, l2_cache_bytes
-
-            self.l2 = l2_cache_bytes(self.target)
-            self.timer: Any = TorchGraphTimer(index, min_calls=20, max_batch_s=0.02)
-        else:
-            from unimatmul.tuning.harness import CpuTimer
-
-            self.l2 = 32 << 20
-            self.timer = CpuTimer()
+        self.l2 = paired_timing.cuda_l2_bytes(index) if self.gpu else 32 << 20
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -281,31 +271,26 @@ class Run:
     def operands(self, m: int, n: int, k: int, scales: str, count: int) -> list[tuple[Any, ...]]:
         return operands(m, n, k, scales, count, self.device, seed=1234 + m)
 
-    def sampler(self, calls: list[Any]) -> tuple[Any, str]:
-        sample = self.timer.prepare(calls)
-        return sample, getattr(self.timer, "last_mode", "host clock")
-
     def shape(self, model: str, layer: str, m: int, n: int, k: int, scales: str) -> dict[str, Any]:
         from unimatmul.backend import Candidate
         from unimatmul.core.scales import scaled_problem, scaled_reference
 
         row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
-        count = rotated_sets(m, n, k, self.l2)
+        count = paired_timing.rotation_sets(m * k + k * n + 2 * m * n, self.l2)
         sets = self.operands(m, n, k, scales, count)
         row["sets"] = count
 
         def torch_call(s: tuple[Any, ...]) -> Any:
             return lambda: torch._scaled_mm(s[0], s[1], s[2], s[3], out_dtype=torch.bfloat16, out=s[4])
 
-        samplers: dict[str, Any] = {}
-        samplers["torch"], row["torch_method"] = self.sampler([torch_call(s) for s in sets])
+        candidates: dict[str, list[Any]] = {"torch": [torch_call(s) for s in sets]}
         if scales == "block":
             # The figure where torch has no block-scaled product: its per-tensor one, same shape.
             tensorwise = [
                 (s[0], s[1], torch.ones((), device=self.device), torch.ones((), device=self.device), s[4])
                 for s in sets
             ]
-            samplers["torch_tensor"], _ = self.sampler([torch_call(s) for s in tensorwise])
+            candidates["torch_tensor"] = [torch_call(s) for s in tensorwise]
         problem = scaled_problem(m, n, k, scales=scales)
         self.sync()
         t0 = time.perf_counter()
@@ -317,16 +302,19 @@ class Run:
         def ours(s: tuple[Any, ...]) -> Any:
             return lambda: runner(s[0], s[1], s[4], 1.0, 0.0, None, s[2], s[3])
 
-        samplers["unimatmul"], row["unimatmul_method"] = self.sampler([ours(s) for s in sets])
-        times: dict[str, list[float]] = {name: [] for name in samplers}
-        for _ in range(REPLAYS):
-            for name, sample in samplers.items():
-                times[name].append(sample())
-        row["torch_us"] = statistics.median(times["torch"]) * 1e6
-        row["unimatmul_us"] = statistics.median(times["unimatmul"]) * 1e6
-        if "torch_tensor" in times:
-            row["torch_tensor_us"] = statistics.median(times["torch_tensor"]) * 1e6
-        row["speedup"] = row["torch_us"] / row["unimatmul_us"]
+        candidates["unimatmul"] = [ours(s) for s in sets]
+        timing = paired_timing.time_candidates(candidates, torch=torch if self.gpu else None)
+        stats = timing.stats("torch", "unimatmul")
+        row["torch_method"], row["unimatmul_method"] = timing.modes["torch"], timing.modes["unimatmul"]
+        row["torch_us"] = stats["numerator_s"] * 1e6
+        row["unimatmul_us"] = stats["denominator_s"] * 1e6
+        if "torch_tensor" in timing.times:
+            row["torch_tensor_us"] = timing.median_s("torch_tensor") * 1e6
+        row["speedup"] = stats["speedup"]
+        row["round_ratios"] = stats["round_ratios"]
+        row["ratio_of_medians"] = stats["ratio_of_medians"]
+        row["speedup_method"] = stats["speedup_method"]
+        row["calls_per_graph"] = timing.calls
         row["winner"] = record.winner
         row["harness_default_us"] = (record.default_s or 0) * 1e6
         row["harness_winner_us"] = record.winner_s * 1e6
@@ -341,7 +329,7 @@ class Run:
         self.sync()
         ref = scaled_reference(self.adapter, a, b, sa, sb, None)
         row["winner_rel_error"] = float((out.double() - ref).norm() / ref.norm())
-        samplers.clear()
+        del timing, candidates
         return row
 
     def measured(
@@ -366,12 +354,12 @@ class Run:
         rows.append(row)
         print(
             f"{label:48s} torch {row['torch_us']:9.2f} us  unimatmul {row['unimatmul_us']:9.2f} us "
-            f"{row['speedup']:.3f}x  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
+            f"{row['speedup']:.3f}x (rounds {_ratios(row)})  tune {row['tune_ms']:.0f} ms  {row['winner'][:50]}"
         )
         self.write()
 
     def bench(self) -> None:
-        m_values = (1, 16, 128) if self.quick or not self.gpu else M_VALUES
+        m_values: tuple[int, ...] = (1, 16, 128) if self.quick or not self.gpu else M_VALUES
         if self.m_values:
             m_values = self.m_values
         layers = LAYERS if self.gpu else [("tiny", "x", 64, 64)]
@@ -399,17 +387,17 @@ class Run:
             return []
         lines = [
             "",
-            "fp8 products of real fp8 checkpoints (CUDA-graph replays, inputs rotated through > 3x L2, "
-            f"unimatmul and torch interleaved, median of {REPLAYS}):",
+            "fp8 products of real fp8 checkpoints (CUDA-graph replays, inputs rotated through > 3.2x L2, "
+            "speedup: the median of per-round ratios, unimatmul and torch alternating A B, B A):",
             "",
-            "| model | layer n x k | m | scales | torch us | unimatmul us | speedup | torch per-tensor us | winner |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| model | layer n x k | m | scales | torch us | unimatmul us | speedup | round ratios | torch per-tensor us | winner |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             tensor_us = f"{r['torch_tensor_us']:.2f}" if "torch_tensor_us" in r else "-"
             lines.append(
                 f"| {r['model']} | {r['layer']} {r['n']}x{r['k']} | {r['m']} | {r['scales']} | {r['torch_us']:.2f} | "
-                f"{r['unimatmul_us']:.2f} | {r['speedup']:.3f}x | {tensor_us} | {r['winner'][:44]} |"
+                f"{r['unimatmul_us']:.2f} | {r['speedup']:.3f}x | {_ratios(r)} | {tensor_us} | {r['winner'][:44]} |"
             )
         speedups = [r["speedup"] for r in rows]
         lines.append("")
@@ -447,11 +435,10 @@ class Run:
         routed calls then take the native table's DEFAULT and SCALED_LT entries. Thread CPU
         time per call, 2000 calls a round, 7 rounds interleaved, median.
         """
+        from api_overhead import force, per_call
+
         import unimatmul.torch as ut
         from unimatmul.core.scales import scaled_problem
-
-        sys.path.insert(0, str(BENCHMARKS))
-        from api_overhead import force, per_call
 
         calls, rounds = (2000, 7) if self.gpu else (200, 3)
         m, n, k = 16, 256, 256
@@ -566,8 +553,7 @@ class Run:
             state: [[] for _ in runs] for state, runs in captured.items()
         }
         ratios = []
-        for i in range(STACK_ROUNDS):
-            order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        for i, order in enumerate(paired_timing.round_orders(("off", "on"), STACK_ROUNDS)):
             sample = {}
             for state in order:
                 indices = range(copies) if i % 2 == 0 else range(copies - 1, -1, -1)
@@ -633,10 +619,9 @@ class Run:
         """
         import contextlib
 
-        import unimatmul.torch as ut
-
-        sys.path.insert(0, str(BENCHMARKS))
         from profile_decode import profile_products
+
+        import unimatmul.torch as ut
 
         found = {}
         for state in ("off", "on"):
@@ -762,7 +747,8 @@ class Run:
         lines.append(
             "candidates: cuBLASLt heuristics"
             + (f" + up to {exhaustive} exhaustive-search configurations" if exhaustive else "")
-            + "; times: CUDA-graph replays, inputs rotated through > 3x L2, median of 15"
+            + "; times: CUDA-graph replays, inputs rotated through > 3.2x L2; speedup: the median of "
+            "per-round ratios (A B, B A)"
         )
         tests = self.data.get("tests", {})
         lines.append(
@@ -774,13 +760,13 @@ class Run:
             lines.append(f"torch._scaled_mm kernels here: {self.data['torch_kernels']}")
         lines += [
             "",
-            "| model | layer | m | scales | torch us | unimatmul us | speedup | winner |",
-            "|---|---|---|---|---|---|---|---|",
+            "| model | layer | m | scales | torch us | unimatmul us | speedup | round ratios | winner |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             lines.append(
                 f"| {r['model']} | {r['layer']} {r['n']}x{r['k']} | {r['m']} | {r['scales']} | {r['torch_us']:.2f} | "
-                f"{r['unimatmul_us']:.2f} | {r['speedup']:.3f}x | {r['winner'][:48]} |"
+                f"{r['unimatmul_us']:.2f} | {r['speedup']:.3f}x | {_ratios(r)} | {r['winner'][:48]} |"
             )
         lines.append("")
         for scales in ("tensor", "rowwise", None):
@@ -844,6 +830,12 @@ class Run:
             lines.append(f"error: {error}")
         lines.append(f"\ntotal {self.elapsed():.0f} s")
         return "\n".join(lines) + "\n"
+
+
+def _ratios(row: dict[str, Any]) -> str:
+    """A product row's round ratios, lowest to highest, or a dash (rows of older runs)."""
+    found = row.get("round_ratios")
+    return f"{found['min']:.3f}-{found['max']:.3f}" if isinstance(found, dict) else "-"
 
 
 def _spread(row: dict[str, Any]) -> str:
