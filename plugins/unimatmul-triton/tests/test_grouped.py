@@ -260,3 +260,46 @@ def test_on_the_gpu_every_candidate_matches_torch_grouped_mm(backend: TritonGrou
         backend.prepare(problem, candidate, TARGET)(a, b, out, 1.0, 0.0, None, offs)
         torch.cuda.synchronize()
         assert float((out.float() - want.float()).abs().max()) <= 2e-2 * float(want.float().abs().max())
+
+
+@gpu
+def test_on_the_gpu_the_rows_kernel_launches_directly_after_its_first_call(
+    backend: TritonGroupedBackend,
+) -> None:
+    """The first call goes through Triton's JIT, the later ones launch the compiled kernel
+    directly (token counts change, the kernel does not), eagerly and in a CUDA graph; an
+    unaligned ``offs`` goes back to the JIT."""
+    sizes = [0] * 64
+    for g, rows in ((1, 3), (9, 1), (40, 7), (63, 2)):
+        sizes[g] = rows
+    a, b, offs = _operands("m", sizes, "bf16", n=256, k=128)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    config = next(c for c in offered(problem) if c.form == ROWS)
+    runner = backend.prepare(problem, config.candidate, TARGET)
+    for round_ in range(3):
+        want = torch._grouped_mm(a, b, offs).float()
+        out = torch.full(want.shape, float("nan"), dtype=a.dtype, device=a.device)
+        runner(a, b, out, 1.0, 0.0, None, offs)
+        torch.cuda.synchronize()
+        assert runner._fast is not None, round_
+        assert float((out.float() - want).abs().max()) <= 2e-2 * float(want.abs().max()), round_
+        a = torch.randn_like(a)  # new values, the same shape
+    # Fewer rows (another token count of the bucket), captured in a graph.
+    a2, offs2 = a[:9].clone(), torch.tensor([0, 4, 4, 9] + [9] * 60, dtype=torch.int32, device=a.device)
+    out2 = torch.full((9, 256), float("nan"), dtype=a.dtype, device=a.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(a2, b, out2, 1.0, 0.0, None, offs2)
+    a2.copy_(torch.randn_like(a2))
+    graph.replay()
+    torch.cuda.synchronize()
+    want2 = torch._grouped_mm(a2, b, offs2).float()
+    assert float((out2.float() - want2).abs().max()) <= 2e-2 * float(want2.abs().max())
+    # An offs four bytes off 16-byte alignment: Triton's JIT again (its own specialisation).
+    base = torch.zeros(65, dtype=torch.int32, device=a.device)
+    base[1:] = offs
+    shifted = base[1:]
+    out3 = torch.full((a.shape[0], 256), float("nan"), dtype=a.dtype, device=a.device)
+    runner(a, b, out3, 1.0, 0.0, None, shifted)
+    want3 = torch._grouped_mm(a, b, offs).float()
+    assert float((out3.float() - want3).abs().max()) <= 2e-2 * float(want3.abs().max())
