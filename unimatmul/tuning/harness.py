@@ -55,11 +55,10 @@ from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.grouped import (
     DISTRIBUTIONS,
     GroupedOperands,
+    group_products,
     grouped_layouts,
     grouped_operand_bytes,
     make_grouped_operands,
-    padded_operands,
-    padded_output,
 )
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
@@ -71,6 +70,7 @@ from unimatmul.tuning.numeric_check import (
     GUARD_VALUES,
     Check,
     Guard,
+    PartsReference,
     Reference,
     guard_bytes,
     guarded_output,
@@ -254,7 +254,7 @@ class _LateCheck:
 
     ops: Operands
     c0: Any
-    reference: Reference
+    reference: Reference | PartsReference
     alpha: float
     beta: float
     widen: float
@@ -404,7 +404,9 @@ class Harness:
             def prepared(entry: _Entry = entry, prepare: Callable[[], Runner] = prepare) -> None:
                 entry.runner = prepare()
 
-            def checks(entry: _Entry = entry, c0: Any = c0, reference: Reference = reference) -> None:
+            def checks(
+                entry: _Entry = entry, c0: Any = c0, reference: Reference | PartsReference = reference
+            ) -> None:
                 assert entry.runner is not None
                 for poison in range(2):
                     found = self._check_call(
@@ -705,7 +707,7 @@ class Harness:
         runner: Runner,
         ops: Operands,
         c0: Any,
-        reference: Reference,
+        reference: Reference | PartsReference,
         alpha: float,
         beta: float,
         target: Target,
@@ -1254,16 +1256,29 @@ def reference_of(
     beta: float,
     model: ErrorModel | None = None,
     keep_bounds: bool = False,
-) -> Reference:
+) -> Reference | PartsReference:
     """The float64 reference of ``ops`` for the checks (``model``: the problem's own bound by
-    default), keeping its bounds where the memory plan counted them (``MemoryPlan.keep_bounds``)."""
+    default), keeping its bounds where the memory plan counted them (``MemoryPlan.keep_bounds``).
+    A grouped problem's is one reference per group (``group_products``), each of the
+    group's own part of the output: memory in proportion to the rows the groups cover."""
     adapter = target.adapter
     if model is None:
         model = _error_model(problem)
-    base = padded_operands(adapter, ops) if isinstance(ops, GroupedOperands) else ops
-    found = numeric_check.make_reference(
-        adapter, _reference_operands(adapter, base), c0, alpha, beta, problem.activation, model, target.device
-    )
+    found: Reference | PartsReference
+    if isinstance(ops, GroupedOperands):
+        parts = [(p.label, p.view, Operands(p.a, p.b, p.view(ops.out))) for p in group_products(ops)]
+        found = numeric_check.make_parts_reference(adapter, parts, model, target.device)
+    else:
+        found = numeric_check.make_reference(
+            adapter,
+            _reference_operands(adapter, ops),
+            c0,
+            alpha,
+            beta,
+            problem.activation,
+            model,
+            target.device,
+        )
     found.keep_bounds = keep_bounds
     return found
 
@@ -1273,11 +1288,11 @@ def _reference_operands(adapter: Any, ops: Operands) -> Operands:
     return dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else ops
 
 
-def compare_output(target: Target, ops: Operands, out: Any, reference: Reference) -> Check:
-    """``out``, a candidate's output on ``ops``, compared with ``ops``' reference (a
-    grouped output in the padded shape its reference has: :func:`reference_of`)."""
-    if isinstance(ops, GroupedOperands):
-        out = padded_output(ops, out)
+def compare_output(target: Target, ops: Operands, out: Any, reference: Reference | PartsReference) -> Check:
+    """``out``, a candidate's output on ``ops``, compared with ``ops``' reference
+    (a grouped output group by group: :func:`reference_of`)."""
+    if isinstance(reference, PartsReference):
+        return numeric_check.compare_parts(target.adapter, out, reference, target.device)
     return numeric_check.compare(target.adapter, out, reference, target.device)
 
 

@@ -11,7 +11,7 @@ characters (:func:`structure_inputs`). The harness and the trust check use it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +188,73 @@ def make_reference(
     found = Reference(ref, r2, c2, r4, c4, c3, bias64, alpha, beta, model)
     found.sumsq = sum(adapter.scalars(sumsq))
     return found
+
+
+@dataclass
+class PartsReference:
+    """The reference of an output made of several plain products' outputs (a grouped
+    GEMM's groups: :func:`unimatmul.core.grouped.group_products`): each part's
+    :class:`Reference` with its label and the view of the output it is compared with.
+    Together they take what the covered part of the output does, never a padded batch."""
+
+    parts: list[tuple[str, Callable[[Any], Any], Reference]]
+
+    @property
+    def keep_bounds(self) -> bool:
+        return any(ref.keep_bounds for _, _, ref in self.parts)
+
+    @keep_bounds.setter
+    def keep_bounds(self, keep: bool) -> None:
+        for _, _, ref in self.parts:
+            ref.keep_bounds = keep
+
+
+def make_parts_reference(
+    adapter: ArrayAdapter,
+    parts: Sequence[tuple[str, Callable[[Any], Any], Operands]],
+    model: ErrorModel,
+    device: Device,
+) -> PartsReference:
+    """The float64 references of ``parts`` ((label, view of the output, the part's plain
+    operands, their ``out`` that view of the output)), made one part after another: only
+    one part's float64 temporaries are alive at a time."""
+    return PartsReference(
+        [
+            (label, view, make_reference(adapter, ops, None, 1.0, 0.0, None, model, device))
+            for label, view, ops in parts
+        ]
+    )
+
+
+def compare_parts(
+    adapter: ArrayAdapter, out: Any, reference: PartsReference, device: Device, *, exact: bool | None = None
+) -> Check:
+    """Compare each part of ``out`` with its reference (:func:`compare`), as one
+    :class:`Check`: errors and counts summed over the parts, the worst element's part named."""
+    found = [
+        (label, compare(adapter, view(out), ref, device, exact=exact), ref)
+        for label, view, ref in reference.parts
+    ]
+    squares, sumsq = 0.0, 0.0
+    for _, check, ref in found:
+        den = math.sqrt(ref.sumsq)
+        squares += (check.rel_error * den if den > 0 else check.rel_error) ** 2
+        sumsq += ref.sumsq
+    err = math.sqrt(squares)
+    rel = (err / math.sqrt(sumsq) if sumsq > 0 else err) if math.isfinite(err) else math.inf
+    checks = [check for _, check, _ in found]
+    total = Check(
+        rel,
+        max((c.worst_ratio for c in checks), default=0.0),
+        sum(c.bad for c in checks),
+        sum(c.nonfinite for c in checks),
+        exact=all(c.exact for c in checks),
+    )
+    bad = [(label, check) for label, check, _ in found if check.bad]
+    if bad:
+        label, worst = max(bad, key=lambda item: item[1].worst_ratio)
+        total.worst = f"{label}: {worst.worst}" if label else worst.worst
+    return total
 
 
 def compare(
