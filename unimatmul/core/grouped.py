@@ -290,10 +290,13 @@ def grouped_layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[
     return {"a": a, "b": b, "c": c}
 
 
-def grouped_operand_bytes(problem: Problem) -> int:
-    """Bytes one set of a grouped problem's operands takes (A, B, C and offs)."""
+def grouped_operand_bytes(problem: Problem, *, with_out: bool = True) -> int:
+    """Bytes one set of a grouped problem's operands takes (A, B, C and offs; without C
+    with ``with_out``, as :func:`make_grouped_operands`)."""
     total = 4 * problem.batch
     for name, (shape, strides) in grouped_layouts(problem).items():
+        if name == "c" and not with_out:
+            continue
         dtype = {"a": problem.dtype_a, "b": problem.dtype_b, "c": problem.dtype_c}[name]
         elements = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
         total += (elements + 16) * ITEMSIZE[dtype]
