@@ -67,9 +67,14 @@ def test_a_problem_of_many_groups_plans_within_a_limit_its_padded_check_was_over
 def test_a_problem_of_many_groups_tunes_within_that_limit(isolated: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "8")
     monkeypatch.setattr(TARGET.adapter, "available_bytes", lambda device: None)
+    plan = Harness(CpuTimer(), _settings()).plan_memory(MANY, TARGET, beta=0.0)
     fake = WrongGroup("right", "m")
     with _registered(isolated, fake):
-        record = Tuner(plugins=isolated.plugins, settings=_settings()).tune(MANY, TARGET)
+        tuner = Tuner(plugins=isolated.plugins, settings=_settings())
+        record = tuner.tune(MANY, TARGET)  # first: what a process allocates once is not the tuning's
+        used = _torch_peak(lambda: tuner.tune(MANY, TARGET)) + _host_peak(lambda: tuner.tune(MANY, TARGET))
+    # the sets, the check and the candidates' own outputs, all within the plan
+    assert used <= plan.sets * plan.per_set + plan.check <= plan.allowed
     by_id = {r.identity: r for r in record.results}
     for identity in (DEFAULT.identity, f"{fake.name}/kernel"):  # both passed every check
         assert by_id[identity].status != REJECTED, by_id[identity]
