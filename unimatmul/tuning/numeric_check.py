@@ -3,7 +3,9 @@
 The reference (:func:`make_reference`) and the comparison (:func:`compare`) run block by
 block on the operands' device, in the caller's own array library (through its
 :class:`~unimatmul.core.arrays.ArrayAdapter`'s primitives), against the element-wise bound
-of an :class:`~unimatmul.core.dtypes.ErrorModel`. Checked outputs sit between poisoned
+of an :class:`~unimatmul.core.dtypes.ErrorModel`. An output made of several products'
+outputs (a grouped GEMM's groups) has one reference per part (:class:`PartsReference`,
+:func:`compare_parts`), never a padded batch of them. Checked outputs sit between poisoned
 guard bands (:class:`Guard`), and the inputs of the checks after timing are of several
 characters (:func:`structure_inputs`). The harness and the trust check use it.
 """
