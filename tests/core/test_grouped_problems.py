@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from grouped_cases import GroupedFake  # noqa: E402
+from grouped_cases import GroupedFake, operands, reference  # noqa: E402
 
 from unimatmul import Problem, Target  # noqa: E402
 from unimatmul.cache.record import REJECTED  # noqa: E402
@@ -19,7 +19,9 @@ from unimatmul.core._backend import DEFAULT  # noqa: E402
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
 from unimatmul.core.grouped import (  # noqa: E402
     DISTRIBUTIONS,
+    GroupedOperands,
     bucket_extent,
+    group_products,
     group_sizes,
     grouped_problem,
     grouped_problem_of,
@@ -150,6 +152,30 @@ def test_operands_are_never_zero_and_offs_are_int32() -> None:
     assert ops.a.shape == (32, 64) and ops.b.shape == (4, 64, 48) and ops.out.shape == (32, 48)
     assert ops.b.stride() == (64 * 48, 1, 64)  # w.t() of [4, 48, 64] weights
     assert bool((ops.a != 0).any()) and bool((ops.b != 0).any())
+
+
+@pytest.mark.parametrize("jagged", ["m", "k", "n", "none"])
+@pytest.mark.parametrize("sizes", [[5, 0, 9, 2], [0, 16, 0, 0], [3, 0, 0, 0]], ids=["skewed", "one", "tail"])
+def test_group_products_are_views_whose_products_are_the_groups_parts(jagged: str, sizes: list[int]) -> None:
+    # "tail": 13 of the 16 rows (columns, k) past offs[-1] belong to no group.
+    a, b, offs = operands(jagged, sizes, "bf16", extent=16)
+    out = torch._grouped_mm(a, b, offs)
+    want = reference(jagged, a, b, offs)
+    products = group_products(GroupedOperands(a, b, out, None, offs, jagged))
+    covered = torch.zeros(want.shape, dtype=torch.bool)
+    for p in products:
+        mine = {x.untyped_storage().data_ptr() for x in (p.a, p.b)}
+        assert mine == {x.untyped_storage().data_ptr() for x in (a, b)}  # views, never copies
+        part = p.a.double() @ p.b.double()
+        torch.testing.assert_close(part, p.view(want), rtol=0, atol=1e-9)
+        torch.testing.assert_close(p.view(out).double(), part, rtol=2e-2, atol=2e-2)
+        p.view(covered).fill_(True)
+    # every element a group gives is in one product, and nothing past offs[-1] is
+    assert bool((covered == ~torch.isnan(want)).all())
+    if jagged == "k":  # every group, empty ones too: their output must be zeros
+        assert [p.group for p in products] == list(range(len(sizes)))
+    elif jagged != "none":
+        assert [p.group for p in products] == [g for g, s in enumerate(sizes) if s]
 
 
 @pytest.mark.parametrize(("behaviour", "when"), [("skips_empty", "checked"), ("short_tiles", "after timing")])

@@ -290,10 +290,13 @@ def grouped_layouts(problem: Problem) -> dict[str, tuple[tuple[int, ...], tuple[
     return {"a": a, "b": b, "c": c}
 
 
-def grouped_operand_bytes(problem: Problem) -> int:
-    """Bytes one set of a grouped problem's operands takes (A, B, C and offs)."""
+def grouped_operand_bytes(problem: Problem, *, with_out: bool = True) -> int:
+    """Bytes one set of a grouped problem's operands takes (A, B, C and offs; without C
+    with ``with_out``, as :func:`make_grouped_operands`)."""
     total = 4 * problem.batch
     for name, (shape, strides) in grouped_layouts(problem).items():
+        if name == "c" and not with_out:
+            continue
         dtype = {"a": problem.dtype_a, "b": problem.dtype_b, "c": problem.dtype_c}[name]
         elements = 1 + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
         total += (elements + 16) * ITEMSIZE[dtype]
@@ -397,54 +400,58 @@ def group_bounds(offs: Any, extent: int) -> list[tuple[int, int]]:
     return out
 
 
-def padded_operands(adapter: ArrayAdapter, ops: GroupedOperands) -> Operands:
-    """The grouped product as a batched one whose float64 product is the reference: each
-    group's slice of the jagged operand(s) zero-padded to the largest group (rows past a
-    group's end, and past ``offs[-1]``, then hold zeros in the reference and in
-    :func:`padded_output` alike). The output is a placeholder of the padded shape."""
-    torch = adapter.torch  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class GroupProduct:
+    """One group of a grouped product as a plain one, whose float64 product is that
+    group's reference: ``a @ b`` (2-D, or batched 3-D for the ``none`` form) equals
+    :meth:`view` of the grouped output. ``label`` says which part of the output it is."""
+
+    group: int | None  # None: every group at once (the batched ``none`` form)
+    a: Any
+    b: Any
+    label: str
+    rows: slice | None = None  # jagged m: the group's rows of out
+    columns: slice | None = None  # jagged n: its columns (the product is out[:, cols]^T)
+    index: int | None = None  # jagged k: out[index]
+
+    def view(self, out: Any) -> Any:
+        """The part of a grouped output ``out`` this product gives (a view, never a copy)."""
+        if self.rows is not None:
+            return out[self.rows]
+        if self.columns is not None:
+            return out[:, self.columns].transpose(0, 1)
+        if self.index is not None:
+            return out[self.index]
+        return out
+
+
+def group_products(ops: GroupedOperands) -> list[GroupProduct]:
+    """The groups of a grouped call as plain products of views of its operands (no copy):
+    the check compares each group's part of the output with its own float64 reference,
+    so that it costs memory in proportion to the output's real rows, never a padded batch.
+
+    ``m``: each non-empty group's rows ``a[s:e] @ b[g]``; ``n``: each non-empty group's
+    columns, transposed (``b[:, s:e]^T @ a[g]^T`` is ``out[:, s:e]^T``, so that a group is
+    rows again); ``k``: every group, an empty one too (its output must be zeros);
+    ``none``: the batched product itself. Rows (columns) past ``offs[-1]`` belong to no
+    group: torch leaves them undefined, and they are not compared.
+    """
     a, b, jagged = ops.a, ops.b, ops.jagged
     if jagged == "none":
-        return Operands(a, b, torch.empty(ops.out.shape, dtype=torch.float64, device=a.device))
-    bounds = group_bounds(ops.offs, {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}[jagged])
-    size = max([1] + [e - s for s, e in bounds])
-    g = len(bounds)
-    f64 = torch.float64
-    if jagged == "m":
-        a_pad = torch.zeros((g, size, a.shape[1]), dtype=f64, device=a.device)
-        for i, (s, e) in enumerate(bounds):
-            a_pad[i, : e - s] = a[s:e]
-        return Operands(a_pad, b, torch.empty((g, size, b.shape[-1]), dtype=f64, device=a.device))
-    if jagged == "k":
-        a_pad = torch.zeros((g, a.shape[0], size), dtype=f64, device=a.device)
-        b_pad = torch.zeros((g, size, b.shape[1]), dtype=f64, device=a.device)
-        for i, (s, e) in enumerate(bounds):
-            a_pad[i, :, : e - s] = a[:, s:e]
-            b_pad[i, : e - s] = b[s:e]
-        return Operands(a_pad, b_pad, torch.empty(ops.out.shape, dtype=f64, device=a.device))
-    b_pad = torch.zeros((g, b.shape[0], size), dtype=f64, device=a.device)
-    for i, (s, e) in enumerate(bounds):
-        b_pad[i, :, : e - s] = b[:, s:e]
-    return Operands(a, b_pad, torch.empty((g, a.shape[1], size), dtype=f64, device=a.device))
-
-
-def padded_output(ops: GroupedOperands, out: Any) -> Any:
-    """A grouped output in the padded batched shape of :func:`padded_operands`: each
-    group's part of ``out``, zeros past its end (what is compared with the reference)."""
-    jagged = ops.jagged
-    if jagged in ("none", "k"):
-        return out
-    bounds = group_bounds(ops.offs, out.shape[0] if jagged == "m" else out.shape[1])
-    size = max([1] + [e - s for s, e in bounds])
-    if jagged == "m":
-        padded = out.new_zeros((len(bounds), size, out.shape[1]))
-        for i, (s, e) in enumerate(bounds):
-            padded[i, : e - s] = out[s:e]
-        return padded
-    padded = out.new_zeros((len(bounds), out.shape[0], size))
-    for i, (s, e) in enumerate(bounds):
-        padded[i, :, : e - s] = out[:, s:e]
-    return padded
+        return [GroupProduct(None, a, b, "")]
+    extent = {"m": a.shape[0], "k": a.shape[1], "n": b.shape[1]}[jagged]
+    found = []
+    for g, (s, e) in enumerate(group_bounds(ops.offs, extent)):
+        if jagged == "m" and e > s:
+            found.append(GroupProduct(g, a[s:e], b[g], f"group {g} (rows {s}:{e})", rows=slice(s, e)))
+        elif jagged == "n" and e > s:
+            label = f"group {g} (columns {s}:{e}, as (column, row))"
+            found.append(
+                GroupProduct(g, b[:, s:e].transpose(0, 1), a[g].transpose(0, 1), label, columns=slice(s, e))
+            )
+        elif jagged == "k":
+            found.append(GroupProduct(g, a[:, s:e], b[s:e], f"group {g} (k {s}:{e})", index=g))
+    return found
 
 
 @dataclass
@@ -486,12 +493,14 @@ def default_failed(exc: BaseException, device: Device) -> DefaultFailed:
 
 __all__ = [
     "DISTRIBUTIONS",
+    "GroupProduct",
     "GroupedDefaultRunner",
     "GroupedInputError",
     "GroupedOperands",
     "bucket_extent",
     "default_failed",
     "group_bounds",
+    "group_products",
     "group_sizes",
     "grouped_layouts",
     "grouped_operand_bytes",
@@ -499,7 +508,5 @@ __all__ = [
     "grouped_problem_of",
     "grouped_shapes",
     "make_grouped_operands",
-    "padded_operands",
-    "padded_output",
     "plain_grouped_call",
 ]

@@ -55,11 +55,10 @@ from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.grouped import (
     DISTRIBUTIONS,
     GroupedOperands,
+    group_products,
     grouped_layouts,
     grouped_operand_bytes,
     make_grouped_operands,
-    padded_operands,
-    padded_output,
 )
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
@@ -71,6 +70,7 @@ from unimatmul.tuning.numeric_check import (
     GUARD_VALUES,
     Check,
     Guard,
+    PartsReference,
     Reference,
     guard_bytes,
     guarded_output,
@@ -254,7 +254,7 @@ class _LateCheck:
 
     ops: Operands
     c0: Any
-    reference: Reference
+    reference: Reference | PartsReference
     alpha: float
     beta: float
     widen: float
@@ -404,7 +404,9 @@ class Harness:
             def prepared(entry: _Entry = entry, prepare: Callable[[], Runner] = prepare) -> None:
                 entry.runner = prepare()
 
-            def checks(entry: _Entry = entry, c0: Any = c0, reference: Reference = reference) -> None:
+            def checks(
+                entry: _Entry = entry, c0: Any = c0, reference: Reference | PartsReference = reference
+            ) -> None:
                 assert entry.runner is not None
                 for poison in range(2):
                     found = self._check_call(
@@ -598,8 +600,7 @@ class Harness:
         settings = self.settings
         adapter, device = target.adapter, target.device
         per_set = max(grouped_operand_bytes(problem) if problem.is_grouped else operand_bytes(problem), 1)
-        out_elements = problem.m * problem.n * problem.batch
-        block = adapter.block_elements(device, reference=True, total=out_elements)
+        block = adapter.block_elements(device, reference=True, total=_out_elements(problem))
         check = _check_bytes(problem, beta, block)
         factor = settings.memory_factor if settings.memory_factor is not None else env.TUNE_MEMORY.get()
         rotate = min(settings.rotate_bytes or 2 * last_level_cache_bytes(), settings.max_rotation_bytes)
@@ -705,7 +706,7 @@ class Harness:
         runner: Runner,
         ops: Operands,
         c0: Any,
-        reference: Reference,
+        reference: Reference | PartsReference,
         alpha: float,
         beta: float,
         target: Target,
@@ -1162,8 +1163,18 @@ def _macs(problem: Problem) -> int:
     return problem.m * problem.n * problem.k * problem.batch
 
 
+def _out_elements(problem: Problem) -> int:
+    """Elements of the output the check compares: a grouped output's own (``[M, N]`` for
+    the m and n forms), not a batch of its groups."""
+    if problem.is_grouped and problem.jagged in ("m", "n"):
+        return problem.m * problem.n
+    return problem.m * problem.n * problem.batch
+
+
 def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     """Bytes the numeric check allocates at most at one time (see numeric_check.make_reference)."""
+    if problem.is_grouped:
+        return _grouped_check_bytes(problem, block)
     out_elements = problem.m * problem.n * problem.batch
     ref = out_elements * (8 if problem.dtype_c == "f64" else 4)
     c0 = out_elements * ITEMSIZE[problem.dtype_c] if beta != 0.0 else 0
@@ -1178,10 +1189,42 @@ def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     return ref + c0 + temps + norms + max(fresh, 0)
 
 
+def _grouped_check_bytes(problem: Problem, block: int) -> int:
+    """Bytes the check of a grouped problem allocates at most at one time: one reference
+    per group (``reference_of``), together as large as the output's covered part (float32,
+    with the row norms of each group's A and column norms of its B), one group's float64
+    temporaries at a time, and the new inputs written into a set after timing."""
+    g, m, n, k = problem.batch, problem.m, problem.n, problem.k
+    # (A's rows, B's columns) over all the groups' products, and the largest product as
+    # (batch, rows, k, columns): an n group is its columns of out, transposed (group_products).
+    rows_all, cols_all, part = {
+        "m": (m, g * n, (1, m, k, n)),
+        "n": (n, g * m, (1, n, k, m)),
+        "k": (g * m, g * n, (1, m, k, n)),
+    }.get(problem.jagged, (g * m, g * n, (g, m, k, n)))
+    ref = _out_elements(problem) * (8 if problem.dtype_c == "f64" else 4)
+    norms = 2 * 8 * (rows_all + cols_all)  # r2 and r4, c2 and c4
+    batch, rows, depth, cols = part
+    per_block = max(1, block // max(cols, 1))
+    if per_block >= rows:  # whole matrices of a batch range at a time (numeric_check._blocks)
+        step = min(batch, max(1, per_block // rows))
+        a_block, b_block = step * rows * depth, step * depth * cols
+    else:
+        a_block, b_block = per_block * depth, depth * cols
+    # A's and B's blocks in float64 with their squares for the norms, and a few float64
+    # blocks of the product and of the comparison's bound.
+    temps = 8 * (3 * (a_block + b_block) + 6 * min(block, batch * rows * cols))
+    host = 8 * 4 * numeric_check.HOST_CHECK_ELEMENTS  # a small group's copy on the host
+    return ref + norms + temps + host + grouped_operand_bytes(problem, with_out=False)
+
+
 def _bounds_bytes(problem: Problem) -> int:
     """Bytes of the bounds an exactly checked output keeps with its reference (in the
-    reference's dtype; see numeric_check._within); 0 for a screened one."""
-    out_elements = problem.m * problem.n * problem.batch
+    reference's dtype; see numeric_check._within); 0 for a screened one. A grouped
+    output's groups are checked one by one: any of them may be small enough."""
+    out_elements = _out_elements(problem)
+    if problem.is_grouped and problem.jagged != "none":
+        return out_elements * (8 if problem.dtype_c == "f64" else 4)
     return out_elements * (8 if problem.dtype_c == "f64" else 4) if out_elements <= SCREEN_ELEMENTS else 0
 
 
@@ -1254,16 +1297,29 @@ def reference_of(
     beta: float,
     model: ErrorModel | None = None,
     keep_bounds: bool = False,
-) -> Reference:
+) -> Reference | PartsReference:
     """The float64 reference of ``ops`` for the checks (``model``: the problem's own bound by
-    default), keeping its bounds where the memory plan counted them (``MemoryPlan.keep_bounds``)."""
+    default), keeping its bounds where the memory plan counted them (``MemoryPlan.keep_bounds``).
+    A grouped problem's is one reference per group (``group_products``), each of the
+    group's own part of the output: memory in proportion to the rows the groups cover."""
     adapter = target.adapter
     if model is None:
         model = _error_model(problem)
-    base = padded_operands(adapter, ops) if isinstance(ops, GroupedOperands) else ops
-    found = numeric_check.make_reference(
-        adapter, _reference_operands(adapter, base), c0, alpha, beta, problem.activation, model, target.device
-    )
+    found: Reference | PartsReference
+    if isinstance(ops, GroupedOperands):
+        parts = [(p.label, p.view, Operands(p.a, p.b, p.view(ops.out))) for p in group_products(ops)]
+        found = numeric_check.make_parts_reference(adapter, parts, model, target.device)
+    else:
+        found = numeric_check.make_reference(
+            adapter,
+            _reference_operands(adapter, ops),
+            c0,
+            alpha,
+            beta,
+            problem.activation,
+            model,
+            target.device,
+        )
     found.keep_bounds = keep_bounds
     return found
 
@@ -1273,11 +1329,11 @@ def _reference_operands(adapter: Any, ops: Operands) -> Operands:
     return dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else ops
 
 
-def compare_output(target: Target, ops: Operands, out: Any, reference: Reference) -> Check:
-    """``out``, a candidate's output on ``ops``, compared with ``ops``' reference (a
-    grouped output in the padded shape its reference has: :func:`reference_of`)."""
-    if isinstance(ops, GroupedOperands):
-        out = padded_output(ops, out)
+def compare_output(target: Target, ops: Operands, out: Any, reference: Reference | PartsReference) -> Check:
+    """``out``, a candidate's output on ``ops``, compared with ``ops``' reference
+    (a grouped output group by group: :func:`reference_of`)."""
+    if isinstance(reference, PartsReference):
+        return numeric_check.compare_parts(target.adapter, out, reference, target.device)
     return numeric_check.compare(target.adapter, out, reference, target.device)
 
 

@@ -3,7 +3,9 @@
 The reference (:func:`make_reference`) and the comparison (:func:`compare`) run block by
 block on the operands' device, in the caller's own array library (through its
 :class:`~unimatmul.core.arrays.ArrayAdapter`'s primitives), against the element-wise bound
-of an :class:`~unimatmul.core.dtypes.ErrorModel`. Checked outputs sit between poisoned
+of an :class:`~unimatmul.core.dtypes.ErrorModel`. An output made of several products'
+outputs (a grouped GEMM's groups) has one reference per part (:class:`PartsReference`,
+:func:`compare_parts`), never a padded batch of them. Checked outputs sit between poisoned
 guard bands (:class:`Guard`), and the inputs of the checks after timing are of several
 characters (:func:`structure_inputs`). The harness and the trust check use it.
 """
@@ -11,7 +13,7 @@ characters (:func:`structure_inputs`). The harness and the trust check use it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +137,23 @@ def make_reference(
     A small product's is computed and kept on the host instead: a few dozen tiny
     launches and their synchronisations would cost more than copying it there.
     """
+    found, pending = _reference(adapter, ops, c0, alpha, beta, activation, model, device)
+    found.sumsq += sum(adapter.scalars(pending))
+    return found
+
+
+def _reference(
+    adapter: ArrayAdapter,
+    ops: Operands,
+    c0: Any,
+    alpha: float,
+    beta: float,
+    activation: str | None,
+    model: ErrorModel,
+    device: Device,
+) -> tuple[Reference, list[Any]]:
+    """:func:`make_reference`, with the squares of its blocks left on the device (the
+    reference's ``sumsq`` is their sum): the caller reads them back, with others."""
     out_shape = adapter.shape(ops.out)
     shape3 = (1, *out_shape) if len(out_shape) == 2 else out_shape
     ref_dtype = "f64" if adapter.dtype(ops.out) == "f64" else "f32"
@@ -149,7 +168,7 @@ def make_reference(
         c0_host = adapter.to_numpy(c0) if beta != 0.0 else None
         found = make_reference(host, moved, c0_host, alpha, beta, activation, model, CPU)
         found.host = True
-        return found
+        return found, []
     a3, b3 = _as3(ops.a), _as3(ops.b)
     batch, m, n = shape3
     ref = adapter.empty(shape3, ref_dtype, device)
@@ -185,9 +204,98 @@ def make_reference(
         if r4 is not None:
             r4[bs, rs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((a64 * a64) ** 2, -1)))
         del pre, done  # before the next block's: one block of float64 at a time
-    found = Reference(ref, r2, c2, r4, c4, c3, bias64, alpha, beta, model)
-    found.sumsq = sum(adapter.scalars(sumsq))
-    return found
+    return Reference(ref, r2, c2, r4, c4, c3, bias64, alpha, beta, model), sumsq
+
+
+@dataclass
+class PartsReference:
+    """The reference of an output made of several plain products' outputs (a grouped
+    GEMM's groups: :func:`unimatmul.core.grouped.group_products`): each part's
+    :class:`Reference` with its label and the view of the output it is compared with.
+    Together they take what the covered part of the output does, never a padded batch."""
+
+    parts: list[tuple[str, Callable[[Any], Any], Reference]]
+
+    @property
+    def keep_bounds(self) -> bool:
+        return any(ref.keep_bounds for _, _, ref in self.parts)
+
+    @keep_bounds.setter
+    def keep_bounds(self, keep: bool) -> None:
+        for _, _, ref in self.parts:
+            ref.keep_bounds = keep
+
+
+def make_parts_reference(
+    adapter: ArrayAdapter,
+    parts: Sequence[tuple[str, Callable[[Any], Any], Operands]],
+    model: ErrorModel,
+    device: Device,
+) -> PartsReference:
+    """The float64 references of ``parts`` ((label, view of the output, the part's plain
+    operands, their ``out`` that view of the output)), made one part after another: only
+    one part's float64 temporaries are alive at a time, and their sums come back at once
+    (one synchronisation on a GPU, not one a part)."""
+    made, pending = [], []
+    for label, view, ops in parts:
+        ref, squares = _reference(adapter, ops, None, 1.0, 0.0, None, model, device)
+        made.append((label, view, ref))
+        pending.append(squares)
+    values = adapter.scalars([x for squares in pending for x in squares])
+    start = 0
+    for (_, _, ref), squares in zip(made, pending, strict=True):
+        ref.sumsq += sum(values[start : start + len(squares)])
+        start += len(squares)
+    return PartsReference(made)
+
+
+def compare_parts(
+    adapter: ArrayAdapter, out: Any, reference: PartsReference, device: Device, *, exact: bool | None = None
+) -> Check:
+    """Compare each part of ``out`` with its reference (:func:`compare`), as one
+    :class:`Check`: errors and counts summed over the parts, the worst element's part named."""
+    # The one-pass check (_within) of every part compared exactly on the device is
+    # launched for all of them and read back at once; a part not within its bounds (or on
+    # the host, or screened) gets the whole compare.
+    launched: list[tuple[int, int, int]] = []  # (part, its first value, its values)
+    scalars: list[Any] = []
+    for i, (_, view, ref) in enumerate(reference.parts):
+        blocks, exactly = _compare_blocks(adapter, ref, device, exact)
+        pending = _within_launch(adapter, _as3(view(out)), ref, blocks) if exactly and not ref.host else None
+        if pending is not None:
+            launched.append((i, len(scalars), len(pending)))
+            scalars += pending
+    values = adapter.scalars(scalars)
+    quick = {
+        i: _within_verdict(values[start : start + count], reference.parts[i][2])
+        for i, start, count in launched
+    }
+    found = []
+    for i, (label, view, ref) in enumerate(reference.parts):
+        check = quick.get(i)
+        if check is None:
+            check = compare(adapter, view(out), ref, device, exact=exact)
+        found.append((label, check, ref))
+    squares, sumsq = 0.0, 0.0
+    for _, check, ref in found:
+        den = math.sqrt(ref.sumsq)
+        squares += (check.rel_error * den if den > 0 else check.rel_error) ** 2
+        sumsq += ref.sumsq
+    err = math.sqrt(squares)
+    rel = (err / math.sqrt(sumsq) if sumsq > 0 else err) if math.isfinite(err) else math.inf
+    checks = [check for _, check, _ in found]
+    total = Check(
+        rel,
+        max((c.worst_ratio for c in checks), default=0.0),
+        sum(c.bad for c in checks),
+        sum(c.nonfinite for c in checks),
+        exact=all(c.exact for c in checks),
+    )
+    bad = [(label, check) for label, check, _ in found if check.bad]
+    if bad:
+        label, worst = max(bad, key=lambda item: item[1].worst_ratio)
+        total.worst = f"{label}: {worst.worst}" if label else worst.worst
+    return total
 
 
 def compare(
@@ -208,10 +316,7 @@ def compare(
     if reference.host and adapter.kind != "numpy":
         return compare(adapter_for_kind("numpy"), adapter.to_numpy(out), reference, CPU, exact=exact)
     out3 = _as3(out)
-    ref3 = reference.ref
-    blocks = list(_blocks(tuple(ref3.shape), adapter.block_elements(device, total=math.prod(ref3.shape))))
-    if exact is None:
-        exact = math.prod(ref3.shape) <= SCREEN_ELEMENTS
+    blocks, exact = _compare_blocks(adapter, reference, device, exact)
     if exact:
         found = _within(adapter, out3, reference, blocks)
         if found is not None:
@@ -234,6 +339,16 @@ def compare(
     return check
 
 
+def _compare_blocks(
+    adapter: ArrayAdapter, reference: Reference, device: Device, exact: bool | None
+) -> tuple[list[tuple[slice, slice]], bool]:
+    """The blocks :func:`compare` takes of an output of ``reference``, and whether it is
+    compared exactly (``exact``, or, when None, whether it is small enough)."""
+    shape = tuple(reference.ref.shape)
+    blocks = list(_blocks(shape, adapter.block_elements(device, total=math.prod(shape))))
+    return blocks, (math.prod(shape) <= SCREEN_ELEMENTS if exact is None else exact)
+
+
 def _within(
     adapter: ArrayAdapter, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]
 ) -> Check | None:
@@ -247,6 +362,15 @@ def _within(
     made once, in the reference's dtype, and kept: a candidate's check is then a few
     launches, not dozens. A bound of 0 gives NaN: that block is counted exactly.
     """
+    pending = _within_launch(adapter, out3, reference, blocks)
+    return None if pending is None else _within_verdict(adapter.scalars(pending), reference)
+
+
+def _within_launch(
+    adapter: ArrayAdapter, out3: Any, reference: Reference, blocks: list[tuple[slice, slice]]
+) -> list[Any] | None:
+    """The work of :func:`_within`, not read back: each block's largest error/bound, then
+    each block's squared error (None where the kept bounds are of other blocks)."""
     kept = reference.bounds
     if kept is not None and len(kept) != len(blocks):  # blocks of another size than the kept ones
         return None
@@ -267,11 +391,16 @@ def _within(
         del bound, diff  # one block's temporaries at a time
     if made:
         reference.bounds = made
-    values = adapter.scalars(worst + squares)
-    worst_ratio = max(values[: len(blocks)], default=0.0)
+    return worst + squares
+
+
+def _within_verdict(values: list[float], reference: Reference) -> Check | None:
+    """What :func:`_within` reads from its blocks' values (:func:`_within_launch`)."""
+    count = len(values) // 2
+    worst_ratio = max(values[:count], default=0.0)
     if not worst_ratio <= 1.0:
         return None
-    err = math.sqrt(sum(values[len(blocks) :]))
+    err = math.sqrt(sum(values[count:]))
     den = math.sqrt(reference.sumsq)
     return Check(err / den if den > 0 else err, worst_ratio, 0, 0, exact=True)
 

@@ -1,0 +1,252 @@
+"""The harness's check of grouped GEMMs: memory in proportion to the rows the groups cover
+(one float64 reference per group, never a batch padded to the bucket), a plan that bounds
+what the check allocates, and every wrong group still caught, in each of the four forms."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.profiler._memory_profiler import Action, MemoryProfile  # noqa: E402
+
+from unimatmul import Backend, Candidate, Problem, Target  # noqa: E402
+from unimatmul.cache.record import REJECTED  # noqa: E402
+from unimatmul.core._backend import DEFAULT  # noqa: E402
+from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
+from unimatmul.core.grouped import (  # noqa: E402
+    DISTRIBUTIONS,
+    GroupedDefaultRunner,
+    grouped_operand_bytes,
+    grouped_problem,
+    make_grouped_operands,
+)
+from unimatmul.testing import fast_config  # noqa: E402
+from unimatmul.tuning.harness import (  # noqa: E402
+    CpuTimer,
+    Harness,
+    HarnessConfig,
+    TuningTooLarge,
+    compare_output,
+    reference_of,
+)
+from unimatmul.tuning.tuner import Tuner  # noqa: E402
+
+TARGET = Target(adapter_for_kind("torch"), CPU)
+FORMS = ["m", "k", "n", "none"]
+# Many groups with few rows each (an MoE prefill in small): a [G, bucket, n] float32 batch
+# is 64 MiB, the output itself 512 KiB.
+MANY = grouped_problem(128, 1024, 128, 64, "bf16")
+
+
+def _settings(**changes: Any) -> HarnessConfig:
+    return HarnessConfig(**{**fast_config().to_dict(), "rotate_bytes": 1 << 20, **changes})
+
+
+def test_a_problem_of_many_groups_plans_within_a_limit_its_padded_check_was_over(monkeypatch: Any) -> None:
+    monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "8")
+    monkeypatch.setattr(TARGET.adapter, "available_bytes", lambda device: None)
+    plan = Harness(CpuTimer(), _settings()).plan_memory(MANY, TARGET, beta=0.0)
+    padded = MANY.batch * MANY.m * MANY.n * 4  # the float32 reference of the padded batch alone
+    assert plan.per_set == grouped_operand_bytes(MANY)
+    assert plan.sets >= 1 and plan.sets * plan.per_set + plan.check <= plan.allowed < padded
+    assert plan.check < padded / 4
+    # the limit binds: a quarter of it refuses the product, before anything is allocated
+    monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "2")
+    with pytest.raises(TuningTooLarge, match="numeric check"):
+        Harness(CpuTimer(), _settings(rotate_bytes=1 << 16)).plan_memory(MANY, TARGET, beta=0.0)
+
+
+def test_a_problem_of_many_groups_tunes_within_that_limit(isolated: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "8")
+    monkeypatch.setattr(TARGET.adapter, "available_bytes", lambda device: None)
+    plan = Harness(CpuTimer(), _settings()).plan_memory(MANY, TARGET, beta=0.0)
+    fake = WrongGroup("right", "m")
+    with _registered(isolated, fake):
+        tuner = Tuner(plugins=isolated.plugins, settings=_settings())
+        record = tuner.tune(MANY, TARGET)  # first: what a process allocates once is not the tuning's
+        used = _torch_peak(lambda: tuner.tune(MANY, TARGET)) + _host_peak(lambda: tuner.tune(MANY, TARGET))
+    # the sets, the check and the candidates' own outputs, all within the plan
+    assert used <= plan.sets * plan.per_set + plan.check <= plan.allowed
+    by_id = {r.identity: r for r in record.results}
+    for identity in (DEFAULT.identity, f"{fake.name}/kernel"):  # both passed every check
+        assert by_id[identity].status != REJECTED, by_id[identity]
+        assert by_id[identity].error is not None and 0 < by_id[identity].error < 1e-2
+    assert fake.calls >= 4  # two checks before timing, one after each timing and after all of it
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(8192, 1536, 2048), (8192, 2048, 768), (65536, 2048, 768)])
+def test_qwen3_moe_prefill_products_plan_on_a_gpu(monkeypatch: Any, m: int, n: int, k: int) -> None:
+    # Planned only (nothing is allocated): 128 experts, bf16, an H200's rotation target.
+    # Their padded checks counted 6-64 GiB and were refused with the default multiple.
+    monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "8")
+    adapter = adapter_for_kind("torch")
+    monkeypatch.setattr(adapter, "available_bytes", lambda device: None)
+    problem = grouped_problem(128, m, n, k, "bf16")
+    plan = Harness(CpuTimer(), HarnessConfig(rotate_bytes=120 << 20)).plan_memory(
+        problem, Target(adapter, Device("cuda")), beta=0.0
+    )
+    assert plan.sets >= 1 and plan.per_set + plan.check <= plan.allowed
+    assert plan.check < 2 << 30 and plan.check < problem.batch * m * n * 4 / 4
+
+
+# --- the check allocates what the plan says, at most ------------------------------------------
+
+
+def _torch_peak(fn: Callable[[], None]) -> int:
+    """The most bytes of torch CPU tensors ``fn`` held at one time (torch's memory profile)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+        fn()
+    live, peak, mine = 0, 0, set()
+    for _, action, key, size in MemoryProfile(prof.profiler.kineto_results).timeline:
+        if action == Action.CREATE:
+            mine.add(key)
+            live += size
+        elif action == Action.DESTROY and key in mine:
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+def _host_peak(fn: Callable[[], None]) -> int:
+    """The most bytes ``fn`` held on the host through Python and NumPy (a small group's check)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    ("jagged", "shape"),
+    [
+        ("m", (32, 512, 256, 128)),
+        ("n", (32, 64, 512, 128)),
+        ("k", (32, 64, 96, 512)),
+        ("none", (8, 64, 64, 64)),
+    ],
+)
+def test_the_plan_of_the_check_bounds_what_the_check_allocates(
+    jagged: str, shape: tuple[int, int, int, int], monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(TARGET.adapter, "available_bytes", lambda device: None)
+    problem = grouped_problem(*shape, "bf16", jagged=jagged)
+    plan = Harness(CpuTimer(), _settings(memory_factor=64.0)).plan_memory(problem, TARGET, beta=0.0)
+    bands = plan.check - Harness(CpuTimer(), _settings()).plan_memory(problem, TARGET, beta=0.0).check
+    assert plan.keep_bounds and bands == 0
+    rng = np.random.default_rng(5)
+    for distribution in DISTRIBUTIONS:
+        ops = make_grouped_operands(problem, TARGET.adapter, CPU, rng, distribution)
+        GroupedDefaultRunner(TARGET.adapter)(ops.a, ops.b, ops.out, offs=ops.offs)
+
+        def check(ops: Any = ops, distribution: str = distribution) -> None:
+            # what a check set costs: new inputs, their reference (bounds kept), two compares
+            fresh = make_grouped_operands(problem, TARGET.adapter, CPU, rng, distribution, with_out=False)
+            del fresh
+            reference = reference_of(problem, TARGET, ops, None, 1.0, 0.0, keep_bounds=True)
+            for _ in range(2):
+                assert compare_output(TARGET, ops, ops.out, reference).ok()
+
+        check()  # once first: what torch and the profiler allocate once per process is not the check's
+        used = _torch_peak(check) + _host_peak(check)
+        assert used <= plan.check, (distribution, used, plan.check)
+        # proportion: the padded batch's float32 reference alone would be over it
+        assert used < problem.batch * problem.m * problem.n * 4 or jagged in ("k", "none")
+
+
+# --- a wrong group is caught in every form ---------------------------------------------------
+
+
+class WrongGroup(Backend):
+    """torch._grouped_mm's result, spoilt on purpose in one group: ``off`` adds 2 to one
+    element of the last group that has any, ``unwritten`` leaves that group's part as it
+    was, ``empty`` leaves the empty groups of the k form unwritten (they must be zeros),
+    ``outside`` writes one element past the output's end; ``right`` spoils nothing."""
+
+    device_kinds: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    array_kinds: ClassVar[frozenset[str]] = frozenset({"torch"})
+    ops: ClassVar[frozenset[str]] = frozenset({"grouped_gemm"})
+
+    def __init__(self, behaviour: str, jagged: str) -> None:
+        self.name = f"wrong-group-{behaviour}"
+        self.behaviour, self.jagged = behaviour, jagged
+        self.calls = 0
+
+    def availability(self) -> str | None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        return [Candidate.make(self.name, "kernel")] if problem.jagged == self.jagged else []
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
+        backend = self
+
+        class Runner:
+            def __init__(self) -> None:
+                self.candidate = candidate
+
+            def __call__(
+                self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any
+            ) -> None:
+                backend.calls += 1
+                full = torch._grouped_mm(a, b, offs)
+                parts = backend.parts(out, offs)
+                keep = [p.clone() for p in parts] if backend.behaviour in ("unwritten", "empty") else []
+                out.copy_(full)
+                for part, was in zip(parts, keep, strict=False):
+                    part.copy_(was)
+                if backend.behaviour == "off" and parts:
+                    parts[0].view(-1)[parts[0].numel() // 2] += 2.0
+                if backend.behaviour == "outside":
+                    out.as_strided((1,), (1,), out.storage_offset() + out.numel()).fill_(1.0)
+
+        return Runner()
+
+    def parts(self, out: Any, offs: Any) -> list[Any]:
+        """The views of ``out`` the behaviour spoils."""
+        if self.jagged == "none":
+            return [out[-1]]
+        ends = [int(v) for v in offs.tolist()]
+        bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+        if self.behaviour == "empty":
+            return [out[g] for g, (s, e) in enumerate(bounds) if e == s]
+        g, (s, e) = [(g, se) for g, se in enumerate(bounds) if se[1] > se[0]][-1]
+        return [out[s:e] if self.jagged == "m" else out[g] if self.jagged == "k" else out[:, s:e]]
+
+
+def _registered(isolated: Any, *backends: Backend) -> Any:
+    from unimatmul.testing import registered
+
+    return registered(isolated.plugins, *backends)
+
+
+# Only the k form gives an empty group an output (zeros).
+WRONG = [(j, b) for j in FORMS for b in ("off", "unwritten", "outside")] + [("k", "empty")]
+
+
+@pytest.mark.parametrize(("jagged", "behaviour"), WRONG)
+def test_a_kernel_wrong_in_one_group_is_rejected(isolated: Any, jagged: str, behaviour: str) -> None:
+    fake = WrongGroup(behaviour, jagged)
+    problem = grouped_problem(24, 96, 48, 64, "bf16", jagged=jagged)
+    # No pruning: a slow wrong kernel must still be caught by the checks after timing.
+    settings = _settings(prune_ratio=math.inf, first_prune_ratio=math.inf)
+    with _registered(isolated, fake):
+        record = Tuner(plugins=isolated.plugins, settings=settings).tune(problem, TARGET)
+    result = record.result(f"{fake.name}/kernel")
+    assert result is not None and result.status == REJECTED, result
+    assert record.winner == DEFAULT.identity
+    said = {"off": "over the error bound", "unwritten": "NaN/inf", "outside": "outside the output"}
+    assert said.get(behaviour, "over the error bound") in result.note, result.note
+    if jagged != "none" and behaviour == "off":
+        assert "group " in result.note  # the worst element's group is named
