@@ -42,7 +42,6 @@ handle is never made, see ``load_driver``).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +59,7 @@ from unimatmul_backends.lt.backend import GEMM, LtBackend
 from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtPlan
 from unimatmul_backends.lt.runner import ArrayHooks
 from unimatmul_backends.rocm.hipblaslt_ext import ExtAPI, load_ext
+from unimatmul_backends.rocm.hipblaslt_identity import NAME, name_fingerprint
 from unimatmul_backends.rocm.libraries import (
     ENV_HIPBLASLT,
     LibraryChoice,
@@ -68,7 +68,6 @@ from unimatmul_backends.rocm.libraries import (
     load_library,
 )
 
-NAME = "hipblaslt"
 #: Sonames to try: .so.0 (ROCm 5.7-6.x), .so.1 (ROCm 7).
 LIBRARY_NAMES = ("libhipblaslt.so", "libhipblaslt.so.1", "libhipblaslt.so.0")
 #: Results asked of the heuristic when an index is rebuilt (prepare, check).
@@ -77,15 +76,6 @@ _REVISION_BYTES = 128  # what torch and hipblaslt-bench pass to hipblasLtGetGitR
 
 
 _MACRO_TILE = re.compile(r"_MT(\d+)x(\d+)x(\d+)")
-
-
-def name_fingerprint(name: str) -> str:
-    """16 hex digits of the SHA-256 of a solution's name: what an identity stores of it.
-
-    Names are long (~500 characters) and a record keeps every candidate it measured, so a
-    fingerprint, not the text, rides in the identity; it is compared, never read back.
-    """
-    return hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 def solution_candidate(index: int, name: str | None = None) -> Candidate:
