@@ -734,14 +734,31 @@ def test_solutions_sharing_a_kernel_are_told_apart_by_the_solution_name() -> Non
     assert fake.ran == [(4, STREAM)]
 
 
+def measured(backend: HipblasltBackend, problem: Problem, target: Target, default: Any) -> dict[str, Any]:
+    """The harness's results for Default (``default()`` its runner) and every candidate the
+    backend offers, by identity; each candidate passed the numeric check against float64 (a
+    fake's Python product is slower than Default, so it may be pruned after it, never rejected)."""
+    from unimatmul.backend import DEFAULT
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import fast_config
+    from unimatmul.tuning.harness import CpuTimer, Harness
+
+    candidates = backend.candidates(problem, target)
+    entries: list[Any] = [(DEFAULT, default)]
+    entries += [(c, lambda c=c: backend.prepare(problem, c, target)) for c in candidates]
+    record = Harness(CpuTimer(), fast_config()).measure(problem, target, entries)
+    results = {r.identity: r for r in record.results}
+    for c in candidates:
+        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
+        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    return {c.identity: results[c.identity] for c in candidates}
+
+
 def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_build() -> None:
     """Tuning over the pool: every supported solution measured and checked against float64,
     and the best one's identity runs the same solution where the build numbers it anew."""
-    from unimatmul.backend import DEFAULT, Candidate
-    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.backend import Candidate
     from unimatmul.core.runners import DefaultRunner
-    from unimatmul.testing import fast_config
-    from unimatmul.tuning.harness import CpuTimer, Harness
 
     names = {10: kernel(64, 64), 20: kernel(128, 64), 30: kernel(32, 32, gsu=2), 40: kernel(64, 32)}
     fake = FakeHipblaslt(100100, [10])  # the heuristic knows one of them
@@ -749,19 +766,11 @@ def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_bu
     table[40] = (names[40], 8, 4096)  # refuses this problem
     backend = make_backend(fake, FakeExt(fake, table))
     problem = Problem(m=48, n=40, k=32)
-    candidates = backend.candidates(problem, TARGET)
-    assert [c.param("index") for c in candidates] == [10, 30, 20]  # heuristic, then the tile order
-    entries = [(DEFAULT, lambda: DefaultRunner(TARGET.adapter))]
-    entries += [(c, lambda c=c: backend.prepare(problem, c, TARGET)) for c in candidates]
-    record = Harness(CpuTimer(), fast_config()).measure(problem, TARGET, entries)
-    results = {r.identity: r for r in record.results}
-    # Each passed the numeric check (numpy's Default is faster than the fake's Python
-    # matmul, so they may be pruned after it, never rejected).
-    for c in candidates:
-        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
-        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    results = measured(backend, problem, TARGET, lambda: DefaultRunner(TARGET.adapter))
+    # The heuristic's, then the tile order.
+    assert [Candidate.from_identity(i).param("index") for i in results] == [10, 30, 20]
     assert {index for index, _stream in fake.ran} == {10, 20, 30}
-    best = min((results[c.identity].median_s or math.inf, c.identity) for c in candidates)[1]
+    best = min((r.median_s or math.inf, identity) for identity, r in results.items())[1]
     # Another build of the library: the same solutions under other numbers.
     moved = FakeHipblaslt(100100, [])
     rebuilt = make_backend(moved, FakeExt(moved, {i + 1000: row for i, row in table.items()}))
@@ -981,23 +990,14 @@ def test_the_harness_tunes_a_grouped_problem_over_the_backends_candidates() -> N
     float64 reference on the harness's distributions of offs, none rejected."""
     from hipblaslt_ext_fakes import FakeShim
 
-    from unimatmul.backend import DEFAULT
-    from unimatmul.cache.record import OK, PRUNED
     from unimatmul.core.grouped import GroupedDefaultRunner, grouped_problem
-    from unimatmul.testing import fast_config
-    from unimatmul.tuning.harness import CpuTimer, Harness
 
     backend, _ = grouped_backend(FakeShim([0, 2, 4]))
     target = torch_target()
-    problem = grouped_problem(4, 32, 16, 24, "f32")
-    candidates = backend.candidates(problem, target)
-    entries: list[Any] = [(DEFAULT, lambda: GroupedDefaultRunner(target.adapter))]
-    entries += [(c, lambda c=c: backend.prepare(problem, c, target)) for c in candidates]
-    record = Harness(CpuTimer(), fast_config()).measure(problem, target, entries)
-    results = {r.identity: r for r in record.results}
-    for c in candidates:
-        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
-        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    results = measured(
+        backend, grouped_problem(4, 32, 16, 24, "f32"), target, lambda: GroupedDefaultRunner(target.adapter)
+    )
+    assert [Candidate.from_identity(i).param("index") for i in results] == [0, 2, 4]
 
 
 def test_grouped_gemms_without_a_device_library_or_shim_say_why() -> None:
