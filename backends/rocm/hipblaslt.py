@@ -30,6 +30,16 @@ different kernel). Without it (the C API has neither ``getAlgosFromIndex`` nor
 heuristic does not return for that problem is reported as unsupported, and so is an
 identity with a name (nothing here could check it).
 
+Grouped GEMMs (``Problem.op == "grouped_gemm"``, ``torch._grouped_mm``'s 2-D x 3-D form):
+``hipblaslt_ext::GroupedGemm`` through the shim's user-args form (:mod:`.hipblaslt_grouped`),
+on this backend's handle, library, version and error mapping, so a grouped record carries
+the same ``hipblaslt`` version and its kernels the same backend name. Candidates: every
+solution of the grouped type that supports the problem within the workspace limit, as the
+library lists them (one listing per layout, cached); identity
+``hipblaslt/grouped?index=<i>[&solution=s:<fingerprint>]``. Without the shim, or with one
+built without the user-args form, and for the other forms, grouped problems get
+UnsupportedProblem saying why.
+
 hipBLASLt 0.1 / 0.2 (ROCm 5.5 / 5.6) kept pointers in the algo struct, so their
 algos have no index and no stable identity: those versions are refused.
 
@@ -42,14 +52,13 @@ handle is never made, see ``load_driver``).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unimatmul import settings
-from unimatmul.backend import LRU, Candidate, Target, UnsupportedProblem
+from unimatmul.backend import LRU, Candidate, Problem, Runner, Target, UnsupportedProblem
 from unimatmul_backends.lt.abi import (
     HIPBLASLT_ONLY_SIGNATURES,
     LT_SHARED_SIGNATURES,
@@ -57,9 +66,12 @@ from unimatmul_backends.lt.abi import (
     select_hipblaslt_abi,
 )
 from unimatmul_backends.lt.backend import GEMM, LtBackend
-from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtPlan
+from unimatmul_backends.lt.driver import CtypesLtLibrary, LtAlgo, LtDriver, LtError, LtPlan
 from unimatmul_backends.lt.runner import ArrayHooks
-from unimatmul_backends.rocm.hipblaslt_ext import ExtAPI, load_ext
+from unimatmul_backends.rocm import hipblaslt_grouped
+from unimatmul_backends.rocm.hipblaslt_ext import ExtAPI, HipblasltExt, load_ext
+from unimatmul_backends.rocm.hipblaslt_grouped import GroupedSolution, MoeLayout
+from unimatmul_backends.rocm.hipblaslt_identity import NAME, name_fingerprint
 from unimatmul_backends.rocm.libraries import (
     ENV_HIPBLASLT,
     LibraryChoice,
@@ -68,7 +80,6 @@ from unimatmul_backends.rocm.libraries import (
     load_library,
 )
 
-NAME = "hipblaslt"
 #: Sonames to try: .so.0 (ROCm 5.7-6.x), .so.1 (ROCm 7).
 LIBRARY_NAMES = ("libhipblaslt.so", "libhipblaslt.so.1", "libhipblaslt.so.0")
 #: Results asked of the heuristic when an index is rebuilt (prepare, check).
@@ -77,15 +88,6 @@ _REVISION_BYTES = 128  # what torch and hipblaslt-bench pass to hipblasLtGetGitR
 
 
 _MACRO_TILE = re.compile(r"_MT(\d+)x(\d+)x(\d+)")
-
-
-def name_fingerprint(name: str) -> str:
-    """16 hex digits of the SHA-256 of a solution's name: what an identity stores of it.
-
-    Names are long (~500 characters) and a record keeps every candidate it measured, so a
-    fingerprint, not the text, rides in the identity; it is compared, never read back.
-    """
-    return hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 def solution_candidate(index: int, name: str | None = None) -> Candidate:
@@ -191,6 +193,7 @@ class HipblasltBackend(LtBackend):
     version_name = NAME
     device_kinds = frozenset({"hip"})
     array_kinds = frozenset({"torch"})
+    ops = frozenset({"gemm", "scaled_gemm", "grouped_gemm"})
 
     def __init__(
         self,
@@ -216,6 +219,9 @@ class HipblasltBackend(LtBackend):
         self.revision = ""
         # Bounded: each entry holds up to REBUILD_COUNT algos of one problem layout.
         self._heuristics: LRU[tuple[Any, int], dict[int, LtAlgo]] = LRU(256)
+        # Per grouped layout and workspace limit: the grouped type's solutions that support
+        # it (one listing serves candidates, check and every prepare of the layout).
+        self._grouped: LRU[tuple[MoeLayout, int], list[GroupedSolution]] = LRU(64)
 
     # --- the library ------------------------------------------------------------------
     def load_driver(self) -> LtDriver:
@@ -269,7 +275,72 @@ class HipblasltBackend(LtBackend):
     def close(self) -> None:
         self._heuristics.clear()
         self._pools.clear()
+        self._grouped.clear()
         super().close()
+
+    # --- grouped GEMMs: hipblaslt_ext::GroupedGemm through the shim (hipblaslt_grouped) --
+    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        if not problem.is_grouped:
+            return super().candidates(problem, target)
+        found = self._grouped_solutions(problem, target)
+        return list(dict.fromkeys(hipblaslt_grouped.solution_candidate(s) for s in found))
+
+    def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
+        if not problem.is_grouped:
+            return super().check(problem, candidate, target)
+        try:
+            hipblaslt_grouped.resolve(self._grouped_solutions(problem, target), candidate)
+        except Exception:
+            return False
+        return True
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Runner:
+        if not problem.is_grouped:
+            return super().prepare(problem, candidate, target)
+        solutions = self._grouped_solutions(problem, target)
+        ext, hooks, adapter = self._grouped_ext(problem), self.hooks(target), target.adapter
+        with hooks.device():
+            try:
+                return hipblaslt_grouped.prepare(
+                    ext, self.driver().handle, problem, candidate, self.workspace_limit,
+                    lambda nbytes: hooks.empty_strided((nbytes,), (1,), "u8"),
+                    adapter.torch, adapter.torch_device(target.device),  # type: ignore[attr-defined]
+                    hooks.stream, solutions,
+                )  # fmt: skip
+            except LtError as exc:
+                msg = f"{NAME} rejects {candidate.identity} for {problem.key}: {type(exc).__name__}: {exc}"
+                raise UnsupportedProblem(msg, problem=problem, backend=NAME) from exc
+
+    def _grouped_ext(self, problem: Problem) -> HipblasltExt:
+        """The shim, with GroupedGemm's user-args form; UnsupportedProblem says why there is none."""
+        self.driver()  # UnsupportedProblem without the library or a device; loads the shim
+        why = hipblaslt_grouped.unavailable(self.ext, self.ext_reason)
+        if why or not isinstance(self.ext, HipblasltExt):
+            raise UnsupportedProblem(f"{NAME}: {why}", problem=problem, backend=NAME)
+        return self.ext
+
+    def _grouped_solutions(self, problem: Problem, target: Target) -> list[GroupedSolution]:
+        """The grouped type's solutions that support ``problem``'s layout within the workspace
+        limit, in the library's order (listed on a GroupedGemm of the layout, cached)."""
+        layout = hipblaslt_grouped.moe_layout(problem)  # UnsupportedProblem before any library work
+        if target.array_kind != "torch":
+            msg = f"{NAME}'s grouped GEMM runs on torch tensors, not {target.array_kind} arrays"
+            raise UnsupportedProblem(msg, problem=problem, backend=NAME)
+        ext, limit = self._grouped_ext(problem), self.workspace_limit
+        found = self._grouped.get((layout, limit))
+        if found is None:
+            hooks = self.hooks(target)
+            try:
+                with (
+                    hooks.device(),
+                    hipblaslt_grouped.set_up(ext, self.driver().handle, layout, limit) as listing,
+                ):
+                    found = listing.solutions()
+            except LtError as exc:  # the library refuses the problem itself
+                msg = f"{NAME} has no grouped GEMM for {problem.key}: {exc}"
+                raise UnsupportedProblem(msg, problem=problem, backend=NAME) from exc
+            self._grouped.put((layout, limit), found)
+        return found
 
     # --- the algo codec: the solution index and, with the shim, the solution's name -----
     def algo_params(self, plan: LtPlan, algo: LtAlgo) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """hipBLASLt's grouped GEMM as a candidate for the MoE form of ``torch._grouped_mm``.
 
 **Never run on AMD hardware**: checked against a fake shim that computes what it is handed
-(``tests/backends/test_rocm_hipblaslt_grouped.py``) and, for the shim's C ABI and
+(``tests/backends/rocm/test_hipblaslt_grouped.py``, and through the backend in
+``tests/backends/rocm/test_hipblaslt.py``) and, for the shim's C ABI and
 ``UserArguments`` layout, against Debian's real hipBLASLt headers and library without a GPU
-(``tests/amd_real``). Not yet offered by :class:`~.hipblaslt.HipblasltBackend`: the grouped
-Problem type and its candidate plumbing are built beside this (``docs/rocm.md``).
+(``tests/amd_real``). Offered by :class:`~.hipblaslt.HipblasltBackend` for grouped Problems,
+on its handle and its shim (``docs/rocm.md``).
 
 The form: 2-D ``a [M, K]`` (row-major) times 3-D ``b [G, K, N]``, ``offs`` the int32 ends of
 each group's rows (``Problem.jagged == "m"``, ``Problem.m`` the bucket of M). Row-major
@@ -26,14 +27,13 @@ type's solution and the fingerprint of its name, as the dense candidates).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from unimatmul.backend import ITEMSIZE, Candidate, UnsupportedProblem
+from unimatmul.backend import ITEMSIZE, Candidate, UnsupportedProblem, plain_grouped_call
 from unimatmul_backends.lt.abi import LtABI
 from unimatmul_backends.lt.driver import DATATYPES
-from unimatmul_backends.rocm.hipblaslt import NAME, name_fingerprint
 from unimatmul_backends.rocm.hipblaslt_ext import (
     GROUPED_USER_ARGS,
     GroupedPointers,
@@ -43,6 +43,7 @@ from unimatmul_backends.rocm.hipblaslt_ext import (
     HipblasltGrouped,
     user_args_layout,
 )
+from unimatmul_backends.rocm.hipblaslt_identity import NAME, name_fingerprint
 
 GROUPED = "grouped"
 #: The placeholder address of every operand at set-up (XLA's ROCm ragged dot passes ~0 as
@@ -50,6 +51,8 @@ GROUPED = "grouped"
 PLACEHOLDER = (1 << 64) - 16
 #: What torch._grouped_mm takes (f32 accumulation for each).
 DTYPES = ("f32", "f16", "bf16")
+#: The compute types a Problem may ask for: the set-up accumulates in f32 (tf32 asks for less).
+COMPUTES = ("f32", "tf32")
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ def moe_layout(problem: Any) -> MoeLayout:
         raise refuse(
             f"types {problem.dtype_a}/{problem.dtype_b}/{problem.dtype_c}, not one of f32, f16, bf16"
         )
+    if problem.compute not in COMPUTES:
+        raise refuse(f"accumulates in f32, which does not serve compute type {problem.compute}")
     return MoeLayout(
         groups=problem.batch, rows=problem.m, n=problem.n, k=problem.k, dtype=problem.dtype_a,
         trans_b=problem.trans_b, lda=problem.lda, ldb=problem.ldb, ldc=problem.ldc, stride_b=problem.stride_b,
@@ -142,16 +147,15 @@ def candidates(grouped: HipblasltGrouped) -> list[Candidate]:
     return [solution_candidate(s) for s in grouped.solutions()]
 
 
-def resolve(grouped: HipblasltGrouped, candidate: Candidate) -> GroupedSolution:
-    """The solution a stored candidate names in this library build: by index, unless its
-    name's fingerprint is now another index's (indices move between builds); never a
-    different solution under the same identity."""
+def resolve(found: Sequence[GroupedSolution], candidate: Candidate) -> GroupedSolution:
+    """The solution a stored candidate names among ``found`` (a GroupedGemm's ``solutions()``):
+    by index, unless its name's fingerprint is now another index's (indices move between
+    builds); never a different solution under the same identity."""
     params = dict(candidate.params)
     if candidate.backend != NAME or candidate.name != GROUPED or not isinstance(params.get("index"), int):
         msg = f"{candidate.identity} is not a hipBLASLt grouped candidate"
         raise UnsupportedProblem(msg, backend=NAME)
     wanted = params.get("solution")
-    found = grouped.solutions()
     for solution in found:
         if solution.index == params["index"] and wanted in (None, _fingerprint(solution)):
             return solution
@@ -174,18 +178,29 @@ def prepare(
     torch: Any,
     device: Any,
     stream: Callable[[], int],
+    solutions: Sequence[GroupedSolution] | None = None,
 ) -> HipblasltGroupedRunner:
     """The runner of ``candidate`` on ``problem``: the GroupedGemm set up, the solution resolved
-    and initialized for the user-args form. ``workspace(nbytes)`` returns a device buffer
-    (a tensor, kept by the runner) of at least that many bytes."""
+    (among ``solutions``, a listing of the same layout, else this GroupedGemm's own), checked
+    on this GroupedGemm and initialized for the user-args form. ``workspace(nbytes)`` returns
+    a device buffer (a tensor, kept by the runner) of at least that many bytes."""
     layout = moe_layout(problem)
+    solution = resolve(solutions, candidate) if solutions is not None else None
     grouped = set_up(ext, handle, layout, max_workspace)
-    solution = resolve(grouped, candidate)
-    buffer = workspace(solution.algo.workspace) if solution.algo.workspace else None
-    grouped.initialize(
-        solution.algo, buffer.data_ptr() if buffer is not None else 0, user_args=True, stream=stream()
-    )
-    runner = HipblasltGroupedRunner(grouped, layout, torch, device, stream)
+    try:
+        if solution is None:
+            solution = resolve(grouped.solutions(), candidate)
+        algo = grouped.supported(solution.algo)
+        if algo is None or algo.workspace > max_workspace:
+            msg = f"{candidate.identity}: solution {solution.index} does not support this GroupedGemm"
+            raise UnsupportedProblem(msg, problem=problem, backend=NAME)
+        buffer = workspace(algo.workspace) if algo.workspace else None
+        ptr = buffer.data_ptr() if buffer is not None else 0
+        grouped.initialize(algo, ptr, user_args=True, stream=stream())
+        runner = HipblasltGroupedRunner(grouped, layout, torch, device, stream, candidate)
+    except BaseException:
+        grouped.close()
+        raise
     runner.workspace = buffer
     return runner
 
@@ -207,8 +222,10 @@ class HipblasltGroupedRunner:
         torch: Any,
         device: Any,
         stream: Callable[[], int],
+        candidate: Candidate,
     ) -> None:
         self.grouped, self.layout, self.torch, self.stream = grouped, layout, torch, stream
+        self.candidate = candidate
         self.workspace: Any = None  # the initialized algo's workspace, kept alive with it
         size, *offsets = user_args_layout()
         field = dict(zip(("m", "n", "batch", "k", "d", "c", "a", "b"), offsets, strict=False))
@@ -241,9 +258,7 @@ class HipblasltGroupedRunner:
         bias: Any = None,
         offs: Any = None,
     ) -> None:
-        if alpha != 1.0 or beta != 0.0 or bias is not None:
-            msg = "a grouped GEMM has no alpha, beta or bias"
-            raise ValueError(msg)
+        plain_grouped_call(alpha, beta, bias)
         torch, layout = self.torch, self.layout
         rows = a.shape[0]
         if rows > layout.rows:

@@ -151,14 +151,25 @@ def test_without_a_device_the_backend_says_so_and_never_reaches_the_shim(amd: Am
     code = (
         "import json\n"
         "from unimatmul_backends.rocm.hipblaslt import HipblasltBackend\n"
+        "from unimatmul.backend import Device, Target, UnsupportedProblem, adapter_for_kind\n"
+        "from unimatmul.core.grouped import grouped_problem\n"
         "backend = HipblasltBackend(device_check=lambda: None)\n"
-        "print(json.dumps({'reason': backend.availability(), 'ext': backend.ext_reason}))\n"
+        "reason = backend.availability()\n"
+        "target = Target(adapter_for_kind('torch'), Device('hip', 0))\n"
+        "try:\n"
+        "    backend.candidates(grouped_problem(8, 64, 128, 256, 'bf16'), target)\n"
+        "    grouped = 'offered'\n"
+        "except UnsupportedProblem as exc:\n"
+        "    grouped = str(exc)\n"
+        "print(json.dumps({'reason': reason, 'ext': backend.ext_reason, 'grouped': grouped}))\n"
     )
     proc = amd.run_python("-c", code, env={ENV_HIPBLASLT: str(amd.hipblaslt)})
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
     assert "no HIP device" in got["reason"] and "hipErrorNoDevice" in got["reason"]
     assert got["ext"] == "not loaded yet"  # the device check stops before any handle
+    # A grouped problem gets the same reason, as UnsupportedProblem, and the process lives on.
+    assert "no HIP device" in got["grouped"], got["grouped"]
 
 
 def test_the_reduced_builds_for_older_headers_compile(amd: AmdRoot) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unimatmul.backend import Target
+from unimatmul.backend import Candidate, Target, adapter_for_kind
 from unimatmul.core.arrays import Device, NumpyAdapter, make_operands
 from unimatmul.core.errors import UnsupportedProblem
 from unimatmul.core.problem import Problem
@@ -734,14 +734,31 @@ def test_solutions_sharing_a_kernel_are_told_apart_by_the_solution_name() -> Non
     assert fake.ran == [(4, STREAM)]
 
 
+def measured(backend: HipblasltBackend, problem: Problem, target: Target, default: Any) -> dict[str, Any]:
+    """The harness's results for Default (``default()`` its runner) and every candidate the
+    backend offers, by identity; each candidate passed the numeric check against float64 (a
+    fake's Python product is slower than Default, so it may be pruned after it, never rejected)."""
+    from unimatmul.backend import DEFAULT
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import fast_config
+    from unimatmul.tuning.harness import CpuTimer, Harness
+
+    candidates = backend.candidates(problem, target)
+    entries: list[Any] = [(DEFAULT, default)]
+    entries += [(c, lambda c=c: backend.prepare(problem, c, target)) for c in candidates]
+    record = Harness(CpuTimer(), fast_config()).measure(problem, target, entries)
+    results = {r.identity: r for r in record.results}
+    for c in candidates:
+        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
+        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    return {c.identity: results[c.identity] for c in candidates}
+
+
 def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_build() -> None:
     """Tuning over the pool: every supported solution measured and checked against float64,
     and the best one's identity runs the same solution where the build numbers it anew."""
-    from unimatmul.backend import DEFAULT, Candidate
-    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.backend import Candidate
     from unimatmul.core.runners import DefaultRunner
-    from unimatmul.testing import fast_config
-    from unimatmul.tuning.harness import CpuTimer, Harness
 
     names = {10: kernel(64, 64), 20: kernel(128, 64), 30: kernel(32, 32, gsu=2), 40: kernel(64, 32)}
     fake = FakeHipblaslt(100100, [10])  # the heuristic knows one of them
@@ -749,19 +766,11 @@ def test_the_harness_measures_the_pool_and_the_best_reruns_by_name_in_another_bu
     table[40] = (names[40], 8, 4096)  # refuses this problem
     backend = make_backend(fake, FakeExt(fake, table))
     problem = Problem(m=48, n=40, k=32)
-    candidates = backend.candidates(problem, TARGET)
-    assert [c.param("index") for c in candidates] == [10, 30, 20]  # heuristic, then the tile order
-    entries = [(DEFAULT, lambda: DefaultRunner(TARGET.adapter))]
-    entries += [(c, lambda c=c: backend.prepare(problem, c, TARGET)) for c in candidates]
-    record = Harness(CpuTimer(), fast_config()).measure(problem, TARGET, entries)
-    results = {r.identity: r for r in record.results}
-    # Each passed the numeric check (numpy's Default is faster than the fake's Python
-    # matmul, so they may be pruned after it, never rejected).
-    for c in candidates:
-        assert results[c.identity].status in (OK, PRUNED), results[c.identity]
-        assert results[c.identity].error is not None and results[c.identity].error < 1e-5
+    results = measured(backend, problem, TARGET, lambda: DefaultRunner(TARGET.adapter))
+    # The heuristic's, then the tile order.
+    assert [Candidate.from_identity(i).param("index") for i in results] == [10, 30, 20]
     assert {index for index, _stream in fake.ran} == {10, 20, 30}
-    best = min((results[c.identity].median_s or math.inf, c.identity) for c in candidates)[1]
+    best = min((r.median_s or math.inf, identity) for identity, r in results.items())[1]
     # Another build of the library: the same solutions under other numbers.
     moved = FakeHipblaslt(100100, [])
     rebuilt = make_backend(moved, FakeExt(moved, {i + 1000: row for i, row in table.items()}))
@@ -783,3 +792,291 @@ def test_a_named_identity_is_refused_where_the_shim_has_no_names() -> None:
     with pytest.raises(UnsupportedProblem, match="no names to check it"):
         backend.prepare(problem, solution_candidate(5, kernel(64, 64)), TARGET)
     backend.prepare(problem, solution_candidate(5), TARGET)  # by index, as TunableOp rebuilds it
+
+
+# --- grouped GEMMs: the shim's GroupedGemm offered by the backend ----------------------------
+# The fake shim (tests/hipblaslt_ext_fakes.py) computes, on host memory, the grouped product its
+# user arguments describe; the runner writes them with real torch ops. So the tensors are CPU
+# ones, and the target is the CPU's: its torch device is where the runner keeps its argument
+# template (on ROCm, the HIP device's). The backend's hooks are the test's, over torch tensors.
+
+
+def torch_host_hooks(target: Target) -> ArrayHooks:
+    """Array hooks over CPU torch tensors (the memory the fake shim reads and writes)."""
+    import torch
+
+    @contextlib.contextmanager
+    def device() -> Iterator[None]:
+        yield
+
+    def empty_strided(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> Any:
+        return torch.empty_strided(shape, strides, dtype={"f32": torch.float32}.get(dtype, torch.uint8))
+
+    def copy_(dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def zero_(x: Any) -> None:
+        x.zero_()
+
+    return ArrayHooks(
+        ptr=torch.Tensor.data_ptr,
+        stream=lambda: STREAM,
+        empty_strided=empty_strided,
+        copy_=copy_,
+        zero_=zero_,
+        device=device,
+    )
+
+
+def grouped_backend(shim: Any, **kwargs: Any) -> tuple[HipblasltBackend, FakeHipblaslt]:
+    """The backend on the fake library and the real binder over the fake shim ``shim``."""
+    from hipblaslt_ext_fakes import ABI, VERSION
+
+    from unimatmul_backends.rocm.hipblaslt_ext import HipblasltExt
+
+    fake = FakeHipblaslt(VERSION, [1])
+    assert fake.abi is ABI
+    backend = HipblasltBackend(
+        loader=lambda: (fake, LibraryChoice("fake-libhipblaslt", "test")),
+        device_check=kwargs.pop("device_check", lambda: None),
+        runtime_check=kwargs.pop("runtime_check", lambda: None),
+        hooks=torch_host_hooks,
+        ext_loader=lambda *args: HipblasltExt(shim, ABI, VERSION),
+    )
+    return backend, fake
+
+
+def torch_target() -> Target:
+    return Target(adapter_for_kind("torch"), Device("cpu"))
+
+
+def test_grouped_problems_get_the_shims_grouped_solutions_as_candidates() -> None:
+    from hipblaslt_ext_fakes import ABI, FakeShim
+
+    from unimatmul.core.grouped import grouped_problem
+    from unimatmul_backends.rocm import hipblaslt_ext
+
+    names = {0: "S_zero", 2: "S_two", 4: "S_four"}
+    shim = FakeShim([0, 1, 2, 3, 4], solution_names=names)
+    backend, fake = grouped_backend(shim)
+    assert "grouped_gemm" in backend.ops
+    problem = grouped_problem(4, 16, 8, 12, "f32")  # x [16, 12] @ w[g].t(), w [4, 8, 12]
+    target = torch_target()
+    found = backend.candidates(problem, target)
+    # Odd solutions refuse the problem (the fake's support check); each named by its solution.
+    assert [c.identity for c in found] == [
+        f"hipblaslt/grouped?index={i}&solution=s:{name_fingerprint(names[i])}" for i in (0, 2, 4)
+    ]
+    f32, c32 = ABI.datatype["R_32F"], ABI.compute_type["32F"]
+    op_t, op_n = ABI.operation["T"], ABI.operation["N"]
+    assert shim.listed_types == [(hipblaslt_ext.GEMM_TYPE_GROUPED, op_t, op_n, f32, f32, f32, f32, c32)]
+    ((listing, made),) = shim.instances.items()
+    # On the dense backend's one handle, set up for the bucket: column-major m = N, n = rows.
+    assert made["handle"] == backend.driver().handle
+    assert (made["m"], made["n"], made["k"]) == ([8] * 4, [16, 1, 1, 1], [12] * 4)
+    assert made["max_workspace"] == backend.workspace_limit
+    assert shim.destroyed == [listing]  # the listing's GroupedGemm is freed at once
+    assert all(backend.check(problem, c, target) for c in found)
+    assert not backend.check(problem, Candidate.make("hipblaslt", "grouped", index=1), target)
+    assert not backend.check(problem, solution_candidate(0), target)  # a dense identity
+    with pytest.raises(UnsupportedProblem, match="not a hipBLASLt grouped candidate"):
+        backend.prepare(problem, solution_candidate(0), target)
+    assert len(shim.instances) == 1  # check and a refused prepare reuse the listing
+    # The dense path is untouched: a plain GEMM gets the heuristic's solution, then the pool's.
+    dense = backend.candidates(Problem(m=16, n=16, k=16), target)
+    assert [(c.name, c.param("index")) for c in dense] == [("gemm", i) for i in (1, 0, 2, 4)]
+    assert backend.versions() == {"hipblaslt": f"{fake.version}-a6254b89-dirty"}
+
+
+@pytest.mark.parametrize("weights_nk", [True, False], ids=["w.t()", "w"])
+def test_the_backends_grouped_runner_matches_a_float64_reference(weights_nk: bool) -> None:
+    """prepare() through the grouped binding; the runner on several offs of one bucket."""
+    import torch
+    from grouped_cases import close, offs_of, reference
+    from hipblaslt_ext_fakes import FakeShim
+
+    from unimatmul.core.grouped import grouped_problem_of
+    from unimatmul_backends.rocm.hipblaslt_grouped import HipblasltGroupedRunner
+
+    shim = FakeShim([0, 2, 3])
+    backend, _ = grouped_backend(shim)
+    target = torch_target()
+    groups, rows, n, k = 4, 29, 24, 40
+    gen = torch.Generator().manual_seed(5)
+    sign = torch.tensor([-1.0, 1.0])
+    x = (torch.rand(rows, k, generator=gen) + 0.5) * sign[torch.randint(0, 2, (rows, k), generator=gen)]
+    w = torch.rand(groups, n, k, generator=gen) + 0.5  # [G, N, K], as MoE weights are stored
+    b = w.transpose(-2, -1) if weights_nk else w.transpose(-2, -1).contiguous()
+    problem = grouped_problem_of(adapter_for_kind("torch"), x, b, offs_of([7, 7, 7, 8]))
+    assert (problem.jagged, problem.m, problem.batch, problem.trans_b) == ("m", 32, groups, weights_nk)
+    (first, second) = backend.candidates(problem, target)
+    runner = backend.prepare(problem, second, target)
+    assert isinstance(runner, HipblasltGroupedRunner) and runner.candidate == second
+    made = shim.instances[runner.grouped.ptr]
+    assert made["initialized"] == [(2, runner.workspace.data_ptr(), 1, STREAM)]  # 2 KiB of workspace
+    assert runner.workspace.numel() >= 2048
+    for sizes in ([7, 7, 7, 8], [0, 29, 0, 0], [3, 0, 11, 9], [1, 2, 3, 4], [0, 0, 0, 0]):
+        offs = offs_of(sizes)
+        out = torch.full((rows, n), float("nan"))
+        runner(x, b, out, 1.0, 0.0, None, offs)
+        want = reference("m", x, b, offs)
+        assert close(out, want, "f32"), sizes
+        covered = sum(sizes)
+        assert torch.isnan(out[covered:]).all(), sizes  # rows in no group are not written
+    # The Default agrees (torch's own grouped product on the same operands).
+    offs = offs_of([3, 0, 11, 9])
+    out = torch.full((rows, n), float("nan"))
+    runner(x, b, out, 1.0, 0.0, None, offs)
+    torch.testing.assert_close(out[:23], torch._grouped_mm(x, b, offs)[:23], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="no alpha, beta or bias"):
+        runner(x, b, out, 2.0, 0.0, None, offs)
+    assert backend.check(problem, first, target)
+
+
+class _GroupedSuite:
+    """The parts of the conformance suite (``SuiteContext``) its grouped checks read."""
+
+    def __init__(self, backend: HipblasltBackend, target: Target) -> None:
+        self.backend, self.seed, self.targets = backend, 0xC0FFEE, {"torch": target}
+        self._offered: dict[str, Any] = {}
+
+    def offered(self, case: Any) -> Any:
+        key = case.problem.key
+        if key not in self._offered:
+            try:
+                self._offered[key] = self.backend.candidates(case.problem, self.targets["torch"])
+            except Exception as exc:
+                self._offered[key] = exc
+        return self._offered[key]
+
+
+def test_the_conformance_suites_grouped_checks_pass_on_the_fake_shim() -> None:
+    """Every grouped problem of the suite's f32 matrix: candidates() listed and checked, each
+    candidate right on every distribution of offs against the float64 reference (the
+    harness's own comparison, canaries around the output); the forms the candidate does not
+    compute are refused with UnsupportedProblem naming the form."""
+    from hipblaslt_ext_fakes import FakeShim
+
+    from unimatmul.core.grouped import grouped_problem
+    from unimatmul_conformance.checks import check_candidates
+    from unimatmul_conformance.grouped import SHAPES, check_grouped
+    from unimatmul_conformance.matrix import Case
+    from unimatmul_conformance.report import PASSED
+
+    backend, _ = grouped_backend(FakeShim([0, 2]))
+    suite: Any = _GroupedSuite(backend, torch_target())
+    ran = 0
+    for jagged in ("m", "k", "n", "none"):
+        for groups, m, n, k in SHAPES:
+            problem = grouped_problem(groups, m, n, k, "f32", jagged=jagged)
+            case = Case(problem, kind="torch")
+            status, why = check_candidates(suite, case)
+            assert status == PASSED, (problem.key, why)
+            offered = suite.offered(case)
+            if jagged != "m":
+                assert isinstance(offered, UnsupportedProblem), problem.key
+                assert f"only the 2-D x 3-D form (offs over a's rows), not jagged={jagged!r}" in str(offered)
+                continue
+            assert len(offered) == 2
+            for candidate in offered:
+                status, why = check_grouped(suite, problem, candidate)
+                assert status == PASSED, (problem.key, candidate.identity, why)
+                ran += 1
+    assert ran == 2 * len(SHAPES)
+
+
+def test_the_harness_tunes_a_grouped_problem_over_the_backends_candidates() -> None:
+    """The Tuner's measurement on the backend's grouped candidates: each checked against the
+    float64 reference on the harness's distributions of offs, none rejected."""
+    from hipblaslt_ext_fakes import FakeShim
+
+    from unimatmul.core.grouped import GroupedDefaultRunner, grouped_problem
+
+    backend, _ = grouped_backend(FakeShim([0, 2, 4]))
+    target = torch_target()
+    results = measured(
+        backend, grouped_problem(4, 32, 16, 24, "f32"), target, lambda: GroupedDefaultRunner(target.adapter)
+    )
+    assert [Candidate.from_identity(i).param("index") for i in results] == [0, 2, 4]
+
+
+def test_grouped_gemms_without_a_device_library_or_shim_say_why() -> None:
+    from hipblaslt_ext_fakes import VERSION, FakeShim
+
+    from unimatmul.core.grouped import grouped_problem
+    from unimatmul_backends.rocm.hipblaslt_ext import GROUPED_HOST
+
+    problem, target = grouped_problem(4, 16, 8, 12, "f32"), torch_target()
+    # No HIP device: no handle is made (hipblasLtCreate would end the process), nothing set up.
+    shim = FakeShim([0])
+    no_device = "no HIP device: hipGetDeviceCount of test returned hipErrorNoDevice (100)"
+    backend, fake = grouped_backend(shim, runtime_check=lambda: no_device)
+    assert backend.availability() == f"libhipblaslt: OSError: {no_device}"
+    with pytest.raises(UnsupportedProblem, match="no HIP device"):
+        backend.candidates(problem, target)
+    assert not backend.check(problem, Candidate.make("hipblaslt", "grouped", index=0), target)
+    with pytest.raises(UnsupportedProblem, match="no HIP device"):
+        backend.prepare(problem, Candidate.make("hipblaslt", "grouped", index=0), target)
+    assert fake.calls == [] and shim.instances == {}
+    # This machine: no ROCm at all.
+    real = HipblasltBackend()
+    reason = real.availability()
+    assert reason is not None and "libhipblaslt" in reason
+    with pytest.raises(UnsupportedProblem, match="hipblaslt is unavailable"):
+        real.candidates(problem, target)
+    # No shim, a shim without the user-args form, a shim with no GroupedGemm at all.
+    fake = FakeHipblaslt(VERSION, [1])
+    no_shim_backend = make_backend(fake)
+    with pytest.raises(UnsupportedProblem, match=r"no hipBLASLt extension shim \(ExtUnavailable: no ext"):
+        no_shim_backend.candidates(problem, target)
+    assert no_shim_backend.candidates(Problem(m=8, n=8, k=8), TARGET) == [solution_candidate(1)]
+    host_only, _ = grouped_backend(FakeShim([0], grouped=GROUPED_HOST))
+    with pytest.raises(UnsupportedProblem, match="lacks the user-args form"):
+        host_only.candidates(problem, target)
+    with pytest.raises(UnsupportedProblem, match="has no GroupedGemm"):
+        make_backend(fake, FakeExt(fake, {})).candidates(problem, target)
+    # The library refuses the problem at set-up.
+    refusing = FakeShim([0])
+    refusing.refuse_problem = True
+    backend, _ = grouped_backend(refusing)
+    with pytest.raises(UnsupportedProblem, match=r"has no grouped GEMM for .*setProblem failed"):
+        backend.candidates(problem, target)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"jagged": "k"}, "not jagged='k'"),
+        ({"jagged": "n"}, "not jagged='n'"),
+        ({"jagged": "none"}, "not jagged='none'"),
+        ({"trans_a": True}, "a must be row-major"),
+    ],
+)
+def test_grouped_forms_the_candidate_lacks_are_refused_before_any_library_call(
+    change: dict[str, Any], why: str
+) -> None:
+    from hipblaslt_ext_fakes import FakeShim
+
+    from unimatmul.core.grouped import grouped_problem
+
+    shim = FakeShim([0])
+    backend, fake = grouped_backend(shim)
+    problem = grouped_problem(4, 16, 8, 16, "f32", jagged=change.pop("jagged", "m"))
+    if change:
+        problem = Problem(**{**problem.__dict__, **change, "lda": 0})
+    with pytest.raises(UnsupportedProblem, match=why):
+        backend.candidates(problem, torch_target())
+    assert fake.calls == [] and shim.listed_types == []
+
+
+def test_grouped_solutions_over_the_workspace_limit_are_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hipblaslt_ext_fakes import FakeShim
+
+    from unimatmul.core.grouped import grouped_problem
+
+    backend, _ = grouped_backend(FakeShim([0, 2048]))  # the fake's solution 2048 needs 2 MiB
+    problem, target = grouped_problem(4, 16, 8, 12, "f32"), torch_target()
+    assert [c.param("index") for c in backend.candidates(problem, target)] == [0, 2048]
+    monkeypatch.setenv("UNIMATMUL_LT_WORKSPACE_MB", "1")
+    assert [c.param("index") for c in backend.candidates(problem, target)] == [0]
+    assert not backend.check(problem, Candidate.make("hipblaslt", "grouped", index=2048), target)

@@ -5,8 +5,9 @@ grouped product that the user arguments it is handed describe; the runner writes
 arguments with real torch ops (on CPU tensors here, on the GPU on ROCm) from the call's
 ``offs``, so each group's row count, its pointers into ``a``, ``b`` and ``out`` and the
 column-major mapping are checked against a float64 reference for every kind of ``offs``.
-Never run on AMD hardware. The grouped Problem type is built elsewhere; ``GroupedProblem``
-below carries the fields this candidate reads of it.
+Never run on AMD hardware. ``GroupedProblem`` below carries the fields this candidate reads
+of a grouped Problem, so that forms a real Problem would refuse to hold reach its refusals;
+``test_hipblaslt.py`` drives the same candidate through the backend with real Problems.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class GroupedProblem:
     dtype_a: str = "f32"
     dtype_b: str = "f32"
     dtype_c: str = "f32"
+    compute: str = "f32"
     op: str = "grouped_gemm"
 
 
@@ -119,17 +121,20 @@ def test_identities_name_the_solution_and_survive_moved_indices() -> None:
         f"hipblaslt/grouped?index={i}&solution=s:{name_fingerprint(n)}"
         for i, n in ((0, "S_zero"), (2, "S_two"), (4, "S_four"))
     ]  # index 1 refuses the problem
-    assert hipblaslt_grouped.resolve(grouped, found[1]).index == 2
+    assert hipblaslt_grouped.resolve(grouped.solutions(), found[1]).index == 2
     # Another build: "S_two" is index 4 now, and index 2 another solution.
     shim.solution_names = {0: "S_zero", 2: "S_other", 4: "S_two"}
-    assert hipblaslt_grouped.resolve(grouped, found[1]).index == 4
+    assert hipblaslt_grouped.resolve(grouped.solutions(), found[1]).index == 4
     shim.solution_names = {0: "S_zero", 2: "S_other", 4: "S_four"}
     with pytest.raises(UnsupportedProblem, match="no solution of this hipBLASLt build"):
-        hipblaslt_grouped.resolve(grouped, found[1])  # gone: never another kernel under its name
+        hipblaslt_grouped.resolve(grouped.solutions(), found[1])  # gone: never another kernel under its name
     # An identity without a name (a hand-written one) is taken by index.
-    assert hipblaslt_grouped.resolve(grouped, Candidate.make("hipblaslt", "grouped", index=2)).index == 2
+    assert (
+        hipblaslt_grouped.resolve(grouped.solutions(), Candidate.make("hipblaslt", "grouped", index=2)).index
+        == 2
+    )
     with pytest.raises(UnsupportedProblem, match="is not a hipBLASLt grouped candidate"):
-        hipblaslt_grouped.resolve(grouped, Candidate.make("hipblaslt", "gemm", index=2))
+        hipblaslt_grouped.resolve(grouped.solutions(), Candidate.make("hipblaslt", "gemm", index=2))
 
 
 @pytest.mark.parametrize(
@@ -139,6 +144,7 @@ def test_identities_name_the_solution_and_survive_moved_indices() -> None:
         ({"trans_a": True}, "a must be row-major"),
         ({"dtype_a": "f64", "dtype_b": "f64", "dtype_c": "f64"}, "not one of f32, f16, bf16"),
         ({"op": "gemm"}, "computes grouped GEMMs, not gemm"),
+        ({"compute": "f16"}, "does not serve compute type f16"),
     ],
 )
 def test_other_forms_are_refused_with_the_reason(change: dict[str, Any], why: str) -> None:

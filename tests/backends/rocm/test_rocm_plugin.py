@@ -19,6 +19,9 @@ def test_entry_point_registers_both_backends_for_hip_torch_tensors() -> None:
     for name in ("hipblaslt", "rocblas"):
         backend = backends[name]
         assert backend.device_kinds == {"hip"} and backend.array_kinds == {"torch"}
+    # hipBLASLt's GroupedGemm (through its shim) is offered by the same backend, under its name.
+    assert "grouped_gemm" in backends["hipblaslt"].ops
+    assert "grouped_gemm" not in backends["rocblas"].ops
 
 
 def test_importing_the_plugin_loads_no_vendor_library() -> None:
