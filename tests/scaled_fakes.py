@@ -4,7 +4,8 @@ It dequantises in float64 and writes the caller's output, like a real kernel wou
 (its runner takes the scales last, as every scaled runner does). ``first_scale``
 applies each operand's first scale to the whole matrix (right for per-tensor scales,
 wrong for row-wise ones: the numeric check must reject it); ``raise_run`` fails on
-every call (the fallback must take over).
+every call (the fallback must take over). ``offers``: the NativeCall its runners offer
+torch routing's native table (None: none), which the native table may take or refuse.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class ScaledFakeRunner:
             result = result + bias.to(f64)
         out.copy_(alpha * result)
 
+    def native_call(self) -> Any:
+        return self.backend.offers
+
 
 class ScaledFakeBackend(Backend):
     """Scaled GEMMs (any fp8 torch CPU holds, any layout) on torch CPU tensors; nothing else."""
@@ -59,12 +63,13 @@ class ScaledFakeBackend(Backend):
     device_kinds = frozenset({"cpu"})
     array_kinds = frozenset({"torch"})
 
-    def __init__(self, name: str = "fake-scaled", behaviour: str = "correct") -> None:
+    def __init__(self, name: str = "fake-scaled", behaviour: str = "correct", offers: Any = None) -> None:
         if behaviour not in BEHAVIOURS:
             msg = f"unknown behaviour {behaviour!r}; valid: {BEHAVIOURS}"
             raise ValueError(msg)
         self.name = name  # type: ignore[misc]
         self.behaviour = behaviour
+        self.offers = offers
         self.calls = 0
         self.lock = threading.Lock()
 

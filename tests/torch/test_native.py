@@ -323,6 +323,60 @@ def test_a_runner_s_native_call_picks_the_entry_kind(monkeypatch: pytest.MonkeyP
     assert [native.kind_of(c) for c in calls] == [native.PYTHON] * 3 + [native.ONEDNN, native.PYTHON]
 
 
+def _launch_words(*roles: int) -> list[int]:
+    """A NativeCall "launch"'s words: the 12 fixed ones, then a pointer per role (0: a constant)."""
+    return [1, 2, 3, 4, 8, 1, 1, 128, 0, 0, 0, len(roles), *(w for r in roles for w in (r, 8, 0))]
+
+
+def test_a_scaled_launch_is_a_launch_entry_of_the_scaled_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch whose parameters include both scale pointers (a Triton fp8 kernel's) is a
+    LAUNCH entry of the SCALED table where the build makes launches, and PYTHON otherwise;
+    a table that cannot make the call (a plain launch or Lt call in the SCALED table, a
+    scaled one elsewhere) gets PYTHON."""
+    from unimatmul.backend import NativeCall
+
+    roles = NativeCall.LAUNCH_ROLES
+    scaled = NativeCall("launch", _launch_words(1, 2, 3, 5, 6, roles["scale_a"], roles["scale_b"], 0))
+    plain = NativeCall("launch", _launch_words(1, 2, 3, 5, 6, 0))
+    half = NativeCall("launch", _launch_words(1, 2, 3, 5, 6, roles["scale_a"]))
+    scaled_lt = NativeCall("scaled_lt", [1] * 16)
+    lt = NativeCall("lt", [1] * 13)
+    monkeypatch.setattr(native, "_loaded_gpu", True)
+    assert native.kind_of(scaled, native.SCALED) == native.LAUNCH
+    assert native.kind_of(scaled_lt, native.SCALED) == native.SCALED_LT
+    assert [native.kind_of(c, native.SCALED) for c in (plain, half, lt, None)] == [native.PYTHON] * 4
+    assert [native.kind_of(scaled, t) for t in (native.ROUTING, native.API)] == [native.PYTHON] * 2
+    assert native.kind_of(plain, native.ROUTING) == native.LAUNCH
+    assert native.kind_of(scaled_lt, native.ROUTING) == native.PYTHON
+    monkeypatch.setattr(native, "_loaded_gpu", False)  # the CPU build makes no launch
+    assert native.kind_of(scaled, native.SCALED) == native.PYTHON
+    assert native.kind_of(scaled_lt, native.SCALED) == native.PYTHON
+
+
+class _LaunchOffered:
+    """A prepared kernel that offers a NativeCall (and is never called here)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def native_call(self) -> Any:
+        return self.call
+
+
+def test_the_entry_of_a_scaled_launch_goes_by_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unimatmul.backend import NativeCall
+
+    roles = NativeCall.LAUNCH_ROLES
+    call = NativeCall("launch", _launch_words(1, 2, 3, roles["scale_a"], roles["scale_b"]))
+    runner = _LaunchOffered(call)
+    monkeypatch.setattr(native, "_loaded_gpu", True)
+    entry = native.entry_for(runner, table=native.SCALED)
+    assert (entry.kind, entry.call, entry.kernel) == (native.LAUNCH, call, runner)
+    assert native.entry_for(runner, table=native.ROUTING).kind == native.PYTHON
+    monkeypatch.setattr(native, "_loaded_gpu", False)
+    assert native.entry_for(runner, table=native.SCALED).kind == native.PYTHON
+
+
 @NATIVE
 def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
     from unimatmul.backend import NativeCall
@@ -339,6 +393,12 @@ def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
         )  # fmt: skip
     with pytest.raises(RuntimeError, match="unknown kind"):
         native.put_scaled(a, a.t(), one, one, None, torch.bfloat16, False, native.LT, new_id(), "x", (16, 16))
+    roles = NativeCall.LAUNCH_ROLES
+    launch = NativeCall("launch", _launch_words(1, 2, 3, 5, 6, roles["scale_a"], roles["scale_b"]))
+    with pytest.raises(RuntimeError, match="LAUNCH entry needs the GPU build"):
+        native.put_scaled(
+            a, a.t(), one, one, None, torch.bfloat16, False, native.LAUNCH, new_id(), "x", (16, 16), launch
+        )  # fmt: skip
     assert native.size(native.SCALED) == 0
 
 
@@ -392,6 +452,8 @@ def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
             ([*words[:12], 1, 4, 0, *words[15:]], "pointer of 4 bytes"),
             ([*words[:15], 1, 8, 0, *words[18:]], "role 1 twice"),
             ([*words[:12], 0, 8, 0, *words[15:]], "without its a, b and out"),
+            (_launch_words(1, 2, 3, 7, 8), "scale parameters in a LAUNCH entry outside"),
+            ([*words[:12], 7, 4, 0, *words[15:]], "pointer of 4 bytes"),
         ):
             with pytest.raises(RuntimeError, match=why):
                 native.put(
@@ -407,6 +469,20 @@ def test_a_launch_entry_is_checked_where_it_is_put(env: Env) -> None:
                     0,
                     NativeCall("launch", bad),
                 )
+        # The SCALED table's launch takes both scale pointers (7, 8), and only there.
+        fp8 = torch.ones(16, 16, device="cuda").to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0, device="cuda")
+        for roles, why in (
+            ((1, 2, 3), "without its scale_a and scale_b"),
+            ((1, 2, 3, 7), "without its scale_a and scale_b"),
+            ((1, 2, 3, 7, 8, 8), "role 8 twice"),
+        ):
+            with pytest.raises(RuntimeError, match=why):
+                native.put_scaled(
+                    fp8, fp8.t(), one, one, None, torch.bfloat16, False, native.LAUNCH, new_id(), "x", (16, 16),
+                    NativeCall("launch", _launch_words(*roles)),
+                )  # fmt: skip
+        assert native.size(native.SCALED) == 0
     assert native.size() == 0
 
 

@@ -291,6 +291,34 @@ def test_a_python_only_kernel_is_reached_through_the_slow_op(env: Env) -> None:
 
 
 @NATIVE
+def test_a_scaled_launch_the_build_cannot_make_is_reached_through_the_slow_op(env: Env) -> None:
+    """A runner offering a scaled kernel's launch (a Triton fp8 kernel's NativeCall, scale
+    pointers among its parameters): the CPU build makes no launch, so its entry is PYTHON
+    and every call runs the runner in Python, right (the GPU build refuses a launch entry
+    for CPU tensors when it is put: the Python kernel serves the key the same way)."""
+    from unimatmul.backend import NativeCall
+
+    roles = NativeCall.LAUNCH_ROLES
+    words = [1, 2, 3, 4, 8, 1, 1, 128, 0, 0, 0, 5]
+    for role in ("a", "b", "out", "scale_a", "scale_b"):
+        words += [roles[role], 8, 0]
+    fake = ScaledFakeBackend("fake-launch", offers=NativeCall("launch", words))
+    a, b, sa, sb = _operands(16, 48, 32, "rowwise")
+    with registered(env.selector.plugins, fake):
+        _store_kernel_winner(env, a, b, sa, sb, "fake-launch")
+        ut.enable()
+        outs = [torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) for _ in range(3)]
+    (plan,) = scaled_routing.plans()
+    if not native.has_lt():
+        assert native.kinds(native.SCALED) == {plan.ident: native.PYTHON}
+    assert fake.calls == 3 and not _scaled_counts()
+    assert ut.scaled_stats()["kernel"] == 3
+    ref = scaled_reference(adapter_for_kind("torch"), a, b, sa, sb, None)
+    for out in outs:
+        assert float((out.double() - ref).norm() / ref.norm()) < 3e-2
+
+
+@NATIVE
 def test_a_mode_block_and_scale_result_go_to_python(env: Env) -> None:
     a, b, sa, sb = _operands(16, 32, 32, "tensor")
     ut.enable()

@@ -126,13 +126,27 @@ class NativeCall:
     the device's primary context, the function, grid x/y/z, block x, dynamic shared bytes,
     the stream of a split-K workspace and whether the kernel is bound to it, the number
     of parameters, then ``(role, bytes, value)`` per parameter in order: role 0 a constant
-    ``value``, 1-4 the a, b, out and bias pointers, 5-6 alpha and beta as fp32; the
-    Triton plugin's ``CompiledRunner.native_call`` makes them). For the padded
+    ``value``, the others :attr:`LAUNCH_ROLES`: 1-4 the a, b, out and bias pointers, 5-6
+    alpha and beta as fp32, 7-8 a scaled product's scale_a and scale_b pointers (both or
+    neither: only torch routing's ``_scaled_mm`` table takes them); the Triton plugin's
+    ``CompiledRunner.native_call`` makes them). For the padded
     Lt runner, ``buffers`` holds the A, B and C buffers and their corner views (None
     where that operand is not copied) and ``flags`` (a_first, b_first): a
     batch-broadcast operand is copied as its first matrix. Whatever the words point
     at belongs to the runner, which must outlive the native caller's use of them.
     """
+
+    #: A ``"launch"``'s per-call parameters by role name, as their role codes.
+    LAUNCH_ROLES: ClassVar[dict[str, int]] = {
+        "a": 1,
+        "b": 2,
+        "out": 3,
+        "bias": 4,
+        "alpha": 5,
+        "beta": 6,
+        "scale_a": 7,
+        "scale_b": 8,
+    }
 
     kind: str
     words: list[int]

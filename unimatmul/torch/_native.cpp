@@ -28,6 +28,8 @@
 //   SCALED_LT  the LT call of a scaled runner (ScaledLtRunner in Python): the scale
 //              addresses live in the descriptor, like the bias address, and are set only
 //              when they change.
+// Its LAUNCH entries (a Triton fp8 kernel's) have two more per-call pointers, scale_a and
+// scale_b, written from the call's scales like the operands.
 // scale_result (an fp8 output's scale) always goes to the Python kernel.
 //
 // A second table serves unimatmul.matmul on torch tensors (the plain form: no bias, C or
@@ -147,8 +149,20 @@ using DnnlWaitFn = int (*)(void*);
 using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
                          void**);
 using SetContextFn = int (*)(void*);
-// The roles of a LAUNCH entry's parameters (NativeCall "launch" in unimatmul/core/backend.py).
-enum Role : int64_t { CONSTANT = 0, ARG_A = 1, ARG_B = 2, ARG_OUT = 3, ARG_BIAS = 4, ARG_ALPHA = 5, ARG_BETA = 6 };
+// The roles of a LAUNCH entry's parameters (NativeCall "launch" in unimatmul/core/_backend.py);
+// the scale pointers are a SCALED entry's only, and both there.
+enum Role : int64_t {
+  CONSTANT = 0,
+  ARG_A = 1,
+  ARG_B = 2,
+  ARG_OUT = 3,
+  ARG_BIAS = 4,
+  ARG_ALPHA = 5,
+  ARG_BETA = 6,
+  ARG_SCALE_A = 7,
+  ARG_SCALE_B = 8
+};
+constexpr int ROLES = 9;
 constexpr int INVALID_CONTEXT = 201;  // CUDA_ERROR_INVALID_CONTEXT, hipErrorInvalidContext
 
 // A head word, then 7 words per operand: up to five (_scaled_mm's a, b, bias and two scales).
@@ -298,7 +312,7 @@ struct Entry : std::enable_shared_from_this<Entry> {
   bool stream_bound = false;
   std::vector<uint64_t> slots;
   std::vector<void*> args;
-  int slot_of[7] = {-1, -1, -1, -1, -1, -1, -1};  // by Role: the slot of that argument
+  int slot_of[ROLES] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};  // by Role: the slot of that argument
 };
 
 using EntryMap = std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
@@ -701,20 +715,27 @@ at::Tensor run_onednn(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
   return status == 0 ? out : demoted(e);
 }
 
+#ifdef UMM_WITH_CUDA
+// The output of a GPU entry's call: `given` (the API's out=), else a new tensor of the
+// entry's shape and output dtype (A's where the entry has none: a SCALED entry's differs).
+at::Tensor output_of(const Entry& e, const at::Tensor& a, const at::Tensor* given) {
+  if (given != nullptr) {
+    return *given;
+  }
+  return e.out_dtype == at::ScalarType::Undefined ? at::cuda::empty(e.out_shape, a.options())
+                                                  : at::cuda::empty(e.out_shape, a.options().dtype(e.out_dtype));
+}
+
 // Runs an LT entry; an undefined tensor when it cannot run here (a new stream under graph
 // capture, or the library refused): the caller goes to Python. `given`: the output to
 // write (the API's out=), else one is allocated. `scale_a`, `scale_b`: a SCALED_LT entry's
 // scales (the caller's), else null.
-#ifdef UMM_WITH_CUDA
 at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
                   const at::Tensor* given, const at::Tensor* scale_a = nullptr,
                   const at::Tensor* scale_b = nullptr) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   const intptr_t stream_id = reinterpret_cast<intptr_t>(stream);
-  at::Tensor out = given != nullptr ? *given
-                   : e.out_dtype == at::ScalarType::Undefined
-                       ? at::cuda::empty(e.out_shape, a.options())
-                       : at::cuda::empty(e.out_shape, a.options().dtype(e.out_dtype));
+  at::Tensor out = output_of(e, a, given);
   void* d = out.data_ptr();
   const void* a_ptr = a.data_ptr();
   const void* b_ptr = b.data_ptr();
@@ -792,18 +813,21 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
 }
 
 // Runs a LAUNCH entry: one driver-API launch on the caller's stream; an undefined tensor
-// when it cannot run here (a bias the kernel lacks or lacks one, a split-K kernel on a
+// when it cannot run here (a bias the kernel lacks or lacks one, scales it lacks or lacks
+// (a SCALED entry's kernel takes the call's scale_a and scale_b), a split-K kernel on a
 // stream other than its workspace's, or the driver refused): the caller goes to Python.
 at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
-                      const at::Tensor* given) {
-  if ((bias != nullptr) != (e.slot_of[ARG_BIAS] >= 0)) {
+                      const at::Tensor* given, const at::Tensor* scale_a = nullptr,
+                      const at::Tensor* scale_b = nullptr) {
+  const bool scaled = scale_a != nullptr && scale_b != nullptr;
+  if ((bias != nullptr) != (e.slot_of[ARG_BIAS] >= 0) || scaled != (e.slot_of[ARG_SCALE_A] >= 0)) {
     return at::Tensor();
   }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   if (e.stream_bound && reinterpret_cast<intptr_t>(stream) != e.stream) {
     return at::Tensor();
   }
-  at::Tensor out = given != nullptr ? *given : at::cuda::empty(e.out_shape, a.options());
+  at::Tensor out = output_of(e, a, given);
   int status = 0;
   {
     std::lock_guard<std::mutex> guard(e.lock);  // the slots are the entry's: one call at a time
@@ -815,6 +839,10 @@ at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
     pointer(ARG_OUT, out.data_ptr());
     if (bias != nullptr) {
       pointer(ARG_BIAS, bias->data_ptr());
+    }
+    if (scaled) {
+      pointer(ARG_SCALE_A, scale_a->data_ptr());
+      pointer(ARG_SCALE_B, scale_b->data_ptr());
     }
     const float scalars[2] = {static_cast<float>(alpha), 0.0f};
     for (int i = 0; i < 2; ++i) {
@@ -845,22 +873,25 @@ at::Tensor run_lt(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor
                   const at::Tensor* = nullptr, const at::Tensor* = nullptr) {
   return at::Tensor();
 }
-at::Tensor run_launch(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor*, double, const at::Tensor*) {
+at::Tensor run_launch(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor*, double, const at::Tensor*,
+                      const at::Tensor* = nullptr, const at::Tensor* = nullptr) {
   return at::Tensor();
 }
 #endif
 
-// Runs a backend kernel entry of `kind` (LT, PADDED, ONEDNN, LAUNCH); an undefined tensor
-// when it could not run here (the caller goes to Python, which counts it).
+// Runs a backend kernel entry of `kind` (LT, PADDED, ONEDNN, LAUNCH; in the SCALED table
+// SCALED_LT or LAUNCH, with the call's `scale_a` and `scale_b`); an undefined tensor when
+// it could not run here (the caller goes to Python, which counts it).
 at::Tensor run_kernel(Entry& e, int kind, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
-                      double alpha, const at::Tensor* given = nullptr) {
+                      double alpha, const at::Tensor* given = nullptr, const at::Tensor* scale_a = nullptr,
+                      const at::Tensor* scale_b = nullptr) {
   switch (kind) {
     case ONEDNN:
       return run_onednn(e, a, b, bias, alpha, given);
     case LAUNCH:
-      return run_launch(e, a, b, bias, alpha, given);
+      return run_launch(e, a, b, bias, alpha, given, scale_a, scale_b);
     default:
-      return run_lt(e, a, b, bias, alpha, given);
+      return run_lt(e, a, b, bias, alpha, given, scale_a, scale_b);
   }
 }
 
@@ -1122,7 +1153,7 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
     return slow_scaled(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
   }
   at::Tensor out = serve(
-      *entry, a, [&](int) { return run_lt(*entry, a, b, bias_ptr, 1.0, nullptr, &scale_a, &scale_b); },
+      *entry, a, [&](int kind) { return run_kernel(*entry, kind, a, b, bias_ptr, 1.0, nullptr, &scale_a, &scale_b); },
       [&] { return default_scaled<GPU>(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum); });
   return out.defined() ? out : slow_scaled(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
 }
@@ -1410,7 +1441,9 @@ void open_window(Entry& e, int64_t kind, int64_t confirm) {
 // addresses, the device's context, the function, grid x/y/z, block x, dynamic shared
 // bytes, the stream of the workspace, whether the kernel is bound to it (split-K), the
 // number of parameters, then (role, size in bytes, value) for each parameter in order.
-void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
+// `scaled`: the entry is a SCALED table's, whose kernel takes both scale pointers; any
+// other entry takes neither.
+void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w, bool scaled) {
   UMM_CHECK(built_with_cuda(), "unimatmul_native.put: a LAUNCH entry needs the GPU build");
   UMM_CHECK(!a.device().is_cpu(), "unimatmul_native.put: a LAUNCH entry is for GPU tensors");
   constexpr size_t fixed = 12;
@@ -1440,11 +1473,12 @@ void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
     const int64_t role = w[fixed + 3 * i];
     const int64_t bytes = w[fixed + 3 * i + 1];
     const int64_t value = w[fixed + 3 * i + 2];
-    UMM_CHECK(role >= CONSTANT && role <= ARG_BETA, "unimatmul_native.put: LAUNCH parameter role ", role);
+    UMM_CHECK(role >= CONSTANT && role < ROLES, "unimatmul_native.put: LAUNCH parameter role ", role);
     UMM_CHECK(bytes == 4 || bytes == 8, "unimatmul_native.put: LAUNCH parameter of ", bytes, " bytes");
     UMM_CHECK(role == CONSTANT || e.slot_of[role] < 0, "unimatmul_native.put: LAUNCH role ", role, " twice");
-    UMM_CHECK(role == CONSTANT || (role >= ARG_ALPHA) == (bytes == 4),
-                "unimatmul_native.put: LAUNCH ", role >= ARG_ALPHA ? "scalar" : "pointer", " of ", bytes, " bytes");
+    const bool scalar = role == ARG_ALPHA || role == ARG_BETA;
+    UMM_CHECK(role == CONSTANT || scalar == (bytes == 4),
+                "unimatmul_native.put: LAUNCH ", scalar ? "scalar" : "pointer", " of ", bytes, " bytes");
     // Little-endian: a 4-byte parameter is the low half of its slot, where args point.
     e.slots[static_cast<size_t>(i)] =
         bytes == 4 ? static_cast<uint64_t>(static_cast<uint32_t>(value)) : static_cast<uint64_t>(value);
@@ -1457,6 +1491,13 @@ void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w) {
   }
   UMM_CHECK(e.slot_of[ARG_A] >= 0 && e.slot_of[ARG_B] >= 0 && e.slot_of[ARG_OUT] >= 0,
               "unimatmul_native.put: a LAUNCH entry without its a, b and out parameters");
+  if (scaled) {
+    UMM_CHECK(e.slot_of[ARG_SCALE_A] >= 0 && e.slot_of[ARG_SCALE_B] >= 0,
+                "unimatmul_native.put_scaled: a LAUNCH entry without its scale_a and scale_b parameters");
+  } else {
+    UMM_CHECK(e.slot_of[ARG_SCALE_A] < 0 && e.slot_of[ARG_SCALE_B] < 0,
+                "unimatmul_native.put: scale parameters in a LAUNCH entry outside the SCALED table");
+  }
 }
 
 // An LT entry's call, from the words of a NativeCall (LtRunner.native_call lists them).
@@ -1560,7 +1601,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
                 "unimatmul_native.put: a ONEDNN entry with a null handle");
   }
   if (kind == LAUNCH) {
-    put_launch(*entry, a, lt);
+    put_launch(*entry, a, lt, false);
   }
   open_window(*entry, kind, confirm);
   State& s = state();
@@ -1569,9 +1610,10 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
 }
 
 // Puts the entry for a _scaled_mm call's key into the SCALED table (`mode` as for put).
-// kind: DEFAULT, PYTHON or SCALED_LT; lt holds, for SCALED_LT, the library's A and B
-// scale-pointer attributes and whether C is D, then an LT entry's words (put); `confirm`
-// and `tie` as for put.
+// kind: DEFAULT, PYTHON, SCALED_LT or LAUNCH; lt holds, for SCALED_LT, the library's A and
+// B scale-pointer attributes and whether C is D, then an LT entry's words (put); for
+// LAUNCH a LAUNCH entry's words (put_launch) with both scale pointers among its
+// parameters; `confirm` and `tie` as for put.
 void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                 const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
                 std::optional<at::ScalarType> out_dtype, bool use_fast_accum, int64_t kind, int64_t id,
@@ -1582,8 +1624,8 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
   const at::Tensor* bias_ptr = bias.has_value() && bias->defined() ? &*bias : nullptr;
   UMM_CHECK(make_scaled_key(key, key_mode, a, b, scale_a, scale_b, bias_ptr, out_dtype, use_fast_accum),
               "unimatmul_native.put_scaled: operands of more than 3-D");
-  UMM_CHECK(kind == DEFAULT || kind == PYTHON || kind == SCALED_LT, "unimatmul_native.put_scaled: unknown kind ",
-              kind);
+  UMM_CHECK(kind == DEFAULT || kind == PYTHON || kind == SCALED_LT || kind == LAUNCH,
+              "unimatmul_native.put_scaled: unknown kind ", kind);
   auto entry = std::make_shared<Entry>();
   entry->kind.store(static_cast<int>(kind));
   entry->id = id;
@@ -1598,6 +1640,9 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
     entry->scale_b_attr = static_cast<int>(lt[1]);
     entry->c_is_d = lt[2] != 0;
     set_lt(*entry, lt.slice(scaled_words));
+  }
+  if (kind == LAUNCH) {
+    put_launch(*entry, a, lt, true);
   }
   open_window(*entry, kind, confirm);
   State& s = state();

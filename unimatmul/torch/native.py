@@ -29,7 +29,9 @@ The same library holds a second table for ``unimatmul.matmul`` on torch tensors
 entries) hand their samples back here (:func:`watch`). A third table serves
 ``aten::_scaled_mm`` (:mod:`unimatmul.torch.scaled_routing`, :func:`install_scaled`):
 PyTorch's kernel, the cuBLASLt/hipBLASLt call of a ``ScaledLtRunner`` (``SCALED_LT``,
-the scale addresses set in its descriptor when they change), or the Python kernel.
+the scale addresses set in its descriptor when they change), the launch of a compiled fp8
+kernel (``LAUNCH``, its scale pointers written per call with the operands': the Triton
+plugin's scaled kernels), or the Python kernel.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import torch
 from unimatmul import settings
 from unimatmul.calls import on_passing
 from unimatmul.core import modes
+from unimatmul.core._backend import NativeCall
 from unimatmul.core.arrays import hold_for_graphs
 from unimatmul.tuning.confirm import ConfirmingRunner, TieRunner, split
 from unimatmul.tuning.selector import get_selector
@@ -64,6 +67,8 @@ OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 # Entry kinds in the native table (_native.cpp); CONFIRM: in its confirmation window.
 DEFAULT, LT, PYTHON, PADDED, ONEDNN, CONFIRM, LAUNCH = 0, 1, 2, 3, 4, 5, 6
 SCALED_LT = 7  # a ScaledLtRunner's call (SCALED table only)
+# NativeCall "launch": the role codes of its parameters' scale pointers (SCALED table only).
+ROLE_SCALE_A, ROLE_SCALE_B = NativeCall.LAUNCH_ROLES["scale_a"], NativeCall.LAUNCH_ROLES["scale_b"]
 # The tables: the aten kernels' (routing), unimatmul.matmul's, and aten::_scaled_mm's.
 ROUTING, API, SCALED = 0, 1, 2
 API_OPS = {2: 4, 3: 5}  # operand rank -> the API's op code (API_MM, API_BMM)
@@ -402,7 +407,7 @@ class Entry(NamedTuple):
     tie: bool  # PyTorch's kernel under graph capture: a tie, or a slim scaled choice
 
 
-def entry_for(runner: Any, offered: bool = True) -> Entry:
+def entry_for(runner: Any, offered: bool = True, table: int | None = None) -> Entry:
     """The native entry of a plan's ``runner`` (None: PyTorch's kernel).
 
     A choice in its confirmation window (a ``ConfirmingRunner``) becomes its bare kernel's
@@ -411,7 +416,7 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
     (in its window, or kept: a ``TieRunner``; or a slim scaled choice, see
     ``confirm.default_in_graphs``) is marked so, and its entry runs PyTorch's kernel under
     graph capture. ``offered``: whether the call's form may be made natively
-    at all.
+    at all; ``table``: the table the entry goes into (:func:`kind_of`).
     """
     window = runner if isinstance(runner, ConfirmingRunner) else None
     tie = isinstance(runner, TieRunner) or (window is not None and window.tie)
@@ -424,7 +429,7 @@ def entry_for(runner: Any, offered: bool = True) -> Entry:
             call = kernel.native_call()
         except Exception:  # the Python kernel keeps serving the key
             call = None
-    kind = kind_of(call) if kernel is not None else DEFAULT
+    kind = kind_of(call, table) if kernel is not None else DEFAULT
     confirm = window.confirmation.calls if window is not None and kind != PYTHON else 0
     return Entry(window, kernel, call, kind, confirm, tie)
 
@@ -478,10 +483,14 @@ class Kept:
         return counted
 
 
-def kind_of(call: Any) -> int:
+def kind_of(call: Any, table: int | None = None) -> int:
     """The table entry for a runner's NativeCall (None: the runner offers none): PYTHON
-    where the loaded build cannot make that call (Lt calls and launches need the GPU build)."""
+    where the loaded build cannot make that call (Lt calls and launches need the GPU build)
+    or ``table`` cannot hold it (the SCALED table takes a scaled Lt call or a launch that
+    takes both scale pointers; the other tables the rest; None: any table)."""
     if call is None:
+        return PYTHON
+    if table is not None and (table == SCALED) != _is_scaled(call):
         return PYTHON
     if call.kind == "onednn":
         return ONEDNN
@@ -492,6 +501,17 @@ def kind_of(call: Any) -> int:
     if call.kind == "scaled_lt" and has_lt():
         return SCALED_LT
     return PYTHON
+
+
+def _is_scaled(call: Any) -> bool:
+    """Whether a NativeCall is a scaled product's: a scaled Lt call, or a launch with both
+    scale pointers among its parameters (words: 12 fixed, then (role, bytes, value) each)."""
+    if call.kind == "scaled_lt":
+        return True
+    if call.kind != "launch":
+        return False
+    roles = call.words[12::3]
+    return ROLE_SCALE_A in roles and ROLE_SCALE_B in roles
 
 
 # --- confirmation windows: the native side hands its samples to Python ---------------------
@@ -639,11 +659,11 @@ def put_plan(
     b, scale_a, scale_b and bias or None, with ``fast_accum``), then :func:`entered`.
     False where the table would hold nothing but a call back into Python (the API table
     keeps no such entries: its Python door is reached first)."""
-    entry = entry_for(None if plan.is_default else plan.runner, offered=plan.form in (0, 1))
+    entry = entry_for(None if plan.is_default else plan.runner, offered=plan.form in (0, 1), table=table)
     ops = torch.ops.unimatmul_native
     if table == SCALED:
         a, b, scale_a, scale_b, bias = tensors
-        words = entry.call.words if entry.call is not None and entry.kind == SCALED_LT else []
+        words = entry.call.words if entry.call is not None and entry.kind in (SCALED_LT, LAUNCH) else []
         ops.put_scaled(-1, a, b, scale_a, scale_b, bias, plan.out_dtype, fast_accum, entry.kind, plan.ident,
                        plan.label, list(plan.out_shape), words, entry.confirm, entry.tie)  # fmt: skip
     elif table == API:
@@ -718,8 +738,8 @@ def put_scaled(
     tie: bool = False,
 ) -> None:
     """Put the SCALED entry for a ``_scaled_mm`` call's key (without ``scale_result``, in the
-    environment's mode); ``call``: a ``ScaledLtRunner``'s NativeCall (``SCALED_LT``);
-    ``confirm`` and ``tie`` as for :func:`put`."""
+    environment's mode); ``call``: a ``ScaledLtRunner``'s NativeCall (``SCALED_LT``) or a
+    scaled kernel's launch (``LAUNCH``); ``confirm`` and ``tie`` as for :func:`put`."""
     torch.ops.unimatmul_native.put_scaled(
         -1,
         a,
@@ -733,7 +753,7 @@ def put_scaled(
         ident,
         label,
         list(out_shape),
-        call.words if call is not None and kind == SCALED_LT else [],
+        call.words if call is not None and kind in (SCALED_LT, LAUNCH) else [],
         confirm,
         tie,
     )

@@ -694,6 +694,33 @@ def test_launch_words_lay_out_the_parameters_by_role() -> None:
     assert words is not None and words[10] == 0 and words[11] == 10
 
 
+def test_launch_words_carry_a_scaled_kernel_s_scale_pointers() -> None:
+    """A scaled (fp8) kernel's scale_a and scale_b pointers follow beta (launch._scale_params)
+    and are per-call parameters of the launch (roles 7 and 8: torch routing's native
+    _scaled_mm fills them from the call's scales); a plain kernel's words have neither."""
+    from unimatmul_triton.runner import launch_words
+
+    from unimatmul.backend import NativeCall
+
+    params = list(_info()["params"])  # type: ignore[call-overload]
+    beta_at = next(i for i, p in enumerate(params) if p["role"] == "beta")
+    scales = [
+        {"name": "sa_ptr", "type": "CUdeviceptr", "size": 8, "role": "scale_a"},
+        {"name": "sb_ptr", "type": "CUdeviceptr", "size": 8, "role": "scale_b"},
+        {"name": "stride_sak", "type": "int32_t", "size": 4, "role": "constant", "value": 96},
+    ]
+    words = launch_words(
+        _info(params=[*params[: beta_at + 1], *scales, *params[beta_at + 1 :]]), (11, 12, 13)
+    )
+    assert words is not None and words[11] == len(params) + 3
+    triples = [tuple(words[12 + 3 * i : 15 + 3 * i]) for i in range(words[11])]
+    assert triples[beta_at : beta_at + 4] == [(6, 4, 0), (7, 8, 0), (8, 8, 0), (0, 4, 96)]
+    roles = NativeCall.LAUNCH_ROLES
+    assert (roles["scale_a"], roles["scale_b"]) == (7, 8)
+    plain = launch_words(_info(), (11, 12, 13))
+    assert plain is not None and not {7, 8} & set(plain[12::3])
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -847,6 +874,115 @@ def test_a_triton_tie_leaves_cuda_graphs_to_pytorchs_kernel(
             assert kept["verdict"] == confirm.CONFIRMED and kept["kernel"] == record.winner
         finally:
             ut.disable()
+
+
+HAVE_FP8 = GPU and bool(torch.version.cuda) and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _fp8_operands(m: int, n: int, k: int, scales: str, bias: bool, seed: int) -> tuple[Any, ...]:
+    """torch._scaled_mm's operands on the GPU: a row-major, w.t(), f32 scales, a bf16 bias."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    shapes = ((m, 1), (1, n)) if scales == "rowwise" else ((), ())
+    sa, sb = (torch.rand(shape, device="cuda", generator=gen) + 0.5 for shape in shapes)
+    bias_t = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16) if bias else None
+    return a, w.t(), sa, sb, bias_t
+
+
+@gpu
+@pytest.mark.skipif(not HAVE_FP8, reason="needs an NVIDIA GPU with fp8 (sm_89 or later)")
+@pytest.mark.parametrize(
+    ("m", "scales", "bias"),
+    [(64, "tensor", False), (16, "rowwise", False), (64, "rowwise", True)],
+    ids=["tensor", "rowwise-m16", "rowwise-bias"],
+)
+def test_a_routed_triton_fp8_choice_is_launched_natively(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, m: int, scales: str, bias: bool
+) -> None:
+    """A Triton fp8 winner of a routed torch._scaled_mm is served by the native SCALED table
+    (a LAUNCH entry): the calls after the first never enter Python, each with scale tensors
+    of its own (the scale pointers are written per call), right against float64; a CUDA
+    graph captured from the same call holds the Triton kernel and follows new operands.
+
+    Every call runs on one side stream: a split-K kernel is bound to the stream its entry
+    was made on, and a graph cannot be captured on the legacy default stream."""
+    from dataclasses import replace
+
+    import unimatmul.torch as ut
+    from unimatmul.testing import isolated_selector, prefer_kernel
+    from unimatmul.torch import native, scaled_routing
+
+    monkeypatch.setenv("UNIMATMUL_TORCH_NATIVE", "auto")
+    monkeypatch.delenv("UNIMATMUL_MODE", raising=False)
+    if not native.load(cuda=True):
+        pytest.skip(f"native kernels did not build: {native.failure(True)}")
+    n, k = 1024, 512
+    a, b, sa, sb, bias_t = _fp8_operands(m, n, k, scales, bias, seed=0)
+    # All alive at once, so at other addresses; other values, so a stale scale pointer shows.
+    fresh = [(sa * (1.0 + 0.25 * i), sb * (1.5 - 0.2 * i)) for i in range(5)]
+    tol = scaled_tolerance("bf16")
+
+    def rel(out: Any, ref: Any) -> float:
+        return float((out.double() - ref).norm() / ref.norm())
+
+    def call(x: Any, y: Any) -> Any:
+        return torch._scaled_mm(a, b, x, y, bias=bias_t, out_dtype=torch.bfloat16)
+
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:  # type: ignore[operator]
+        try:
+            with ut.enabled():
+                call(sa, sb)  # nothing stored: PyTorch's kernel; the plan names the problem
+                (plan,) = scaled_routing.plans()
+            problem, target = plan.problem, plan.target
+            record = prefer_kernel(selector, problem, target, backend="triton")
+            assert record.winner.startswith("triton/"), [r.identity for r in record.results]
+            # The kernel may be no faster than PyTorch's here, and a slim margin leaves CUDA
+            # graphs to PyTorch's kernel (confirm.default_in_graphs): the record states a
+            # clear one, since this test is about the launch, not the choice.
+            record = replace(
+                record,
+                default_s=2 * record.winner_s,
+                settings={**record.settings, "test_override": "winner forced, clear margin"},
+            )
+            selector.store.put(selector.platform(target).namespace, problem.key, record)
+            ut.clear_plans()
+            ut.reset_stats()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with ut.enabled(), torch.cuda.stream(side):
+                outs = [call(x, y) for x, y in fresh]
+                (plan,) = scaled_routing.plans()
+                assert plan.native == native.LAUNCH, (plan.label, plan.native, plan.reason)
+                assert native.counts(table=native.SCALED) == {plan.ident: len(fresh) - 1}
+                assert native.kinds(native.SCALED) == {plan.ident: native.LAUNCH}
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin()
+                static = call(sa, sb)
+                graph.capture_end()
+                assert native.counts(table=native.SCALED) == {plan.ident: len(fresh)}
+            torch.cuda.current_stream().wait_stream(side)
+            stats = ut.scaled_stats()
+            assert (stats["kernel"], stats["routed"]) == (len(fresh) + 1, len(fresh) + 1), stats
+        finally:
+            ut.disable()
+    torch.cuda.synchronize()
+    for (x, y), out in zip(fresh, outs, strict=True):
+        assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+        assert rel(out, scaled_reference(ADAPTER, a, b, x, y, bias_t)) <= tol
+    new = _fp8_operands(m, n, k, scales, bias, seed=9)
+    for dst, src in zip((a, b, sa, sb, bias_t), new, strict=True):
+        if dst is not None:
+            dst.copy_(src)
+    static.fill_(float("nan"))
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    assert rel(static, scaled_reference(ADAPTER, *new)) <= tol
+    kernels = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    names = ("gemv_kernel", "rows_kernel", "tile_kernel", "persistent_kernel")
+    assert any(name in kernel for kernel in kernels for name in names), kernels
 
 
 def test_the_driver_words_are_found_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,8 +29,9 @@ _INTERPRETER_LOCK = threading.Lock()
 # backends/nvidia/driver.py: pointers are CUdeviceptr, fp32 scalars go as their bits).
 _CTYPES = {"ptr": "CUdeviceptr", "i32": "int32_t", "i64": "int64_t", "fp32": "float"}
 _SIZES = {"ptr": 8, "i32": 4, "i64": 8, "fp32": 4}
-# NativeCall "launch": the role code of each parameter (the rest are constants).
-_ROLE_CODES = {"a": 1, "b": 2, "out": 3, "bias": 4, "alpha": 5, "beta": 6}
+# NativeCall "launch": the role code of each per-call parameter (the rest are constants, 0);
+# a scaled kernel's scale pointers are filled per call by torch routing's native _scaled_mm.
+_ROLE_CODES = NativeCall.LAUNCH_ROLES
 
 
 class CompiledRunner:
@@ -193,7 +194,8 @@ class ScaledCompiledRunner(CompiledRunner):
     """A scaled (fp8) problem's compiled kernel, called as scaled runners are:
     ``runner(a, b, out, alpha, beta, bias, scale_a, scale_b)``. The scale pointers follow
     beta in the kernel's arguments (``launch._scale_params``); the launch is the same one
-    launcher call."""
+    launcher call, and :meth:`native_call` describes it with the two scale pointers as
+    per-call parameters (torch routing's native ``_scaled_mm`` kernel fills them)."""
 
     def __init__(
         self,
@@ -239,10 +241,6 @@ class ScaledCompiledRunner(CompiledRunner):
             *self._after_scales,
         )
         self._launch(self.grid, stream, self._function, self._packed, args)
-
-    def native_call(self) -> NativeCall | None:
-        """None: the native routing kernels' launch has no scale slots (README: "Native launch")."""
-        return None
 
 
 class _Driver:
