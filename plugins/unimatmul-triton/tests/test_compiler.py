@@ -127,10 +127,15 @@ def _triton_backend(selector: Any) -> Any:
     return found
 
 
+def _plans(backend: Any, problem: Problem) -> list[LaunchPlan]:
+    """The plans of the configs the backend offers for ``problem``."""
+    count = configs.offered(problem, backend.candidate_count)
+    return [plan_for(problem, est.config) for est in backend.ranked(problem, TARGET, count)]
+
+
 def _keys(backend: Any, problem: Problem) -> set[tuple[Any, ...]]:
     """The specialisations of the configs the backend offers for ``problem``."""
-    count = configs.offered(problem, backend.candidate_count)
-    return {plan_for(problem, est.config).key() for est in backend.ranked(problem, TARGET, count)}
+    return {plan.key() for plan in _plans(backend, problem)}
 
 
 @gpu
@@ -148,6 +153,9 @@ def test_a_second_product_of_one_specialisation_compiles_nothing(tmp_path: Any) 
         selector.tune(first, TARGET, force=True)
         compiler = backend.compiler
         assert compiler.compiles == len(_keys(backend, first))
+        # Every launcher of the first product's argument lists built in the pool, none twice.
+        launcher_keys = {plan.launcher_key() for plan in _plans(backend, first)}
+        assert compiler.launchers == len(launcher_keys), compiler.launcher_error
         compiles, launchers = compiler.compiles, compiler.launchers
         record = selector.tune(second, TARGET, force=True)
         new = _keys(backend, second) - _keys(backend, first)

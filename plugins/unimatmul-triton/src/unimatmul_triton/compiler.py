@@ -96,7 +96,8 @@ class Compiler:
     kernel's launcher (:func:`compile_plan`, :func:`build_launcher`; ``launcher=None``
     builds none). Futures are kept for the most recent ``keep`` specialisations only: a
     runner keeps its own compiled kernel. ``compiles`` and ``launchers`` count the
-    compiles submitted and the launchers built, for tests and benchmarks.
+    compiles submitted and the launchers built (``launcher_error``: why the last build that
+    failed did), for tests and benchmarks.
     """
 
     def __init__(
@@ -120,6 +121,7 @@ class Compiler:
         self._keep = keep
         self.compiles = 0
         self.launchers = 0
+        self.launcher_error: str | None = None  # the last launcher build's error, if one failed
         atexit.register(self.shutdown)
 
     def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
@@ -173,9 +175,10 @@ class Compiler:
                 return
             try:
                 self._launcher(compiled)
-            except Exception:
+            except Exception as exc:
                 # Not this kernel's failure: its load in prepare() builds the launcher
                 # again and reports what goes wrong there, for that candidate.
+                self.launcher_error = f"{type(exc).__name__}: {exc}"
                 return
             self._launchers_built.add(key)
             self.launchers += 1
