@@ -512,6 +512,14 @@ def _phase_clock() -> dict[str, float]:
     return clock
 
 
+def _triton_compiler() -> Any:
+    """The process's Triton backend's Compiler (its counts of compiles and launchers), or None."""
+    from unimatmul.core.plugins import get_plugin_manager
+
+    backend = get_plugin_manager().backends().get("triton")
+    return getattr(backend, "compiler", None) if backend is not None else None
+
+
 def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
     """In a child process: tune each shape through the public API and print one JSON line each."""
     import torch
@@ -527,6 +535,7 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
 
         profiler = cProfile.Profile()
     phases = _phase_clock() if os.environ.get("TUNE_PHASES") else None
+    compiler = _triton_compiler()
     torch.manual_seed(0)
     # Start-up (plugins, cuBLASLt, timers) on a shape Triton does not serve: not charged to a shape.
     x = torch.randn(64, 64, device="cuda")
@@ -541,6 +550,7 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
             else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         )
         torch.cuda.synchronize()
+        counts = (compiler.compiles, compiler.launchers) if compiler is not None else (0, 0)
         t0 = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -555,6 +565,10 @@ def tune_child(shapes: list[tuple[int, int, int, bool]]) -> None:
             if f"m{m}n{n}k{k}b1" in rec.problem and rec.problem.startswith("gemm:bf16"):
                 record = rec
         line: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "linear": linear, "tune_s": seconds}
+        if compiler is not None:
+            # Specialisations compiled and launchers built for this shape (the rest were shared).
+            line["triton_compiles"] = compiler.compiles - counts[0]
+            line["triton_launchers"] = compiler.launchers - counts[1]
         if phases is not None:
             line["phases_s"] = {name: round(v, 4) for name, v in phases.items()}
             phases.clear()
@@ -946,7 +960,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.tune_child:
-        tune_child([tuple(x) for x in json.loads(args.tune_child)])  # type: ignore[misc]
+        tune_child([tuple(x) for x in json.loads(args.tune_child)])
         return 0
     out = Path(os.environ.get("OUT") or "gpu-check-out")
     budget = Budget(args.budget_s)

@@ -320,7 +320,7 @@ def test_compiles_for_hopper_without_a_gpu() -> None:
 import json, sys
 from triton.backends.compiler import GPUTarget
 from unimatmul import Problem
-from unimatmul_triton.backend import compile_plan
+from unimatmul_triton.compiler import compile_plan
 from unimatmul_triton.configs import GEMV, PERSISTENT, ROWS, SKINNY, TILE, KernelConfig
 from unimatmul_triton.launch import plan_for
 p = Problem(m=2, n=64, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16", trans_b=True, ldb=256,
@@ -454,7 +454,7 @@ def test_fp8_kernels_compile_for_hopper_and_mi300_without_a_gpu() -> None:
 import json
 from triton.backends.compiler import GPUTarget
 from unimatmul.core.scales import scaled_problem
-from unimatmul_triton.backend import compile_plan
+from unimatmul_triton.compiler import compile_plan
 from unimatmul_triton.configs import ROWS, SKINNY, TILE, KernelConfig
 from unimatmul_triton.launch import plan_for
 cases = [

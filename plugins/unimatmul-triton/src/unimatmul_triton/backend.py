@@ -6,11 +6,13 @@ Two registrations of one backend, named ``triton`` either way:
   config space with the analytic model (``configs.py``), keeps the best few
   (``UNIMATMUL_TRITON_CANDIDATES``, default 8; 2 where a leading dimension or the
   pointers leave the loads unvectorised: ``configs.vector_loads``) and starts compiling them in a thread
-  pool at once (``UNIMATMUL_TRITON_PRECOMPILE=0`` turns that off), so that by the time
-  the harness prepares them one by one most are ready. Compiled kernels stay in
-  Triton's own on-disk cache (``TRITON_CACHE_DIR``): a kernel binary depends on the
-  config, the dtypes, which sizes and strides are 1 or multiples of 16, and the
-  epilogue, not on the exact shape, so most shapes of a model share binaries.
+  pool at once, their launchers too (``compiler.py``; ``UNIMATMUL_TRITON_PRECOMPILE=0`` turns
+  that off), so that by the time the harness prepares them one by one most are ready.
+  Compiled kernels stay in Triton's own on-disk cache (``TRITON_CACHE_DIR``): a kernel
+  binary depends on the plan's specialisation (``LaunchPlan.key``: the config, the dtypes,
+  which sizes and strides are 1 or multiples of 16, and the epilogue), not on the exact
+  shape, so most shapes of a model share binaries, one compile each in a process. A
+  config that does not compile is that candidate's UnsupportedProblem.
 - :class:`TritonInterpreterBackend` (``UNIMATMUL_TRITON_INTERPRET=1``) serves CPU torch
   tensors by running the very same kernel source in Triton's interpreter: the tests
   and a conformance run execute the real kernels without a GPU (slowly: small shapes).
@@ -27,16 +29,14 @@ above. Everything else is refused with UnsupportedProblem.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from unimatmul import Backend, Candidate, Problem, Target, UnsupportedProblem
 from unimatmul_triton import configs
 from unimatmul_triton import settings as plugin_settings
+from unimatmul_triton.compiler import CompileFailed, Compiler
 from unimatmul_triton.configs import H200, PERSISTENT, Device, config_of, ranked_configs
 from unimatmul_triton.launch import LaunchPlan, plan_for
 from unimatmul_triton.runner import CompiledRunner, InterpretedRunner, ScaledCompiledRunner
@@ -157,13 +157,14 @@ class TritonBackend(Backend):
         ranked = self.ranked(problem, target, configs.offered(problem, self.candidate_count))
         found = [est.config.candidate for est in ranked]
         if plugin_settings.PRECOMPILE.get():
+            plans = []
             for est in ranked:
                 try:
-                    self.compiler.submit(
-                        plan_for(problem, est.config), target.device.index, self._device(target)[1]
-                    )
+                    plans.append(plan_for(problem, est.config))
                 except UnsupportedProblem:
                     continue
+            # Every specialisation not compiled yet, in parallel; prepare() takes the results.
+            self.compiler.submit_all(plans, target.device.index, self._device(target)[1])
         return found
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
@@ -185,7 +186,12 @@ class TritonBackend(Backend):
 
         index = target.device.index
         device, gpu_target = self._device(target)
-        compiled = self.compiler.get(plan, index, gpu_target)
+        try:
+            compiled = self.compiler.get(plan, index, gpu_target)
+        except CompileFailed as exc:
+            raise UnsupportedProblem(
+                f"triton could not compile {candidate.identity}: {exc}", problem=problem, backend=self.name
+            ) from exc
         with torch.cuda.device(index):
             try:
                 compiled.run  # noqa: B018 - loads the module on this device (may raise OutOfResources)
@@ -271,55 +277,6 @@ def _residency(compiled: Any, device: Device) -> int:
     by_threads = device.max_threads_per_sm // threads
     by_smem = device.smem_per_sm // (int(compiled.metadata.shared) + 1024)
     return max(1, min(by_regs, by_threads, by_smem))
-
-
-class Compiler:
-    """Compiles launch plans in a thread pool; one future per (binary, device).
-
-    Triton compiles through its on-disk cache, so a plan compiled before (this
-    process or another) costs a cache read. Futures are kept for the most recent
-    plans only: a runner keeps its own compiled kernel.
-    """
-
-    def __init__(self, threads: int, keep: int = 512) -> None:
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, threads), thread_name_prefix="unimatmul-triton-compile"
-        )
-        self._futures: OrderedDict[tuple[Any, ...], Future[Any]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._keep = keep
-        atexit.register(self.shutdown)
-
-    def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
-        key = (*plan.key(), device_index)
-        with self._lock:
-            found = self._futures.get(key)
-            if found is None:
-                found = self._futures[key] = self._pool.submit(compile_plan, plan, gpu_target)
-                while len(self._futures) > self._keep:
-                    self._futures.popitem(last=False)
-            else:
-                self._futures.move_to_end(key)
-        return found
-
-    def get(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Any:
-        return self.submit(plan, device_index, gpu_target).result()
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def compile_plan(plan: LaunchPlan, gpu_target: Any) -> Any:
-    """Compile a plan's kernel for ``gpu_target`` (a Triton GPUTarget): a CompiledKernel."""
-    import triton
-    from triton.compiler import ASTSource
-
-    from unimatmul_triton.kernels import KERNELS
-
-    src = ASTSource(KERNELS[plan.kernel], plan.signature(), plan.constexprs(), plan.attrs())
-    return triton.compile(
-        src, target=gpu_target, options={"num_warps": plan.warps, "num_stages": plan.stages}
-    )
 
 
 class TritonInterpreterBackend(TritonBackend):

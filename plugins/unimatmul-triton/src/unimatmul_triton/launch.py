@@ -11,6 +11,14 @@ pointer divisible by 16 is marked so), except that pointers are marked from the
 Problem's alignment instead of from one call's arrays. Runners build their call
 from it, and ``launch_info()`` describes the same list to a native caller.
 
+:meth:`LaunchPlan.key` is the plan's specialisation: two plans with one key compile to
+one binary, whatever their exact sizes. What of a shape changes it: each size and stride
+that is 1 (compiled in) or a multiple of 16 (marked divisible), or over 2**31 (i64);
+the pointers' 16-byte alignment (``Problem.align``); ``EVEN_K`` (k a multiple of
+``block_k * split_k``); which operand is transposed (its unit stride); batch strides;
+the dtypes; beta == 0; the epilogue and scale modes; and the config (blocks, split,
+warps, stages). m, n and k themselves, beyond those, do not.
+
 Nothing here imports Triton or torch.
 """
 
@@ -97,6 +105,12 @@ class LaunchPlan:
         consts = tuple(sorted((k, repr(v)) for k, v in self.constexprs().items()))
         attrs = tuple(sorted(self.attrs()))
         return (self.kernel, sig, consts, attrs, self.warps, self.stages)
+
+    def launcher_key(self) -> tuple[str, ...]:
+        """What decides the launcher Triton builds for the compiled kernel: the kind of each
+        argument, pointers as one kind (Triton 3.6's ``make_launcher`` writes its C source
+        from these only). Kernels of many configs and shapes share one launcher."""
+        return tuple("*" if p.kind == "ptr" else p.kind for p in self.params)
 
 
 def _int_param(name: str, value: int) -> Param:

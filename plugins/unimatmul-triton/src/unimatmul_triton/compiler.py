@@ -1,0 +1,184 @@
+"""Compiling launch plans ahead of their first run: a bounded thread pool, one compile per
+specialisation.
+
+:class:`Compiler` compiles each plan's kernel with ``triton.compile`` from the plan's
+explicit signature (no GPU call is needed to compile), into Triton's own on-disk cache
+(``TRITON_CACHE_DIR``). It keeps one future per (:meth:`LaunchPlan.key`, device): the
+binary depends on the plan's specialisation, not on the exact shape, so products of a
+model that share a specialisation share one compile in a process, and a compile made
+before (this process or another) is a cache read.
+
+``TritonBackend.candidates()`` submits every offered plan at once; ``prepare()`` takes
+the result (waiting for it where it is not ready). Threads suffice: Triton 3.6 releases
+the GIL in its MLIR and LLVM passes (``make_ttgir``, ``make_llir``, ``make_ptx``) and runs
+ptxas as a child process; only its Python front end (``ASTSource.make_ir``, about a tenth
+of a compile) holds it. A compile that fails raises :class:`CompileFailed` (an
+UnsupportedProblem) from :meth:`Compiler.get`, naming the plan and Triton's error: that
+candidate fails, the tuning goes on.
+
+After a kernel compiles, the same worker builds its launcher (``launcher=True``): the
+small C module through which Triton launches kernels of one argument list
+(:meth:`LaunchPlan.launcher_key`), compiled with the host's C compiler on its first use
+and kept in Triton's cache. Triton builds it when a kernel is first loaded, in
+``prepare()``, one candidate after another; built here, in parallel and once per argument
+list, the load finds it in the cache. The launcher build touches no GPU (the module load
+stays in ``prepare()``, on the caller's thread).
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from unimatmul import UnsupportedProblem
+from unimatmul_triton.launch import LaunchPlan
+
+
+class CompileFailed(UnsupportedProblem):
+    """A plan's kernel did not compile (the message names the plan and Triton's error): an
+    UnsupportedProblem, so that a harness records the candidate as failed and goes on."""
+
+
+def describe(plan: LaunchPlan) -> str:
+    """A plan's kernel and config in a few words (for messages)."""
+    c = plan.constexprs()
+    blocks = "x".join(str(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in c)
+    split = c.get("SPLIT_K", 1)
+    return (
+        f"the {plan.kernel} kernel (blocks {blocks}, split {split}, {plan.warps} warps, {plan.stages} stages)"
+    )
+
+
+def reason(exc: BaseException) -> str:
+    """A compile error in one line: its innermost cause (Triton's CompilationError wraps the
+    error of each function it was compiling, outermost first, with their source)."""
+    inner = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = getattr(inner, "error_message", None) or str(inner)
+    lines = [line.strip() for line in text.splitlines() if line.strip() not in ("", "^")]
+    if not lines:
+        return type(inner).__name__
+    # A wrapper's text is its source excerpt, the error last; any other error says it first.
+    line = lines[-1] if type(inner).__name__ == "CompilationError" else lines[0]
+    return f"{type(inner).__name__}: {line[:300]}"
+
+
+def compile_plan(plan: LaunchPlan, gpu_target: Any) -> Any:
+    """Compile a plan's kernel for ``gpu_target`` (a Triton GPUTarget): a CompiledKernel."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from unimatmul_triton.kernels import KERNELS
+
+    src = ASTSource(KERNELS[plan.kernel], plan.signature(), plan.constexprs(), plan.attrs())
+    return triton.compile(
+        src, target=gpu_target, options={"num_warps": plan.warps, "num_stages": plan.stages}
+    )
+
+
+def build_launcher(compiled: Any) -> None:
+    """Build (or find in Triton's cache) the launcher of a compiled kernel, as Triton's
+    first load of the kernel would (``CompiledKernel._init_handles``), without loading it."""
+    from triton.runtime import driver
+
+    driver.active.launcher_cls(compiled.src, compiled.metadata)
+
+
+class Compiler:
+    """Compiles launch plans in a thread pool; one future per (specialisation, device).
+
+    ``compile`` and ``launcher``: the functions that compile a plan and build a compiled
+    kernel's launcher (:func:`compile_plan`, :func:`build_launcher`; ``launcher=None``
+    builds none). Futures are kept for the most recent ``keep`` specialisations only: a
+    runner keeps its own compiled kernel. ``compiles`` and ``launchers`` count the
+    compiles submitted and the launchers built (``launcher_error``: why the last build that
+    failed did), for tests and benchmarks.
+    """
+
+    def __init__(
+        self,
+        threads: int,
+        keep: int = 512,
+        *,
+        compile: Callable[[LaunchPlan, Any], Any] = compile_plan,
+        launcher: Callable[[Any], None] | None = build_launcher,
+    ) -> None:
+        self.threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.threads, thread_name_prefix="unimatmul-triton-compile"
+        )
+        self._compile = compile
+        self._launcher = launcher
+        self._futures: OrderedDict[tuple[Any, ...], Future[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._launcher_locks: dict[tuple[str, ...], threading.Lock] = {}
+        self._launchers_built: set[tuple[str, ...]] = set()
+        self._keep = keep
+        self.compiles = 0
+        self.launchers = 0
+        self.launcher_error: str | None = None  # the last launcher build's error, if one failed
+        atexit.register(self.shutdown)
+
+    def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
+        """The future of ``plan``'s compiled kernel: started now unless one with its key is known."""
+        key = (*plan.key(), device_index)
+        with self._lock:
+            found = self._futures.get(key)
+            if found is None:
+                found = self._futures[key] = self._pool.submit(self._work, plan, gpu_target)
+                self.compiles += 1
+                while len(self._futures) > self._keep:
+                    self._futures.popitem(last=False)
+            else:
+                self._futures.move_to_end(key)
+        return found
+
+    def submit_all(self, plans: list[LaunchPlan], device_index: int, gpu_target: Any) -> list[Future[Any]]:
+        """:meth:`submit` each plan (those already known are not compiled again)."""
+        return [self.submit(plan, device_index, gpu_target) for plan in plans]
+
+    def known(self, plan: LaunchPlan, device_index: int) -> bool:
+        """Whether ``plan``'s specialisation was submitted (and is still kept) for the device."""
+        with self._lock:
+            return (*plan.key(), device_index) in self._futures
+
+    def get(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Any:
+        """``plan``'s compiled kernel (waiting for its compile); CompileFailed when it did not compile."""
+        return self.submit(plan, device_index, gpu_target).result()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _work(self, plan: LaunchPlan, gpu_target: Any) -> Any:
+        try:
+            compiled = self._compile(plan, gpu_target)
+        except Exception as exc:
+            msg = f"{describe(plan)} did not compile for {gpu_target}: {reason(exc)}"
+            raise CompileFailed(msg, backend="triton") from exc
+        if self._launcher is not None:
+            self._build_launcher(plan.launcher_key(), compiled)
+        return compiled
+
+    def _build_launcher(self, key: tuple[str, ...], compiled: Any) -> None:
+        """One build per argument list in this process; the other kernels of that list wait
+        for it, then find it in Triton's cache when they are loaded."""
+        assert self._launcher is not None
+        with self._lock:
+            lock = self._launcher_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key in self._launchers_built:
+                return
+            try:
+                self._launcher(compiled)
+            except Exception as exc:
+                # Not this kernel's failure: its load in prepare() builds the launcher
+                # again and reports what goes wrong there, for that candidate.
+                self.launcher_error = f"{type(exc).__name__}: {exc}"
+                return
+            self._launchers_built.add(key)
+            self.launchers += 1

@@ -1,0 +1,200 @@
+"""Compiling ahead (``compiler.Compiler``): in parallel, once per specialisation, a failed
+compile as that candidate's failure.
+
+The CPU tests compile the real kernels with Triton's compiler for an explicit Hopper
+target (Triton ships ptxas; no GPU is needed), in a fresh process without the
+interpreter's variables. The GPU tests tune real products through the harness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+from test_triton_backend import TARGET, compiled_in_a_fresh_process, gpu, problem_of  # noqa: E402
+from unimatmul_triton import configs  # noqa: E402
+from unimatmul_triton.compiler import Compiler, compile_plan, reason  # noqa: E402
+from unimatmul_triton.launch import LaunchPlan, plan_for  # noqa: E402
+
+from unimatmul import Problem  # noqa: E402
+
+# A fresh process's preamble: an empty Triton cache, a Hopper target, a problem and three tile configs, the first
+# two with one argument list (one launcher), the third split-K (workspace pointers: another).
+PREAMBLE = """
+import json, os, tempfile, threading, time
+cache = tempfile.TemporaryDirectory()  # real compiles, not reads of an earlier run's
+os.environ["TRITON_CACHE_DIR"] = cache.name
+from triton.backends.compiler import GPUTarget
+from unimatmul import Problem, UnsupportedProblem
+from unimatmul_triton.compiler import CompileFailed, Compiler, compile_plan
+from unimatmul_triton.configs import TILE, KernelConfig
+from unimatmul_triton.launch import plan_for
+hopper = GPUTarget("cuda", 90, 32)
+def problem(m, n, k):
+    return Problem(m=m, n=n, k=k, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16")
+p, q = problem(64, 128, 256), problem(96, 256, 512)
+small = KernelConfig(TILE, 64, 64, 32, 4, 3, group_m=8)
+large = KernelConfig(TILE, 128, 64, 64, 8, 2, group_m=8)
+split = KernelConfig(TILE, 64, 64, 32, 4, 3, split_k=2, group_m=8)
+"""
+
+
+def test_configs_compile_in_parallel_once_per_specialisation() -> None:
+    script = (
+        PREAMBLE
+        + """
+spans = []
+def timed(plan, target):
+    start = time.perf_counter()
+    compiled = compile_plan(plan, target)
+    spans.append((plan.constexprs()["BLOCK_M"], plan.constexprs()["SPLIT_K"], threading.current_thread().name,
+                  start, time.perf_counter()))
+    return compiled
+launched = []
+compiler = Compiler(2, compile=timed, launcher=lambda compiled: launched.append(compiled.name))
+plans = [plan_for(p, small), plan_for(p, large), plan_for(q, small), plan_for(p, split)]
+futures = compiler.submit_all(plans, 0, hopper)
+kernels = [f.result() for f in futures]
+print(json.dumps([
+    compiler.compiles, compiler.launchers, len(launched), futures[0] is futures[2],
+    [[k.metadata.num_warps, k.metadata.target.arch, len(k.asm["cubin"]) > 0] for k in kernels],
+    sorted(spans),
+]))
+"""
+    )
+    compiles, launchers, launched, shared, kernels, spans = compiled_in_a_fresh_process(script)
+    # Four plans, three specialisations: q's small tile is p's binary.
+    assert compiles == 3 and shared
+    assert len(spans) == 3
+    # Each compiled for Hopper with its own warps, into a cubin.
+    assert [k[0] for k in kernels] == [4, 8, 4, 4]
+    assert all(arch == 90 and has_cubin for _, arch, has_cubin in kernels)
+    # Two workers, the first two compiles at once (each started before the other ended).
+    first, second = sorted(spans, key=lambda s: s[3])[:2]
+    assert first[2] != second[2]
+    assert second[3] < first[4] and first[3] < second[4]
+    # One launcher per argument list: the two unsplit tiles share one, the split one has its own.
+    assert launchers == launched == 2
+
+
+def test_a_config_that_does_not_compile_fails_alone() -> None:
+    """A compile error is that plan's CompileFailed (an UnsupportedProblem naming the kernel
+    and Triton's own reason), kept for its specialisation; other plans compile."""
+    script = (
+        PREAMBLE
+        + """
+compiler = Compiler(2, launcher=None)
+broken = plan_for(p, KernelConfig(TILE, 16, 16, 8, 4, 2))  # tl.dot needs K >= 16
+out = []
+for plan in (broken, plan_for(p, small), broken):
+    try:
+        out.append(["compiled", compiler.get(plan, 0, hopper).metadata.num_warps])
+    except CompileFailed as exc:
+        out.append(["failed", str(exc), isinstance(exc, UnsupportedProblem), exc.backend])
+out.append(compiler.compiles)
+print(json.dumps(out))
+"""
+    )
+    failed, compiled, again, compiles = compiled_in_a_fresh_process(script)
+    assert failed[0] == "failed" and failed[2] and failed[3] == "triton"
+    assert "the tile kernel (blocks 16x16x8, split 1, 4 warps, 2 stages) did not compile" in failed[1]
+    assert "K >= 16" in failed[1]  # Triton's reason, not its source excerpt
+    assert compiled == ["compiled", 4]
+    assert again == failed and compiles == 2  # not compiled a second time
+
+
+def test_a_compile_error_reads_as_its_innermost_cause() -> None:
+    try:
+        try:
+            raise AssertionError("num_warps must be a power of 2\nmore detail")
+        except AssertionError as inner:
+            raise RuntimeError("at 1:2:\ndef kernel():\n    ^") from inner
+    except RuntimeError as exc:
+        assert reason(exc) == "AssertionError: num_warps must be a power of 2"
+
+
+# --- GPU only --------------------------------------------------------------------------
+
+
+def _triton_backend(selector: Any) -> Any:
+    found = selector.plugins.backends().get("triton")
+    if found is None or found.availability() is not None:
+        pytest.skip("the triton entry point is not installed or not available")
+    return found
+
+
+def _plans(backend: Any, problem: Problem) -> list[LaunchPlan]:
+    """The plans of the configs the backend offers for ``problem``."""
+    count = configs.offered(problem, backend.candidate_count)
+    return [plan_for(problem, est.config) for est in backend.ranked(problem, TARGET, count)]
+
+
+def _keys(backend: Any, problem: Problem) -> set[tuple[Any, ...]]:
+    """The specialisations of the configs the backend offers for ``problem``."""
+    return {plan.key() for plan in _plans(backend, problem)}
+
+
+@gpu
+def test_a_second_product_of_one_specialisation_compiles_nothing(tmp_path: Any) -> None:
+    """Two products whose offered configs share their specialisations (m = 1, sizes
+    multiples of 16): tuning the second submits no compile and builds no launcher, and
+    its Triton candidates are measured and checked all the same."""
+    from unimatmul.cache.record import OK, PRUNED
+    from unimatmul.testing import isolated_selector
+
+    first, second = problem_of(1, 6144, 1024), problem_of(1, 6144, 2048)
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:
+        backend = _triton_backend(selector)
+        backend.close()  # a new Compiler: its counts start at 0
+        selector.tune(first, TARGET, force=True)
+        compiler = backend.compiler
+        assert compiler.compiles == len(_keys(backend, first))
+        # Every launcher of the first product's argument lists built in the pool, none twice.
+        launcher_keys = {plan.launcher_key() for plan in _plans(backend, first)}
+        assert compiler.launchers == len(launcher_keys), compiler.launcher_error
+        compiles, launchers = compiler.compiles, compiler.launchers
+        record = selector.tune(second, TARGET, force=True)
+        new = _keys(backend, second) - _keys(backend, first)
+        assert compiler.compiles - compiles == len(new)
+        if not new:
+            assert compiler.launchers == launchers
+    triton_results = [r for r in record.results if r.identity.startswith("triton/")]
+    assert triton_results
+    assert all(r.status in (OK, PRUNED) for r in triton_results), triton_results
+
+
+@gpu
+def test_a_failed_compile_is_a_failed_candidate_not_a_failed_tuning(tmp_path: Any) -> None:
+    """One offered config's compile raises: that candidate is recorded failed (naming the
+    compile), the others are measured, and the product gets a winner."""
+    from unimatmul.cache.record import FAILED, OK, PRUNED
+    from unimatmul.testing import isolated_selector
+
+    problem = problem_of(16, 1024, 1024, linear=True)
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:
+        backend = _triton_backend(selector)
+        count = configs.offered(problem, backend.candidate_count)
+        broken = backend.ranked(problem, TARGET, count)[0].config
+        broken_key = plan_for(problem, broken).key()
+
+        def compile_or_fail(plan: LaunchPlan, target: Any) -> Any:
+            if plan.key() == broken_key:
+                raise RuntimeError("injected: this config's compile fails")
+            return compile_plan(plan, target)
+
+        backend.close()
+        backend._compiler = Compiler(2, compile=compile_or_fail)
+        try:
+            record = selector.tune(problem, TARGET, force=True)
+        finally:
+            backend.close()
+    by_identity = {r.identity: r for r in record.results}
+    failed = by_identity[broken.candidate.identity]
+    assert failed.status == FAILED and "could not compile" in failed.note and "injected" in failed.note
+    others = [r for i, r in by_identity.items() if i.startswith("triton/") and i != broken.candidate.identity]
+    assert others and all(r.status in (OK, PRUNED) for r in others), others
+    assert record.winner != broken.candidate.identity
