@@ -64,11 +64,19 @@ def test_dry_run_lists_every_gemm_with_its_share_and_writes_nothing(isolated: An
     shares = [float(next(c for c in row if c.endswith("%"))[:-1]) for row in rows]
     assert sum(shares) == pytest.approx(100.0, abs=0.05)
     experts = [row for row in rows if row[0].startswith("mlp.experts")]
-    assert len(experts) == 4 and all(row[-1] == "grouped" for row in experts)
-    assert "16 GEMMs; 10 distinct problems to tune" in text
-    assert re.search(
-        r"skipped: \d+\.\d% of the GEMM time is grouped \(MoE experts\): unimatmul cannot tune", text
-    )
+    assert len(experts) == 4 and all(row[-2:] == ["tune", "grouped"] for row in experts)
+    # 1 token: 8 rows over 128 experts; 2048 tokens: 16384 rows (top-8)
+    assert {row[2] for row in experts} == {
+        "128x(8/128)x1536x2048",
+        "128x(8/128)x2048x768",
+        "128x(16384/128)x1536x2048",
+        "128x(16384/128)x2048x768",
+    }
+    expert_share = sum(float(row[6][:-1]) for row in experts)
+    assert 30 < expert_share < 80  # the experts are most of an MoE model's GEMM time
+    assert "16 GEMMs; 14 distinct problems to tune, 4 of them grouped (100.0% of the GEMM time)" in text
+    assert "skipped" not in text and "cannot tune" not in text
+    assert "grouped: the experts as transformers' grouped_mm runs them" in text
     assert "simple roofline" in text
     assert not isolated.cache_path.exists()
 
@@ -176,9 +184,8 @@ def test_a_record_files_call_counts_order_a_budgeted_run(isolated: Any, tmp_path
     assert "coverage: 100.0% of the GEMM time tuned" in text
 
 
-def test_a_moe_model_tunes_its_dense_products_and_says_the_experts_were_skipped(
-    isolated: Any, tmp_path: Path
-) -> None:
+def tiny_moe_config(tmp_path: Path) -> tuple[dict[str, Any], Path]:
+    """A Qwen3-MoE-shaped model: 8 experts, top-2, hidden 64, experts' intermediate 48."""
     config = {
         "model_type": "qwen3_moe",
         "hidden_size": 64,
@@ -195,17 +202,84 @@ def test_a_moe_model_tunes_its_dense_products_and_says_the_experts_were_skipped(
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    code, text = run(["tune", "--model", str(path), "--tokens", "2", "--quiet"])
+    return config, path
+
+
+def test_dry_run_says_which_experts_cannot_be_tuned_and_why(isolated: Any) -> None:
+    code, text = run(["tune", "--model", "mixtral-8x7b", "--tokens", "4", "--dtype", "f64", "--dry-run"])
     assert code == EXIT_OK
-    derived = model_gemms(config, (2,))
-    dense = {g.problem().key for g in derived if not g.grouped}
+    rows = {row[0]: row for row in _rows(text)}
+    assert rows["mlp.experts.gate_up"][-1] == "skipped" and rows["q_proj"][-1] == "tune"
+    found = re.search(
+        r"skipped: (\d+\.\d)% of the GEMM time is grouped \(MoE experts\) in f64: "
+        r"torch._grouped_mm and the grouped door take bf16, f16, f32 only",
+        text,
+    )
+    assert found, text
+    tuned = re.search(r"4 distinct problems to tune, 0 of them grouped \((\d+\.\d)% of the GEMM time\)", text)
+    assert tuned, text
+    assert float(found[1]) + float(tuned[1]) == pytest.approx(100.0, abs=0.15)
+
+
+def test_a_moe_model_tunes_its_experts_as_the_grouped_door_calls_them(isolated: Any, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from grouped_cases import close, reference
+    from hf_experts import experts_forward, top_k_routing
+
+    import unimatmul
+    from unimatmul.core._backend import Target
+    from unimatmul.core.arrays import CPU, adapter_for_kind
+    from unimatmul.core.grouped import grouped_problem_of
+    from unimatmul.grouped import TABLE
+    from unimatmul.tuning.selector import get_selector
+
+    config, path = tiny_moe_config(tmp_path)
+    code, text = run(["tune", "--model", str(path), "--tokens", "2,5", "--device", "cpu", "--quiet"])
+    assert code == EXIT_OK, text
+    derived = model_gemms(config, (2, 5))
+    keys = {g.problem().key for g in derived}
+    grouped = {g.problem().key for g in derived if g.grouped}
+    # gate_up (N 96) and down (N 64) at 2 x 2 = 4 rows and 5 x 2 = 10 rows (bucket 16)
+    assert len(grouped) == 4
+    namespace = next(iter(isolated.selector.store.namespaces()))
+    stored = {key: record for _, key, record in isolated.selector.store.items(namespace)}
+    assert set(stored) == keys
+    assert {key for key in stored if key.startswith("grouped_gemm:")} == grouped
+    assert "coverage: 100.0% of the GEMM time tuned in" in text and "left out" not in text
+    assert len([row for row in _rows(text) if row[0].count("x") == 3]) == 4  # GxMxNxK rows
+
+    # transformers' experts in cached mode, through the door: every call finds its record,
+    # 7 tokens (14 rows) too, which shares the bucket of 5 (10 rows).
+    gen = torch.Generator().manual_seed(3)
+    gate_up, down = torch.randn(8, 96, 64, generator=gen), torch.randn(8, 64, 48, generator=gen)
+    adapter, target = adapter_for_kind("torch"), Target(adapter_for_kind("torch"), CPU)
+    TABLE.reset_stats()
+    with unimatmul.mode("cached"):
+        for tokens in (2, 5, 7):
+            x = torch.randn(tokens, 64, generator=gen)
+            routing = top_k_routing(tokens, 8, 2, seed=tokens)
+            _, calls = experts_forward(x, gate_up, down, routing)
+            _, door_calls = experts_forward(x, gate_up, down, routing, grouped_mm=unimatmul.grouped_matmul)
+            for (a, b, offs), (a2, b2, offs2) in zip(calls, door_calls, strict=True):
+                problem = grouped_problem_of(adapter, a2, b2, offs2)
+                assert problem.key in stored, (tokens, problem.key)
+                assert get_selector().decide(problem, target, "cached").source == "cache"
+                assert close(unimatmul.grouped_matmul(a, b, offs), reference("m", a, b, offs), "f32")
+    assert TABLE.stats()["by_source"] == {"cache": 12}  # 3 passes x 2 products, each twice
+    assert isolated.store_count() == len(keys)  # nothing tuned in cached mode
+
+
+def test_grouped_experts_need_torch_tensors(isolated: Any, tmp_path: Path) -> None:
+    config, path = tiny_moe_config(tmp_path)
+    code, text = run(["tune", "--model", str(path), "--tokens", "2", "--array", "numpy", "--quiet"])
+    assert code == EXIT_OK, text
+    dense = {g.problem().key for g in model_gemms(config, (2,)) if not g.grouped}
     namespace = next(iter(isolated.selector.store.namespaces()))
     assert {key for _, key, _ in isolated.selector.store.items(namespace)} == dense
-    # q = o (2x64x64), k = v (2x32x64), the router (2x8x64), lm_head (2x80x64); no expert shape
-    assert len(dense) == 4
     found = re.search(
-        r"coverage: (\d+\.\d)% .*left out: 2 products \((\d+\.\d)%\): grouped \(MoE experts\)", text
+        r"coverage: (\d+\.\d)% .*left out: 2 products \((\d+\.\d)%\): grouped \(MoE experts\): "
+        r"grouped problems tune on torch tensors only",
+        text,
     )
     assert found, text
     assert float(found[1]) + float(found[2]) == pytest.approx(100.0, abs=0.2)
-    assert 0 < float(found[2]) < 100

@@ -95,9 +95,12 @@ def test_qwen3_moe_lists_its_experts_as_grouped_problems() -> None:
     }
     grouped = [g for g in gemms if g.grouped]
     assert [(g.experts, g.top_k) for g in grouped] == [(128, 8), (128, 8)]
-    for g in grouped:
-        with pytest.raises(ValueError, match="grouped product"):
-            g.problem()
+    for g in grouped:  # transformers' grouped_mm: x[rows, K] @ w[E, N, K].transpose(-2, -1)
+        p = g.problem()
+        assert (p.op, p.jagged, p.batch, p.m, p.n, p.k) == ("grouped_gemm", "m", 128, 128, g.n, g.k)
+        assert (p.trans_a, p.trans_b, p.ldb, p.stride_b, p.dtype_a) == (False, True, g.k, g.n * g.k, "bf16")
+    # rows are bucketed as the grouped door buckets them: 5 tokens x top-8 = 40 rows -> 64
+    assert {g.problem().m for g in model_gemms(config, (5,)) if g.grouped} == {64}
     # 30.5 B parameters = these + 311,164,928 of the embedding
     assert _weights(gemms, 16) == 30_220_746_752
     # under --tp 4 the experts' intermediate size splits (N of gate_up, K of down)
@@ -230,5 +233,64 @@ def test_deepseek_v3_low_rank_queries_and_qwen2_moe_shared_experts() -> None:
     }
     gemms = {g.name: g for g in model_gemms(qwen2_moe, (2,))}
     assert gemms["q_proj"].bias and not gemms["o_proj"].bias
-    assert (gemms["mlp.shared_experts.up_proj"].n, gemms["mlp.shared_expert_gate"].n) == (5632, 1)
+    # Qwen2-MoE's one shared expert (HF: mlp.shared_expert) and its gate: dense, every token
+    assert (gemms["mlp.shared_expert.up_proj"].n, gemms["mlp.shared_expert_gate"].n) == (5632, 1)
+    assert not gemms["mlp.shared_expert.down_proj"].grouped and gemms["mlp.shared_expert.down_proj"].m == 2
     assert gemms["mlp.experts.gate_up"].experts == 60 and "mlp.gate_proj" not in gemms
+
+
+def _tiny_moe(kind: str) -> dict:
+    """A small config of each MoE family: 8 experts, top-2, hidden 64, intermediate 48."""
+    base = {"model_type": kind, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    base.update({"num_key_value_heads": 2, "vocab_size": 80, "torch_dtype": "bfloat16"})
+    if kind in ("mixtral", "gpt_oss"):
+        return {**base, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48}
+    if kind.startswith("deepseek"):
+        mla = {"kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16}
+        return {**base, **mla, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
+    return {**base, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "head_dim": 16}
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize(("dtype", "tp"), [("bf16", 1), ("f32", 2)])
+def test_the_experts_problems_are_those_the_grouped_door_builds_for_transformers_call(
+    kind: str, dtype: str, tp: int
+) -> None:
+    torch = pytest.importorskip("torch")
+    from hf_experts import experts_forward, top_k_routing
+
+    from unimatmul.core.arrays import adapter_for_kind
+    from unimatmul.core.grouped import grouped_problem_of
+
+    adapter = adapter_for_kind("torch")
+    config = _tiny_moe(kind)
+    experts, inner, hidden = 8, 48 // tp, 64
+    torch_dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype]
+    gen = torch.Generator().manual_seed(1)
+    # One rank's weights as transformers holds them: gate_up [E, 2I, H], down [E, H, I]
+    # (gpt-oss: [E, H, 2I] and [E, I, H]), the intermediate size split over --tp ranks.
+    transposed = kind == "gpt_oss"
+    shapes = ((hidden, 2 * inner), (inner, hidden)) if transposed else ((2 * inner, hidden), (hidden, inner))
+    gate_up, down = (torch.randn(experts, *s, generator=gen).to(torch_dtype) for s in shapes)
+    for tokens in (1, 3, 8, 33):
+        ours = [g for g in model_gemms(config, (tokens,), tp=tp, dtype=dtype) if g.grouped]
+        assert [g.name for g in ours] == ["mlp.experts.gate_up", "mlp.experts.down"]
+        x = torch.randn(tokens, hidden, generator=gen).to(torch_dtype)
+        routing = top_k_routing(tokens, experts, 2, seed=tokens)
+        out, calls = experts_forward(x, gate_up, down, routing, is_transposed=transposed)
+        assert out.shape == (2 * tokens, hidden)
+        door = [grouped_problem_of(adapter, a, b, offs) for a, b, offs in calls]
+        assert [g.problem() for g in ours] == door, (kind, tokens)
+        assert [g.problem().key for g in ours] == [p.key for p in door]
+
+
+def test_experts_in_a_dtype_the_grouped_door_refuses_say_so() -> None:
+    config, _ = load_config("mixtral-8x7b")
+    gemms = model_gemms(config, (4,), dtype="f64")
+    experts = [g for g in gemms if g.grouped]
+    assert len(experts) == 2
+    for g in experts:
+        assert "grouped (MoE experts) in f64" in g.refused and "bf16, f16, f32" in g.refused
+        with pytest.raises(ValueError, match=r"mlp\.experts\..*in f64"):
+            g.problem()
+    assert all(not g.refused for g in gemms if not g.grouped)  # dense f64 products tune

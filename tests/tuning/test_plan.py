@@ -129,3 +129,19 @@ def test_a_spent_plan_leaves_the_rest_out_with_its_share(isolated: Any) -> None:
     assert plan.coverage() == pytest.approx(2 / 3)
     assert [(round(x.share, 3), x.why) for x in plan.left_out] == [(0.333, "budget spent")]
     assert "left out: 1 product (33.3%): budget spent" in plan.summary()
+
+
+def test_grouped_jobs_learn_their_expected_gain_from_the_same_experts_only() -> None:
+    from unimatmul.core.grouped import grouped_problem
+
+    def job(problem: Problem) -> PlannedJob:
+        return PlannedJob(TuneJob(problem, NUMPY), 0.1)
+
+    decode, prefill = (
+        job(grouped_problem(8, 16, 96, 64, "bf16")),
+        job(grouped_problem(8, 1024, 96, 64, "bf16")),
+    )
+    assert decode.weight == prefill.weight  # two buckets of one MoE layer's experts
+    dense = job(Problem.from_shape(16, 96, 64, "bf16"))
+    more_experts = job(grouped_problem(16, 16, 96, 64, "bf16"))
+    assert len({decode.weight, dense.weight, more_experts.weight}) == 3

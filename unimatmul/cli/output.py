@@ -34,6 +34,7 @@ from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import Device, adapter_for_kind
 from unimatmul.core.dtypes import ITEMSIZE
 from unimatmul.core.errors import CommandError
+from unimatmul.core.grouped import grouped_operand_bytes
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.harness import HIGH, LOW
 
@@ -130,6 +131,8 @@ def check_writable(path: str | os.PathLike[str], what: str, *, make_parent: bool
 def operand_bytes(problem: Problem) -> int:
     """The bytes of A, B and C of one problem: the least that measuring it must allocate
     (the harness needs more: rotated copies and a float64 reference)."""
+    if problem.is_grouped:
+        return grouped_operand_bytes(problem)  # a jagged operand is cut, not repeated per group
     m, n, k = problem.m, problem.n, problem.k
     a, b, c = (ITEMSIZE.get(d, 4) for d in (problem.dtype_a, problem.dtype_b, problem.dtype_c))
     return problem.batch * (m * k * a + k * n * b + m * n * c)

@@ -24,7 +24,13 @@ from unimatmul.tuning.model_gemms import DEFAULT_TOKENS, ConfigError, ModelGemm,
 from unimatmul.tuning.plan import LeftOut, PlannedJob, TunePlan, problem_seconds, roofline_s
 from unimatmul.tuning.record_mode import parse_record_lines
 
-GROUPED = "grouped (MoE experts): unimatmul cannot tune grouped products yet"
+TORCH_ONLY = "grouped (MoE experts): grouped problems tune on torch tensors only (--array torch)"
+GROUPED_NOTE = (
+    "grouped: the experts as transformers' grouped_mm runs them (the tokens x top_k routed rows "
+    "against every expert's weight), shown as experts x (rows/experts) x N x K; each is tuned at "
+    "its rows' bucket (the next power of two): the Problem the grouped door builds for every "
+    "call of that bucket"
+)
 ROOFLINE_NOTE = (
     "shares: estimated from FLOPs and bytes with a simple roofline (a nominal {device}), "
     "each token count weighing the same; attention scores run in SDPA and are not GEMMs here"
@@ -110,9 +116,19 @@ def model_target(args: argparse.Namespace) -> Target:
     return output.target(args.array or "torch", args.device)
 
 
+def refused(gemm: ModelGemm, array: str) -> str:
+    """Why a model's product is not tuned on ``array``'s tensors ("" when it is)."""
+    if gemm.refused:
+        return gemm.refused
+    if gemm.grouped and array != "torch":
+        return TORCH_ONLY
+    return ""
+
+
 def model_jobs(args: argparse.Namespace) -> list[TuneJob]:
+    """A job for every product of the model that can be tuned here (dense and grouped)."""
     target = model_target(args)
-    return [TuneJob(g.problem(), target) for g in gemms(args)[0] if not g.grouped]
+    return [TuneJob(g.problem(), target) for g in gemms(args)[0] if not refused(g, target.array_kind)]
 
 
 def _gemm_seconds(gemm: ModelGemm, device_kind: str) -> float:
@@ -141,8 +157,9 @@ def plan(args: argparse.Namespace, jobs: list[TuneJob]) -> TunePlan:
         kind = target.device.kind if target is not None else "cuda"
         for gemm, share in zip(found, _shares(found, kind), strict=True):
             what = f"{gemm.name} @ {gemm.tokens}"
-            if gemm.grouped:
-                left_out.append(LeftOut(what, share, GROUPED))
+            why = refused(gemm, target.array_kind if target is not None else args.array or "torch")
+            if why:
+                left_out.append(LeftOut(what, share, why))
                 continue
             item = items.get((gemm.problem().key, target))  # type: ignore[arg-type]
             if item is not None:
@@ -181,9 +198,12 @@ def dry_run(args: argparse.Namespace, out: TextIO) -> int:
     kind = (args.device or "cpu").partition(":")[0]
     shares = _shares(found, kind)
     rows = []
+    skipped: dict[str, float] = {}
     for gemm, share in zip(found, shares, strict=True):
         layout = "NT" if gemm.trans_b else "NN"
-        status = "skipped: grouped" if gemm.grouped else "tune"
+        why = refused(gemm, args.array or "torch")
+        if why:
+            skipped[why] = skipped.get(why, 0.0) + share
         rows.append(
             [
                 gemm.name,
@@ -193,19 +213,22 @@ def dry_run(args: argparse.Namespace, out: TextIO) -> int:
                 gemm.dtype,
                 str(gemm.layers),
                 f"{share:.2%}",
-                status,
+                "skipped" if why else ("tune grouped" if gemm.grouped else "tune"),
             ]
         )
     out.write(f"model: {source}; tp {args.tp}\n")
     output.table(rows, ["gemm", "tokens", "MxNxK", "layout", "dtype", "layers", "share", "status"], out)
-    dense = [g for g in found if not g.grouped]
-    distinct = len({g.problem().key for g in dense})
-    grouped = sum(s for g, s in zip(found, shares, strict=True) if g.grouped)
+    tuned = [g for g, row in zip(found, rows, strict=True) if row[-1] != "skipped"]
+    keys = {g.problem().key for g in tuned}
+    grouped = {g.problem().key for g in tuned if g.grouped}
     out.write(
-        f"{len(found)} GEMMs; {distinct} distinct problems to tune ({1 - grouped:.1%} of the GEMM time)\n"
+        f"{len(found)} GEMMs; {len(keys)} distinct problems to tune, {len(grouped)} of them grouped "
+        f"({1 - sum(skipped.values()):.1%} of the GEMM time)\n"
     )
+    for why, share in skipped.items():
+        out.write(f"skipped: {share:.1%} of the GEMM time is {why}\n")
     if grouped:
-        out.write(f"skipped: {grouped:.1%} of the GEMM time is {GROUPED}\n")
+        out.write(GROUPED_NOTE + "\n")
     device = "CPU" if kind == "cpu" else "GPU (H200)"
     out.write(ROOFLINE_NOTE.format(device=device) + "\n")
     return EXIT_OK

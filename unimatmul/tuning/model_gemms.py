@@ -13,9 +13,17 @@ them: column-parallel layers (q, k, v, gate, up, MLA's q and kv_b, lm_head) spli
 row-parallel ones (o_proj, down) split K; key/value heads fewer than ``tp`` are
 replicated (one per rank); routers and MLA's low-rank down-projections are replicated.
 
-Experts of MoE layers are grouped problems (one GEMM per expert over the tokens routed to
-it), which unimatmul cannot tune yet: they are listed (``ModelGemm.experts`` > 0) so that
-their share of the time is known, never turned into dense Problems.
+The experts of MoE layers are grouped GEMMs (``ModelGemm.experts`` > 0), as transformers 5
+runs them by default (``experts_implementation="grouped_mm"``): the ``tokens x top_k``
+routed rows, sorted by expert, times every expert's weight in one
+``torch._grouped_mm(x[rows, K], w.transpose(-2, -1), offs)`` (``offs`` over x's rows),
+with gate and up fused in one weight ``gate_up_proj [E, 2I, H]`` and ``down_proj
+[E, H, I]`` (gpt-oss keeps them the other way round, ``[E, H, 2I]`` and ``[E, I, H]``, and
+passes them untransposed; its expert biases are added after the product). Their Problem is
+the one :func:`unimatmul.core.grouped.grouped_problem_of` builds for that call, rows
+bucketed. Under ``tp`` every rank holds every expert with its intermediate size split
+(gate/up's N, down's K), as vLLM's tensor-parallel MoE (no expert parallelism) and
+transformers' packed column-/row-wise plan split them.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from unimatmul.core.dtypes import ITEMSIZE, canonical
-from unimatmul.core.problem import Problem
+from unimatmul.core.grouped import grouped_problem
+from unimatmul.core.problem import GROUPED_DTYPES, Problem
 from unimatmul.tuning.model_configs import MODELS
 
 #: Decode buckets (one token per sequence, 1 to 64 sequences) and prefill sizes.
@@ -59,7 +68,8 @@ class ModelGemm:
     """One product of a forward pass over ``tokens`` tokens, run ``layers`` times.
 
     Dense: ``m x n x k``. Grouped (``experts`` > 0): ``m`` rows in all (tokens x top-k)
-    spread over ``experts`` weight matrices of ``n x k``.
+    spread over ``experts`` weight matrices of ``n x k`` (``trans_b``: stored ``[n, k]``,
+    passed transposed).
     """
 
     name: str
@@ -84,11 +94,23 @@ class ModelGemm:
             return f"{self.experts}x({self.m}/{self.experts})x{self.n}x{self.k}"
         return f"{self.m}x{self.n}x{self.k}"
 
+    @property
+    def refused(self) -> str:
+        """Why this product has no Problem unimatmul tunes ("" when it has one)."""
+        if self.grouped and self.dtype not in GROUPED_DTYPES:
+            return (
+                f"grouped (MoE experts) in {self.dtype}: torch._grouped_mm and the grouped door "
+                f"take {', '.join(GROUPED_DTYPES)} only"
+            )
+        return ""
+
     def problem(self) -> Problem:
-        """The dense Problem (ValueError for a grouped product: it has none yet)."""
+        """The Problem tuned for this product: a dense GEMM, or the grouped GEMM the grouped
+        door builds for the experts' call (ValueError, naming why, where there is none)."""
+        if self.refused:
+            raise ValueError(f"{self.name}: {self.refused}")
         if self.grouped:
-            msg = f"{self.name} is a grouped product ({self.experts} experts): no dense Problem"
-            raise ValueError(msg)
+            return grouped_problem(self.experts, self.m, self.n, self.k, self.dtype, trans_b=self.trans_b)
         problem = Problem.from_shape(
             self.m, self.n, self.k, self.dtype, epilogue="bias" if self.bias else "none"
         )
@@ -289,20 +311,25 @@ def _gemms(c: _Reader, kind: str, t: int, tp: int, dtype: str) -> Iterable[Model
     if moe_layers:
         yield linear("mlp.gate", experts, h, moe_layers, router_bias)
         if shared_inner:
+            # Dense MLPs on every token (split as the dense MLP is); Qwen2-MoE names its one
+            # ``shared_expert``, DeepSeek its ``shared_experts``.
             shared_here = _split(shared_inner, tp, "the shared experts' intermediate size")
-            yield linear("mlp.shared_experts.gate_proj", shared_here, h, moe_layers)
-            yield linear("mlp.shared_experts.up_proj", shared_here, h, moe_layers)
-            yield linear("mlp.shared_experts.down_proj", h, shared_here, moe_layers)
+            shared = "mlp.shared_expert" if kind == "qwen2_moe" else "mlp.shared_experts"
+            yield linear(f"{shared}.gate_proj", shared_here, h, moe_layers)
+            yield linear(f"{shared}.up_proj", shared_here, h, moe_layers)
+            yield linear(f"{shared}.down_proj", h, shared_here, moe_layers)
             if kind == "qwen2_moe":
                 yield linear("mlp.shared_expert_gate", 1, h, moe_layers)
+        # The experts: transformers' grouped_mm (module docstring); gpt-oss's weights are
+        # stored [E, K, N] and passed as they are (NN), the others' [E, N, K] transposed (NT).
         inner_here = _split(moe_inner, tp, "the experts' intermediate size")
         rows = t * top_k
-        gb = kind == "gpt_oss"
+        nt = kind != "gpt_oss"
         yield ModelGemm(
-            "mlp.experts.gate_up", t, rows, 2 * inner_here, h, dtype, moe_layers, True, gb, experts, top_k
+            "mlp.experts.gate_up", t, rows, 2 * inner_here, h, dtype, moe_layers, nt, False, experts, top_k
         )
         yield ModelGemm(
-            "mlp.experts.down", t, rows, h, inner_here, dtype, moe_layers, True, gb, experts, top_k
+            "mlp.experts.down", t, rows, h, inner_here, dtype, moe_layers, nt, False, experts, top_k
         )
     # Tied to the embedding or not, lm_head is a Linear over the vocabulary, on every token
     # (a plain forward; generate() may keep only the last token's logits).

@@ -4,8 +4,8 @@ Each job carries its **share** of the workload's GEMM time (a model's roofline e
 a record file's call counts, or each problem once). A :class:`TunePlan` hands out first
 the jobs the cache answers already (they cost nothing), then the rest in order of
 expected gain x share, where the expected gain of a problem is the fraction of time that
-tuning saved on the problems of the same weight (n, k, dtype, layout) tuned so far in
-this run, else on all of them, else the same for all. With a budget, each job may take
+tuning saved on the problems of the same weight (n, k, dtype, layout; grouped ones of the
+same experts) tuned so far in this run, else on all of them, else the same for all. With a budget, each job may take
 what is left of it (and at most the per-problem cap); once it is spent, or what is left
 is less than the quickest problem of the run took, the jobs not reached are left out. Every record is stored as it is made, so what was tuned is usable
 at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
@@ -57,9 +57,11 @@ class PlannedJob:
     source: str = ""  # "tuned" or "cache" once run
 
     @property
-    def weight(self) -> tuple[int, int, str, bool]:
+    def weight(self) -> tuple[str, int, int, int, str, bool]:
+        """What its gain is learnt from: the weight matrix (or an MoE layer's experts, whose
+        grouped kernels are not the dense ones)."""
         p = self.job.problem
-        return (p.n, p.k, p.dtype_a, p.trans_b)
+        return (p.op, p.batch if p.is_grouped else 1, p.n, p.k, p.dtype_a, p.trans_b)
 
 
 @dataclass
