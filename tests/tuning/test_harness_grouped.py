@@ -250,3 +250,44 @@ def test_a_kernel_wrong_in_one_group_is_rejected(isolated: Any, jagged: str, beh
     assert said.get(behaviour, "over the error bound") in result.note, result.note
     if jagged != "none" and behaviour == "off":
         assert "group " in result.note  # the worst element's group is named
+
+
+class OffsSeen(WrongGroup):
+    """A right kernel that notes the distribution of every ``offs`` it is called with."""
+
+    def __init__(self) -> None:
+        super().__init__("right", "m")
+        self.name = "offs-seen"
+        self.seen: list[str] = []
+
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
+        inner = super().prepare(problem, candidate, target)
+        backend = self
+
+        def run(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any) -> None:
+            sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+            whole = int(sizes.max()) == int(offs[-1]) and int(offs[-1]) == a.shape[0]
+            backend.seen.append("one" if whole else "tail" if int(offs[-1]) < a.shape[0] else "timed")
+            inner(a, b, out, alpha, beta, bias, offs)
+
+        run.candidate = candidate  # type: ignore[attr-defined]
+        return run
+
+
+@pytest.mark.parametrize("rotate", [1 << 10, 1 << 22])  # one timed set; several
+def test_grouped_choices_are_timed_on_the_distributions_they_were_made_with(
+    isolated: Any, monkeypatch: Any, rotate: int
+) -> None:
+    """The check after timing uses other distributions (one group holding every row, a
+    tail); they go in for the check only, never into the samples."""
+    monkeypatch.setenv("UNIMATMUL_TUNE_MEMORY", "16")
+    fake = OffsSeen()
+    problem = grouped_problem(32, 256, 64, 64, "bf16")
+    settings = _settings(rotate_bytes=rotate, prune_ratio=math.inf, first_prune_ratio=math.inf)
+    with _registered(isolated, fake):
+        record = Tuner(plugins=isolated.plugins, settings=settings).tune(problem, TARGET)
+    result = record.result(f"{fake.name}/kernel")
+    assert result is not None and result.samples >= 3, result
+    checks = fake.seen.count("one") + fake.seen.count("tail")
+    assert fake.seen.count("timed") >= result.samples + 2  # the two first checks, and every sample
+    assert 1 <= checks <= 4, fake.seen  # the check after its timing and after all timing

@@ -260,6 +260,9 @@ class _LateCheck:
     widen: float
     target: Target
     guards: dict[int, Guard] | None = None  # by id(ops): looked up at each check (renewed outputs)
+    # A grouped set's (checked, timed) offs: the check's distribution goes in for the check
+    # only, so that the set is timed on the distribution it was made with.
+    offs: tuple[Any, Any] | None = None
 
 
 @dataclass
@@ -756,6 +759,7 @@ class Harness:
         adapter, device = target.adapter, target.device
         ops = sets[1 % len(sets)]
         fresh: Operands
+        swap_offs: tuple[Any, Any] | None = None
         if problem.is_scaled:
             fresh = make_scaled_operands(problem, adapter, device, rng)
             assert isinstance(ops, ScaledOperands) and isinstance(fresh, ScaledOperands)
@@ -764,10 +768,13 @@ class Harness:
         elif problem.is_grouped:
             # New offs too, of the distributions the timed sets do not have: after timing
             # every candidate is checked with one group holding all rows, then on a tail.
+            # The timed offs come back once the reference is made: the check's distributions
+            # (one group holding every row, a tail) are no load to time a choice on.
             distribution = DISTRIBUTIONS[2 + variant % 2]
             fresh = make_grouped_operands(problem, adapter, device, rng, distribution, with_out=False)
             assert isinstance(ops, GroupedOperands) and isinstance(fresh, GroupedOperands)
             if ops.offs is not None:
+                swap_offs = (fresh.offs, adapter.host_indices(adapter.to_numpy(ops.offs), device))
                 adapter.copy_(ops.offs, fresh.offs)
         else:
             fresh = make_operands(problem, adapter, device, rng, with_out=beta != 0.0)
@@ -788,7 +795,10 @@ class Harness:
         del fresh
         adapter.synchronize(device)
         reference = reference_of(problem, target, ops, c0, alpha, beta, model, keep_bounds)
-        return _LateCheck(ops, c0, reference, alpha, beta, widen, target, guards)
+        if swap_offs is not None:
+            assert isinstance(ops, GroupedOperands)
+            adapter.copy_(ops.offs, swap_offs[1])
+        return _LateCheck(ops, c0, reference, alpha, beta, widen, target, guards, swap_offs)
 
     def _late_check(
         self,
@@ -803,9 +813,18 @@ class Harness:
 
         def check() -> Check:
             guard = late.guards.get(id(late.ops)) if late.guards is not None else None
-            return self._check_call(
-                runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
-            )
+            if late.offs is None:
+                return self._check_call(
+                    runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
+                )
+            offs, adapter = getattr(late.ops, "offs", None), late.target.adapter
+            adapter.copy_(offs, late.offs[0])
+            try:
+                return self._check_call(
+                    runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
+                )
+            finally:
+                adapter.copy_(offs, late.offs[1])
 
         try:
             found = entry.limit.run(entry, check) if entry.limit is not None else check()
