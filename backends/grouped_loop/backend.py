@@ -6,8 +6,9 @@ must not call routed ops). On a GPU that is what the loop is for: torch's groupe
 sizes one tile for every group, a dense kernel per group picks its own. Reaching each
 group's *tuned* dense choice instead needs the engine (the Selector), which a backend
 may not import; the shared call path can offer that loop. The loop reads ``offs`` on the
-host (on a GPU a copy and a synchronisation per call, as torch's own fallback makes), so
-it is offered only for few groups.
+host, which on a GPU is a copy and a synchronisation per call (as torch's own fallback
+makes) and cannot be captured in a CUDA graph: on a GPU it is offered only for the form
+without ``offs`` (3-D x 3-D), everywhere only for few groups.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class GroupedLoopBackend(Backend):
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         self._require(problem)
+        if target.device.kind != "cpu" and problem.jagged != "none":
+            return []  # offs on the host: a synchronisation per call, no CUDA graph
         return [LOOP] if problem.batch <= MAX_GROUPS else []
 
     def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> GroupedLoopRunner:

@@ -613,6 +613,10 @@ class Harness:
             # of them only cost the time to fill them. Two still let the check after
             # timing use a set other than the first.
             wanted = min(wanted, 2)
+        if problem.is_grouped:
+            # Two at least: the timed sets take turns of two distributions (_operand_sets),
+            # and a choice timed on one of them alone may lose on the other.
+            wanted = max(wanted, min(2, settings.max_sets))
         # The check may keep the output's bounds (numeric_check._within): a few launches a
         # check instead of dozens. Taken where they cost no rotated set.
         bounds = _bounds_bytes(problem)

@@ -1,6 +1,6 @@
 """Why does tuning keep Default on some grouped products the rows kernel wins? (GPU)
 
-    python plugins/unimatmul-triton/scripts/grouped_diag.py --out DIR
+    UNIMATMUL_CACHE=$(mktemp -d)/diag.msgpack python plugins/unimatmul-triton/scripts/grouped_diag.py --out DIR
 
 For a few expert products: tune through ``unimatmul.grouped_matmul`` (fresh cache) and
 dump the record (every candidate's median, samples, status, note; the repeat's
@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,6 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    os.environ["UNIMATMUL_CACHE"] = str(Path(tempfile.mkdtemp()) / "diag.msgpack")
     import numpy as np
     import paired_timing
     import torch
@@ -46,7 +43,7 @@ def main() -> int:
     import unimatmul
     from unimatmul.backend import Device, Target, adapter_for_kind
     from unimatmul.core.grouped import DISTRIBUTIONS, grouped_problem_of, make_grouped_operands
-    from unimatmul.core.plugins import get_selector
+    from unimatmul.tuning.selector import get_selector
 
     dev = torch.device("cuda")
     target = Target(adapter_for_kind("torch"), Device("cuda", 0))

@@ -47,3 +47,14 @@ def test_offered_for_few_groups_only_and_for_grouped_problems_only() -> None:
 
 def test_registered_through_the_entry_point(isolated: Any) -> None:
     assert "grouped_loop" in isolated.plugins.backends()
+
+
+def test_on_a_gpu_only_the_form_without_offs_is_offered() -> None:
+    """offs read on the host is a synchronisation per call and breaks CUDA-graph capture."""
+    from unimatmul.core.arrays import Device
+
+    gpu = Target(adapter_for_kind("torch"), Device("cuda", 0))
+    backend = GroupedLoopBackend()
+    for jagged in ("m", "k", "n"):
+        assert backend.candidates(grouped_problem(8, 64, 32, 32, jagged=jagged), gpu) == []
+    assert backend.candidates(grouped_problem(8, 64, 32, 32, jagged="none"), gpu) == [LOOP]
