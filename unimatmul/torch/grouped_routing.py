@@ -20,7 +20,8 @@ every call, and the Problem buckets it, ``docs/grouped.md``) in a
 Tensors that are not plain (fake and functional tensors, subclasses and modes with
 ``__torch_dispatch__``: what ``torch.compile``, ``make_fx`` and ``torch.export`` trace with)
 pass through untouched: their keys are below this one, and tracing must see the aten op.
-Inductor's compiled graphs lower their grouped GEMMs themselves: not routed.
+Under Inductor, ``compiled.py`` rewrites the graph's ``_grouped_mm`` nodes into
+``unimatmul::grouped_mm``, which calls this door through :func:`call` at run time.
 """
 
 from __future__ import annotations
