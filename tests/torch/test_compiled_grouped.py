@@ -4,7 +4,8 @@ The pass's rewrite into ``unimatmul::grouped_mm`` is tested on a traced aten gra
 four forms and on AOT autograd's forward and backward graphs of an MoE block (no C++
 compile); the fake implementation against torch's shapes for every form. A full Inductor
 compile needs a C++ toolchain and half a minute or more on a small CPU, so those tests
-run only with ``UNIMATMUL_TEST_INDUCTOR=1`` (as in ``test_compiled.py``).
+run only with ``UNIMATMUL_TEST_INDUCTOR=1`` (as in ``test_compiled.py``). The MoE block
+runs on the CPU, and on CUDA where a GPU is present (marked ``gpu``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,20 @@ def _torchs_call(code: str) -> int:
     return code.count("extern_kernels._grouped_mm(") + code.count("aten._grouped_mm.default(")
 
 
-def _moe(requires_grad: bool) -> tuple[Experts, torch.Tensor]:
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")],
+    ),
+]
+
+
+def _moe(requires_grad: bool, device: str = "cpu") -> tuple[Experts, torch.Tensor]:
     torch.manual_seed(0)
     block = Experts(experts=4, hidden=32, inter=16, top_k=2).to(torch.bfloat16)
     x = torch.randn(20, 32, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(7))
-    return block, x.requires_grad_(requires_grad)
+    return block.to(device), x.to(device).requires_grad_(requires_grad)
 
 
 def _step(
@@ -72,7 +82,7 @@ def _step(
     block.zero_grad(set_to_none=True)
     x.grad = None
     out = fn(x)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out.device)
     (out.float() * weights).sum().backward()
     got = {"out": out.detach().clone(), "x": x.grad.clone()}  # type: ignore[union-attr]
     return got | {n: p.grad.clone() for n, p in block.named_parameters()}  # type: ignore[union-attr]
@@ -134,7 +144,8 @@ def test_the_pass_rewrites_every_form_into_the_custom_op_which_routes(env: Env) 
 
 
 @python_only
-def test_aot_autograd_graphs_rewritten_route_forward_and_backward(env: Env) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_aot_autograd_graphs_rewritten_route_forward_and_backward(env: Env, device: str) -> None:
     """AOT autograd hands the pass a forward and a backward graph: both are rewritten,
     and the compiled MoE block's grouped products run through the routed door."""
     from functorch.compile import make_boxed_func
@@ -147,7 +158,7 @@ def test_aot_autograd_graphs_rewritten_route_forward_and_backward(env: Env) -> N
         gm.recompile()
         return make_boxed_func(gm)
 
-    block, x = _moe(requires_grad=True)
+    block, x = _moe(requires_grad=True, device=device)
     eager = _step(block, block, x)
     ut.enable()
     backend = aot_autograd(fw_compiler=rewrite, bw_compiler=rewrite)
@@ -169,10 +180,11 @@ def test_aot_autograd_graphs_rewritten_route_forward_and_backward(env: Env) -> N
 @inductor
 @pytest.mark.slow
 @python_only
-def test_an_inductor_compiled_moe_block_runs_the_routed_grouped_door(env: Env) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_inductor_compiled_moe_block_runs_the_routed_grouped_door(env: Env, device: str) -> None:
     from torch._inductor.utils import run_and_get_code
 
-    block, x = _moe(requires_grad=True)
+    block, x = _moe(requires_grad=True, device=device)
     eager = _step(block, block, x)
     ut.enable()
     compiled_block = torch.compile(block, backend="inductor")
