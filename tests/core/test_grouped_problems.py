@@ -19,12 +19,14 @@ from unimatmul.core._backend import DEFAULT  # noqa: E402
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
 from unimatmul.core.grouped import (  # noqa: E402
     DISTRIBUTIONS,
+    GroupedInputError,
     GroupedOperands,
     bucket_extent,
     group_products,
     group_sizes,
     grouped_problem,
     grouped_problem_of,
+    grouped_shapes,
     make_grouped_operands,
 )
 from unimatmul.tuning.harness import HarnessConfig  # noqa: E402
@@ -71,6 +73,15 @@ def test_grouped_fields_are_checked(changes: dict[str, Any], message: str) -> No
                 **changes,
             }
         )
+
+
+def test_the_output_shape_of_each_form_and_ranks_of_none() -> None:
+    assert grouped_shapes((40, 32), (4, 32, 16), 4) == ("m", (40, 16))
+    assert grouped_shapes((24, 40), (40, 16), 4) == ("k", (4, 24, 16))
+    assert grouped_shapes((4, 24, 32), (32, 40), 4) == ("n", (24, 40))
+    assert grouped_shapes((4, 24, 32), (4, 32, 16), 0) == ("none", (4, 24, 16))
+    with pytest.raises(GroupedInputError, match=r"2 or 3d, got shapes \(32,\) and \(4, 32, 16\)"):
+        grouped_shapes((32,), (4, 32, 16), 4)
 
 
 def test_buckets_are_the_next_power_of_two() -> None:

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from grouped_cases import close, offs_of, operands, reference  # noqa: E402
-from torch_helpers import Env  # noqa: E402
+from torch_helpers import Env, Experts  # noqa: E402
 
 import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
@@ -97,6 +97,31 @@ def test_mode_off_and_disable_leave_torch_alone(env: Env) -> None:
     assert not grouped_routing.plans() and _routed_calls() == 0
 
 
+def test_fake_tensors_pass_the_door_untouched(env: Env) -> None:
+    """What torch.compile and make_fx trace with never reaches a plan (no data to read)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a, b, offs = operands("m", SIZES)
+    ut.enable()
+    with FakeTensorMode() as mode:
+        got = torch._grouped_mm(mode.from_tensor(a), mode.from_tensor(b), mode.from_tensor(offs))
+    assert tuple(got.shape) == (a.shape[0], b.shape[-1]) and got.dtype == a.dtype
+    assert _routed_calls() == 0 and not grouped_routing.plans()
+
+
+def test_call_reaches_the_door_where_the_thread_excludes_its_key(env: Env) -> None:
+    """A custom op's kernel runs below ADInplaceOrView: the aten op would skip the door there."""
+    a, b, offs = operands("m", SIZES)
+    ut.enable()
+    with unimatmul.mode("tune"), torch._C._AutoDispatchBelowADInplaceOrView():
+        skipped = torch._grouped_mm(a, b, offs)
+        assert _routed_calls() == 0
+        got = grouped_routing.call(a, b, offs)
+    assert _routed_calls() == 1
+    ref = reference("m", a, b, offs)
+    assert close(got, ref, "bf16") and close(skipped, ref, "bf16")
+
+
 def test_what_torch_refuses_it_still_refuses_with_its_own_error(env: Env) -> None:
     a, b, offs = operands("m", SIZES)
     bias = torch.zeros(b.shape[-1], dtype=a.dtype)
@@ -111,32 +136,6 @@ def test_what_torch_refuses_it_still_refuses_with_its_own_error(env: Env) -> Non
     assert message(lambda: torch._grouped_mm(a, b, offs, bias=bias)) == unrouted
     (plan,) = grouped_routing.plans()
     assert plan.runner is None and plan.source == "passthrough" and plan.reason
-
-
-class Experts(torch.nn.Module):
-    """Experts as Hugging Face's ``grouped_mm`` implementation runs them: tokens sorted by
-    expert, ``offs`` the running count, gate/up and down as two grouped products."""
-
-    def __init__(self, experts: int, hidden: int, inter: int, top_k: int) -> None:
-        super().__init__()
-        gen = torch.Generator().manual_seed(3)
-        self.top_k = top_k
-        self.router = torch.nn.Linear(hidden, experts, bias=False)
-        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1)
-        self.down = torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=gen) * 0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, chosen = torch.topk(self.router(x).softmax(-1), self.top_k, dim=-1)
-        flat = chosen.reshape(-1)
-        order = flat.argsort(stable=True)
-        tokens = order // self.top_k
-        offs = torch.bincount(flat, minlength=self.gate_up.shape[0]).cumsum(0).to(torch.int32)
-        h = torch._grouped_mm(x[tokens], self.gate_up.transpose(-2, -1), offs)
-        gate, up = h.chunk(2, dim=-1)
-        y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
-        out = torch.zeros_like(x)
-        out.index_add_(0, tokens, y * weights.reshape(-1)[order, None])
-        return out
 
 
 def test_an_moe_block_gives_the_same_result_routed(env: Env) -> None:

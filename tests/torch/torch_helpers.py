@@ -1,5 +1,5 @@
 """Helpers for the torch routing tests: a small transformer built from torch.nn modules,
-and tuning that prefers a kernel."""
+an MoE experts block, and tuning that prefers a kernel."""
 
 from __future__ import annotations
 
@@ -89,3 +89,29 @@ class TinyTransformer(torch.nn.Module):
     @property
     def linears(self) -> int:
         return self.layers * self.LINEARS_PER_BLOCK + 1
+
+
+class Experts(torch.nn.Module):
+    """Experts as Hugging Face's ``grouped_mm`` implementation runs them: tokens sorted by
+    expert, ``offs`` the running count, gate/up and down as two grouped products."""
+
+    def __init__(self, experts: int, hidden: int, inter: int, top_k: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.top_k = top_k
+        self.router = torch.nn.Linear(hidden, experts, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1)
+        self.down = torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=gen) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.topk(self.router(x).softmax(-1), self.top_k, dim=-1)
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)
+        tokens = order // self.top_k
+        offs = torch.bincount(flat, minlength=self.gate_up.shape[0]).cumsum(0).to(torch.int32)
+        h = torch._grouped_mm(x[tokens], self.gate_up.transpose(-2, -1), offs)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
+        out = torch.zeros_like(x)
+        out.index_add_(0, tokens, y * weights.reshape(-1)[order, None])
+        return out

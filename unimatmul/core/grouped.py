@@ -92,8 +92,10 @@ def grouped_shapes(
     a_shape: tuple[int, ...], b_shape: tuple[int, ...], groups: int
 ) -> tuple[str, tuple[int, ...]]:
     """(jagged dimension, output shape) of a grouped call; ``groups``: offs' length (unused
-    for 3-D x 3-D)."""
-    jagged = _FORMS[(len(a_shape), len(b_shape))]
+    for 3-D x 3-D); :class:`GroupedInputError` for ranks of no form."""
+    jagged = _FORMS.get((len(a_shape), len(b_shape)))
+    if jagged is None:
+        raise _fail(f"mat_a and mat_b have to be 2 or 3d, got shapes {tuple(a_shape)} and {tuple(b_shape)}")
     if jagged == "m":
         return jagged, (a_shape[0], b_shape[-1])
     if jagged == "k":

@@ -14,10 +14,22 @@ sees). Shapes come from the op's fake implementation.
 ``unimatmul::mm(a, b, c=None, alpha=1, beta=1)`` is ``alpha * a @ b + beta * c``
 (``c`` broadcast as addmm's input, absent for mm), 2-D or batched 3-D.
 
-``aten._scaled_mm`` (fp8 with scales) nodes writing bf16, f16 or f32 become
-``unimatmul::scaled_mm``, the same signature, which calls the routed
-``torch._scaled_mm`` (``scaled_routing.py``); Inductor would otherwise call its ``out=``
-form or its own templates.
+Two aten ops become a custom op of the same signature which calls the routed aten op
+(Inductor would otherwise call their ``out=`` forms or its own templates):
+
+- ``aten._scaled_mm`` (fp8 with scales) nodes writing bf16, f16 or f32 become
+  ``unimatmul::scaled_mm``, which calls the routed ``torch._scaled_mm``
+  (``scaled_routing.py``);
+- ``aten._grouped_mm`` (MoE experts: ``torch._grouped_mm``, ``F.grouped_mm``) nodes on
+  the dtypes the grouped door serves (bf16, f16, f32) become
+  ``unimatmul::grouped_mm(a, b, offs=None, bias=None, out_dtype=None)``, which calls the
+  routed ``torch._grouped_mm`` (``grouped_routing.py``). The backward's products
+  (``grad @ b^T``, ``a^T @ grad`` with ``offs`` over K) are ``_grouped_mm`` nodes of the
+  backward graph, rewritten alike. Its fake implementation gives torch's shape and dtype
+  for each of the four forms (``unimatmul.core.grouped.grouped_shapes``), contiguous, and
+  the op's result is contiguous too (torch's own kernel pads rows to 16 bytes, a copy
+  then). Not torch's meta kernel: torch 2.13's refuses f32 and f16, which its CPU kernel
+  runs.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ from typing import Any
 import torch
 
 from unimatmul._version import __version__
+from unimatmul.core.grouped import grouped_shapes
+from unimatmul.torch import grouped_routing
 
 
 class _Registration:
@@ -115,8 +129,38 @@ def _scaled_mm_fake(
 _SCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    # The aten op through the grouped door: routed while routing is on, PyTorch's own otherwise.
+    out = grouped_routing.call(a, b, offs, bias, out_dtype)
+    # The fake's layout: torch's own kernel pads rows to 16 bytes (N of 4 bf16: stride 8).
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _grouped_mm_fake(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    # torch's shape and dtype for each form, contiguous. Not torch's meta kernel: torch
+    # 2.13's refuses f32 and f16, which its CPU kernel runs.
+    if bias is not None:
+        raise RuntimeError("unimatmul::grouped_mm: bias is not supported (torch._grouped_mm takes none)")
+    groups = offs.shape[0] if offs is not None else 0
+    shape = grouped_shapes(tuple(a.shape), tuple(b.shape), groups)[1]
+    return a.new_empty(shape, dtype=out_dtype if out_dtype is not None else a.dtype)
+
+
 def define_ops() -> None:
-    """Define ``unimatmul::mm`` once per process (a library cannot be defined twice)."""
+    """Define ``unimatmul::mm``, ``unimatmul::scaled_mm`` and ``unimatmul::grouped_mm`` once
+    per process (a library cannot be defined twice)."""
     with _registered.lock:
         if _registered.library is not None:
             return
@@ -130,6 +174,12 @@ def define_ops() -> None:
         )
         library.impl("scaled_mm", _scaled_mm, "CompositeExplicitAutograd")
         torch.library.register_fake("unimatmul::scaled_mm", _scaled_mm_fake, lib=library)
+        library.define(
+            "grouped_mm(Tensor a, Tensor b, Tensor? offs=None, Tensor? bias=None, "
+            "ScalarType? out_dtype=None) -> Tensor"
+        )
+        library.impl("grouped_mm", _grouped_mm, "CompositeExplicitAutograd")
+        torch.library.register_fake("unimatmul::grouped_mm", _grouped_mm_fake, lib=library)
         _registered.library = library
 
 
@@ -159,22 +209,44 @@ def _eligible(node: Any) -> bool:
     )
 
 
-def _rewrite_scaled(graph: torch.fx.Graph) -> int:
-    """Replace ``aten._scaled_mm`` nodes writing bf16/f16/f32 by ``unimatmul::scaled_mm``."""
-    target = torch.ops.aten._scaled_mm.default
-    op = torch.ops.unimatmul.scaled_mm.default
+_SAME: dict[Any, tuple[Any, tuple[torch.dtype, ...]]] = {}
+
+
+def _same_signature() -> dict[Any, tuple[Any, tuple[torch.dtype, ...]]]:
+    """aten op -> (the custom op of its signature that calls it routed, the output dtypes
+    it is taken for)."""
+    if not _SAME:
+        aten, ops = torch.ops.aten, torch.ops.unimatmul
+        _SAME.update(
+            {
+                aten._scaled_mm.default: (ops.scaled_mm.default, _SCALED_OUT_DTYPES),
+                aten._grouped_mm.default: (ops.grouped_mm.default, tuple(grouped_routing.DTYPES)),
+            }
+        )
+    return _SAME
+
+
+def _rewrite_same(graph: torch.fx.Graph) -> int:
+    """Replace ``aten._scaled_mm`` and ``aten._grouped_mm`` nodes on CPU/CUDA tensors of
+    the dtypes their doors serve by the custom op of the same signature."""
+    same = _same_signature()
     count = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not target:
+        entry = same.get(node.target) if node.op == "call_function" else None
+        if entry is None:
             continue
+        op, dtypes = entry
         value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or value.dtype not in _SCALED_OUT_DTYPES:
+        if not isinstance(value, torch.Tensor) or value.dtype not in dtypes:
             continue
         if value.device.type not in ("cpu", "cuda"):
             continue
         with graph.inserting_before(node):
             new = graph.call_function(op, tuple(node.args), dict(node.kwargs))
         new.meta = dict(node.meta)
+        if op is torch.ops.unimatmul.grouped_mm.default and not value.is_contiguous():
+            # torch's meta kernel pads rows on CUDA builds; this op's result is contiguous
+            new.meta["val"] = value.new_empty(value.shape)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         count += 1
@@ -182,11 +254,11 @@ def _rewrite_scaled(graph: torch.fx.Graph) -> int:
 
 
 def rewrite(graph: torch.fx.Graph) -> int:
-    """Replace eligible aten products by ``unimatmul::mm`` (and ``unimatmul::scaled_mm``);
-    returns how many."""
+    """Replace eligible aten products by ``unimatmul::mm`` (and ``unimatmul::scaled_mm``,
+    ``unimatmul::grouped_mm``); returns how many."""
     targets = _aten_targets()
     op = torch.ops.unimatmul.mm.default
-    count = _rewrite_scaled(graph)
+    count = _rewrite_same(graph)
     for node in list(graph.nodes):
         kind = targets.get(node.target) if node.op == "call_function" else None
         if kind is None or not _eligible(node):
@@ -218,7 +290,7 @@ def _make_pass(previous: Any) -> Any:
     source = Path(__file__).read_bytes()
 
     class RoutePass(CustomGraphPass):
-        """Inductor post-grad pass: aten products -> unimatmul::mm (see module docs)."""
+        """Inductor post-grad pass: aten products -> unimatmul's custom ops (see module docs)."""
 
         def __call__(self, graph: torch.fx.Graph) -> None:
             if previous is not None:

@@ -15,8 +15,13 @@ Like the other routed products it keeps one plan per operand key (shapes, stride
 dtypes, devices and alignment of ``a``, ``b``, ``offs`` and ``bias``, the output dtype, the
 mode; ``offs``' values are never read: a serving process's token distribution changes
 every call, and the Problem buckets it, ``docs/grouped.md``) in a
-:class:`~unimatmul.calls.CallTable`. ``torch.compile`` graphs are Inductor's own: their
-grouped GEMMs are not routed.
+:class:`~unimatmul.calls.CallTable`.
+
+Tensors that are not plain (fake and functional tensors, subclasses and modes with
+``__torch_dispatch__``: what ``torch.compile``, ``make_fx`` and ``torch.export`` trace with)
+pass through untouched: their keys are below this one, and tracing must see the aten op.
+Under Inductor, ``compiled.py`` rewrites the graph's ``_grouped_mm`` nodes into
+``unimatmul::grouped_mm``, which calls this door through :func:`call` at run time.
 """
 
 from __future__ import annotations
@@ -38,10 +43,13 @@ from unimatmul.tuning.selector import Decision
 
 DISPATCH_KEY = "ADInplaceOrView"
 MAX_PLANS = 4096
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # what this door serves
 _OP = torch.ops.aten._grouped_mm.default
 _BELOW = torch._C._after_ADInplaceOrView_keyset
 _Below = torch._C._AutoDispatchBelowADInplaceOrView
+# Keys of tensors and modes that trace or wrap (fake, functional, __torch_dispatch__):
+# below this key, so the door sees them first and passes them through.
+_PYTHON, _FUNCTIONAL = torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize
 
 _router = Router("grouped_mm", MAX_PLANS)  # no native table: Python kernels only
 TABLE = _router.table
@@ -60,7 +68,7 @@ def _grouped_mm(
 ) -> torch.Tensor:
     """The routed ``aten::_grouped_mm``: a plan per operand key (module docstring)."""
     mode = _mode_var.get() or _router.env_mode
-    if mode == "off" or PASSING.on:
+    if mode == "off" or PASSING.on or keyset.has(_PYTHON) or keyset.has(_FUNCTIONAL):
         return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
     signature = _signature
     key = (
@@ -92,6 +100,26 @@ def _grouped_mm(
         TABLE.fall_back(plan, exc, adapter_of(a))  # PyTorch's own kernel from now on
         return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
     return out
+
+
+_DOOR = torch._C.DispatchKey.ADInplaceOrView
+
+
+def call(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``torch._grouped_mm`` through this door (routed while routing is on), also where the
+    calling thread excludes the door's key: a custom op's kernel (``unimatmul::grouped_mm``,
+    ``compiled.py``) runs below ``ADInplaceOrView``, where the aten op would skip it."""
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    if not excluded.has(_DOOR):
+        return _OP(a, b, offs, bias, out_dtype)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded.remove(_DOOR)):
+        return _OP(a, b, offs, bias, out_dtype)
 
 
 class _TorchGrouped:
@@ -136,7 +164,7 @@ def _fill(
     if bias is not None:
         plan.reason = "a bias (torch's own kernel takes or refuses it)"
         return None
-    if a.dtype not in _DTYPES or a.device.type not in ("cpu", "cuda") or a.device != b.device:
+    if a.dtype not in DTYPES or a.device.type not in ("cpu", "cuda") or a.device != b.device:
         plan.reason = f"dtype {a.dtype} on {a.device}"
         return None
     adapter = adapter_of(a)
