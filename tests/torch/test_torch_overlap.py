@@ -81,7 +81,6 @@ def test_unimatmul_matmul_gives_torchs_result(env: Env, case: str) -> None:
     assert winner in {plan.runner.candidate.identity for plan in api.TABLE.live()}
     ref = a.double() @ b.double() + (kwargs["bias"].double() if kwargs else 0)
     torch.testing.assert_close(fresh.double(), ref, rtol=1e-4, atol=1e-4)
-    wrong = 0
     for mode in ("tune", "cached"):  # the first resolves the signature; the next are cached calls
         for _ in range(2):
             a, b, out, kwargs = CASES[case]("torch")
@@ -90,9 +89,8 @@ def test_unimatmul_matmul_gives_torchs_result(env: Env, case: str) -> None:
             a2, b2, expected, kwargs2 = CASES[case]("torch")
             _torch_itself(a2, b2, expected, kwargs2)
             _same(out, expected)
-            wrong += not torch.allclose(out.double(), ref, rtol=1e-4, atol=1e-4)
-    if case != "out overlaps bias":
-        assert wrong, "torch's own result was expected to differ from a @ b here"
+    # Whether torch's own result is a @ b here depends on the CPU's kernel (on AVX2 it
+    # differs, on an AMX CPU torch computes it right): either way unimatmul gave torch's.
     # The native path serves the same calls without an overlap the same way as before.
     a, b, _, kwargs = CASES[case]("torch")
     fresh.fill_(float("nan"))

@@ -122,9 +122,10 @@ def test_every_form_and_edge_offs(backend: TritonGroupedBackend, jagged: str, si
 
 def test_the_configs_follow_the_rows_per_group() -> None:
     decode = grouped_problem(64, 256, 2048, 1024)  # 4 rows per expert: 16-row tiles
-    prefill = grouped_problem(8, 8192, 14336, 4096)
+    prefill = grouped_problem(8, 2048, 14336, 4096)  # 256 rows an expert
     assert all(c.form == ROWS and c.block_m == 16 for c in offered(decode))
-    assert all(c.form != SKINNY and c.block_m >= 64 for c in offered(prefill))
+    assert offered(prefill) and all(c.form == ROWS and c.block_m >= 64 for c in offered(prefill))
+    assert offered(grouped_problem(8, 8192, 14336, 4096)) == []  # past ROWS_MAX_PER_GROUP
     assert all(c.candidate in CONFIGS for c in offered(decode) + offered(prefill))
     # The other forms keep the persistent kernel (the rows kernel cuts a's rows only).
     weight_grad = grouped_problem(64, 2048, 1024, 256, jagged="k")

@@ -14,8 +14,8 @@ the weights are read once per group), larger tiles where they hold more.
 ``none``). It is persistent: ``programs`` programs walk the output tiles of all groups in
 turn (tile ``t`` goes to program ``t % programs``), reading the group boundaries from
 ``offs`` one group after another; the **skinny** form (16-row tiles) where groups hold
-1-16 rows, the **persistent** form's larger tiles where they hold more. In the ``m`` form
-only its largest tile is still offered, for groups of more than 64 rows.
+1-16 rows, the **persistent** form's larger tiles where they hold more; it serves the
+``k``, ``n`` and ``none`` forms.
 
 Both read the group boundaries from ``offs`` on the device, so no host sync and no
 per-call set-up; each group's bounds are clamped to its operand as torch's slices clamp
@@ -83,6 +83,11 @@ ROWS_TILES = (
     GroupedConfig(ROWS, 128, 128, 64, warps=8),
     GroupedConfig(ROWS, 128, 256, 64, warps=8),
 )
+#: Past this many rows a group (the bucket's mean) no config of the m form is offered: on
+#: the H200 torch's grouped kernel (CUTLASS, sm90) won or tied every such expert product
+#: (8192 tokens of four MoE configs), and a kernel ahead on the harness's distributions
+#: lost up to 18 % on the model's own routing.
+ROWS_MAX_PER_GROUP = 256
 CONFIGS = {c.candidate: c for c in SKINNY_CONFIGS + PERSISTENT_CONFIGS + ROWS_DECODE + ROWS_TILES}
 
 
@@ -96,7 +101,7 @@ def rows_per_group(problem: Problem) -> float:
 def offered(problem: Problem, limit: int | None = None) -> list[GroupedConfig]:
     """The configs of ``problem``'s bucket, most likely first. The ``m`` form: the rows
     kernel's 16-row tiles where groups hold up to 4 rows, those and its 64-row tiles up to
-    16, its larger tiles beyond (and the persistent kernel's largest over 64 rows). The
+    16, its larger tiles up to :data:`ROWS_MAX_PER_GROUP`, none beyond. The
     other forms: skinny tiles where groups hold up to 16 rows, both kinds up to 64, the
     larger tiles beyond."""
     rows = rows_per_group(problem)
@@ -107,8 +112,10 @@ def offered(problem: Problem, limit: int | None = None) -> list[GroupedConfig]:
             found = [ROWS_DECODE[1], ROWS_TILES[0], ROWS_DECODE[2]]
         elif rows <= 64:
             found = [ROWS_TILES[0], ROWS_TILES[1], ROWS_DECODE[1]]
+        elif rows <= ROWS_MAX_PER_GROUP:
+            found = [ROWS_TILES[1], ROWS_TILES[0], ROWS_TILES[2]]
         else:
-            found = [ROWS_TILES[1], ROWS_TILES[0], ROWS_TILES[2], PERSISTENT_CONFIGS[1]]
+            found = []  # prefill of many rows a group: torch's grouped kernel was not beaten
     elif rows <= 16:
         found = [*SKINNY_CONFIGS, PERSISTENT_CONFIGS[3]]
     elif rows <= 64:
