@@ -291,3 +291,63 @@ def test_grouped_choices_are_timed_on_the_distributions_they_were_made_with(
     checks = fake.seen.count("one") + fake.seen.count("tail")
     assert fake.seen.count("timed") >= result.samples + 2  # the two first checks, and every sample
     assert 1 <= checks <= 4, fake.seen  # the check after its timing and after all timing
+
+
+# --- a grouped win must stand on every distribution ----------------------------------------
+_CLOCK = [0.0]  # a virtual clock: runners add their cost, the timer reads it
+
+
+class _VirtualTimer(CpuTimer):
+    """Seconds a call by the runners' own account (no noise, no machine in the figures)."""
+
+    def prepare(self, calls: Any) -> Any:
+        calls = list(calls)
+
+        def sample() -> float:
+            start = _CLOCK[0]
+            for call in calls:
+                call()
+            return (_CLOCK[0] - start) / len(calls)
+
+        return sample
+
+
+def _skewed(offs: Any, rows: int) -> bool:
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    return int(sizes.max()) > 2 * rows / len(sizes)
+
+
+class _Costed:
+    """``torch._grouped_mm`` into ``out`` (right), costing ``uniform`` or ``skewed`` seconds."""
+
+    def __init__(self, candidate: Candidate, uniform: float, skewed: float) -> None:
+        self.candidate, self.uniform, self.skewed = candidate, uniform, skewed
+
+    def __call__(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any) -> None:
+        out.copy_(torch._grouped_mm(a, b, offs))
+        _CLOCK[0] += self.skewed if _skewed(offs, a.shape[0]) else self.uniform
+
+
+@pytest.mark.parametrize(
+    ("uniform", "skewed", "wins"),
+    [(0.5, 1.2, False), (1.2, 0.5, False), (0.6, 0.8, True)],
+)
+def test_a_grouped_win_must_stand_on_each_distribution(uniform: float, skewed: float, wins: bool) -> None:
+    """Default costs 1.0 on both of the timed distributions. A kernel at 0.5 on one and 1.2
+    on the other is ahead on the mixture the main measurement times (0.85), and is kept
+    out by the repeat, which takes each distribution alone; one ahead on both wins."""
+    problem = grouped_problem(16, 256, 32, 32, "bf16")
+    kernel = Candidate.make("costed", "kernel")
+    entries = [
+        (DEFAULT, lambda: _Costed(DEFAULT, 1.0, 1.0)),
+        (kernel, lambda: _Costed(kernel, uniform, skewed)),
+    ]
+    settings = _settings(
+        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf
+    )
+    record = Harness(_VirtualTimer(), settings).measure(problem, TARGET, entries)
+    repeat = record.settings.get("repeat") or {}
+    assert record.winner == (kernel.identity if wins else DEFAULT.identity), (record.winner, repeat)
+    by_distribution = repeat.get("by_distribution")
+    assert by_distribution is not None and len(by_distribution) == 2, repeat
+    assert (min(by_distribution) > 1.0) == wins

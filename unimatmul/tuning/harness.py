@@ -498,8 +498,9 @@ class Harness:
                     best = default_entry  # not a win: keep what the user would have had
                 else:
                     try:
+                        parts = self._parts_by_distribution(problem, sets, best, default_entry, alpha, beta)
                         best, verdict, bounds = limit.run(
-                            best, lambda: self._confirm(best, default_entry, settle)
+                            best, lambda: self._confirm(best, default_entry, settle, parts)
                         )
                         win.update(_win_bounds(*bounds))
                     except OverLimit as exc:
@@ -573,7 +574,8 @@ class Harness:
             record_settings["win"] = win
         if verdict:
             # "repeat", not "confirm": that key is the in-situ verdict (unimatmul.tuning.confirm).
-            record_settings["repeat"] = verdict if why else {"verdict": verdict["verdict"]}
+            kept = {k: verdict[k] for k in ("verdict", "by_distribution") if k in verdict}
+            record_settings["repeat"] = verdict if why else kept
         capped = sum(1 for r in results if r.note == CAPPED)
         if capped:
             record_settings["capped"] = {"cap_s": round(cap_s or 0.0, 3), "left_out": capped}
@@ -1052,8 +1054,37 @@ class Harness:
         return pick, win
 
     # --- confirmation of a win --------------------------------------------------------------
+    def _parts_by_distribution(
+        self,
+        problem: Problem,
+        sets: list[Operands],
+        best: _Entry,
+        default: _Entry,
+        alpha: float,
+        beta: float,
+    ) -> list[tuple[Callable[[], float], Callable[[], float]]] | None:
+        """A grouped problem's (Default, best) samplers on each distribution's timed sets
+        alone (``_operand_sets``: they take turns), for ``_confirm``; None otherwise.
+
+        The main measurement times a choice on every set at once, so a kernel well ahead on
+        one distribution can hide a loss on the other; the repeat judges it on each."""
+        if not problem.is_grouped or len(sets) < 2 or not self.settings.interleave:
+            return None
+        found = []
+        for part in (sets[0::2], sets[1::2]):
+            assert default.runner is not None and best.runner is not None
+            d = self.timer.prepare([_bind(default.runner, s, alpha, beta) for s in part])
+            w = self.timer.prepare([_bind(best.runner, s, alpha, beta) for s in part])
+            d(), w()  # the first replay of a graph also uploads it
+            found.append((d, w))
+        return found
+
     def _confirm(
-        self, best: _Entry, default: _Entry, settle: float
+        self,
+        best: _Entry,
+        default: _Entry,
+        settle: float,
+        parts: list[tuple[Callable[[], float], Callable[[], float]]] | None = None,
     ) -> tuple[_Entry, dict[str, Any], tuple[float, float]]:
         """Measure ``best`` against Default again; the entry that wins, and what was seen.
 
@@ -1069,6 +1100,10 @@ class Harness:
         to ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
         entries' times become those of the confirmation. Also returns the bounds (at
         least, at most) on the speedup that the samples give.
+
+        With ``parts`` (a grouped problem: one sampler pair per distribution of its timed
+        sets) the pairs are taken on each distribution and the win must stand on every
+        one: the speedup, noise and bound are those of the worst.
         """
         settings = self.settings
         main_ratio = default.median() / best.median()
@@ -1079,6 +1114,7 @@ class Harness:
         ratios: list[float] = []
         speedup, noise, rounds = 1.0, 0.0, 0
         paired = settle <= 0
+        part_ratios: list[list[float]] = [[] for _ in parts or ()]
         # As many samples as fit the per-candidate budget, between 2 and confirm_pairs:
         # a product whose call takes a second gets 2, a small one confirm_pairs.
         slowest = max(default.median(), best.median())
@@ -1086,7 +1122,21 @@ class Harness:
         try:
             while True:
                 rounds += 1
-                if paired:
+                if paired and parts:
+                    for i in range(pairs):
+                        for p, (d_sample, w_sample) in enumerate(parts):
+                            if i % 2 == 0:
+                                d, w = d_sample(), w_sample()
+                            else:
+                                w, d = w_sample(), d_sample()
+                            d_times.append(d)
+                            w_times.append(w)
+                            part_ratios[p].append(d / w if w > 0 else math.inf)
+                    worst = min(part_ratios, key=statistics.median)
+                    ratios[:] = worst
+                    speedup = statistics.median(worst)
+                    noise = max(spread(r) for r in part_ratios) / 2
+                elif paired:
                     for i in range(pairs):
                         order = (default, best) if i % 2 == 0 else (best, default)
                         pair = {}
@@ -1146,6 +1196,11 @@ class Harness:
             "rounds": rounds,
             "samples": len(w_times),
             "paired": paired,
+            **(
+                {"by_distribution": [round(statistics.median(r), 4) for r in part_ratios]}
+                if part_ratios and all(part_ratios)
+                else {}
+            ),
             "agree": agree,
         }
         if not confirmed and speedup - 1.0 >= max(settings.min_gain, noise):

@@ -18,7 +18,6 @@ from unimatmul_triton import TritonInterpreterBackend, make_backend  # noqa: E40
 from unimatmul_triton.grouped import (  # noqa: E402
     CONFIGS,
     ROWS,
-    SKINNY,
     TritonGroupedBackend,
     TritonGroupedInterpreterBackend,
     offered,
