@@ -16,8 +16,10 @@ import pytest
 
 
 @functools.cache
-def missing(scales: str = "tensor") -> str | None:
-    """Why torch's CPU ``_scaled_mm`` cannot compute a product with ``scales`` here, or None."""
+def missing(scales: str = "tensor", out: str = "bf16") -> str | None:
+    """Why torch's CPU ``_scaled_mm`` cannot compute a product with ``scales`` into ``out``
+    (bf16 or f32) here, or None. The output type counts: under the AVX2 cap on an AMX CPU
+    oneDNN has been seen to build the bf16 primitive and not the f32 one."""
     import torch
 
     a = torch.ones(16, 16).to(torch.float8_e4m3fn)
@@ -26,15 +28,15 @@ def missing(scales: str = "tensor") -> str | None:
     else:
         sa, sb = torch.tensor(1.0), torch.tensor(1.0)
     try:
-        torch._scaled_mm(a, a.t(), sa, sb, out_dtype=torch.bfloat16)
+        torch._scaled_mm(a, a.t(), sa, sb, out_dtype={"bf16": torch.bfloat16, "f32": torch.float32}[out])
     except RuntimeError as exc:
         said = str(exc).strip().splitlines()[0][:100]
-        return f"torch {torch.__version__}'s own CPU _scaled_mm ({scales} scales) cannot run here: {said}"
+        return f"torch {torch.__version__}'s own CPU _scaled_mm ({scales} scales, {out} out) cannot run here: {said}"
     return None
 
 
-def skip_unless_runs(scales: str = "tensor") -> None:
-    """Skip the calling test where torch's CPU fp8 product with ``scales`` cannot run."""
-    reason = missing(scales)
+def skip_unless_runs(scales: str = "tensor", out: str = "bf16") -> None:
+    """Skip the calling test where torch's CPU fp8 product with ``scales`` into ``out`` cannot run."""
+    reason = missing(scales, out)
     if reason is not None:
         pytest.skip(reason)

@@ -442,9 +442,12 @@ def test_a_failing_default_names_torchs_call_and_the_cause(
     assert isolated.store_count() == 0  # nothing tuned or recorded for a failing call
 
 
-def test_an_out_overlapping_an_input_is_torch_scaled_mm_bit_for_bit(isolated: Any, registered: Any) -> None:
+def test_an_out_overlapping_an_input_is_torch_scaled_mm_bit_for_bit(
+    isolated: Any, registered: Any, cpu_fp8: None
+) -> None:
     """A tuned (fake) kernel serves the signature; a call whose out holds its own bias or
     scale runs torch._scaled_mm (core/overlap.py), as torch makes it."""
+    fp8_caps.skip_unless_runs("tensor", "f32")  # torch's own product into f32 is the reference
     fake = ScaledFakeBackend("fake-scaled", "correct")
 
     def operands() -> tuple[Any, ...]:
