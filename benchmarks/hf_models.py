@@ -604,6 +604,10 @@ def run_row(
         result["routed_calls"] = stats["routed"]
         result["kernel_calls"] = stats["kernel"]
         result["routed_by_label"] = stats["by_label"]
+        # The grouped door (torch._grouped_mm, MoE experts) counts its calls apart.
+        grouped = ut.grouped_stats()
+        result["grouped_calls"] = grouped.get("routed", 0)
+        result["grouped_by_label"] = grouped.get("by_label", {})
         result["problems"] = tuned_problems(met)
         with mode("off"):
             off.run()  # compiled: the off graph is recorded by now too
