@@ -351,3 +351,29 @@ def test_a_grouped_win_must_stand_on_each_distribution(uniform: float, skewed: f
     by_distribution = repeat.get("by_distribution")
     assert by_distribution is not None and len(by_distribution) == 2, repeat
     assert (min(by_distribution) > 1.0) == wins
+
+
+def test_a_distribution_sampler_that_cannot_be_made_leaves_the_plain_repeat() -> None:
+    """Where the per-distribution samplers fail to build, the repeat runs over every set."""
+
+    class Refusing(_VirtualTimer):
+        made = 0
+
+        def prepare(self, calls: Any) -> Any:
+            self.made += 1
+            if self.made > 2:  # past the main measurement's two: a distribution's samplers
+                raise RuntimeError("cannot capture")
+            return super().prepare(calls)
+
+    problem = grouped_problem(16, 256, 32, 32, "bf16")
+    kernel = Candidate.make("costed", "kernel")
+    entries = [
+        (DEFAULT, lambda: _Costed(DEFAULT, 1.0, 1.0)),
+        (kernel, lambda: _Costed(kernel, 0.6, 0.8)),
+    ]
+    settings = _settings(
+        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf
+    )
+    record = Harness(Refusing(), settings).measure(problem, TARGET, entries)
+    assert record.winner == kernel.identity
+    assert "by_distribution" not in (record.settings.get("repeat") or {})

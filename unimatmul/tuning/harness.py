@@ -1071,12 +1071,15 @@ class Harness:
         if not problem.is_grouped or len(sets) < 2 or not self.settings.interleave:
             return None
         found = []
-        for part in (sets[0::2], sets[1::2]):
-            assert default.runner is not None and best.runner is not None
-            d = self.timer.prepare([_bind(default.runner, s, alpha, beta) for s in part])
-            w = self.timer.prepare([_bind(best.runner, s, alpha, beta) for s in part])
-            d(), w()  # the first replay of a graph also uploads it
-            found.append((d, w))
+        try:
+            for part in (sets[0::2], sets[1::2]):
+                assert default.runner is not None and best.runner is not None
+                d = self.timer.prepare([_bind(default.runner, s, alpha, beta) for s in part])
+                w = self.timer.prepare([_bind(best.runner, s, alpha, beta) for s in part])
+                d(), w()  # the first replay of a graph also uploads it
+                found.append((d, w))
+        except PLUGIN_FAILURES:
+            return None  # the repeat over every set, as for other problems
         return found
 
     def _confirm(
