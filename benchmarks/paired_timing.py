@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unimatmul.tuning.harness import CpuTimer
-from unimatmul.tuning.timers import batch_size, l2_cache_bytes
+from unimatmul.tuning.timers import TorchGraphTimer, batch_size, l2_cache_bytes
 
 #: The input sets of a candidate together touch more than this many times the L2.
 L2_FACTOR = 3.2
@@ -165,31 +165,20 @@ def cuda_l2_bytes(index: int = 0) -> int:
 
 
 # --- samplers -------------------------------------------------------------------------------------
-@dataclass
-class GraphContext:
-    """What every capture of one comparison shares: the side stream and the memory pool."""
-
-    torch: Any
-    stream: Any
-    pool: Any
-
-    @classmethod
-    def new(cls, torch: Any) -> GraphContext:
-        return cls(torch, torch.cuda.Stream(), torch.cuda.graph_pool_handle())
-
-
 def graph_sampler(
     calls: Sequence[Callable[[], Any]],
-    ctx: GraphContext,
+    timer: TorchGraphTimer,
+    pool: Any,
     *,
     min_calls: int = MIN_CALLS,
     replay_s: float = REPLAY_S,
 ) -> tuple[Sampler, int, str]:
     """One CUDA graph of back-to-back calls cycling through ``calls`` (one per input set),
-    captured once; returns its sampler (seconds per call of a replay), its call count and
+    captured once by ``timer`` (the tuning harness's own, one side stream for every
+    capture) into the comparison's shared memory pool ``pool``; returns its sampler (seconds per call of a replay), its call count and
     ``"graph"``, or an eager sampler of the same calls and why where it cannot be captured.
     """
-    torch, stream = ctx.torch, ctx.stream
+    torch, stream = timer.torch, timer.stream
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -204,39 +193,8 @@ def graph_sampler(
     count = calls_per_graph(
         start.elapsed_time(end) * 1e-3 / len(calls), len(calls), min_calls=min_calls, replay_s=replay_s
     )
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, pool=ctx.pool, stream=stream, capture_error_mode="thread_local"):
-            for i in range(count):
-                calls[i % len(calls)]()
-    except Exception as exc:
-        torch.cuda.synchronize()
-        mode = f"eager ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
-
-        def eager() -> float:
-            with torch.cuda.stream(stream):
-                start.record()
-                for i in range(count):
-                    calls[i % len(calls)]()
-                end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3 / count
-
-        return eager, count, mode
-    with torch.cuda.stream(stream):
-        graph.replay()  # the first launch uploads the graph
-    stream.synchronize()
-
-    def replay() -> float:
-        with torch.cuda.stream(stream):
-            start.record()
-            graph.replay()
-            end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3 / count
-
-    replay.graph = graph  # type: ignore[attr-defined]  # kept alive with the sampler
-    return replay, count, "graph"
+    sample = timer.capture(list(calls), count, pool)
+    return sample, count, timer.last_mode
 
 
 @dataclass
@@ -284,10 +242,10 @@ def time_candidates(
         for name, fns in candidates.items():
             samplers[name], calls[name], modes[name] = timer.prepare(list(fns)), len(fns), "host clock"
     else:
-        ctx = GraphContext.new(torch)
+        graphs, pool = TorchGraphTimer(torch.cuda.current_device()), torch.cuda.graph_pool_handle()
         for name, fns in candidates.items():
             samplers[name], calls[name], modes[name] = graph_sampler(
-                fns, ctx, min_calls=min_calls, replay_s=replay_s
+                fns, graphs, pool, min_calls=min_calls, replay_s=replay_s
             )
     t0 = time.perf_counter()
     run_rounds(samplers, 1, warmup=0)  # the warm-up round, which also sizes the rest

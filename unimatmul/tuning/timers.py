@@ -95,11 +95,22 @@ class TorchGraphTimer:
             end.record()
         end.synchronize()
         per_call = start.elapsed_time(end) * 1e-3 / len(warm)
-        count = batch_size(len(calls), per_call, self.min_calls, self.max_batch_s)
+        return self.capture(calls, batch_size(len(calls), per_call, self.min_calls, self.max_batch_s))
+
+    def capture(
+        self, calls: Sequence[Callable[[], None]], count: int, pool: Any = None
+    ) -> Callable[[], float]:
+        """A sampler of ``count`` back-to-back calls cycling through ``calls``: replays of
+        one CUDA graph of them (captured into ``pool``, a graph memory pool, where given),
+        or the calls themselves where they cannot be captured (``last_mode`` says which).
+        The calls have run once on :attr:`stream` already."""
+        torch = self.torch
+        stream = self.stream
+        start, end = self._events()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.stream(stream):
-                graph.capture_begin(capture_error_mode="thread_local")
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
                     for i in range(count):
                         calls[i % len(calls)]()
