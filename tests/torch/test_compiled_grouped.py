@@ -44,6 +44,13 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm())
 
 
+def _assert_as_eager(out: Any, got: dict[str, Any], eager: dict[str, Any]) -> None:
+    """The compiled block's output and gradients within bf16 tolerance of eager's."""
+    assert _rel(out, eager["out"]) < BF16
+    for name, grad in eager.items():
+        assert _rel(got[name], grad) < BF16, name
+
+
 def _routed() -> int:
     return int(ut.grouped_stats()["routed"])
 
@@ -172,9 +179,7 @@ def test_aot_autograd_graphs_rewritten_route_forward_and_backward(env: Env, devi
     # each grouped product's backward: grad @ b^T and a^T @ grad (offs over K)
     assert _routed() == 2 + 2 + 4
     assert sum(rewritten) >= 2 + 4
-    assert _rel(out, eager["out"]) < BF16
-    for name, grad in eager.items():
-        assert _rel(got[name], grad) < BF16, name
+    _assert_as_eager(out, got, eager)
 
 
 @inductor
@@ -199,9 +204,7 @@ def test_an_inductor_compiled_moe_block_runs_the_routed_grouped_door(env: Env, d
     calls = [code.count("torch.ops.unimatmul.grouped_mm.default(") for code in codes]
     assert sum(calls) >= 2 + 4, calls  # the forward's and the backward's graphs
     assert not any(_torchs_call(code) for code in codes)
-    assert _rel(out, eager["out"]) < BF16
-    for name, grad in eager.items():
-        assert _rel(got[name], grad) < BF16, name
+    _assert_as_eager(out, got, eager)
 
 
 @inductor
