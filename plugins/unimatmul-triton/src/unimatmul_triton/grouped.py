@@ -251,12 +251,9 @@ class GroupedRunner:
             return
         pointers = (a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr())
         fixed = (g, n, k, *sa, *sb, *sc)
+        aligned = not (pointers[0] | pointers[1] | pointers[2] | pointers[3]) & 15
         fast = self._fast
-        if (
-            fast is not None
-            and fast[0] == fixed
-            and not (pointers[0] | pointers[1] | pointers[2] | pointers[3]) & 15
-        ):
+        if fast is not None and aligned and fast[0] == fixed:
             # The compiled kernel launched directly: what Triton's JIT would find for these
             # arguments (the same sizes, strides and 16-byte alignment; M and the slots are
             # not specialised), without its per-call binding of every argument.
@@ -266,7 +263,7 @@ class GroupedRunner:
         compiled = self.kernel[grid](
             a, b, out, offs, g, m, n, k, *sa, *sb, *sc, slots, G_POW2=g_pow2(g), **self._meta
         )
-        if not (pointers[0] | pointers[1] | pointers[2] | pointers[3]) & 15:
+        if aligned:
             self._fast = self._direct(compiled, fixed, g, a.device.index)
 
     def _direct(
