@@ -819,18 +819,16 @@ class Harness:
 
         def check() -> Check:
             guard = late.guards.get(id(late.ops)) if late.guards is not None else None
-            if late.offs is None:
-                return self._check_call(
-                    runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
-                )
-            offs, adapter = getattr(late.ops, "offs", None), late.target.adapter
-            adapter.copy_(offs, late.offs[0])
+            swap, copy_ = late.offs, late.target.adapter.copy_
+            if swap is not None:
+                copy_(late.ops.offs, swap[0])  # type: ignore[attr-defined]  # a grouped set's
             try:
                 return self._check_call(
                     runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
                 )
             finally:
-                adapter.copy_(offs, late.offs[1])
+                if swap is not None:
+                    copy_(late.ops.offs, swap[1])  # type: ignore[attr-defined]
 
         try:
             found = entry.limit.run(entry, check) if entry.limit is not None else check()
