@@ -49,6 +49,13 @@ from unimatmul.core.problem import GROUPED_DTYPES, EmptyProduct, Problem, matrix
 #: the others are empty; ``tail``: empty groups, group starts at unaligned positions
 #: (where the device allows them) and rows past ``offs[-1]`` that no group covers.
 DISTRIBUTIONS = ("skewed", "uniform", "one", "tail")
+#: The share of a bucket's rows that the timed sets' "low" parts route (the MoE forward):
+#: a bucket holds totals from half its rows to all of them, and a tile that fits the upper
+#: edge can lose in the lower part (a 128-row tile at 96 rows a group on the H200).
+LOW_FILL = 0.625
+#: The timed sets' parts (distribution, share of the rows): sets take turns of them.
+TIMED_PARTS = (("skewed", 1.0), ("uniform", 1.0))
+TIMED_PARTS_M = (*TIMED_PARTS, ("skewed", LOW_FILL), ("uniform", LOW_FILL))
 
 _FORMS = {(2, 3): "m", (2, 2): "k", (3, 2): "n", (3, 3): "none"}
 
@@ -312,17 +319,30 @@ class GroupedOperands(Operands):
 
     offs: Any = field(default=None)
     jagged: str = "m"
+    part: str = ""  # the distribution (and share of the rows) offs was drawn from
+
+
+def timed_parts(problem: Problem) -> tuple[tuple[str, float], ...]:
+    """The (distribution, share of the rows) parts a grouped problem's timed sets take
+    turns of: both distributions over all rows; in the ``m`` form (the MoE forward) both
+    again over :data:`LOW_FILL` of them, so that a choice wins across its bucket."""
+    return TIMED_PARTS_M if problem.jagged == "m" else TIMED_PARTS
 
 
 def _extent(problem: Problem) -> int:
     return {"m": problem.m, "k": problem.k, "n": problem.n}.get(problem.jagged, 0)
 
 
-def group_sizes(problem: Problem, distribution: str, rng: np.random.Generator, device: Device) -> list[int]:
+def group_sizes(
+    problem: Problem, distribution: str, rng: np.random.Generator, device: Device, fill: float = 1.0
+) -> list[int]:
     """Sizes of the groups of one draw of ``distribution`` (:data:`DISTRIBUTIONS`) over the
-    problem's jagged extent. On a GPU a K or N group starts at a multiple of 16 bytes
-    (torch's kernels need it); elsewhere, and for rows (M), anywhere."""
+    problem's jagged extent (``fill`` of it: the rows past are in no group). On a GPU a K or
+    N group starts at a multiple of 16 bytes (torch's kernels need it); elsewhere, and for
+    rows (M), anywhere."""
     groups, extent = problem.batch, _extent(problem)
+    if fill < 1.0:
+        extent = max(1, int(extent * fill))
     step = 1
     if device.kind != "cpu" and problem.jagged in ("k", "n"):
         step = max(1, 16 // ITEMSIZE[problem.dtype_a])
@@ -365,9 +385,10 @@ def make_grouped_operands(
     distribution: str = "skewed",
     *,
     with_out: bool = True,
+    fill: float = 1.0,
 ) -> GroupedOperands:
     """Random, never-zero operands of a grouped problem in its exact layout, with ``offs``
-    drawn from ``distribution`` (:data:`DISTRIBUTIONS`)."""
+    drawn from ``distribution`` (:data:`DISTRIBUTIONS`) over ``fill`` of the jagged extent."""
     layouts = grouped_layouts(problem)
     made: dict[str, Any] = {}
     for name in ("a", "b", "c"):
@@ -378,10 +399,11 @@ def make_grouped_operands(
         made[name] = adapter.random_strided(shape, strides, problem.dtype_a, device, rng, fill=name != "c")
     offs = None
     if problem.jagged != "none":
-        sizes = group_sizes(problem, distribution, rng, device)
+        sizes = group_sizes(problem, distribution, rng, device, fill)
         ends = np.cumsum(np.asarray(sizes, dtype=np.int64)).astype(np.int32)
         offs = adapter.host_indices(ends, device)
-    return GroupedOperands(made["a"], made["b"], made["c"], None, offs, problem.jagged)
+    part = distribution if fill >= 1.0 else f"{distribution}@{fill:g}"
+    return GroupedOperands(made["a"], made["b"], made["c"], None, offs, problem.jagged, part)
 
 
 def plain_grouped_call(alpha: float, beta: float, bias: Any) -> None:

@@ -59,6 +59,7 @@ from unimatmul.core.grouped import (
     grouped_layouts,
     grouped_operand_bytes,
     make_grouped_operands,
+    timed_parts,
 )
 from unimatmul.core.notices import size_text
 from unimatmul.core.problem import Problem
@@ -616,9 +617,10 @@ class Harness:
             # timing use a set other than the first.
             wanted = min(wanted, 2)
         if problem.is_grouped:
-            # Two at least: the timed sets take turns of two distributions (_operand_sets),
-            # and a choice timed on one of them alone may lose on the other.
-            wanted = max(wanted, min(2, settings.max_sets))
+            # One a part at least: the timed sets take turns of two distributions, in the
+            # m form over all rows and fewer (_operand_sets), and a choice timed on one part
+            # alone may lose on another.
+            wanted = max(wanted, min(len(timed_parts(problem)), settings.max_sets))
         # The check may keep the output's bounds (numeric_check._within): a few launches a
         # check instead of dozens. Taken where they cost no rotated set.
         bounds = _bounds_bytes(problem)
@@ -669,10 +671,12 @@ class Harness:
         if problem.is_scaled:
             return [make_scaled_operands(problem, target.adapter, target.device, rng) for _ in range(count)]
         if problem.is_grouped:
-            # The timed sets take turns of the first two distributions: a choice is timed on both.
+            # The timed sets take turns of the parts: a choice is timed on each.
+            parts = timed_parts(problem)
+            turns = [parts[i % len(parts)] for i in range(count)]
             return [
-                make_grouped_operands(problem, target.adapter, target.device, rng, DISTRIBUTIONS[i % 2])
-                for i in range(count)
+                make_grouped_operands(problem, target.adapter, target.device, rng, name, fill=fill)
+                for name, fill in turns
             ]
         # With beta = 0 the output is never read: no random numbers for it.
         return [
@@ -1061,16 +1065,20 @@ class Harness:
         alpha: float,
         beta: float,
     ) -> list[tuple[Callable[[], float], Callable[[], float]]] | None:
-        """A grouped problem's (Default, best) samplers on each distribution's timed sets
-        alone (``_operand_sets``: they take turns), for ``_confirm``; None otherwise.
+        """A grouped problem's (Default, best) samplers on each part's timed sets alone
+        (``_operand_sets``: they take turns of the distributions and, in the m form, of
+        the rows' share), for ``_confirm``; None otherwise.
 
         The main measurement times a choice on every set at once, so a kernel well ahead on
-        one distribution can hide a loss on the other; the repeat judges it on each."""
+        one part can hide a loss on another; the repeat judges it on each."""
         if not problem.is_grouped or len(sets) < 2 or not self.settings.interleave:
             return None
+        by_part: dict[str, list[Operands]] = {}
+        for s in sets:
+            by_part.setdefault(getattr(s, "part", ""), []).append(s)
         found = []
         try:
-            for part in (sets[0::2], sets[1::2]):
+            for part in by_part.values():
                 assert default.runner is not None and best.runner is not None
                 d = self.timer.prepare([_bind(default.runner, s, alpha, beta) for s in part])
                 w = self.timer.prepare([_bind(best.runner, s, alpha, beta) for s in part])
@@ -1102,9 +1110,9 @@ class Harness:
         entries' times become those of the confirmation. Also returns the bounds (at
         least, at most) on the speedup that the samples give.
 
-        With ``parts`` (a grouped problem: one sampler pair per distribution of its timed
-        sets) the pairs are taken on each distribution and the win must stand on every
-        one: the speedup, noise and bound are those of the worst.
+        With ``parts`` (a grouped problem: one sampler pair per part of its timed sets, a
+        distribution over all rows or fewer) the pairs are taken on each part and the win
+        must stand on every one: the speedup, noise and bound are those of the worst.
         """
         settings = self.settings
         main_ratio = default.median() / best.median()
