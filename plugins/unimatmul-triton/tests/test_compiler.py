@@ -117,6 +117,32 @@ def test_a_compile_error_reads_as_its_innermost_cause() -> None:
         assert reason(exc) == "AssertionError: num_warps must be a power of 2"
 
 
+def test_other_jobs_run_once_per_key_with_one_launcher_per_argument_list() -> None:
+    """``submit_job``: a compile of another kind (the grouped kernel's JIT warm-up) runs in
+    the pool once per key; its launcher is built after it, once per launcher key."""
+    import threading
+
+    started = threading.Barrier(2, timeout=10)
+    launched: list[str] = []
+    compiler = Compiler(2, launcher=launched.append)
+
+    def job(name: str) -> Any:
+        def work() -> str:
+            started.wait()  # both jobs at once, or this times out
+            return name
+
+        return work
+
+    first = compiler.submit_job(("rows", 1), job("first"), ("ptr", "i32"))
+    second = compiler.submit_job(("rows", 2), job("second"), ("ptr", "i32"))
+    again = compiler.submit_job(("rows", 1), job("never"), ("ptr", "i32"))
+    assert again is first
+    assert (first.result(), second.result()) == ("first", "second")
+    assert compiler.compiles == 2
+    assert launched in (["first"], ["second"]) and compiler.launchers == 1
+    compiler.shutdown()
+
+
 # --- GPU only --------------------------------------------------------------------------
 
 

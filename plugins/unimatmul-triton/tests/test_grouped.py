@@ -303,3 +303,36 @@ def test_on_the_gpu_the_rows_kernel_launches_directly_after_its_first_call(
     runner(a, b, out3, 1.0, 0.0, None, shifted)
     want3 = torch._grouped_mm(a, b, offs).float()
     assert float((out3.float() - want3).abs().max()) <= 2e-2 * float(want3.abs().max())
+
+
+@gpu
+def test_on_the_gpu_the_rows_configs_compile_ahead_and_the_first_call_finds_them(
+    backend: TritonGroupedBackend,
+) -> None:
+    """``candidates()`` compiles each offered rows config in the compile pool, with the
+    specialisation of the door's calls: the first call of every runner compiles nothing
+    more (Triton's JIT cache of the kernel does not grow), and its result is right."""
+    from unimatmul_triton.grouped_kernels import grouped_rows_kernel
+
+    # An expert shape no other test uses (its own specialisation), 12 groups.
+    sizes = [5, 0, 17, 3, 0, 40, 1, 9, 0, 2, 11, 8]
+    a, b, offs = _operands("m", sizes, "bf16", m=sum(sizes), n=336, k=208)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    compiler = backend._dense.compiler  # type: ignore[attr-defined]
+    before = compiler.compiles
+    candidates = backend.candidates(problem, TARGET)
+    rows = [c for c in candidates if CONFIGS[c].form == ROWS]
+    assert rows and compiler.compiles - before == len(rows)
+    cache = grouped_rows_kernel.device_caches[0][0]
+    want = torch._grouped_mm(a, b, offs).float()
+    for candidate in rows:
+        runner = backend.prepare(problem, candidate, TARGET)  # waits for its warm-up
+        compiled = len(cache)
+        out = torch.full(want.shape, float("nan"), dtype=a.dtype, device=a.device)
+        runner(a, b, out, 1.0, 0.0, None, offs)
+        torch.cuda.synchronize()
+        assert len(cache) == compiled, f"{candidate.identity} compiled again at its first call"
+        assert float((out.float() - want).abs().max()) <= 2e-2 * float(want.abs().max())
+    # Listing the candidates again compiles nothing.
+    backend.candidates(problem, TARGET)
+    assert compiler.compiles - before == len(rows)

@@ -138,6 +138,29 @@ class Compiler:
                 self._futures.move_to_end(key)
         return found
 
+    def submit_job(
+        self, key: tuple[Any, ...], work: Callable[[], Any], launcher_key: tuple[str, ...] | None = None
+    ) -> Future[Any]:
+        """The future of ``work()`` (a compile of another kind, such as a JIT kernel's
+        warm-up, returning its CompiledKernel), started now unless a job with ``key`` is
+        known; its launcher is built after it, once per ``launcher_key``."""
+        with self._lock:
+            found = self._futures.get(key)
+            if found is None:
+                found = self._futures[key] = self._pool.submit(self._job, work, launcher_key)
+                self.compiles += 1
+                while len(self._futures) > self._keep:
+                    self._futures.popitem(last=False)
+            else:
+                self._futures.move_to_end(key)
+        return found
+
+    def _job(self, work: Callable[[], Any], launcher_key: tuple[str, ...] | None) -> Any:
+        compiled = work()
+        if self._launcher is not None and launcher_key is not None and compiled is not None:
+            self._build_launcher(launcher_key, compiled)
+        return compiled
+
     def submit_all(self, plans: list[LaunchPlan], device_index: int, gpu_target: Any) -> list[Future[Any]]:
         """:meth:`submit` each plan (those already known are not compiled again)."""
         return [self.submit(plan, device_index, gpu_target) for plan in plans]

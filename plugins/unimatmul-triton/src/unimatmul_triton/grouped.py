@@ -22,6 +22,13 @@ per-call set-up; each group's bounds are clamped to its operand as torch's slice
 them (an empty group has no tiles; in the ``k`` form its output tile is all zeros). bf16
 and f16, fp32 accumulation.
 
+The rows kernel's configs are compiled ahead: ``candidates()`` hands a warm-up of each
+offered config (Triton's ``JITFunction.warmup`` with the problem's sizes and strides: the
+same specialisation the first call finds) and its launcher build to the dense backend's
+compile pool (``compiler.py``), so the configs of a problem compile in parallel while
+the first is checked; ``prepare()`` waits for its own (``UNIMATMUL_TRITON_PRECOMPILE=0``
+turns this off: each config then compiles at its first call).
+
 A runner launches through Triton's own Python launcher (``kernel[grid](...)``), on the
 caller's current stream; in test mode (``UNIMATMUL_TRITON_INTERPRET=1``) the same kernel
 runs in Triton's interpreter on CPU tensors.
@@ -29,11 +36,14 @@ runs in Triton's interpreter on CPU tensors.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedProblem, plain_grouped_call
+from unimatmul.core.grouped import grouped_layouts
+from unimatmul_triton import settings as plugin_settings
 
 NAME = "triton_grouped"
 DTYPES = ("bf16", "f16")
@@ -147,6 +157,13 @@ def rows_slots(m: int, groups: int, block_m: int) -> int:
     rows and ``groups`` groups (each group's tiles <= its rows / BM + 1, and every tile
     holds a row)."""
     return min(-(-m // block_m) + min(groups, m), m)
+
+
+def rows_warmup_ints(problem: Problem) -> tuple[int, ...]:
+    """The rows kernel's specialised ints of ``problem`` (G, N, K and the strides of a, b
+    and out, in its argument order), as the door's calls pass them."""
+    layouts = grouped_layouts(problem)
+    return (problem.batch, problem.n, problem.k, *layouts["a"][1], *layouts["b"][1], *layouts["c"][1])
 
 
 def g_pow2(groups: int) -> int:
@@ -303,7 +320,37 @@ class TritonGroupedBackend(Backend):
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         self._require(problem)
-        return [c.candidate for c in offered(problem, self._limit())]
+        found = offered(problem, self._limit())
+        if not self.interpreted and plugin_settings.PRECOMPILE.get():
+            for config in found:
+                self._warm_up(problem, config, target)
+        return [c.candidate for c in found]
+
+    def _warm_up(self, problem: Problem, config: GroupedConfig, target: Target) -> Any:
+        """The compile pool's future of ``config``'s kernel on ``problem`` (the rows kernel
+        only; None for the other forms, which compile at their first call)."""
+        if config.form != ROWS or problem.jagged != "m":
+            return None
+        ints = rows_warmup_ints(problem)
+        index = target.device.index
+        key = ("grouped_rows", problem.dtype_a, ints, config, index)
+        launcher_key = ("grouped_rows", *("1" if v == 1 else "i" for v in ints))
+        kernel = _kernel(config.form)
+
+        def work() -> Any:
+            import torch
+
+            dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}[problem.dtype_a])
+            g, n, k, *strides = ints
+            with torch.cuda.device(index):
+                return kernel.warmup(
+                    dtype, dtype, dtype, torch.int32, g, problem.m, n, k, *strides,
+                    rows_slots(problem.m, g, config.block_m), grid=(1,), G_POW2=g_pow2(g),
+                    BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                    num_warps=config.warps, num_stages=config.stages,
+                )  # fmt: skip
+
+        return self._dense.compiler.submit_job(key, work, launcher_key)  # type: ignore[attr-defined]
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         config = CONFIGS.get(candidate)
@@ -320,6 +367,13 @@ class TritonGroupedBackend(Backend):
         if config.form == ROWS and problem.jagged != "m":
             msg = f"{NAME}'s rows kernel computes the m form (offs over a's rows), not {problem.jagged}"
             raise UnsupportedProblem(msg, problem=problem, backend=NAME)
+        if not self.interpreted and plugin_settings.PRECOMPILE.get():
+            future = self._warm_up(problem, config, target)
+            if future is not None:
+                # Its compile, ahead or now. A warm-up that fails leaves the compile to the
+                # first call, which reports what goes wrong for this candidate.
+                with contextlib.suppress(Exception):
+                    future.result()
         return GroupedRunner(
             candidate, config, problem.jagged, self._programs(problem, config, target), self.interpreted
         )
