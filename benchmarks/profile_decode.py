@@ -25,7 +25,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_models import FULL, Stack, mode, sync
 
-OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")
+OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::linear",
+    "aten::matmul",
+    "aten::_grouped_mm",
+)
 
 
 def profile(run: Any, name: str, steps: int) -> dict[str, dict[str, float]]:

@@ -65,6 +65,7 @@ def run(
                 "share": r["share"],
                 "source": r["source"],
                 "winner": r["winner"],
+                "tune_s": r.get("tune_s"),
                 "speedup": (r["default_s"] / r["winner_s"])
                 if r.get("default_s") and r.get("winner_s")
                 else 1.0,
@@ -110,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": s_budget / s_free,
         "gain_kept": kept,
     }
-    (args.out / "tune-model.json").write_text(json.dumps(result, indent=1))
     lines = [
         f"model {args.model} on {args.device}: {len(shares)} problems",
         "",
@@ -124,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
             f"| {tag} | {res['wall_s']:.1f} | {res['tuning_s'] or 0:.1f} | {cov} | {tuned} | {s:.3f}x |"
         )
     lines += ["", f"budgeted / free: {s_budget / s_free:.4f}; share of the gain kept: {kept:.1%}"]
+    for tag, res in (("budgeted", budgeted), ("free", free)):
+        times = sorted(
+            r["tune_s"] for r in res["records"] if r["source"] == "tuned" and r["tune_s"] is not None
+        )
+        if times:
+            result[f"median_tune_s_{tag}"] = times[len(times) // 2]
+            lines.append(
+                f"{tag}: per tuned problem median {times[len(times) // 2] * 1e3:.0f} ms, "
+                f"max {times[-1] * 1e3:.0f} ms ({len(times)} problems)"
+            )
+    (args.out / "tune-model.json").write_text(json.dumps(result, indent=1))
     (args.out / "tune-model.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

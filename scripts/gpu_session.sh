@@ -18,6 +18,8 @@
 #   bench    the H200 GEMM benchmark against torch.matmul (benchmarks/gpu_bench.py, BENCH_ARGS)
 #   tunemodel  tune --model llama-3-8b --budget 10 against a budget-free tune, empty Triton caches
 #            (benchmarks/tune_model_budget.py, TUNEMODEL_S)
+#   tuneprofile  where tune --model's time goes: cProfile, empty then warm Triton cache
+#            (benchmarks/tune_profile.py, TUNEPROFILE_S, TUNEPROFILE_ARGS)
 #   agreement  do two tuning runs agree? 16 model products, AGREEMENT_RUNS runs (benchmarks/tune_agreement.py)
 #   models   PyTorch decoder stacks off vs routed, per-call overhead, buckets and TunableOp
 #            (benchmarks/torch_models.py, MODEL_ARGS)
@@ -67,8 +69,8 @@ for name in "$@"; do
     moe)
         part moe "${MOE_S:-420}" env MOE_S="${MOE_S:-420}" bash -c '
             python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 ))
-            python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models qwen3-30b-a3b,mixtral-8x7b \
-                --variants eager --time-limit $(( MOE_S / 3 ))' ;;
+            python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
+                --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:-}' ;;
     hf)
         part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ${HF_ARGS:-} ;;
     conformance)
@@ -96,6 +98,9 @@ for name in "$@"; do
     tunemodel)
         part tunemodel "${TUNEMODEL_S:-240}" python3 benchmarks/tune_model_budget.py --model llama-3-8b \
             --device cuda --budget 10 --out "$SESSION/tunemodel" ;;
+    tuneprofile)
+        part tuneprofile "${TUNEPROFILE_S:-150}" python3 benchmarks/tune_profile.py --device cuda \
+            --out "$SESSION/tuneprofile" ${TUNEPROFILE_ARGS:-} ;;
     agreement)
         part agreement "${AGREEMENT_S:-240}" python3 benchmarks/tune_agreement.py --device cuda \
             --runs "${AGREEMENT_RUNS:-4}" --out "$SESSION/agreement" ;;
