@@ -314,6 +314,15 @@ class _VirtualTimer(CpuTimer):
         return sample
 
 
+def _measured_on_the_clock(problem: Problem, entries: Any) -> Any:
+    """The record of ``entries`` measured on the virtual clock, every part of the timed sets
+    present, nothing pruned."""
+    settings = _settings(
+        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf, max_sets=4
+    )
+    return Harness(_VirtualTimer(), settings).measure(problem, TARGET, entries)
+
+
 def _skewed(offs: Any, rows: int) -> bool:
     sizes = torch.diff(offs, prepend=offs.new_zeros(1))
     return int(sizes.max()) > 2 * rows / len(sizes)
@@ -344,10 +353,7 @@ def test_a_grouped_win_must_stand_on_each_distribution(uniform: float, skewed: f
         (DEFAULT, lambda: _Costed(DEFAULT, 1.0, 1.0)),
         (kernel, lambda: _Costed(kernel, uniform, skewed)),
     ]
-    settings = _settings(
-        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf, max_sets=4
-    )
-    record = Harness(_VirtualTimer(), settings).measure(problem, TARGET, entries)
+    record = _measured_on_the_clock(problem, entries)
     repeat = record.settings.get("repeat") or {}
     assert record.winner == (kernel.identity if wins else DEFAULT.identity), (record.winner, repeat)
     by_distribution = repeat.get("by_distribution")
@@ -381,10 +387,7 @@ def test_a_grouped_win_must_stand_in_the_lower_part_of_its_bucket(
         (DEFAULT, lambda: _CostedByFill(DEFAULT, 1.0, 1.0)),
         (kernel, lambda: _CostedByFill(kernel, full, low)),
     ]
-    settings = _settings(
-        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf, max_sets=4
-    )
-    record = Harness(_VirtualTimer(), settings).measure(problem, TARGET, entries)
+    record = _measured_on_the_clock(problem, entries)
     assert record.winner == (kernel.identity if wins else DEFAULT.identity), record.settings.get("repeat")
     by_part = (record.settings.get("repeat") or {}).get("by_distribution")
     assert by_part is not None and len(by_part) == 4

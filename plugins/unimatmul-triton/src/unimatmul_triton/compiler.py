@@ -126,11 +126,14 @@ class Compiler:
 
     def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
         """The future of ``plan``'s compiled kernel: started now unless one with its key is known."""
-        key = (*plan.key(), device_index)
+        return self._submit((*plan.key(), device_index), self._work, plan, gpu_target)
+
+    def _submit(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """The future kept for ``key``, or ``fn(*args)`` started in the pool under it."""
         with self._lock:
             found = self._futures.get(key)
             if found is None:
-                found = self._futures[key] = self._pool.submit(self._work, plan, gpu_target)
+                found = self._futures[key] = self._pool.submit(fn, *args)
                 self.compiles += 1
                 while len(self._futures) > self._keep:
                     self._futures.popitem(last=False)
@@ -144,16 +147,7 @@ class Compiler:
         """The future of ``work()`` (a compile of another kind, such as a JIT kernel's
         warm-up, returning its CompiledKernel), started now unless a job with ``key`` is
         known; its launcher is built after it, once per ``launcher_key``."""
-        with self._lock:
-            found = self._futures.get(key)
-            if found is None:
-                found = self._futures[key] = self._pool.submit(self._job, work, launcher_key)
-                self.compiles += 1
-                while len(self._futures) > self._keep:
-                    self._futures.popitem(last=False)
-            else:
-                self._futures.move_to_end(key)
-        return found
+        return self._submit(key, self._job, work, launcher_key)
 
     def _job(self, work: Callable[[], Any], launcher_key: tuple[str, ...] | None) -> Any:
         compiled = work()
