@@ -137,11 +137,59 @@ def test_grouped_jobs_learn_their_expected_gain_from_the_same_experts_only() -> 
     def job(problem: Problem) -> PlannedJob:
         return PlannedJob(TuneJob(problem, NUMPY), 0.1)
 
-    decode, prefill = (
+    decode, more_decode, prefill = (
         job(grouped_problem(8, 16, 96, 64, "bf16")),
+        job(grouped_problem(8, 128, 96, 64, "bf16")),
         job(grouped_problem(8, 1024, 96, 64, "bf16")),
     )
-    assert decode.weight == prefill.weight  # two buckets of one MoE layer's experts
+    assert decode.weight == more_decode.weight  # two decode buckets of one MoE layer's experts
+    assert decode.weight != prefill.weight  # a regime of its own
     dense = job(Problem.from_shape(16, 96, 64, "bf16"))
     more_experts = job(grouped_problem(16, 16, 96, 64, "bf16"))
     assert len({decode.weight, dense.weight, more_experts.weight}) == 3
+
+
+def test_dense_products_learn_their_gain_per_weight_and_regime() -> None:
+    def weight(m: int, n: int = 96) -> tuple[object, ...]:
+        return PlannedJob(TuneJob(Problem.from_shape(m, n, 64, "bf16"), NUMPY), 0.1).weight
+
+    assert weight(1) == weight(64)  # decode sizes of one weight
+    assert weight(64) != weight(65) == weight(8192)  # the larger ones apart
+    assert weight(1) != weight(1, n=128)  # another weight
+
+
+def test_backends_hear_of_every_problem_to_tune_before_the_first_is_measured(
+    isolated: Any, backends: Any
+) -> None:
+    """``Tuner.ahead`` with a plan's upcoming jobs (what ``unimatmul tune`` does first): each
+    backend that serves the target is told of every problem the cache does not answer,
+    largest share first; one that fails there is passed over and the tuning goes on."""
+    from harness_fakes import KernelBackend, right
+
+    class Ahead(KernelBackend):
+        def __init__(self) -> None:
+            super().__init__("ahead", {"k": right})
+            self.told: list[tuple[int, int, int]] = []
+
+        def ahead(self, problem: Problem, target: Target) -> None:
+            self.told.append((problem.m, problem.n, problem.k))
+            if problem.m == 9:
+                raise RuntimeError("this backend cannot look ahead at m = 9")
+
+    told = Ahead()
+    backends(told)
+    cached = Problem.from_shape(8, 8, 8, "f32")
+    isolated.selector.tune(cached, NUMPY)
+    shapes = [(9, 16, 24), (10, 24, 32), (11, 32, 40)]
+    items = [
+        PlannedJob(TuneJob(Problem.from_shape(*s, "f32"), NUMPY), share)
+        for s, share in zip(shapes, [0.2, 0.5, 0.3], strict=True)
+    ]
+    items.append(PlannedJob(TuneJob(cached, NUMPY), 0.9))
+    plan = TunePlan(items)
+    isolated.selector.tuner.ahead((i.job.problem, i.job.target) for i in plan.upcoming(isolated.selector))
+    assert told.told == [(10, 24, 32), (11, 32, 40), (9, 16, 24)]  # by share; the cached one left out
+    for item in plan.order(isolated.selector):
+        record, source = item.job.run(isolated.selector)
+        plan.done(item, record, source)
+    assert plan.coverage() == pytest.approx(1.0)

@@ -272,6 +272,9 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     results = []
     plan = tune_model.plan(args, jobs)
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
+    # Kernels that compile (Triton's) start compiling for every problem now, in the order
+    # they come, while the first ones are measured.
+    selector.tuner.ahead((i.job.problem, i.job.target) for i in plan.upcoming(selector, force=args.force))
     for item in plan.order(selector, force=args.force):
         job = item.job
         problem = job.problem

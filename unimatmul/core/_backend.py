@@ -216,5 +216,9 @@ class Backend(ABC):
         except UnsupportedProblem:
             return False
 
+    def ahead(self, problem: Problem, target: Target) -> None:  # noqa: B027 - optional
+        """A hint that ``problem`` will be tuned soon: start what its tuning will wait for
+        (compiling its kernels, say) and return at once. Most backends have nothing to start."""
+
     def close(self) -> None:  # noqa: B027 - optional, most backends hold nothing to release
         """Release library handles (tests and plugin unloading)."""

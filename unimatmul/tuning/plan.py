@@ -5,7 +5,8 @@ a record file's call counts, or each problem once). A :class:`TunePlan` hands ou
 the jobs the cache answers already (they cost nothing), then the rest in order of
 expected gain x share, where the expected gain of a problem is the fraction of time that
 tuning saved on the problems of the same weight (n, k, dtype, layout; grouped ones of the
-same experts) tuned so far in this run, else on all of them, else the same for all. With a budget, each job may take
+same experts) and regime (decode-sized or not: :attr:`PlannedJob.weight`) tuned so far in
+this run, else on all of them, else the same for all. With a budget, each job may take
 what is left of it (and at most the per-problem cap); once it is spent, or what is left
 is less than the quickest problem of the run took, the jobs not reached are left out. Every record is stored as it is made, so what was tuned is usable
 at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
@@ -46,6 +47,11 @@ def problem_seconds(problem: Problem, device_kind: str) -> float:
     return roofline_s(problem.flops, problem.min_bytes, problem.dtype_a, device_kind)
 
 
+#: Products of at most this many rows a weight (an expert's, for grouped ones) learn their
+#: expected gain apart from larger ones (decode against prefill).
+DECODE_ROWS = 64
+
+
 @dataclass
 class PlannedJob:
     """A job and its share of the workload's GEMM time (0..1 once in a plan)."""
@@ -57,11 +63,15 @@ class PlannedJob:
     source: str = ""  # "tuned" or "cache" once run
 
     @property
-    def weight(self) -> tuple[str, int, int, int, str, bool]:
+    def weight(self) -> tuple[str, int, int, int, str, bool, bool]:
         """What its gain is learnt from: the weight matrix (or an MoE layer's experts, whose
-        grouped kernels are not the dense ones)."""
+        grouped kernels are not the dense ones) in one regime: decode-sized products (at
+        most :data:`DECODE_ROWS` rows a weight or an expert) apart from the larger ones,
+        since weight-read-bound kernels gain where compute-bound ones do not."""
         p = self.job.problem
-        return (p.op, p.batch if p.is_grouped else 1, p.n, p.k, p.dtype_a, p.trans_b)
+        groups = p.batch if p.is_grouped else 1
+        decode = p.m <= DECODE_ROWS * groups
+        return (p.op, groups, p.n, p.k, p.dtype_a, p.trans_b, decode)
 
 
 @dataclass
@@ -139,6 +149,12 @@ class TunePlan:
             )
             pending.remove(item)
             yield item
+
+    def upcoming(self, selector: Selector, *, force: bool = False) -> list[PlannedJob]:
+        """The jobs :meth:`order` will tune (the cache answers none of them), largest share
+        first: what the backends may start compiling for before the first is measured."""
+        pending = [i for i in self.items if force or i.job.stored(selector) is None]
+        return sorted(pending, key=lambda i: -i.share) if self.by_priority else pending
 
     def _quickest_s(self) -> float:
         """The least time a problem tuned in this run took (0 before any)."""

@@ -178,6 +178,20 @@ class Tuner:
             entries.extend((candidate, _preparer(self, problem, candidate, target)) for candidate in offered)
         return entries
 
+    def ahead(self, jobs: Iterable[tuple[Problem, Target]]) -> None:
+        """Tell the backends which problems are to be tuned, in order (``Backend.ahead``):
+        those that compile kernels start on them now, for all the problems at once, while
+        the first are measured. A backend's failure here is not a tuning's: it is ignored
+        (that problem's tuning meets it again and reports it)."""
+        for problem, target in jobs:
+            for backend in self.backends_for(target):
+                if problem.op not in backend.ops:
+                    continue
+                try:
+                    backend.ahead(problem, target)
+                except (Exception, SystemExit):
+                    continue
+
     def measure(
         self,
         problem: Problem,

@@ -107,6 +107,73 @@ print(json.dumps(out))
     assert again == failed and compiles == 2  # not compiled a second time
 
 
+def test_compile_processes_fill_the_cache_and_this_process_only_reads_it() -> None:
+    """With compile processes, each plan is compiled in a process of its own and this
+    process's compile of it is a read of Triton's cache: its front end (``make_ir``, run
+    only by a real compile) never runs here; each binary is Hopper's, with its own warps.
+    A plan that does not compile fails with Triton's reason as it does without them, and a
+    shut-down pool leaves no process behind."""
+    script = (
+        PREAMBLE
+        + """
+from triton.compiler import ASTSource
+made_here = []
+real_make_ir = ASTSource.make_ir
+def counted(self, *args, **kwargs):
+    made_here.append(self.fn.__name__)
+    return real_make_ir(self, *args, **kwargs)
+ASTSource.make_ir = counted
+compiler = Compiler(2, launcher=None, processes=2)
+broken = plan_for(p, KernelConfig(TILE, 16, 16, 8, 4, 2))  # tl.dot needs K >= 16
+plans = [plan_for(p, small), plan_for(p, large), plan_for(p, split)]
+kernels = [f.result() for f in compiler.submit_all(plans, 0, hopper)]
+try:
+    compiler.get(broken, 0, hopper)
+    failed = ""
+except CompileFailed as exc:
+    failed = str(exc)
+workers = [w.proc for w in compiler._workers._all]
+started = compiler.processes
+compiler.shutdown()
+print(json.dumps([
+    made_here, started, [[k.metadata.num_warps, k.metadata.target.arch] for k in kernels], failed,
+    [proc.poll() is not None for proc in workers],
+]))
+"""
+    )
+    made_here, started, kernels, failed, stopped = compiled_in_a_fresh_process(script)
+    assert made_here == []  # every compile here found its binary in the cache
+    assert started == 2
+    assert kernels == [[4, 90], [8, 90], [4, 90]]
+    assert "the tile kernel (blocks 16x16x8, split 1, 4 warps, 2 stages) did not compile" in failed
+    assert "K >= 16" in failed
+    assert stopped == [True, True]
+
+
+def test_a_lost_compile_process_costs_time_not_the_kernel() -> None:
+    """A compile process that dies mid-compile: the plan is compiled here instead, and
+    the next plan gets a new process."""
+    script = (
+        PREAMBLE
+        + """
+compiler = Compiler(1, launcher=None, processes=1)
+first = compiler.get(plan_for(p, small), 0, hopper)
+worker = compiler._workers._all[0].proc
+worker.kill()  # not reaped: the next compile writes to a dead pipe
+second = compiler.get(plan_for(p, large), 0, hopper)
+lost = [worker.poll() is not None, compiler.processes]
+third = compiler.get(plan_for(p, split), 0, hopper)
+started = compiler.processes
+compiler.shutdown()
+print(json.dumps([[k.metadata.num_warps for k in (first, second, third)], lost, started]))
+"""
+    )
+    warps, lost, started = compiled_in_a_fresh_process(script)
+    assert warps == [4, 8, 4]  # the second compiled here, after its process was lost
+    assert lost == [True, 1]
+    assert started == 2  # the third in a new process
+
+
 def test_a_compile_error_reads_as_its_innermost_cause() -> None:
     try:
         try:

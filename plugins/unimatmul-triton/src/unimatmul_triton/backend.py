@@ -167,6 +167,12 @@ class TritonBackend(Backend):
             self.compiler.submit_all(plans, target.device.index, self._device(target)[1])
         return found
 
+    def ahead(self, problem: Problem, target: Target) -> None:
+        """Start compiling the configs ``problem`` will be offered (what :meth:`candidates`
+        does when it lists them), without waiting."""
+        if plugin_settings.PRECOMPILE.get():
+            self.candidates(problem, target)
+
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         try:
             self._check_here(problem)
@@ -263,10 +269,22 @@ class TritonBackend(Backend):
         if self._compiler is None:
             with self._lock:
                 if self._compiler is None:
-                    self._compiler = Compiler(
-                        plugin_settings.COMPILE_THREADS.get() or min(8, os.cpu_count() or 1)
+                    processes = compile_processes()
+                    threads = (
+                        plugin_settings.COMPILE_THREADS.get() or processes or min(8, os.cpu_count() or 1)
                     )
+                    self._compiler = Compiler(threads, processes=processes)
         return self._compiler
+
+
+def compile_processes() -> int:
+    """Compile processes for a new Compiler (``UNIMATMUL_TRITON_COMPILE_PROCESSES``): by
+    default one per CPU but one (kept for the harness), where there are at least four."""
+    found = plugin_settings.COMPILE_PROCESSES.get()
+    if found is not None:
+        return found
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpus - 1 if cpus >= 4 else 0
 
 
 def _residency(compiled: Any, device: Device) -> int:

@@ -16,6 +16,12 @@ of a compile) holds it. A compile that fails raises :class:`CompileFailed` (an
 UnsupportedProblem) from :meth:`Compiler.get`, naming the plan and Triton's error: that
 candidate fails, the tuning goes on.
 
+With ``processes`` (:mod:`unimatmul_triton.compile_worker`), each thread hands its plan
+to a compile process first and then compiles it itself, which reads the binary from
+the cache: the processes take the compiles' Python work off this interpreter, whose
+lock the harness measuring beside them needs. A compile error comes back from the
+process as the same CompileFailed; a lost process only means the thread compiles.
+
 After a kernel compiles, the same worker builds its launcher (``launcher=True``): the
 small C module through which Triton launches kernels of one argument list
 (:meth:`LaunchPlan.launcher_key`), compiled with the host's C compiler on its first use
@@ -35,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from unimatmul import UnsupportedProblem
+from unimatmul_triton.compile_worker import WorkerLost, Workers, cache_dir
 from unimatmul_triton.launch import LaunchPlan
 
 
@@ -107,8 +114,11 @@ class Compiler:
         *,
         compile: Callable[[LaunchPlan, Any], Any] = compile_plan,
         launcher: Callable[[Any], None] | None = build_launcher,
+        processes: int = 0,
     ) -> None:
         self.threads = max(1, threads)
+        # Processes serve Triton's own compile only (a test's compile function runs here).
+        self._workers = Workers(processes, cache_dir()) if processes > 0 and compile is compile_plan else None
         self._pool = ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="unimatmul-triton-compile"
         )
@@ -168,10 +178,25 @@ class Compiler:
         """``plan``'s compiled kernel (waiting for its compile); CompileFailed when it did not compile."""
         return self.submit(plan, device_index, gpu_target).result()
 
+    @property
+    def processes(self) -> int:
+        """Compile processes started so far (0 without them)."""
+        return 0 if self._workers is None else self._workers.started
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._workers is not None:
+            self._workers.shutdown()
 
     def _work(self, plan: LaunchPlan, gpu_target: Any) -> Any:
+        if self._workers is not None:
+            try:
+                ok, error = self._workers.compile(plan, gpu_target)
+            except WorkerLost:
+                ok, error = True, ""  # the compile below is the one that counts
+            if not ok:
+                msg = f"{describe(plan)} did not compile for {gpu_target}: {error}"
+                raise CompileFailed(msg, backend="triton")
         try:
             compiled = self._compile(plan, gpu_target)
         except Exception as exc:

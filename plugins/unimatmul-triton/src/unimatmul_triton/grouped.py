@@ -326,6 +326,11 @@ class TritonGroupedBackend(Backend):
                 self._warm_up(problem, config, target)
         return [c.candidate for c in found]
 
+    def ahead(self, problem: Problem, target: Target) -> None:
+        """Start compiling what ``problem``'s candidates need (as :meth:`candidates` does)."""
+        if not self.interpreted and plugin_settings.PRECOMPILE.get():
+            self.candidates(problem, target)
+
     def _warm_up(self, problem: Problem, config: GroupedConfig, target: Target) -> Any:
         """The compile pool's future of ``config``'s kernel on ``problem`` (the rows kernel
         only; None for the other forms, which compile at their first call)."""

@@ -37,6 +37,16 @@ COMPILE_THREADS = settings.declare(
     "int",
     None,
     settings.parse_int(1),
-    "threads that compile configs ahead of their first run (default: the CPU count, at most 8)",
+    "threads that compile configs ahead of their first run (default: one per compile process, "
+    "else the CPU count, at most 8)",
+    owner=OWNER,
+)
+COMPILE_PROCESSES = settings.declare(
+    "UNIMATMUL_TRITON_COMPILE_PROCESSES",
+    "int",
+    None,
+    settings.parse_int(0),
+    "processes that compile configs into Triton's cache beside the threads (default: the CPU "
+    "count less one where there are 4 or more CPUs, else 0; `0`: compile in this process only)",
     owner=OWNER,
 )
