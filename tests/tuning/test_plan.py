@@ -187,9 +187,15 @@ def test_backends_hear_of_every_problem_to_tune_before_the_first_is_measured(
     ]
     items.append(PlannedJob(TuneJob(cached, NUMPY), 0.9))
     plan = TunePlan(items)
-    isolated.selector.tuner.ahead((i.job.problem, i.job.target) for i in plan.upcoming(isolated.selector))
-    assert told.told == [(10, 24, 32), (11, 32, 40), (9, 16, 24)]  # by share; the cached one left out
-    for item in plan.order(isolated.selector):
+
+    def ahead(upcoming: list[PlannedJob]) -> None:
+        isolated.selector.tuner.ahead((i.job.problem, i.job.target) for i in upcoming)
+
+    told_first = []
+    for item in plan.order(isolated.selector, before=ahead):
+        told_first.append(list(told.told))
         record, source = item.job.run(isolated.selector)
         plan.done(item, record, source)
+    assert told.told == [(10, 24, 32), (11, 32, 40), (9, 16, 24)]  # by share; the cached one left out
+    assert told_first[0] == told.told  # all of them before the first job
     assert plan.coverage() == pytest.approx(1.0)

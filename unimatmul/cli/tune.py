@@ -31,6 +31,7 @@ from unimatmul.tuning import confirm
 from unimatmul.tuning.buckets import Buckets
 from unimatmul.tuning.harness import LOW, HarnessConfig
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
+from unimatmul.tuning.plan import PlannedJob
 from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
 from unimatmul.tuning.selector import Selector, get_selector
 
@@ -272,10 +273,13 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     results = []
     plan = tune_model.plan(args, jobs)
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
-    # Kernels that compile (Triton's) start compiling for every problem now, in the order
-    # they come, while the first ones are measured.
-    selector.tuner.ahead((i.job.problem, i.job.target) for i in plan.upcoming(selector, force=args.force))
-    for item in plan.order(selector, force=args.force):
+
+    def ahead(items: list[PlannedJob]) -> None:
+        # Kernels that compile (Triton's) start compiling for every problem now, in the
+        # order they come, while the first ones are measured.
+        selector.tuner.ahead((i.job.problem, i.job.target) for i in items)
+
+    for item in plan.order(selector, force=args.force, before=ahead):
         job = item.job
         problem = job.problem
         bar.set_postfix_str(f"{job.label} {problem.dtype_a}, coverage {plan.coverage():.0%}")

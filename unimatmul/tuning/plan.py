@@ -126,16 +126,27 @@ class TunePlan:
         gains = [max(0.0, 1.0 - 1.0 / r.speedup) if r.speedup > 0 else 0.0 for r in _records(pool)]
         return max(sum(gains) / len(gains), 0.01)  # never 0: the share still orders them
 
-    def order(self, selector: Selector, *, force: bool = False) -> Iterator[PlannedJob]:
+    def order(
+        self,
+        selector: Selector,
+        *,
+        force: bool = False,
+        before: Callable[[list[PlannedJob]], None] | None = None,
+    ) -> Iterator[PlannedJob]:
         """The jobs to run, one at a time: call :meth:`done` after each. Those the cache
-        answers come first; the others by priority (or as given) until the budget is spent."""
+        answers come first; the others by priority (or as given) until the budget is spent.
+        ``before`` is called once, ahead of the first job, with the jobs to tune (largest
+        share first): what the backends may start compiling for."""
         self.started = self.clock()
         pending = list(self.items)
-        if not force:
-            stored = [i for i in pending if i.job.stored(selector) is not None]
-            for item in stored:
-                yield item
-            pending = [i for i in pending if i.source == ""]
+        stored = [] if force else [i for i in pending if i.job.stored(selector) is not None]
+        if stored:
+            answered = {id(i) for i in stored}
+            pending = [i for i in pending if id(i) not in answered]
+        if before is not None:
+            before(sorted(pending, key=lambda i: -i.share) if self.by_priority else list(pending))
+        for item in stored:
+            yield item
         while pending:
             # What is left must be worth a start: no problem so far took less than the quickest.
             if self.left_s() <= 0 or self.left_s() < self._quickest_s():
@@ -149,12 +160,6 @@ class TunePlan:
             )
             pending.remove(item)
             yield item
-
-    def upcoming(self, selector: Selector, *, force: bool = False) -> list[PlannedJob]:
-        """The jobs :meth:`order` will tune (the cache answers none of them), largest share
-        first: what the backends may start compiling for before the first is measured."""
-        pending = [i for i in self.items if force or i.job.stored(selector) is None]
-        return sorted(pending, key=lambda i: -i.share) if self.by_priority else pending
 
     def _quickest_s(self) -> float:
         """The least time a problem tuned in this run took (0 before any)."""

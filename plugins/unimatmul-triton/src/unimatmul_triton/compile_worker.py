@@ -97,7 +97,6 @@ class Workers:
         self._lock = threading.Lock()
         self._closed = False
         self.started = 0
-        self.compiled = 0
 
     def compile(self, plan: Any, target: Any) -> tuple[bool, str]:
         """(True, "") once ``plan``'s kernel is in the cache; (False, Triton's error in one
@@ -114,7 +113,6 @@ class Workers:
             raise
         finally:
             self._idle.put(worker)
-        self.compiled += 1
         return result
 
     def _start(self) -> _Worker:
