@@ -58,3 +58,61 @@ def test_an_element_wrong_in_one_part_is_found_and_its_part_named(part: int) -> 
     out[row, 5] = float("nan")  # a part left unwritten: NaN where the reference is finite
     found = compare_parts(ADAPTER, out, reference, CPU)
     assert found.nonfinite == 1 and math.isinf(found.rel_error) and not found.ok()
+
+
+def _reference_arrays(ref: object) -> dict[str, torch.Tensor]:
+    return {name: getattr(ref, name) for name in ("ref", "r2", "c2", "r4", "c4")}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_reference_taken_a_range_of_bs_columns_at_a_time_is_the_whole_one(
+    monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    from unimatmul.tuning import numeric_check
+
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(batch, 600, 256, generator=gen).to(torch.bfloat16)
+    b = torch.randn(batch, 256, 160, generator=gen).to(torch.bfloat16)
+    c0 = torch.randn(batch, 600, 160, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(160, generator=gen).to(torch.bfloat16)
+    model = ErrorModel.for_problem(
+        k=256, dtype_in="bf16", dtype_out="bf16", compute="f32", activation="gelu", ref_dtype="f32"
+    )
+
+    def reference() -> object:
+        ops = Operands(a, b, torch.empty(batch, 600, 160, dtype=torch.bfloat16), bias)
+        return make_reference(ADAPTER, ops, c0, 0.5, 2.0, "gelu", model, CPU)
+
+    whole = reference()
+    # 48 columns a range (the last one 16): as a weight too large for one float64 copy is taken.
+    taken: list[slice] = []
+
+    def columns(k: int, n: int, block: int) -> int:
+        taken.append(slice(k, n))
+        return 48
+
+    monkeypatch.setattr(numeric_check, "b_columns", columns)
+    ranged = reference()
+    assert taken, "the reference did not ask for B's column ranges"
+    for name, want in _reference_arrays(whole).items():
+        found = _reference_arrays(ranged)[name]
+        assert found is not None and want is not None, name
+        torch.testing.assert_close(found, want, rtol=1e-12, atol=0.0, msg=name)
+    assert ranged.sumsq == pytest.approx(whole.sumsq, rel=1e-12)
+    # The check reads the same: a wrong element in the last column range is found.
+    out = (a.double() @ b.double() * 0.5 + 2.0 * c0.double() + bias.double()).to(torch.bfloat16)
+    out = torch.nn.functional.gelu(out.double()).to(torch.bfloat16)
+    assert compare(ADAPTER, out, ranged, CPU).ok()
+    out[batch - 1, 599, 150] += 4.0
+    found = compare(ADAPTER, out, ranged, CPU)
+    assert not found.ok() and found.bad == 1
+
+
+def test_b_is_taken_whole_unless_it_is_larger_than_its_blocks() -> None:
+    from unimatmul.tuning.numeric_check import B_BLOCKS, b_columns
+
+    assert b_columns(4096, 4096, 1 << 22) == 4096
+    # A 57344 x 8192 weight (Llama-3.1-70B's gate/up) in ranges of B_BLOCKS blocks.
+    cols = b_columns(8192, 57344, 1 << 22)
+    assert cols * 8192 <= B_BLOCKS * (1 << 22) and cols == B_BLOCKS * (1 << 22) // 8192
+    assert b_columns(1 << 30, 8, 1 << 20) == 1  # never none

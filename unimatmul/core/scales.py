@@ -29,6 +29,7 @@ dtype. torch is imported through the array adapter, never at import time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,15 +383,36 @@ def scaled_error_model(problem: Problem) -> ErrorModel:
     )
 
 
-def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> Operands:
-    """The scaled operands as float32 ``scale_a * A`` and ``scale_b * B`` (the numeric
-    check's reference is the plain product of these; fp8 values times a float32 scale
-    lose at most one float32 rounding, far below any fp8 output's bound)."""
+def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> tuple[Operands, Callable[[slice, slice], Any]]:
+    """The scaled operands as the numeric check's reference takes them (it is the plain
+    product of ``scale_a * A`` and ``scale_b * B``): A as float32 ``scale_a * A`` (fp8
+    values times a float32 scale lose at most one float32 rounding, far below any fp8
+    output's bound), and B's columns as float64 ``scale_b * B`` on demand, a range at a
+    time (``numeric_check.ColumnSource``: a large weight is never dequantised whole).
+    The operands' ``b`` is the fp8 B, for its shape."""
     torch = torch_of(adapter)
     f32 = torch.float32
     a = ops.a.to(f32) * expanded_scale(ops.scale_a.to(f32), ops.a.shape)
-    b = ops.b.to(f32) * expanded_scale(ops.scale_b.to(f32), ops.b.shape)
-    return Operands(a, b, ops.out, ops.bias)
+
+    def columns(bs: slice, cs: slice) -> Any:
+        return dequantised_columns(ops.b, ops.scale_b, cs)[None]
+
+    return Operands(a, ops.b, ops.out, ops.bias), columns
+
+
+def dequantised_columns(b: Any, scale_b: Any, cs: slice) -> Any:
+    """Columns ``cs`` of ``scale_b * b`` in float64 (a torch tensor): a row-wise scale's
+    columns, or a block scale's blocks over them, repeated as :func:`expanded_scale` does."""
+    cols = b[:, cs].double()
+    scale = scale_b.double()
+    if len(scale.shape) == 2 and scale.shape[1] != 1:
+        n = b.shape[1]
+        if scale.shape[1] == n:
+            scale = scale[:, cs]
+        else:  # one per SCALE_BLOCK columns
+            start, stop, _ = cs.indices(n)
+            scale = scale[:, np.arange(start, stop) // SCALE_BLOCK]
+    return cols * expanded_scale(scale, cols.shape)
 
 
 def expanded_scale(scale: Any, shape: tuple[int, ...]) -> Any:

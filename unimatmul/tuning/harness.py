@@ -1268,9 +1268,14 @@ def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     # Float64 blocks of the reference (A's rows, the product and, with beta, bias or an
     # activation, a second one) and of B, the row and column norms, and the new inputs
     # written into a set after timing.
-    rows = max(1, min(problem.m, block // max(problem.n, 1)))
+    # B's columns a range at a time where B is large (numeric_check.b_columns), with
+    # their squares for the norms.
+    cols = numeric_check.b_columns(problem.k, problem.n, block)
+    rows = max(1, min(problem.m, block // max(cols, 1)))
     products = 1 if beta == 0.0 and not problem.has_bias and problem.activation is None else 3
-    temps = products * min(out_elements, block) * 8 + rows * problem.k * 8 + problem.k * problem.n * 8
+    temps = products * min(out_elements, block) * 8 + rows * problem.k * 8 + 2 * problem.k * cols * 8
+    if problem.is_scaled:  # A dequantised in float32 (scales.dequantised), and its temporary
+        temps += 2 * problem.m * problem.k * 4
     norms = 4 * (problem.m + problem.n) * problem.batch * 8
     fresh = operand_bytes(problem) - problem.m * problem.n * problem.batch * ITEMSIZE[problem.dtype_c]
     return ref + c0 + temps + norms + max(fresh, 0)
@@ -1397,23 +1402,12 @@ def reference_of(
         parts = [(p.label, p.view, Operands(p.a, p.b, p.view(ops.out))) for p in group_products(ops)]
         found = numeric_check.make_parts_reference(adapter, parts, model, target.device)
     else:
+        plain, columns = dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else (ops, None)
         found = numeric_check.make_reference(
-            adapter,
-            _reference_operands(adapter, ops),
-            c0,
-            alpha,
-            beta,
-            problem.activation,
-            model,
-            target.device,
+            adapter, plain, c0, alpha, beta, problem.activation, model, target.device, columns
         )
     found.keep_bounds = keep_bounds
     return found
-
-
-def _reference_operands(adapter: Any, ops: Operands) -> Operands:
-    """What the float64 reference is the plain product of (a scaled problem's dequantised inputs)."""
-    return dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else ops
 
 
 def compare_output(target: Target, ops: Operands, out: Any, reference: Reference | PartsReference) -> Check:

@@ -121,6 +121,40 @@ def _blocks(shape: tuple[int, ...], elements: int) -> Iterator[tuple[slice, slic
                 yield slice(i, i + 1), slice(r, min(r + per_block, m))
 
 
+#: Elements of B the reference holds in float64 at one time, in blocks of the reference
+#: (``ArrayAdapter.block_elements``): a larger B is taken a range of its columns at a time,
+#: so that a large weight (an fp8 one's float64 copy is 8x its bytes) never has a float64
+#: copy of the whole of it.
+B_BLOCKS = 4
+
+#: ``(batch range, column range)`` of B -> those columns in float64, ``[batch, k, columns]``
+#: (the reference of a scaled product dequantises them on demand: scales.dequantised).
+ColumnSource = Callable[[slice, slice], Any]
+
+
+def b_columns(k: int, n: int, block: int) -> int:
+    """Columns of B the reference converts to float64 at one time (:data:`B_BLOCKS`)."""
+    limit = B_BLOCKS * block
+    return n if k * n <= limit else max(1, limit // max(k, 1))
+
+
+def _reference_blocks(shape: tuple[int, ...], k: int, block: int) -> Iterator[tuple[slice, slice, slice]]:
+    """(batch range, row range, column range) blocks of a ``[batch, m, n]`` reference:
+    :func:`_blocks` over all columns where B fits :data:`B_BLOCKS`, else a range of B's
+    columns at a time, each with all its rows (B's columns converted once each)."""
+    batch, m, n = shape
+    cols = b_columns(k, n, block)
+    if cols >= n:
+        for bs, rs in _blocks(shape, block):
+            yield bs, rs, slice(0, n)
+        return
+    rows = max(1, block // cols)
+    for i in range(batch):
+        for c in range(0, n, cols):
+            for r in range(0, m, rows):
+                yield slice(i, i + 1), slice(r, min(r + rows, m)), slice(c, min(c + cols, n))
+
+
 def make_reference(
     adapter: ArrayAdapter,
     ops: Operands,
@@ -130,14 +164,17 @@ def make_reference(
     activation: str | None,
     model: ErrorModel,
     device: Device,
+    columns: ColumnSource | None = None,
 ) -> Reference:
     """The float64 reference of ``ops`` (C from ``c0`` when beta != 0), kept for
-    :func:`compare`; computed block by block on the operands' device.
+    :func:`compare`; computed block by block on the operands' device. ``columns`` gives
+    B's columns in float64 where they are not ``ops.b``'s own (a scaled product's
+    dequantised weight); ``ops.b`` then only gives B's shape.
 
     A small product's is computed and kept on the host instead: a few dozen tiny
     launches and their synchronisations would cost more than copying it there.
     """
-    found, pending = _reference(adapter, ops, c0, alpha, beta, activation, model, device)
+    found, pending = _reference(adapter, ops, c0, alpha, beta, activation, model, device, columns)
     found.sumsq += sum(adapter.scalars(pending))
     return found
 
@@ -151,17 +188,24 @@ def _reference(
     activation: str | None,
     model: ErrorModel,
     device: Device,
+    columns: ColumnSource | None = None,
 ) -> tuple[Reference, list[Any]]:
     """:func:`make_reference`, with the squares of its blocks left on the device (the
     reference's ``sumsq`` is their sum): the caller reads them back, with others."""
     out_shape = adapter.shape(ops.out)
     shape3 = (1, *out_shape) if len(out_shape) == 2 else out_shape
     ref_dtype = "f64" if adapter.dtype(ops.out) == "f64" else "f32"
+    a3, b3 = _as3(ops.a), _as3(ops.b)
+    if columns is None:
+
+        def columns(bs: slice, cs: slice) -> Any:
+            return adapter.to_float64(_pick(b3, bs, shape3[0])[:, :, cs])
+
     if adapter.kind != "numpy" and _operand_elements(ops, adapter) <= HOST_CHECK_ELEMENTS:
         host = adapter_for_kind("numpy")
         moved = Operands(
             adapter.to_numpy(ops.a),
-            adapter.to_numpy(ops.b),
+            adapter.to_numpy(columns(slice(0, b3.shape[0]), slice(0, b3.shape[-1]))),
             host.empty(out_shape, ref_dtype, CPU),
             adapter.to_numpy(ops.bias) if ops.bias is not None else None,
         )
@@ -169,7 +213,6 @@ def _reference(
         found = make_reference(host, moved, c0_host, alpha, beta, activation, model, CPU)
         found.host = True
         return found, []
-    a3, b3 = _as3(ops.a), _as3(ops.b)
     batch, m, n = shape3
     ref = adapter.empty(shape3, ref_dtype, device)
     xp = adapter.namespace()
@@ -179,30 +222,34 @@ def _reference(
     c4 = adapter.empty((batch, n), "f64", device) if model.inputs else None
     c3 = _as3(c0) if beta != 0.0 else None
     bias64 = adapter.to_float64(ops.bias) if ops.bias is not None else None
-    b_done, b64 = slice(-1, -1), None  # B in float64 and its norms: once per batch range
+    # B's columns in float64 and their norms: once per batch range and column range.
+    b_done: tuple[slice, slice] | None = None
+    b64: Any = None
     sumsq: list[Any] = []
     block = adapter.block_elements(device, reference=True, total=math.prod(shape3))
-    for bs, rs in _blocks(shape3, block):
+    for bs, rs, cs in _reference_blocks(shape3, b3.shape[-2], block):
         a64 = adapter.to_float64(_pick(a3, bs, batch)[:, rs])
-        if bs != b_done:
-            b64 = adapter.to_float64(_pick(b3, bs, batch))
-            c2[bs] = xp.sqrt(adapter.reduce_sum(b64 * b64, -2))
+        if (bs, cs) != b_done:
+            b64 = None  # the last range's before the next one's
+            b64 = columns(bs, cs)
+            c2[bs, cs] = xp.sqrt(adapter.reduce_sum(b64 * b64, -2))
             if c4 is not None:
-                c4[bs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((b64 * b64) ** 2, -2)))
-            b_done = bs
+                c4[bs, cs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((b64 * b64) ** 2, -2)))
+            b_done = (bs, cs)
         pre = a64 @ b64
         if alpha != 1.0:
             pre = pre * alpha
         if c3 is not None:
-            pre = pre + adapter.to_float64(c3[bs, rs]) * beta
+            pre = pre + adapter.to_float64(c3[bs, rs, cs]) * beta
         if bias64 is not None:
-            pre = pre + bias64
+            pre = pre + bias64[..., cs]
         done = adapter.activate64(pre, activation)
-        ref[bs, rs] = done
+        ref[bs, rs, cs] = done
         sumsq.append(adapter.sum_squares(done))
-        r2[bs, rs] = xp.sqrt(adapter.reduce_sum(a64 * a64, -1))
-        if r4 is not None:
-            r4[bs, rs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((a64 * a64) ** 2, -1)))
+        if cs.start == 0:  # A's row norms: once, with the first range of columns
+            r2[bs, rs] = xp.sqrt(adapter.reduce_sum(a64 * a64, -1))
+            if r4 is not None:
+                r4[bs, rs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((a64 * a64) ** 2, -1)))
         del pre, done  # before the next block's: one block of float64 at a time
     return Reference(ref, r2, c2, r4, c4, c3, bias64, alpha, beta, model), sumsq
 
