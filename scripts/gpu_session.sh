@@ -9,6 +9,8 @@
 #            fp8 tests, the older benchmark and the fp8 stack instead
 #   moe      mixture-of-experts: grouped GEMMs of four MoE configs against torch._grouped_mm
 #            (benchmarks/moe_bench.py), and two HF MoE models routing off vs on (MOE_S)
+#   fill     a grouped bucket's best candidates against torch._grouped_mm across the bucket's fill
+#            (benchmarks/grouped_fill.py, FILL_S, FILL_ARGS)
 #   hf       the Hugging Face model benchmark (routing off vs on)
 #   confirm  host time per call and the confirmation window's cost (scripts/gpu_confirm.py); committed in benchmarks/results/host-time/
 #   conformance  the full conformance matrix of one backend (CONFORMANCE_BACKEND, default triton)
@@ -71,6 +73,9 @@ for name in "$@"; do
             python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 ))
             python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
                 --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:-}' ;;
+    fill)
+        part fill "${FILL_S:-200}" python3 benchmarks/grouped_fill.py --out "$SESSION/fill" \
+            --budget-s $(( ${FILL_S:-200} - 60 )) ${FILL_ARGS:-} ;;
     hf)
         part hf "${HF_S:-330}" env HF_TIME_LIMIT=$(( ${HF_S:-330} - 40 )) bash scripts/gpu_hf.sh ${HF_ARGS:-} ;;
     conformance)
