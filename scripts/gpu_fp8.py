@@ -272,8 +272,11 @@ class Run:
         return operands(m, n, k, scales, count, self.device, seed=1234 + m)
 
     def shape(self, model: str, layer: str, m: int, n: int, k: int, scales: str) -> dict[str, Any]:
+        import unimatmul
+        import unimatmul.scaled
         from unimatmul.backend import Candidate
         from unimatmul.core.scales import scaled_problem, scaled_reference
+        from unimatmul.settings import CONFIRM_CALLS
 
         row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
         count = paired_timing.rotation_sets(m * k + k * n + 2 * m * n, self.l2)
@@ -300,9 +303,23 @@ class Run:
         runner: Any = self.selector.prepare(problem, Candidate.from_identity(record.winner), self.target)
 
         def ours(s: tuple[Any, ...]) -> Any:
-            return lambda: runner(s[0], s[1], s[4], 1.0, 0.0, None, s[2], s[3])
+            # What a user's call runs, captured in a graph: the public door, its stored
+            # choice (or Default, where the choice's margin is too small for a graph).
+            return lambda: unimatmul.scaled_matmul(s[0], s[1], s[2], s[3], out_dtype=torch.bfloat16, out=s[4])
 
         candidates["unimatmul"] = [ours(s) for s in sets]
+        # Its first real calls confirm the choice against PyTorch's (the confirmation
+        # window): timed after them, as a program's steady state.
+        for i in range(4 * CONFIRM_CALLS.get() + 8):
+            candidates["unimatmul"][i % len(sets)]()
+        self.sync()
+        self.selector.settle(30.0)
+        # The door's plan as it stands (source: cache, confirmed or reverted; label: what runs).
+        row["door"] = [
+            {"source": plan.source, "label": plan.label}
+            for plan in unimatmul.scaled.TABLE.live()
+            if plan.problem is not None and plan.problem.key == problem.key
+        ]
         timing = paired_timing.time_candidates(candidates, torch=torch if self.gpu else None)
         stats = timing.stats("torch", "unimatmul")
         row["torch_method"], row["unimatmul_method"] = timing.modes["torch"], timing.modes["unimatmul"]
@@ -322,13 +339,17 @@ class Run:
             s: sum(r.status == s for r in record.results) for s in ("ok", "pruned", "rejected", "failed")
         }
         row["tflops"] = 2 * m * n * k / (row["unimatmul_us"] * 1e-6) / 1e12
-        # The winner's result once more, against the dequantised product (what the harness checked).
+        # The winner's result once more, and the door's, against the dequantised product.
         a, b, sa, sb, out = sets[0]
-        out.fill_(float("nan"))
-        runner(a, b, out, 1.0, 0.0, None, sa, sb)
-        self.sync()
         ref = scaled_reference(self.adapter, a, b, sa, sb, None)
-        row["winner_rel_error"] = float((out.double() - ref).norm() / ref.norm())
+        for name, call in (
+            ("winner", lambda: runner(a, b, out, 1.0, 0.0, None, sa, sb)),
+            ("door", ours(sets[0])),
+        ):
+            out.fill_(float("nan"))
+            call()
+            self.sync()
+            row[f"{name}_rel_error"] = float((out.double() - ref).norm() / ref.norm())
         del timing, candidates
         return row
 
