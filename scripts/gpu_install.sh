@@ -6,9 +6,10 @@ if [ "${GPU_INSTALLED_AT:-}" = "$PWD" ]; then
     return 0
 fi
 # nvmath-python (cuBLASLt's bindings), where the call carried its wheel in .whl/
-# (carried with the device call): installed apart, and on the path of every part.
+# (carried with the device call): installed apart, and on the path of every part; compiled
+# to bytecode as a user's pip install is (uncompiled, its imports cost seconds a process).
 if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 # The package, installed for its entry points ("built-ins through the front door").
