@@ -2,6 +2,6 @@
 
 import sys
 
-from unimatmul.cli import main
+from unimatmul.cli import command
 
-sys.exit(main())
+sys.exit(command())
