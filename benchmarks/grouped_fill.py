@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             with unimatmul.mode("tune"):
                 unimatmul.grouped_matmul(a, b, offs)
             problem = grouped_problem_of(target.adapter, a, b, offs)
-            record = get_selector().lookup_bucket(problem, target)
+            record = get_selector().lookup(problem, target)
             if record is None:
                 left_out.append(f"{product}: no record of its bucket")
                 continue

@@ -92,6 +92,7 @@ def test_a_reference_taken_a_range_of_bs_columns_at_a_time_is_the_whole_one(
         return 48
 
     monkeypatch.setattr(numeric_check, "b_columns", columns)
+    monkeypatch.setattr(numeric_check, "a_rows", lambda m, n, k, block: 256)  # and A's rows 256 at a time
     ranged = reference()
     assert taken, "the reference did not ask for B's column ranges"
     for name, want in _reference_arrays(whole).items():
@@ -109,10 +110,13 @@ def test_a_reference_taken_a_range_of_bs_columns_at_a_time_is_the_whole_one(
 
 
 def test_b_is_taken_whole_unless_it_is_larger_than_its_blocks() -> None:
-    from unimatmul.tuning.numeric_check import B_BLOCKS, b_columns
+    from unimatmul.tuning.numeric_check import INPUT_BLOCKS, a_rows, b_columns
 
-    assert b_columns(4096, 4096, 1 << 22) == 4096
-    # A 57344 x 8192 weight (Llama-3.1-70B's gate/up) in ranges of B_BLOCKS blocks.
+    assert b_columns(2048, 4096, 1 << 22) == 4096
+    # A 57344 x 8192 weight (Llama-3.1-70B's gate/up) in ranges of INPUT_BLOCKS blocks.
     cols = b_columns(8192, 57344, 1 << 22)
-    assert cols * 8192 <= B_BLOCKS * (1 << 22) and cols == B_BLOCKS * (1 << 22) // 8192
+    assert cols * 8192 <= INPUT_BLOCKS * (1 << 22) and cols == INPUT_BLOCKS * (1 << 22) // 8192
     assert b_columns(1 << 30, 8, 1 << 20) == 1  # never none
+    # Llama-3.1-8B's down at 4096 tokens: A's rows a range at a time too.
+    rows = a_rows(4096, 4096, 14336, 1 << 22)
+    assert rows * 14336 <= INPUT_BLOCKS * (1 << 22) and a_rows(16, 4096, 4096, 1 << 22) == 16

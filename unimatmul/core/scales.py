@@ -383,21 +383,33 @@ def scaled_error_model(problem: Problem) -> ErrorModel:
     )
 
 
-def dequantised(adapter: ArrayAdapter, ops: ScaledOperands) -> tuple[Operands, Callable[[slice, slice], Any]]:
+def dequantised(
+    adapter: ArrayAdapter, ops: ScaledOperands
+) -> tuple[Operands, Callable[[slice, slice], Any], Callable[[slice, slice], Any]]:
     """The scaled operands as the numeric check's reference takes them (it is the plain
-    product of ``scale_a * A`` and ``scale_b * B``): A as float32 ``scale_a * A`` (fp8
-    values times a float32 scale lose at most one float32 rounding, far below any fp8
-    output's bound), and B's columns as float64 ``scale_b * B`` on demand, a range at a
-    time (``numeric_check.ColumnSource``: a large weight is never dequantised whole).
-    The operands' ``b`` is the fp8 B, for its shape."""
-    torch = torch_of(adapter)
-    f32 = torch.float32
-    a = ops.a.to(f32) * expanded_scale(ops.scale_a.to(f32), ops.a.shape)
+    product of ``scale_a * A`` and ``scale_b * B``): the operands themselves, for their
+    shapes, then A's rows and B's columns as float64 ``scale_a * A`` and ``scale_b * B``
+    on demand, a range at a time (``numeric_check.RowSource`` and ``ColumnSource``: a large
+    input is never dequantised whole)."""
+    torch_of(adapter)
+
+    def rows(bs: slice, rs: slice) -> Any:
+        return dequantised_rows(ops.a, ops.scale_a, rs)[None]
 
     def columns(bs: slice, cs: slice) -> Any:
         return dequantised_columns(ops.b, ops.scale_b, cs)[None]
 
-    return Operands(a, ops.b, ops.out, ops.bias), columns
+    return Operands(ops.a, ops.b, ops.out, ops.bias), rows, columns
+
+
+def dequantised_rows(a: Any, scale_a: Any, rs: slice) -> Any:
+    """Rows ``rs`` of ``scale_a * a`` in float64 (a torch tensor): a row-wise scale's rows,
+    or a block scale's groups along them, repeated as :func:`expanded_scale` does."""
+    rows = a[rs].double()
+    scale = scale_a.double()
+    if len(scale.shape) == 2 and scale.shape[0] != 1:
+        scale = scale[rs]
+    return rows * expanded_scale(scale, rows.shape)
 
 
 def dequantised_columns(b: Any, scale_b: Any, cs: slice) -> Any:

@@ -1271,11 +1271,12 @@ def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     # B's columns a range at a time where B is large (numeric_check.b_columns), with
     # their squares for the norms.
     cols = numeric_check.b_columns(problem.k, problem.n, block)
-    rows = max(1, min(problem.m, block // max(cols, 1)))
+    rows = numeric_check.a_rows(problem.m, problem.n, problem.k, block)
     products = 1 if beta == 0.0 and not problem.has_bias and problem.activation is None else 3
-    temps = products * min(out_elements, block) * 8 + rows * problem.k * 8 + 2 * problem.k * cols * 8
-    if problem.is_scaled:  # A dequantised in float32 (scales.dequantised), and its temporary
-        temps += 2 * problem.m * problem.k * 4
+    # A scaled product's rows and columns are dequantised a range at a time: the fp8
+    # values in float64, their scales expanded, the product (scales.dequantised).
+    a_temps, b_temps = (3, 3) if problem.is_scaled else (1, 2)
+    temps = products * min(out_elements, block) * 8 + (a_temps * rows + b_temps * cols) * problem.k * 8
     norms = 4 * (problem.m + problem.n) * problem.batch * 8
     fresh = operand_bytes(problem) - problem.m * problem.n * problem.batch * ITEMSIZE[problem.dtype_c]
     return ref + c0 + temps + norms + max(fresh, 0)
@@ -1402,9 +1403,11 @@ def reference_of(
         parts = [(p.label, p.view, Operands(p.a, p.b, p.view(ops.out))) for p in group_products(ops)]
         found = numeric_check.make_parts_reference(adapter, parts, model, target.device)
     else:
-        plain, columns = dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else (ops, None)
+        plain, rows, columns = (
+            dequantised(adapter, ops) if isinstance(ops, ScaledOperands) else (ops, None, None)
+        )
         found = numeric_check.make_reference(
-            adapter, plain, c0, alpha, beta, problem.activation, model, target.device, columns
+            adapter, plain, c0, alpha, beta, problem.activation, model, target.device, columns, rows
         )
     found.keep_bounds = keep_bounds
     return found

@@ -121,34 +121,45 @@ def _blocks(shape: tuple[int, ...], elements: int) -> Iterator[tuple[slice, slic
                 yield slice(i, i + 1), slice(r, min(r + per_block, m))
 
 
-#: Elements of B the reference holds in float64 at one time, in blocks of the reference
-#: (``ArrayAdapter.block_elements``): a larger B is taken a range of its columns at a time,
-#: so that a large weight (an fp8 one's float64 copy is 8x its bytes) never has a float64
-#: copy of the whole of it.
-B_BLOCKS = 4
+#: Elements of B's columns, and of A's rows, the reference holds in float64 at one time, in
+#: blocks of the reference (``ArrayAdapter.block_elements``): a larger B is taken a range of
+#: its columns at a time, and a larger A a range of its rows, so that a large input (an fp8
+#: one's float64 copy is 8x its bytes) never has a float64 copy of the whole of it.
+INPUT_BLOCKS = 2
 
-#: ``(batch range, column range)`` of B -> those columns in float64, ``[batch, k, columns]``
+#: ``(batch range, column range)`` of B -> those columns in float64, ``[batch, k, columns]``,
+#: and ``(batch range, row range)`` of A -> those rows in float64, ``[batch, rows, k]``
 #: (the reference of a scaled product dequantises them on demand: scales.dequantised).
 ColumnSource = Callable[[slice, slice], Any]
+RowSource = Callable[[slice, slice], Any]
 
 
 def b_columns(k: int, n: int, block: int) -> int:
-    """Columns of B the reference converts to float64 at one time (:data:`B_BLOCKS`)."""
-    limit = B_BLOCKS * block
+    """Columns of B the reference converts to float64 at one time (:data:`INPUT_BLOCKS`)."""
+    limit = INPUT_BLOCKS * block
     return n if k * n <= limit else max(1, limit // max(k, 1))
+
+
+def a_rows(m: int, n: int, k: int, block: int) -> int:
+    """Rows of A (and of the output) the reference takes at one time: a block of the
+    output over :func:`b_columns`' columns, and no more of A than :data:`INPUT_BLOCKS` blocks."""
+    cols = b_columns(k, n, block)
+    return max(1, min(m, block // max(cols, 1), INPUT_BLOCKS * block // max(k, 1)))
 
 
 def _reference_blocks(shape: tuple[int, ...], k: int, block: int) -> Iterator[tuple[slice, slice, slice]]:
     """(batch range, row range, column range) blocks of a ``[batch, m, n]`` reference:
-    :func:`_blocks` over all columns where B fits :data:`B_BLOCKS`, else a range of B's
-    columns at a time, each with all its rows (B's columns converted once each)."""
+    :func:`_blocks` where B and A's rows fit :data:`INPUT_BLOCKS` blocks (several batches at a
+    time where whole matrices do), else a range of B's columns at a time (each converted
+    once), each with its rows :func:`a_rows` at a time."""
     batch, m, n = shape
     cols = b_columns(k, n, block)
+    rows = a_rows(m, n, k, block)
     if cols >= n:
-        for bs, rs in _blocks(shape, block):
+        # Output blocks of at most ``rows`` rows: _blocks' rows are its elements / n.
+        for bs, rs in _blocks(shape, min(block, rows * n) if rows < m else block):
             yield bs, rs, slice(0, n)
         return
-    rows = max(1, block // cols)
     for i in range(batch):
         for c in range(0, n, cols):
             for r in range(0, m, rows):
@@ -165,16 +176,18 @@ def make_reference(
     model: ErrorModel,
     device: Device,
     columns: ColumnSource | None = None,
+    rows: RowSource | None = None,
 ) -> Reference:
     """The float64 reference of ``ops`` (C from ``c0`` when beta != 0), kept for
-    :func:`compare`; computed block by block on the operands' device. ``columns`` gives
-    B's columns in float64 where they are not ``ops.b``'s own (a scaled product's
-    dequantised weight); ``ops.b`` then only gives B's shape.
+    :func:`compare`; computed block by block on the operands' device. ``columns`` and
+    ``rows`` give B's columns and A's rows in float64 where they are not the operands'
+    own values (a scaled product's dequantised inputs); ``ops.a`` and ``ops.b`` then
+    only give their shapes.
 
     A small product's is computed and kept on the host instead: a few dozen tiny
     launches and their synchronisations would cost more than copying it there.
     """
-    found, pending = _reference(adapter, ops, c0, alpha, beta, activation, model, device, columns)
+    found, pending = _reference(adapter, ops, c0, alpha, beta, activation, model, device, columns, rows)
     found.sumsq += sum(adapter.scalars(pending))
     return found
 
@@ -189,6 +202,7 @@ def _reference(
     model: ErrorModel,
     device: Device,
     columns: ColumnSource | None = None,
+    rows: RowSource | None = None,
 ) -> tuple[Reference, list[Any]]:
     """:func:`make_reference`, with the squares of its blocks left on the device (the
     reference's ``sumsq`` is their sum): the caller reads them back, with others."""
@@ -201,10 +215,15 @@ def _reference(
         def columns(bs: slice, cs: slice) -> Any:
             return adapter.to_float64(_pick(b3, bs, shape3[0])[:, :, cs])
 
+    if rows is None:
+
+        def rows(bs: slice, rs: slice) -> Any:
+            return adapter.to_float64(_pick(a3, bs, shape3[0])[:, rs])
+
     if adapter.kind != "numpy" and _operand_elements(ops, adapter) <= HOST_CHECK_ELEMENTS:
         host = adapter_for_kind("numpy")
         moved = Operands(
-            adapter.to_numpy(ops.a),
+            adapter.to_numpy(rows(slice(0, a3.shape[0]), slice(0, a3.shape[-2]))),
             adapter.to_numpy(columns(slice(0, b3.shape[0]), slice(0, b3.shape[-1]))),
             host.empty(out_shape, ref_dtype, CPU),
             adapter.to_numpy(ops.bias) if ops.bias is not None else None,
@@ -228,7 +247,7 @@ def _reference(
     sumsq: list[Any] = []
     block = adapter.block_elements(device, reference=True, total=math.prod(shape3))
     for bs, rs, cs in _reference_blocks(shape3, b3.shape[-2], block):
-        a64 = adapter.to_float64(_pick(a3, bs, batch)[:, rs])
+        a64 = rows(bs, rs)
         if (bs, cs) != b_done:
             b64 = None  # the last range's before the next one's
             b64 = columns(bs, cs)
