@@ -235,7 +235,9 @@ TUNE_MEMORY = declare(
     8.0,
     parse_float(1.0),
     "the most memory tuning a product larger than twice the last-level cache may take: this multiple "
-    "of its own operands (A, B and C; default 8: the check keeps B in float64, 4x a bf16 weight) plus twice that cache (smaller ones: the inputs rotated "
+    "of its own operands (A, B and C; default 8: the check keeps B in float64, 4x a bf16 weight; a B or "
+    "an A larger than 2 of the check's blocks, an fp8 product's above all, a range of its columns or "
+    "rows at a time) plus twice that cache (smaller ones: the inputs rotated "
     "through it and the check); never over 3/4 of the memory free. A product that needs more runs "
     "Default (one warning)",
 )
