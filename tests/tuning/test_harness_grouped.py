@@ -24,6 +24,7 @@ from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
 from unimatmul.core.grouped import (  # noqa: E402
     DISTRIBUTIONS,
     LOW_FILL,
+    MID_FILL,
     TIMED_PARTS_M,
     GroupedDefaultRunner,
     grouped_operand_bytes,
@@ -318,7 +319,7 @@ def _measured_on_the_clock(problem: Problem, entries: Any) -> Any:
     """The record of ``entries`` measured on the virtual clock, every part of the timed sets
     present, nothing pruned."""
     settings = _settings(
-        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf, max_sets=4
+        interleave=True, rotate_bytes=1 << 20, prune_ratio=math.inf, first_prune_ratio=math.inf, max_sets=5
     )
     return Harness(_VirtualTimer(), settings).measure(problem, TARGET, entries)
 
@@ -357,8 +358,9 @@ def test_a_grouped_win_must_stand_on_each_distribution(uniform: float, skewed: f
     repeat = record.settings.get("repeat") or {}
     assert record.winner == (kernel.identity if wins else DEFAULT.identity), (record.winner, repeat)
     by_distribution = repeat.get("by_distribution")
-    # Both distributions over all the bucket's rows, then over LOW_FILL of them.
-    assert by_distribution is not None and len(by_distribution) == len(TIMED_PARTS_M) == 4, repeat
+    # Both distributions over all the bucket's rows, then over LOW_FILL of them, and
+    # uniform over MID_FILL.
+    assert by_distribution is not None and len(by_distribution) == len(TIMED_PARTS_M) == 5, repeat
     assert (min(by_distribution) > 1.0) == wins
 
 
@@ -366,47 +368,56 @@ class _CostedByFill(_Costed):
     """Right, costing ``full`` seconds where offs covers every row and ``low`` where it
     covers fewer (the lower part of the bucket)."""
 
-    def __init__(self, candidate: Candidate, full: float, low: float) -> None:
+    def __init__(self, candidate: Candidate, full: float, low: float, mid: float | None = None) -> None:
         super().__init__(candidate, full, full)
         self.low = low
+        self.mid = low if mid is None else mid
 
     def __call__(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any) -> None:
         out.copy_(torch._grouped_mm(a, b, offs))
-        _CLOCK[0] += self.uniform if int(offs[-1]) == a.shape[0] else self.low
+        end = int(offs[-1])
+        _CLOCK[0] += (
+            self.uniform if end == a.shape[0] else self.mid if end == int(a.shape[0] * MID_FILL) else self.low
+        )
 
 
-@pytest.mark.parametrize(("full", "low", "wins"), [(0.6, 1.1, False), (0.7, 0.8, True)])
-def test_a_grouped_win_must_stand_in_the_lower_part_of_its_bucket(
-    full: float, low: float, wins: bool
+@pytest.mark.parametrize(
+    ("full", "low", "mid", "wins"), [(0.6, 1.1, None, False), (0.7, 0.8, None, True), (0.7, 0.8, 1.06, False)]
+)
+def test_a_grouped_win_must_stand_in_the_lower_part_and_middle_of_its_bucket(
+    full: float, low: float, mid: float | None, wins: bool
 ) -> None:
-    """The MoE form's timed sets route all the bucket's rows, and LOW_FILL of them: a kernel
-    well ahead at the bucket's upper edge but behind Default below it is kept out."""
+    """The MoE form's timed sets route all the bucket's rows, LOW_FILL of them and, with
+    uniform routing, MID_FILL: a kernel well ahead at the bucket's upper edge but behind
+    Default below it, or behind in its middle alone, is kept out."""
     problem = grouped_problem(16, 256, 32, 32, "bf16")
     kernel = Candidate.make("costed", "kernel")
     entries = [
         (DEFAULT, lambda: _CostedByFill(DEFAULT, 1.0, 1.0)),
-        (kernel, lambda: _CostedByFill(kernel, full, low)),
+        (kernel, lambda: _CostedByFill(kernel, full, low, mid)),
     ]
     record = _measured_on_the_clock(problem, entries)
     assert record.winner == (kernel.identity if wins else DEFAULT.identity), record.settings.get("repeat")
     by_part = (record.settings.get("repeat") or {}).get("by_distribution")
-    assert by_part is not None and len(by_part) == 4
-    assert (by_part[2] > 1.0, by_part[3] > 1.0) == (wins, wins)
+    assert by_part is not None and len(by_part) == 5
+    assert (by_part[2] > 1.0, by_part[3] > 1.0) == (mid is not None or wins, mid is not None or wins)
+    assert (by_part[4] > 1.0) == wins
 
 
 def test_the_timed_sets_route_all_rows_and_the_lower_part_of_the_bucket() -> None:
     problem = grouped_problem(8, 1000, 64, 32, "bf16")  # bucketed to 1024 rows
     rng = np.random.default_rng(0)
     harness = Harness(CpuTimer(), _settings(rotate_bytes=1 << 22))
-    sets = harness._operand_sets(problem, TARGET, rng, 8)
+    sets = harness._operand_sets(problem, TARGET, rng, 10)
     ends = [int(s.offs[-1]) for s in sets]
-    low = int(problem.m * LOW_FILL)
-    assert ends == [problem.m, problem.m, low, low] * 2
-    assert [s.part for s in sets[:4]] == [
+    low, mid = int(problem.m * LOW_FILL), int(problem.m * MID_FILL)
+    assert ends == [problem.m, problem.m, low, low, mid] * 2
+    assert [s.part for s in sets[:5]] == [
         "skewed",
         "uniform",
         f"skewed@{LOW_FILL:g}",
         f"uniform@{LOW_FILL:g}",
+        f"uniform@{MID_FILL:g}",
     ]
     # Every set has the bucket's shapes; only offs covers fewer rows.
     assert {tuple(s.a.shape) for s in sets} == {(problem.m, problem.k)}
