@@ -8,7 +8,8 @@
 #            per-tensor and block-scaled) against torch._scaled_mm; FP8_ARGS="--quick" runs the
 #            fp8 tests, the older benchmark and the fp8 stack instead
 #   moe      mixture-of-experts: grouped GEMMs of four MoE configs against torch._grouped_mm
-#            (benchmarks/moe_bench.py), and two HF MoE models routing off vs on (MOE_S)
+#            (benchmarks/moe_bench.py, MOE_BENCH_ARGS), and two HF MoE models routing off vs on (MOE_S;
+#            MOE_HF=0 leaves them out)
 #   fill     a grouped bucket's best candidates against torch._grouped_mm across the bucket's fill
 #            (benchmarks/grouped_fill.py, FILL_S, FILL_ARGS)
 #   hf       the Hugging Face model benchmark (routing off vs on)
@@ -70,8 +71,8 @@ for name in "$@"; do
         part fp8 "${FP8_S:-200}" env ${FP8_ENV:-} BENCH_BUDGET_S=$(( ${FP8_S:-200} - 50 )) bash scripts/gpu_fp8.sh ${FP8_ARGS:---skip-tests --parts kernels,models} ;;
     moe)
         part moe "${MOE_S:-420}" env MOE_S="${MOE_S:-420}" bash -c '
-            python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 ))
-            python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
+            python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 )) ${MOE_BENCH_ARGS:-}
+            [ "${MOE_HF:-1}" = 0 ] || python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
                 --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:-}' ;;
     fill)
         part fill "${FILL_S:-200}" python3 benchmarks/grouped_fill.py --out "$SESSION/fill" \
