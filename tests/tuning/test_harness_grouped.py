@@ -37,6 +37,7 @@ from unimatmul.tuning.harness import (  # noqa: E402
     Harness,
     HarnessConfig,
     TuningTooLarge,
+    _bind,
     compare_output,
     reference_of,
 )
@@ -365,8 +366,8 @@ def test_a_grouped_win_must_stand_on_each_distribution(uniform: float, skewed: f
 
 
 class _CostedByFill(_Costed):
-    """Right, costing ``full`` seconds where offs covers every row and ``low`` where it
-    covers fewer (the lower part of the bucket)."""
+    """Right, costing ``full`` seconds on a call of all the bucket's rows, ``mid`` on one of
+    MID_FILL of them and ``low`` on fewer (the lower part of the bucket)."""
 
     def __init__(self, candidate: Candidate, full: float, low: float, mid: float | None = None) -> None:
         super().__init__(candidate, full, full)
@@ -375,10 +376,19 @@ class _CostedByFill(_Costed):
 
     def __call__(self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, offs: Any) -> None:
         out.copy_(torch._grouped_mm(a, b, offs))
-        end = int(offs[-1])
+        # A call of the lower part passes that many rows (its a and out have no others).
+        assert int(offs[-1]) == a.shape[0] == out.shape[0] or a.shape[0] == _BUCKET_ROWS
+        rows = a.shape[0]
         _CLOCK[0] += (
-            self.uniform if end == a.shape[0] else self.mid if end == int(a.shape[0] * MID_FILL) else self.low
+            self.uniform
+            if rows == _BUCKET_ROWS
+            else self.mid
+            if rows == int(_BUCKET_ROWS * MID_FILL)
+            else self.low
         )
+
+
+_BUCKET_ROWS = 256
 
 
 @pytest.mark.parametrize(
@@ -390,7 +400,7 @@ def test_a_grouped_win_must_stand_in_the_lower_part_and_middle_of_its_bucket(
     """The MoE form's timed sets route all the bucket's rows, LOW_FILL of them and, with
     uniform routing, MID_FILL: a kernel well ahead at the bucket's upper edge but behind
     Default below it, or behind in its middle alone, is kept out."""
-    problem = grouped_problem(16, 256, 32, 32, "bf16")
+    problem = grouped_problem(16, _BUCKET_ROWS, 32, 32, "bf16")
     kernel = Candidate.make("costed", "kernel")
     entries = [
         (DEFAULT, lambda: _CostedByFill(DEFAULT, 1.0, 1.0)),
@@ -419,8 +429,14 @@ def test_the_timed_sets_route_all_rows_and_the_lower_part_of_the_bucket() -> Non
         f"uniform@{LOW_FILL:g}",
         f"uniform@{MID_FILL:g}",
     ]
-    # Every set has the bucket's shapes; only offs covers fewer rows.
+    # Every set has the bucket's shapes; offs covers fewer rows, and a call of a lower part
+    # passes that many rows of a and out (a call routes all of its a's rows).
     assert {tuple(s.a.shape) for s in sets} == {(problem.m, problem.k)}
+    assert [s.rows for s in sets[:5]] == [None, None, low, low, mid]
+    seen: list[tuple[int, int]] = []
+    for s in sets[:5]:
+        _bind(lambda a, b, out, *rest: seen.append((a.shape[0], out.shape[0])), s, 1.0, 0.0)()
+    assert seen == [(problem.m, problem.m)] * 2 + [(low, low)] * 2 + [(mid, mid)]
     # The other forms take turns of the two distributions over all of their extent.
     k_form = grouped_problem(8, 64, 64, 1000, "bf16", jagged="k")
     assert [s.part for s in harness._operand_sets(k_form, TARGET, rng, 4)] == ["skewed", "uniform"] * 2

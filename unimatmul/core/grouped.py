@@ -325,6 +325,10 @@ class GroupedOperands(Operands):
     offs: Any = field(default=None)
     jagged: str = "m"
     part: str = ""  # the distribution (and share of the rows) offs was drawn from
+    # The rows of ``a`` and ``out`` a call passes (the first ones), where fewer than the
+    # bucket's: a call routes as many rows as its ``a`` has (a MoE layer's tokens x top-k),
+    # and torch's own kernel takes as long for a larger ``a`` whatever ``offs`` covers.
+    rows: int | None = None
 
 
 def timed_parts(problem: Problem) -> tuple[tuple[str, float], ...]:
@@ -394,7 +398,8 @@ def make_grouped_operands(
     fill: float = 1.0,
 ) -> GroupedOperands:
     """Random, never-zero operands of a grouped problem in its exact layout, with ``offs``
-    drawn from ``distribution`` (:data:`DISTRIBUTIONS`) over ``fill`` of the jagged extent."""
+    drawn from ``distribution`` (:data:`DISTRIBUTIONS`) over ``fill`` of the jagged extent
+    (in the m form, a call's ``a`` and ``out`` then have those rows alone: ``rows``)."""
     layouts = grouped_layouts(problem)
     made: dict[str, Any] = {}
     for name in ("a", "b", "c"):
@@ -403,13 +408,16 @@ def make_grouped_operands(
             continue
         shape, strides = layouts[name]
         made[name] = adapter.random_strided(shape, strides, problem.dtype_a, device, rng, fill=name != "c")
-    offs = None
+    offs, rows = None, None
     if problem.jagged != "none":
         sizes = group_sizes(problem, distribution, rng, device, fill)
         ends = np.cumsum(np.asarray(sizes, dtype=np.int64)).astype(np.int32)
         offs = adapter.host_indices(ends, device)
+        if problem.jagged == "m" and fill < 1.0:
+            # The lower parts of an m-form bucket are timed as calls of that many rows make them.
+            rows = int(ends[-1])
     part = distribution if fill >= 1.0 else f"{distribution}@{fill:g}"
-    return GroupedOperands(made["a"], made["b"], made["c"], None, offs, problem.jagged, part)
+    return GroupedOperands(made["a"], made["b"], made["c"], None, offs, problem.jagged, part, rows)
 
 
 def plain_grouped_call(alpha: float, beta: float, bias: Any) -> None:

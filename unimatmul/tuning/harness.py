@@ -767,7 +767,10 @@ class Harness:
         kernel wrong only on some inputs (zeros, integers, mixed magnitudes) is caught too;
         a scaled problem's stay normal (fp8 draws of their own)."""
         adapter, device = target.adapter, target.device
-        ops = sets[1 % len(sets)]
+        # The second set (a grouped one of all the bucket's rows: the check's offs cover them).
+        ops = next(
+            (s for s in [*sets[1:], *sets[:1]] if getattr(s, "rows", None) is None), sets[1 % len(sets)]
+        )
         fresh: Operands
         swap_offs: tuple[Any, Any] | None = None
         if problem.is_scaled:
@@ -1355,6 +1358,8 @@ def _bind(runner: Runner, ops: Operands, alpha: float, beta: float) -> Callable[
         # A grouped runner takes offs after the usual arguments (core/grouped.py).
         grouped: Any = runner
         offs = ops.offs
+        if ops.rows is not None:  # a call of fewer rows than the bucket's (make_grouped_operands)
+            a, out = a[: ops.rows], out[: ops.rows]
 
         def grouped_call() -> None:
             grouped(a, b, out, alpha, beta, bias, offs)
