@@ -2,6 +2,6 @@
 
 import sys
 
-from unimatmul.cli import command
+from unimatmul.cli import main
 
-sys.exit(command())
+sys.exit(main())

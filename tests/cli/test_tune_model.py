@@ -121,7 +121,7 @@ def test_a_budget_stops_the_run_and_stores_what_it_finished(isolated: Any, tmp_p
     assert 0 < stored < len(distinct)
     assert len(_rows(text)) == stored
     found = re.search(
-        r"coverage: (\d+\.\d)% of the GEMM time tuned in (\d+\.\d) s \(budget 1 s, start-up included\); "
+        r"coverage: (\d+\.\d)% of the GEMM time tuned in (\d+\.\d) s \(budget 1 s\); "
         r"left out: (\d+) products \((\d+\.\d)%\): budget spent",
         text,
     )
@@ -129,10 +129,9 @@ def test_a_budget_stops_the_run_and_stores_what_it_finished(isolated: Any, tmp_p
     coverage, spent, left, left_share = float(found[1]), float(found[2]), int(found[3]), float(found[4])
     assert left == len(distinct) - stored
     assert coverage + left_share == pytest.approx(100.0, abs=0.2)
-    # The run stopped at the budget, counted from main()'s start (the last problem may
-    # finish its Default and checks).
+    # Tuning stopped at the budget (the last problem may finish its Default and checks).
     assert spent <= budget + 0.5
-    assert wall < budget + 1.0
+    assert wall < budget + 3.0  # the command's own start (plugins, platform) on top
     # What was finished is in the cache file: a new process would use it.
     code, text = run(["tune", "--model", str(config), "--tokens", tokens, "--budget", "0.01", "--quiet"])
     assert code == EXIT_OK and text.count("cached") >= stored

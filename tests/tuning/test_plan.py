@@ -131,30 +131,6 @@ def test_a_spent_plan_leaves_the_rest_out_with_its_share(isolated: Any) -> None:
     assert "left out: 1 product (33.3%): budget spent" in plan.summary()
 
 
-def test_a_whole_runs_budget_counts_the_start_up_and_still_starts_one_problem(isolated: Any) -> None:
-    now = [10.0]
-    items = [PlannedJob(TuneJob(Problem.from_shape(4, 8 * (i + 1), 8, "f32"), NUMPY), 1.0) for i in range(3)]
-    # The command started 0.7 s before its first job: 0.3 s of a 1 s budget are left.
-    plan = TunePlan(items, budget_s=1.0, clock=lambda: now[0], started=9.3)
-    ran = []
-    for item in plan.order(isolated.selector):
-        assert plan.cap_for_next() == pytest.approx(max(0.0, 0.3 - (now[0] - 10.0)))
-        record, source = item.job.run(isolated.selector, cap_s=plan.cap_for_next())
-        plan.done(item, record, source)
-        ran.append(item)
-        now[0] += 0.4
-    assert len(ran) == 1 and plan.spent_s() == pytest.approx(1.1)
-    # A start-up past the whole budget: the first problem still starts, with no time left.
-    now[0] = 10.0
-    late = TunePlan(items[:2], budget_s=1.0, clock=lambda: now[0], started=8.0)
-    caps = []
-    for item in late.order(isolated.selector, force=True):
-        caps.append(late.cap_for_next())
-        late.done(item, *item.job.run(isolated.selector, cap_s=late.cap_for_next(), force=True))
-    assert caps == [0.0]
-    assert late.coverage() == pytest.approx(0.5) and "budget spent" in late.summary()
-
-
 def test_grouped_jobs_learn_their_expected_gain_from_the_same_experts_only() -> None:
     from unimatmul.core.grouped import grouped_problem
 

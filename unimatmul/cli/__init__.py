@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import traceback
 from collections.abc import Sequence
 from typing import TextIO
@@ -43,9 +42,7 @@ __all__ = [
     "CliError",
     "build_parser",
     "check_settings",
-    "command",
     "main",
-    "process_started",
 ]
 
 
@@ -69,44 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def command() -> int:
-    """The ``unimatmul`` program (its console script, ``python -m unimatmul``): :func:`main`
-    on ``sys.argv``, the command started when the process did."""
-    return main(started=process_started())
-
-
-def process_started() -> float | None:
-    """When this process started, on ``time.perf_counter``'s scale (Linux's ``/proc``);
-    None where that cannot be read."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as fh:
-            fields = fh.read().rpartition(")")[2].split()  # from the state, field 3, on
-        with open("/proc/uptime", encoding="ascii") as fh:
-            uptime = float(fh.read().split()[0])
-        ago = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: the start, in ticks
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-    return time.perf_counter() - ago if ago >= 0.0 else None
-
-
-def main(
-    argv: Sequence[str] | None = None, out: TextIO | None = None, *, started: float | None = None
-) -> int:
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command ``argv`` names (default: ``sys.argv``) and return its exit code.
 
-    ``started``: when the command started (``time.perf_counter``), for a whole run's
-    ``--budget``; default now. argparse's own errors (an unknown option) still end in
-    ``SystemExit(2)``, and ``--help`` in ``SystemExit(0)``. The warnings the command meets
-    are shown after its output, one line per kind (:mod:`unimatmul.cli.warning_summary`),
-    then its error.
+    argparse's own errors (an unknown option) still end in ``SystemExit(2)``, and
+    ``--help`` in ``SystemExit(0)``. The warnings the command meets are shown after its
+    output, one line per kind (:mod:`unimatmul.cli.warning_summary`), then its error.
     """
-    entered = time.perf_counter()
     out = out or sys.stdout
     args: argparse.Namespace | None = None
     with warning_summary.collecting() as caught:
         try:
             args = build_parser().parse_args(argv)
-            args.started = min(started, entered) if started is not None else entered
             check_settings()
             code: int = args.func(args, out)
             failure = ""

@@ -171,13 +171,7 @@ def plan(args: argparse.Namespace, jobs: list[TuneJob]) -> TunePlan:
             item.share = calls.get(key, 1) * problem_seconds(item.job.problem, item.job.target.device.kind)
     by_priority = bool(args.model) or args.budget is not None
     return TunePlan(
-        list(items.values()),
-        left_out,
-        budget_s=args.budget,
-        cap_s=args.cap,
-        by_priority=by_priority,
-        # A whole run's budget counts from the command's start (main()'s ``started``).
-        started=getattr(args, "started", None) if args.budget is not None else None,
+        list(items.values()), left_out, budget_s=args.budget, cap_s=args.cap, by_priority=by_priority
     )
 
 

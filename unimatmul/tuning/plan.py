@@ -93,8 +93,6 @@ class TunePlan:
     cap_s: float | None = None
     by_priority: bool = True
     clock: Callable[[], float] = time.perf_counter
-    # When the budget's clock started (on ``clock``'s scale): the command's start for a
-    # whole run's budget; None: at the first job.
     started: float | None = None
 
     def __post_init__(self) -> None:
@@ -139,8 +137,7 @@ class TunePlan:
         answers come first; the others by priority (or as given) until the budget is spent.
         ``before`` is called once, ahead of the first job, with the jobs to tune (largest
         share first): what the backends may start compiling for."""
-        if self.started is None:
-            self.started = self.clock()
+        self.started = self.clock()
         pending = list(self.items)
         stored = [] if force else [i for i in pending if i.job.stored(selector) is not None]
         if stored:
@@ -150,10 +147,9 @@ class TunePlan:
             before(sorted(pending, key=lambda i: -i.share) if self.by_priority else list(pending))
         for item in stored:
             yield item
-        first = True  # the first problem to tune always starts (a start-up past the budget leaves it its cap)
         while pending:
             # What is left must be worth a start: no problem so far took less than the quickest.
-            if not first and (self.left_s() <= 0 or self.left_s() < self._quickest_s()):
+            if self.left_s() <= 0 or self.left_s() < self._quickest_s():
                 for item in pending:
                     self.left_out.append(LeftOut(item.what or item.job.label, item.share, "budget spent"))
                 return
@@ -163,7 +159,6 @@ class TunePlan:
                 else pending[0]
             )
             pending.remove(item)
-            first = False
             yield item
 
     def _quickest_s(self) -> float:
@@ -182,7 +177,7 @@ class TunePlan:
         """One line: the coverage, how long it took, and what was left out (why)."""
         text = f"coverage: {self.coverage():.1%} of the GEMM time tuned in {self.spent_s():.1f} s"
         if self.budget_s is not None:
-            text += f" (budget {self.budget_s:g} s, start-up included)"
+            text += f" (budget {self.budget_s:g} s)"
         reasons: dict[str, list[LeftOut]] = {}
         for out in self.left_out:
             reasons.setdefault(out.why, []).append(out)
