@@ -466,3 +466,29 @@ def test_a_distribution_sampler_that_cannot_be_made_leaves_the_plain_repeat() ->
     record = Harness(Refusing(), settings).measure(problem, TARGET, entries)
     assert record.winner == kernel.identity
     assert "by_distribution" not in (record.settings.get("repeat") or {})
+
+
+def test_a_grouped_default_is_timed_as_the_door_runs_it_without_out() -> None:
+    """Timed, Default is torch._grouped_mm itself (the door's Default for a call without
+    ``out``, as every routed call is); checked, its result is copied into ``out``."""
+    from unimatmul.core.grouped import GroupedDefaultRunner
+
+    problem = grouped_problem(4, 64, 32, 48, "bf16")
+    ops = make_grouped_operands(problem, TARGET.adapter, CPU, np.random.default_rng(1), "uniform")
+    runner = GroupedDefaultRunner(TARGET.adapter)
+    calls: list[tuple[int, ...]] = []
+    real = runner.grouped_mm
+
+    def counted(a: Any, b: Any, offs: Any) -> Any:
+        calls.append(tuple(a.shape))
+        return real(a, b, offs)
+
+    runner.grouped_mm = counted
+    ops.out.fill_(float("nan"))
+    _bind(runner, ops, 1.0, 0.0, timing=True)()
+    assert calls == [(problem.m, problem.k)] and bool(torch.isnan(ops.out).all())  # out untouched
+    _bind(runner, ops, 1.0, 0.0)()
+    assert len(calls) == 2 and not bool(torch.isnan(ops.out).any())
+    torch.testing.assert_close(ops.out, real(ops.a, ops.b, ops.offs))
+    with pytest.raises(ValueError, match="no alpha, beta or bias"):
+        _bind(runner, ops, 2.0, 0.0, timing=True)
