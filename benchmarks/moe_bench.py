@@ -139,17 +139,28 @@ def copy_of(x: Any, torch: Any) -> Any:
     return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
 
 
-def choice_of(unimatmul: Any, a: Any, b: Any) -> str:
-    """The label of the grouped door's plan for this product's bucket (uniform and skewed
-    routings of one token count share it)."""
+def _plan_of(unimatmul: Any, a: Any, b: Any) -> Any:
     from unimatmul.core.grouped import bucket_extent
 
     m, (groups, k, n) = bucket_extent(int(a.shape[0])), tuple(b.shape)
     for plan in unimatmul.grouped.TABLE.live():
         p = plan.problem
         if p is not None and (p.m, p.n, p.k, p.batch) == (m, n, k, groups):
-            return plan.label
-    return ""
+            return plan
+    return None
+
+
+def choice_of(unimatmul: Any, a: Any, b: Any) -> str:
+    """The label of the grouped door's plan for this product's bucket (uniform and skewed
+    routings of one token count share it)."""
+    plan = _plan_of(unimatmul, a, b)
+    return plan.label if plan is not None else ""
+
+
+def source_of(unimatmul: Any, a: Any, b: Any) -> str:
+    """Where that plan's choice stands: tuned, cache, confirmed or reverted (its window's verdict)."""
+    plan = _plan_of(unimatmul, a, b)
+    return plan.source if plan is not None else ""
 
 
 def measure(
@@ -190,7 +201,17 @@ def measure(
     )
     sets = [(a, b)] + [(copy_of(a, torch), copy_of(b, torch)) for _ in range(count - 1)]
     with unimatmul.mode("cached"):
-        unimatmul.grouped_matmul(a, b, offs)
+        # A program's first calls of the bucket confirm its choice against torch's (the
+        # confirmation window, on these calls' own routing): timed after them, as the
+        # program's steady state runs.
+        from unimatmul.settings import CONFIRM_CALLS
+        from unimatmul.tuning.selector import get_selector
+
+        for i in range(4 * CONFIRM_CALLS.get() + 8):
+            x, w = sets[i % len(sets)]
+            unimatmul.grouped_matmul(x, w, offs)
+        torch.cuda.synchronize()
+        get_selector().settle(30.0)
         timing = paired_timing.time_candidates(
             {
                 "torch": [functools.partial(torch._grouped_mm, x, w, offs) for x, w in sets],
@@ -203,6 +224,7 @@ def measure(
     del sets
     stats = timing.stats("torch", "unimatmul")
     chosen = choice_of(unimatmul, a, b)
+    source = source_of(unimatmul, a, b)
     return {
         "id": row_id,
         "m": int(a.shape[0]),
@@ -225,6 +247,7 @@ def measure(
         "max_rel_err": worst,
         "correct": ok,
         "choice": chosen,
+        "source": source,
     }
 
 
