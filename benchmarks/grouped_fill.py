@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paired_timing
-from moe_bench import CONFIGS, copy_of, counts_of
+from moe_bench import CONFIGS, copy_of, counts_of, expert_weights
 
 BUCKET = 8192
 FILLS = (0.5, 0.625, 0.75, 0.875, 1.0)
@@ -68,11 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, experts, hidden, inter, top_k, _source in CONFIGS:
         if name not in args.configs.split(","):
             continue
-        torch.manual_seed(0)
-        weights = {
-            "gate_up": torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) * 0.02,
-            "down": torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) * 0.02,
-        }
+        weights = expert_weights(torch, device, experts, hidden, inter)
         for proj, w in weights.items():
             product = f"{name}/{proj}"
             if time.perf_counter() - started > args.budget_s:

@@ -97,11 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, experts, hidden, inter, top_k, source in CONFIGS:
         if name not in wanted:
             continue
-        torch.manual_seed(0)
-        weights = {
-            "gate_up": torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) * 0.02,
-            "down": torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) * 0.02,
-        }
+        weights = expert_weights(torch, device, experts, hidden, inter)
         for t in tokens:
             for routing in ROUTINGS:
                 if routing == "skewed" and t * top_k < experts:
@@ -132,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     write(args.out, rows, left_out, torch)
     return 0
+
+
+def expert_weights(torch: Any, device: Any, experts: int, hidden: int, inter: int) -> dict[str, Any]:
+    """A MoE layer's expert weights as transformers keeps them (``[E, N, K]``, bf16; seeded)."""
+    torch.manual_seed(0)
+    return {
+        "gate_up": torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) * 0.02,
+        "down": torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) * 0.02,
+    }
 
 
 def copy_of(x: Any, torch: Any) -> Any:
