@@ -144,7 +144,10 @@ def copy_of(x: Any, torch: Any) -> Any:
     return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
 
 
-def _plan_of(unimatmul: Any, a: Any, b: Any) -> Any:
+def plan_of(unimatmul: Any, a: Any, b: Any) -> Any:
+    """The grouped door's plan for this product's bucket (uniform and skewed routings of
+    one token count share it), or None: its ``label`` says what runs, its ``source`` where
+    the choice stands (tuned, cache, confirmed or reverted: its window's verdict)."""
     from unimatmul.core.grouped import bucket_extent
 
     m, (groups, k, n) = bucket_extent(int(a.shape[0])), tuple(b.shape)
@@ -153,19 +156,6 @@ def _plan_of(unimatmul: Any, a: Any, b: Any) -> Any:
         if p is not None and (p.m, p.n, p.k, p.batch) == (m, n, k, groups):
             return plan
     return None
-
-
-def choice_of(unimatmul: Any, a: Any, b: Any) -> str:
-    """The label of the grouped door's plan for this product's bucket (uniform and skewed
-    routings of one token count share it)."""
-    plan = _plan_of(unimatmul, a, b)
-    return plan.label if plan is not None else ""
-
-
-def source_of(unimatmul: Any, a: Any, b: Any) -> str:
-    """Where that plan's choice stands: tuned, cache, confirmed or reverted (its window's verdict)."""
-    plan = _plan_of(unimatmul, a, b)
-    return plan.source if plan is not None else ""
 
 
 def measure(
@@ -206,21 +196,15 @@ def measure(
     )
     sets = [(a, b)] + [(copy_of(a, torch), copy_of(b, torch)) for _ in range(count - 1)]
     with unimatmul.mode("cached"):
+        ours = [functools.partial(unimatmul.grouped_matmul, x, w, offs) for x, w in sets]
         # A program's first calls of the bucket confirm its choice against torch's (the
         # confirmation window, on these calls' own routing): timed after them, as the
         # program's steady state runs.
-        from unimatmul.settings import CONFIRM_CALLS
-        from unimatmul.tuning.selector import get_selector
-
-        for i in range(4 * CONFIRM_CALLS.get() + 8):
-            x, w = sets[i % len(sets)]
-            unimatmul.grouped_matmul(x, w, offs)
-        torch.cuda.synchronize()
-        get_selector().settle(30.0)
+        paired_timing.past_confirmation(ours, torch)
         timing = paired_timing.time_candidates(
             {
                 "torch": [functools.partial(torch._grouped_mm, x, w, offs) for x, w in sets],
-                "unimatmul": [functools.partial(unimatmul.grouped_matmul, x, w, offs) for x, w in sets],
+                "unimatmul": ours,
             },
             torch=torch,
             budget_s=args.time_s,
@@ -228,8 +212,7 @@ def measure(
         )
     del sets
     stats = timing.stats("torch", "unimatmul")
-    chosen = choice_of(unimatmul, a, b)
-    source = source_of(unimatmul, a, b)
+    plan = plan_of(unimatmul, a, b)
     return {
         "id": row_id,
         "m": int(a.shape[0]),
@@ -251,8 +234,8 @@ def measure(
         "tune_s": tune_s,
         "max_rel_err": worst,
         "correct": ok,
-        "choice": chosen,
-        "source": source,
+        "choice": plan.label if plan is not None else "",
+        "source": plan.source if plan is not None else "",
     }
 
 

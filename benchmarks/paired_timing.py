@@ -216,6 +216,20 @@ class Timing:
         return found
 
 
+def past_confirmation(calls: Sequence[Callable[[], Any]], torch: Any = None) -> None:
+    """Run a door's calls (cycling through them) until its confirmation window has judged
+    its choice, as a program's first real calls do; then the steady state can be timed.
+    Waits for the verdict's store (``Selector.settle``)."""
+    from unimatmul.settings import CONFIRM_CALLS
+    from unimatmul.tuning.selector import get_selector
+
+    for i in range(4 * CONFIRM_CALLS.get() + 8):
+        calls[i % len(calls)]()
+    if torch is not None:
+        torch.cuda.synchronize()
+    get_selector().settle(30.0)
+
+
 def time_candidates(
     candidates: Mapping[str, Sequence[Callable[[], Any]]],
     *,

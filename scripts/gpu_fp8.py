@@ -276,7 +276,6 @@ class Run:
         import unimatmul.scaled
         from unimatmul.backend import Candidate
         from unimatmul.core.scales import scaled_problem, scaled_reference
-        from unimatmul.settings import CONFIRM_CALLS
 
         row: dict[str, Any] = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "scales": scales}
         count = paired_timing.rotation_sets(m * k + k * n + 2 * m * n, self.l2)
@@ -310,10 +309,7 @@ class Run:
         candidates["unimatmul"] = [ours(s) for s in sets]
         # Its first real calls confirm the choice against PyTorch's (the confirmation
         # window): timed after them, as a program's steady state.
-        for i in range(4 * CONFIRM_CALLS.get() + 8):
-            candidates["unimatmul"][i % len(sets)]()
-        self.sync()
-        self.selector.settle(30.0)
+        paired_timing.past_confirmation(candidates["unimatmul"], torch if self.gpu else None)
         # The door's plan as it stands (source: cache, confirmed or reverted; label: what runs).
         row["door"] = [
             {"source": plan.source, "label": plan.label}

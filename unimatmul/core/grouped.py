@@ -326,8 +326,8 @@ class GroupedOperands(Operands):
     jagged: str = "m"
     part: str = ""  # the distribution (and share of the rows) offs was drawn from
     # The rows of ``a`` and ``out`` a call passes (the first ones), where fewer than the
-    # bucket's: a call routes as many rows as its ``a`` has (a MoE layer's tokens x top-k),
-    # and torch's own kernel takes as long for a larger ``a`` whatever ``offs`` covers.
+    # bucket's: a MoE layer's call routes every row of its ``a`` (tokens x top-k), so a
+    # kernel is timed on an ``a`` of just those rows.
     rows: int | None = None
 
 

@@ -399,7 +399,7 @@ def dequantised(
     def columns(bs: slice, cs: slice) -> Any:
         return dequantised_columns(ops.b, ops.scale_b, cs)[None]
 
-    return Operands(ops.a, ops.b, ops.out, ops.bias), rows, columns
+    return ops, rows, columns
 
 
 def dequantised_rows(a: Any, scale_a: Any, rs: slice) -> Any:

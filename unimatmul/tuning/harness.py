@@ -769,10 +769,9 @@ class Harness:
         kernel wrong only on some inputs (zeros, integers, mixed magnitudes) is caught too;
         a scaled problem's stay normal (fp8 draws of their own)."""
         adapter, device = target.adapter, target.device
-        # The second set (a grouped one of all the bucket's rows: the check's offs cover them).
-        ops = next(
-            (s for s in [*sets[1:], *sets[:1]] if getattr(s, "rows", None) is None), sets[1 % len(sets)]
-        )
+        # A grouped problem's first two sets route all the bucket's rows (timed_parts), as
+        # the check's offs do.
+        ops = sets[1 % len(sets)]
         fresh: Operands
         swap_offs: tuple[Any, Any] | None = None
         if problem.is_scaled:
@@ -1351,8 +1350,7 @@ def _bind(
     """The call of ``runner`` on ``ops``. ``timing``: the call as it is timed, where that
     differs from the checked one: a grouped Default returns torch's own result, as the
     door's Default does for a call without ``out`` (every routed ``torch._grouped_mm``),
-    not copied into ``out`` (a copy of the whole output, 4-6 % of a MoE layer's product
-    on the H200, that made a choice 5 % behind torch look ahead of it)."""
+    not copied into ``out`` (a copy of the whole output, which such calls never make)."""
     a, b, out, bias = ops.a, ops.b, ops.out, ops.bias
     if isinstance(ops, ScaledOperands):
         # A scaled runner takes the scales after the usual arguments (core/runners.py: ScaledDefaultRunner).
