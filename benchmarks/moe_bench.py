@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"moe_bench: {left_out[-1]}", file=sys.stderr, flush=True)
                         torch.cuda.synchronize()
                         continue
-                    row.update(config=name, source=source, proj=proj, tokens=t, routing=routing)
+                    row.update(config=name, config_source=source, proj=proj, tokens=t, routing=routing)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         del weights

@@ -99,14 +99,17 @@ class Runner(Protocol):
     """A prepared kernel: descriptors built once, called many times on the hot path.
 
     ``out`` already holds C when ``beta != 0``. A runner must not allocate, synchronise
-    or log per call; it runs on the caller's current stream.
+    or log per call; it runs on the caller's current stream. It returns None, having
+    written ``out``; only a grouped Default may return its own output instead, where the
+    door lent ``out`` (``unimatmul.core.grouped.serve_default``), and wrappers pass on
+    what they call returned.
     """
 
     candidate: Candidate
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
-    ) -> None: ...
+    ) -> Any: ...
 
 
 @dataclass(frozen=True)

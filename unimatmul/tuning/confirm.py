@@ -464,36 +464,34 @@ class ConfirmingRunner:
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None, *extra: Any
-    ) -> None:
+    ) -> Any:
         # ``extra``: a scaled runner's scales (``scale_a, scale_b``), passed on as they are.
+        # What a runner returns is passed on (a grouped Default's own output: core/grouped.py).
         final = self.final
         if final is not None:
-            final(a, b, out, alpha, beta, bias, *extra)
-            return
+            return final(a, b, out, alpha, beta, bias, *extra)
         if self.tie and self._clock.capturing():
-            self.default(a, b, out, alpha, beta, bias, *extra)  # a tie never enters a graph
-            return
+            return self.default(a, b, out, alpha, beta, bias, *extra)  # a tie never enters a graph
         if not self._lock.acquire(blocking=False):
-            self.kernel(a, b, out, alpha, beta, bias, *extra)
-            return
+            return self.kernel(a, b, out, alpha, beta, bias, *extra)
         try:
-            self._window_call(a, b, out, alpha, beta, bias, extra)
+            return self._window_call(a, b, out, alpha, beta, bias, extra)
         finally:
             self._lock.release()
 
     def _default(
         self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, extra: tuple[Any, ...]
-    ) -> None:
+    ) -> Any:
         try:
-            self.default(a, b, out, alpha, beta, bias, *extra)
+            return self.default(a, b, out, alpha, beta, bias, *extra)
         except Exception:
             self._next = WARMUP + self._timed  # no more window calls
             self.confirmation.abandon()  # settles this wrapper on the choice
-            self.kernel(a, b, out, alpha, beta, bias, *extra)
+            return self.kernel(a, b, out, alpha, beta, bias, *extra)
 
     def _window_call(
         self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, extra: tuple[Any, ...]
-    ) -> None:
+    ) -> Any:
         clock = self._clock
         i = self._next
         capturing = clock.capturing()
@@ -501,28 +499,25 @@ class ConfirmingRunner:
             # The window is full and its last events may still be running (or the stream
             # is being captured): the choice, untimed; the verdict once the clock can be read
             # (never during a capture, where an event may not even be queried).
-            self.kernel(a, b, out, alpha, beta, bias, *extra)
+            got = self.kernel(a, b, out, alpha, beta, bias, *extra)
             if i >= WARMUP + self._timed and not capturing and clock.ready():
                 self.confirmation.conclude(*split(clock.seconds()), clock.name)
-            return
+            return got
         self._next = i + 1
         if i < WARMUP:
             if i == 0:
-                self.kernel(a, b, out, alpha, beta, bias, *extra)
-            else:
-                self._default(a, b, out, alpha, beta, bias, extra)
-            return
+                return self.kernel(a, b, out, alpha, beta, bias, *extra)
+            return self._default(a, b, out, alpha, beta, bias, extra)
         j = i - WARMUP
+        clock.begin(j)
         if uses_kernel(j):
-            clock.begin(j)
-            self.kernel(a, b, out, alpha, beta, bias, *extra)
-            clock.end(j)
+            got = self.kernel(a, b, out, alpha, beta, bias, *extra)
         else:
-            clock.begin(j)
-            self._default(a, b, out, alpha, beta, bias, extra)
-            clock.end(j)
+            got = self._default(a, b, out, alpha, beta, bias, extra)
+        clock.end(j)
         if j + 1 == self._timed and clock.ready():
             self.confirmation.conclude(*split(clock.seconds()), clock.name)
+        return got
 
 
 class TieRunner:
@@ -544,8 +539,7 @@ class TieRunner:
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None, *extra: Any
-    ) -> None:
+    ) -> Any:
         if self.capturing():
-            self.default(a, b, out, alpha, beta, bias, *extra)
-        else:
-            self.kernel(a, b, out, alpha, beta, bias, *extra)
+            return self.default(a, b, out, alpha, beta, bias, *extra)
+        return self.kernel(a, b, out, alpha, beta, bias, *extra)

@@ -118,36 +118,35 @@ class CheckingRunner:
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None, *extra: Any
-    ) -> None:
+    ) -> Any:
+        # What a runner returns is passed on (a grouped Default's own output: core/grouped.py).
         final = self.final
         if final is not None:
-            final(a, b, out, alpha, beta, bias, *extra)
-            return
+            return final(a, b, out, alpha, beta, bias, *extra)
         if self._capturing():
-            (self.inner if self._trusted else self.default)(a, b, out, alpha, beta, bias, *extra)
-            return
+            return (self.inner if self._trusted else self.default)(a, b, out, alpha, beta, bias, *extra)
         if not self._lock.acquire(blocking=False):
-            self.default(a, b, out, alpha, beta, bias, *extra)
-            return
+            return self.default(a, b, out, alpha, beta, bias, *extra)
         try:
             final = self.final
             if final is not None:
-                final(a, b, out, alpha, beta, bias, *extra)
-                return
-            self._check(a, b, out, alpha, beta, bias, extra)
+                return final(a, b, out, alpha, beta, bias, *extra)
+            return self._check(a, b, out, alpha, beta, bias, extra)
         finally:
             self._lock.release()
 
     def _check(
         self, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, extra: tuple[Any, ...]
-    ) -> None:
+    ) -> Any:
         adapter, device = self._target.adapter, self._target.device
         shape, dtype = adapter.shape(out), adapter.dtype(out)
         c0 = None
         if beta != 0.0:  # out holds C: keep it for Default's run and the reference
             c0 = adapter.empty(shape, dtype, device)
             adapter.copy_(c0, out)
-        self.inner(a, b, out, alpha, beta, bias, *extra)
+        got = self.inner(a, b, out, alpha, beta, bias, *extra)
+        if got is not None:
+            return got  # Default served this call with its own output: the choice is checked on a later one
         theirs = adapter.empty(shape, dtype, device)
         if c0 is not None:
             adapter.copy_(theirs, c0)
@@ -157,7 +156,7 @@ class CheckingRunner:
             # Default refuses these operands (torch.matmul(out=...) and grad): nothing to
             # compare with; the choice serves as it did before checks, and nothing is stored.
             self._settle(self.inner, None)
-            return
+            return None
         # The check's own products (the float64 reference, on the device) are not the
         # program's: routing passes them through, as it does the harness's.
         with mode("off"):
@@ -167,6 +166,7 @@ class CheckingRunner:
         if reason:
             adapter.copy_(out, theirs)  # the caller gets the right result
         self._settle(self.default if reason else self.inner, reason)
+        return None
 
     def _settle(self, final: Runner, reason: str | None) -> None:
         self.final = final
