@@ -52,12 +52,14 @@ def run(
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     rows = json.loads(records.read_text())
     coverage = re.search(r"coverage: ([0-9.]+)% of the GEMM time tuned in ([0-9.]+) s", done.stdout)
+    before = re.search(r"([0-9.]+) s of it before tuning", done.stdout)
     return {
         "tag": tag,
         "command": " ".join(["unimatmul", *cmd[3:]]).replace(str(work), "$WORK"),
         "wall_s": wall,
         "coverage_pct": float(coverage.group(1)) if coverage else None,
         "tuning_s": float(coverage.group(2)) if coverage else None,
+        "before_tuning_s": float(before.group(1)) if before else None,
         "summary": [line for line in done.stdout.splitlines() if line.startswith(("coverage", "cache"))],
         "records": [
             {
@@ -114,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"model {args.model} on {args.device}: {len(shares)} problems",
         "",
-        "| run | wall s (command) | tuning s | coverage | problems tuned | GEMM speedup (claimed) |",
-        "|---|---|---|---|---|---|",
+        "| run | wall s (command) | before tuning s | tuning s | coverage | problems tuned | GEMM speedup (claimed) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for tag, res, s in ((f"--budget {args.budget:g}", budgeted, s_budget), ("no budget", free, s_free)):
         cov = f"{res['coverage_pct']:.1f}%" if res["coverage_pct"] is not None else "-"
         tuned = sum(1 for r in res["records"] if r["source"] == "tuned")
+        before = f"{res['before_tuning_s']:.1f}" if res["before_tuning_s"] is not None else "-"
         lines.append(
-            f"| {tag} | {res['wall_s']:.1f} | {res['tuning_s'] or 0:.1f} | {cov} | {tuned} | {s:.3f}x |"
+            f"| {tag} | {res['wall_s']:.1f} | {before} | {res['tuning_s'] or 0:.1f} | {cov} | {tuned} | {s:.3f}x |"
         )
     lines += ["", f"budgeted / free: {s_budget / s_free:.4f}; share of the gain kept: {kept:.1%}"]
     for tag, res in (("budgeted", budgeted), ("free", free)):

@@ -199,3 +199,37 @@ def test_backends_hear_of_every_problem_to_tune_before_the_first_is_measured(
     assert told.told == [(10, 24, 32), (11, 32, 40), (9, 16, 24)]  # by share; the cached one left out
     assert told_first[0] == told.told  # all of them before the first job
     assert plan.coverage() == pytest.approx(1.0)
+
+
+def test_a_budget_given_the_runs_start_counts_from_it(isolated: Any) -> None:
+    """``run_started`` (the command's start, its imports included): the budget counts from
+    there, so what the start-up took is not left to tuning; the summary says how long it was."""
+    now = [0.7]  # the run began at 0; the first job is handed out at 0.7 s
+    items = [PlannedJob(TuneJob(Problem.from_shape(4, 8 * (i + 1), 8, "f32"), NUMPY), 1.0) for i in range(3)]
+    plan = TunePlan(items, budget_s=1.0, clock=lambda: now[0], run_started=0.0)
+    caps = []
+    for item in plan.order(isolated.selector):
+        caps.append(plan.cap_for_next())
+        record, source = item.job.run(isolated.selector, cap_s=caps[-1])
+        plan.done(item, record, source)
+        now[0] += 0.3
+    assert caps == [pytest.approx(0.3)]  # the budget's 1 s less the 0.7 s before tuning
+    assert [x.why for x in plan.left_out] == ["budget spent", "budget spent"]
+    assert "(budget 1 s for the whole run, 0.7 s of it before tuning)" in plan.summary()
+
+
+def test_the_command_line_counts_from_the_processs_start() -> None:
+    """``unimatmul.cli.run_started``: from the process's start where the command is the
+    process (Linux's /proc gives its age), else from the call."""
+    import sys
+    import time
+
+    from unimatmul.cli import run_started
+
+    now = time.perf_counter()
+    call, process = run_started(False), run_started(True)
+    assert call >= now
+    if sys.platform.startswith("linux"):
+        assert process < now - 0.1  # this test process has run for a while already
+    else:
+        assert process >= now

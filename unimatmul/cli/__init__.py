@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import TextIO
@@ -74,10 +75,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     output, one line per kind (:mod:`unimatmul.cli.warning_summary`), then its error.
     """
     out = out or sys.stdout
+    started = run_started(argv is None)
     args: argparse.Namespace | None = None
     with warning_summary.collecting() as caught:
         try:
             args = build_parser().parse_args(argv)
+            args.started = started
             check_settings()
             code: int = args.func(args, out)
             failure = ""
@@ -94,6 +97,24 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if failure:
         _say(failure)
     return code
+
+
+def run_started(whole_process: bool) -> float:
+    """When the command started, on ``time.perf_counter``'s scale: the process's start
+    where the command is the process (``argv`` from the command line: its imports count
+    too), else now. The process's age comes from Linux's ``/proc``; elsewhere, now."""
+    now = time.perf_counter()
+    if not whole_process:
+        return now
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - min(max(age, 0.0), 3600.0)
 
 
 def check_settings() -> None:

@@ -14,6 +14,8 @@ import json
 import math
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -274,20 +276,44 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     plan = tune_model.plan(args, jobs)
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
 
-    def ahead(items: list[PlannedJob]) -> None:
-        # Kernels that compile (Triton's) start compiling for every problem now, in the
-        # order they come, while the first ones are measured.
-        selector.tuner.ahead((i.job.problem, i.job.target) for i in items)
+    over = threading.Event()
+    threads: list[threading.Thread] = []
 
-    for item in plan.order(selector, force=args.force, before=ahead):
-        job = item.job
-        problem = job.problem
-        bar.set_postfix_str(f"{job.label} {problem.dtype_a}, coverage {plan.coverage():.0%}")
-        record, source = job.run(selector, force=args.force, cap_s=plan.cap_for_next())
-        plan.done(item, record, source)
-        bar.update()
-        rows.append(row(job, record, source))
-        results.append({"problem": problem.key, "source": source, "share": item.share, **record.to_dict()})
+    def upcoming(items: list[PlannedJob]) -> Iterator[tuple[Problem, Target]]:
+        for i in items:
+            if over.is_set():
+                return
+            yield i.job.problem, i.job.target
+
+    def ahead(items: list[PlannedJob]) -> None:
+        # Kernels that compile (Triton's) start compiling for every problem, in the order
+        # they come, while the first ones are measured: handed out from a thread of its
+        # own, so that the first problem starts at once.
+        thread = threading.Thread(
+            target=selector.tuner.ahead, args=(upcoming(items),), name="unimatmul-ahead", daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+
+    try:
+        for item in plan.order(selector, force=args.force, before=ahead):
+            job = item.job
+            problem = job.problem
+            bar.set_postfix_str(f"{job.label} {problem.dtype_a}, coverage {plan.coverage():.0%}")
+            record, source = job.run(selector, force=args.force, cap_s=plan.cap_for_next())
+            plan.done(item, record, source)
+            bar.update()
+            rows.append(row(job, record, source))
+            results.append(
+                {"problem": problem.key, "source": source, "share": item.share, **record.to_dict()}
+            )
+    finally:
+        # Kernels still compiling for problems the budget left out are not wanted: without
+        # this the process's exit would wait for every one of them.
+        over.set()
+        for thread in threads:
+            thread.join()
+        selector.tuner.ahead_over()
     if plan.left_out:
         bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()

@@ -58,7 +58,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=float,
         metavar="SECONDS",
-        help="the most seconds of tuning for the whole run, spent where expected gain x share is largest",
+        help="the most seconds for the whole run, from the command's start (its imports included), "
+        "spent where expected gain x share is largest",
     )
     p.add_argument(
         "--cap",
@@ -171,7 +172,12 @@ def plan(args: argparse.Namespace, jobs: list[TuneJob]) -> TunePlan:
             item.share = calls.get(key, 1) * problem_seconds(item.job.problem, item.job.target.device.kind)
     by_priority = bool(args.model) or args.budget is not None
     return TunePlan(
-        list(items.values()), left_out, budget_s=args.budget, cap_s=args.cap, by_priority=by_priority
+        list(items.values()),
+        left_out,
+        budget_s=args.budget,
+        cap_s=args.cap,
+        by_priority=by_priority,
+        run_started=getattr(args, "started", None),
     )
 
 

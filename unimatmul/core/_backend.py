@@ -223,5 +223,10 @@ class Backend(ABC):
         """A hint that ``problem`` will be tuned soon: start what its tuning will wait for
         (compiling its kernels, say) and return at once. Most backends have nothing to start."""
 
+    def ahead_over(self) -> None:  # noqa: B027 - optional
+        """The tuning :meth:`ahead` announced is over, or ended early: drop what was started
+        for it that nothing waits for (compiles not begun), so that the process's exit does
+        not wait for it. Runners already prepared stay valid."""
+
     def close(self) -> None:  # noqa: B027 - optional, most backends hold nothing to release
         """Release library handles (tests and plugin unloading)."""

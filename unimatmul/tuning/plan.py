@@ -8,7 +8,9 @@ tuning saved on the problems of the same weight (n, k, dtype, layout; grouped on
 same experts) and regime (decode-sized or not: :attr:`PlannedJob.weight`) tuned so far in
 this run, else on all of them, else the same for all. With a budget, each job may take
 what is left of it (and at most the per-problem cap); once it is spent, or what is left
-is less than the quickest problem of the run took, the jobs not reached are left out. Every record is stored as it is made, so what was tuned is usable
+is less than the quickest problem of the run took, the jobs not reached are left out. The
+budget counts from :attr:`TunePlan.run_started` where it is given (the command's start),
+else from the first job. Every record is stored as it is made, so what was tuned is usable
 at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
 
 The roofline behind the shares is a simple one: ``max(flops / peak, bytes / bandwidth)``
@@ -93,7 +95,10 @@ class TunePlan:
     cap_s: float | None = None
     by_priority: bool = True
     clock: Callable[[], float] = time.perf_counter
-    started: float | None = None
+    started: float | None = None  # when the first job was handed out
+    #: When the run began, for the budget (``clock``'s scale; the command's start, its
+    #: imports included); None: the budget counts from ``started``.
+    run_started: float | None = None
 
     def __post_init__(self) -> None:
         total = sum(i.share for i in self.items) + sum(x.share for x in self.left_out)
@@ -105,6 +110,12 @@ class TunePlan:
 
     # --- time -------------------------------------------------------------------
     def spent_s(self) -> float:
+        """Seconds of the budget spent: since the run began (or since tuning did)."""
+        begun = self.run_started if self.run_started is not None else self.started
+        return 0.0 if begun is None else self.clock() - begun
+
+    def tuning_s(self) -> float:
+        """Seconds since the first job was handed out."""
         return 0.0 if self.started is None else self.clock() - self.started
 
     def left_s(self) -> float:
@@ -175,9 +186,12 @@ class TunePlan:
 
     def summary(self) -> str:
         """One line: the coverage, how long it took, and what was left out (why)."""
-        text = f"coverage: {self.coverage():.1%} of the GEMM time tuned in {self.spent_s():.1f} s"
+        text = f"coverage: {self.coverage():.1%} of the GEMM time tuned in {self.tuning_s():.1f} s"
         if self.budget_s is not None:
-            text += f" (budget {self.budget_s:g} s)"
+            text += f" (budget {self.budget_s:g} s"
+            if self.run_started is not None and self.started is not None:
+                text += f" for the whole run, {self.started - self.run_started:.1f} s of it before tuning"
+            text += ")"
         reasons: dict[str, list[LeftOut]] = {}
         for out in self.left_out:
             reasons.setdefault(out.why, []).append(out)

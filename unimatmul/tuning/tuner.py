@@ -192,6 +192,15 @@ class Tuner:
                 except (Exception, SystemExit):
                     continue
 
+    def ahead_over(self) -> None:
+        """The tuning :meth:`ahead` announced is over, or ended early (a budget): every
+        backend drops what it started for it and nothing waits for (``Backend.ahead_over``)."""
+        for backend in self.plugins.backends().values():
+            try:
+                backend.ahead_over()
+            except Exception:
+                continue  # best effort: what is not dropped only costs time at exit
+
     def measure(
         self,
         problem: Problem,

@@ -291,3 +291,35 @@ def test_a_failed_compile_is_a_failed_candidate_not_a_failed_tuning(tmp_path: An
     others = [r for i, r in by_identity.items() if i.startswith("triton/") and i != broken.candidate.identity]
     assert others and all(r.status in (OK, PRUNED) for r in others), others
     assert record.winner != broken.candidate.identity
+
+
+def test_a_shut_down_compiler_drops_what_has_not_started_and_compiles_nothing_more() -> None:
+    """``shutdown`` (the end of ``unimatmul tune``: ``Backend.ahead_over``): compiles not
+    begun are cancelled, the one in flight ends, and nothing compiles after it, so a
+    process's exit waits for the one in flight only."""
+    import threading
+
+    from unimatmul_triton.compiler import CompileFailed
+    from unimatmul_triton.configs import TILE, KernelConfig
+
+    release, begun = threading.Event(), threading.Event()
+    compiled: list[int] = []
+
+    def slow(plan: LaunchPlan, target: Any) -> Any:
+        begun.set()
+        assert release.wait(10)
+        compiled.append(plan.constexprs()["BLOCK_M"])
+        return plan
+
+    compiler = Compiler(1, compile=slow, launcher=None)
+    problem = Problem(m=64, n=128, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16")
+    plans = [plan_for(problem, KernelConfig(TILE, bm, 64, 32, 4, 3, group_m=8)) for bm in (16, 32, 64)]
+    futures = compiler.submit_all(plans, 0, TARGET)
+    assert begun.wait(10)
+    compiler.shutdown()
+    release.set()
+    assert futures[0].result(10) is plans[0]  # the one in flight finished
+    assert [f.cancelled() for f in futures[1:]] == [True, True]
+    with pytest.raises(CompileFailed, match="shut down"):
+        compiler._work(plans[1], TARGET)
+    assert compiled == [16]

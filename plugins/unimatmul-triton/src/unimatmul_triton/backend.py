@@ -138,6 +138,11 @@ class TritonBackend(Backend):
             self._compiler.shutdown()
             self._compiler = None
 
+    def ahead_over(self) -> None:
+        # Compiled kernels live in their runners and Triton's cache: only the pool goes
+        # (a new one starts if anything compiles again).
+        self.close()
+
     # --- candidates -------------------------------------------------------------------
     @property
     def candidate_count(self) -> int:

@@ -132,6 +132,7 @@ class Compiler:
         self.compiles = 0
         self.launchers = 0
         self.launcher_error: str | None = None  # the last launcher build's error, if one failed
+        self._closed = False
         atexit.register(self.shutdown)
 
     def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
@@ -184,15 +185,27 @@ class Compiler:
         return 0 if self._workers is None else self._workers.started
 
     def shutdown(self) -> None:
+        """Drop what has not started, stop the compile processes, and let a compile whose
+        process is stopped end at once: the threads a process's exit waits for are then
+        only those compiling in this process (the end of ``unimatmul tune``, whose work
+        compiled ahead is no longer wanted)."""
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._workers is not None:
             self._workers.shutdown()
 
+    def _shut(self, plan: LaunchPlan) -> CompileFailed:
+        return CompileFailed(f"{describe(plan)}: not compiled, the compiler was shut down", backend="triton")
+
     def _work(self, plan: LaunchPlan, gpu_target: Any) -> Any:
+        if self._closed:
+            raise self._shut(plan)
         if self._workers is not None:
             try:
                 ok, error = self._workers.compile(plan, gpu_target)
             except WorkerLost:
+                if self._closed:
+                    raise self._shut(plan) from None
                 ok, error = True, ""  # the compile below is the one that counts
             if not ok:
                 msg = f"{describe(plan)} did not compile for {gpu_target}: {error}"
