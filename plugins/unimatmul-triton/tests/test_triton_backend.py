@@ -235,6 +235,17 @@ def test_unimatmul_finds_the_plugin_through_its_entry_point() -> None:
 # --- the model and the plans (pure Python) --------------------------------------------
 
 
+def test_a_problem_is_ranked_once_and_each_caller_gets_its_own_list() -> None:
+    """``unimatmul tune`` ranks a problem twice (ahead, then measured): the second is the
+    first's ranking, and a caller's list is its own, cut to its limit."""
+    problem = problem_of(64, 4096, 4096)
+    whole = ranked_configs(problem)
+    short = ranked_configs(problem, limit=3)
+    assert short == whole[:3] and short[0] is whole[0]  # the same estimates, not a new ranking
+    short.clear()
+    assert ranked_configs(problem, limit=3) == whole[:3]
+
+
 @pytest.mark.parametrize(
     "problem",
     [

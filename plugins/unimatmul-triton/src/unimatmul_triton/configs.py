@@ -16,6 +16,7 @@ Nothing here imports Triton or torch: it runs anywhere, tests included.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import product
@@ -431,7 +432,16 @@ def offered(problem: Problem, count: int) -> int:
 
 
 def ranked_configs(problem: Problem, device: Device = H200, limit: int | None = None) -> list[Estimate]:
-    """Configs best first: the best of each (family, split or not) leads, then by time."""
+    """Configs best first: the best of each (family, split or not) leads, then by time.
+
+    Kept for the most recent problems: ``unimatmul tune`` ranks each problem twice, once
+    handing its configs out to compile ahead, once when it is measured."""
+    ordered = _ranked(problem, device)
+    return list(ordered[:limit] if limit is not None else ordered)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ranked(problem: Problem, device: Device) -> tuple[Estimate, ...]:
     estimates = sorted((estimate(problem, c, device) for c in space(problem)), key=lambda e: e.seconds)
     leaders: list[Estimate] = []
     seen: set[tuple[str, bool]] = set()
@@ -446,18 +456,18 @@ def ranked_configs(problem: Problem, device: Device = H200, limit: int | None = 
     # Then spread over tile shapes: configs differing only in warps or stages come after
     # every distinct (kernel, block sizes, split) has had its best in.
     shapes = {_shape(e.config) for e in leaders}
+    leading = {id(e) for e in leaders}
     distinct: list[Estimate] = []
     repeats: list[Estimate] = []
     for est in estimates:
-        if est in leaders:
+        if id(est) in leading:
             continue
         if _shape(est.config) in shapes:
             repeats.append(est)
         else:
             shapes.add(_shape(est.config))
             distinct.append(est)
-    ordered = sorted(leaders, key=lambda e: e.seconds) + distinct + repeats
-    return ordered[:limit] if limit is not None else ordered
+    return (*sorted(leaders, key=lambda e: e.seconds), *distinct, *repeats)
 
 
 def _shape(config: KernelConfig) -> tuple[str, int, int, int, int]:
