@@ -285,3 +285,57 @@ def test_grouped_experts_need_torch_tensors(isolated: Any, tmp_path: Path) -> No
     )
     assert found, text
     assert float(found[1]) + float(found[2]) == pytest.approx(100.0, abs=0.2)
+
+
+def test_backends_hear_of_the_problems_ahead_and_that_the_run_is_over(
+    isolated: Any, registered: Any, tmp_path: Path
+) -> None:
+    """``unimatmul tune`` announces the problems it will tune to every backend
+    (``Backend.ahead``, from a thread of its own while the first is measured) and, when the
+    run ends, that it is over (``Backend.ahead_over``: what was started and is not wanted is
+    dropped). A backend that fails while listening costs nothing: the run goes on."""
+    import threading
+
+    from unimatmul.backend import Backend
+
+    class Listening(Backend):
+        name = "listening"
+        device_kinds = frozenset({"cpu"})
+        array_kinds = frozenset({"torch"})
+
+        def __init__(self) -> None:
+            self.told: list[str] = []
+            self.threads: set[str] = set()
+            self.over = 0
+
+        def availability(self) -> str | None:
+            return None
+
+        def versions(self) -> dict[str, str]:
+            return {}
+
+        def candidates(self, problem: Any, target: Any) -> list[Any]:
+            return []
+
+        def prepare(self, problem: Any, candidate: Any, target: Any) -> Any:
+            raise AssertionError("no candidates, nothing to prepare")
+
+        def ahead(self, problem: Any, target: Any) -> None:
+            self.told.append(problem.key)
+            self.threads.add(threading.current_thread().name)
+            if len(self.told) == 2:
+                raise RuntimeError("this backend cannot look ahead at its second problem")
+
+        def ahead_over(self) -> None:
+            self.over += 1
+
+    listening = Listening()
+    config = tiny_config(tmp_path)
+    with registered(isolated.plugins, listening):
+        code, text = run(["tune", "--model", str(config), "--tokens", "1,4", "--device", "cpu", "--quiet"])
+    assert code == EXIT_OK, text
+    keys = {key for _, key, _ in isolated.selector.store.items(None)}
+    assert len(keys) == 10 and set(listening.told) == keys  # every problem, once each
+    assert len(listening.told) == len(keys)
+    assert listening.threads == {"unimatmul-ahead"}
+    assert listening.over == 1

@@ -289,9 +289,13 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         # Kernels that compile (Triton's) start compiling for every problem, in the order
         # they come, while the first ones are measured: handed out from a thread of its
         # own, so that the first problem starts at once.
-        thread = threading.Thread(
-            target=selector.tuner.ahead, args=(upcoming(items),), name="unimatmul-ahead", daemon=True
-        )
+        def hand_out() -> None:
+            try:
+                selector.tuner.ahead(upcoming(items))
+            except Exception:
+                return  # only a hint: each problem's own tuning meets what went wrong
+
+        thread = threading.Thread(target=hand_out, name="unimatmul-ahead", daemon=True)
         thread.start()
         threads.append(thread)
 
