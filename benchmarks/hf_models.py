@@ -622,7 +622,9 @@ def run_row(
             "routed": timed(on, "routed", count, device, watch),
         }
         result["calls_per_sample"] = count
-        measured = rounds(variants, args.rounds, deadline)
+        measured = rounds(
+            variants, args.rounds, deadline, more=unresolved(args.resolve / 100), most=args.max_rounds
+        )
         ratio = measured["off"]["median_s"] / measured["routed"]["median_s"]
         if args.profile or (args.profile_below and ratio < args.profile_below):
             result["profile"] = {
@@ -642,8 +644,36 @@ def run_row(
     # The median of the rounds' own ratios: each round's off and routed samples were
     # taken back to back, so a slow stretch of the host moves both.
     result["ratio_paired"] = statistics.median(result["round_ratios"])
+    interval = ratio_interval(result["round_ratios"])
+    result["ratio_interval_95"] = list(interval) if interval is not None else None
     result["tokens_per_call"] = tokens
     return result
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """A 95 % interval of the median of the rounds' ratios (order statistics: each bound
+    one-sided at 97.5 %), or None with too few rounds for one."""
+    from unimatmul.tuning.bounds import ratio_bounds
+
+    low, high = ratio_bounds(ratios, 0.975)
+    return None if low == 0.0 or math.isinf(high) else (low, high)
+
+
+def unresolved(within: float) -> Callable[[dict[str, list[float]]], bool]:
+    """Whether a row needs more rounds: its 95 % interval of the median round ratio (off
+    over routed) is wider than ``within`` of the median on either side (or not yet known)."""
+
+    def more(samples: dict[str, list[float]]) -> bool:
+        ratios = [o / r for o, r in zip(samples["off"], samples["routed"], strict=True) if r > 0]
+        if not ratios:
+            return True
+        interval = ratio_interval(ratios)
+        if interval is None:
+            return True
+        mid = statistics.median(ratios)
+        return interval[0] < mid * (1 - within) or interval[1] > mid * (1 + within)
+
+    return more
 
 
 def tuned_problems(met: list[Any]) -> list[dict[str, Any]]:
@@ -813,8 +843,9 @@ def summary_table(data: dict[str, Any]) -> list[str]:
     """The rows as a markdown table, and the rows not run with why."""
     lines = [
         "| row | tokens/call | off tok/s | routed tok/s | routed/off | median of round ratios | "
-        "round ratios (min-max) | off, routed spread | rounds | kernels chosen / problems | check |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "95% interval of that median | round ratios (min-max) | off, routed spread | rounds | "
+        "kernels chosen / problems | check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         problems = r["problems"]
@@ -826,10 +857,13 @@ def summary_table(data: dict[str, Any]) -> list[str]:
             else f"rel. error {check['rel_error']:.1e}"
         )
         ratios = r["round_ratios"]
+        interval = r.get("ratio_interval_95")
+        interval_text = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"
         lines.append(
             f"| {r['id']} | {r['tokens_per_call']:,} | {r['off']['tokens_per_s']:,.0f} | "
             f"{r['routed']['tokens_per_s']:,.0f} | **{r['ratio']:.3f}x** | "
-            f"{r.get('ratio_paired', statistics.median(ratios)):.3f}x | {min(ratios):.3f}-{max(ratios):.3f} | "
+            f"{r.get('ratio_paired', statistics.median(ratios)):.3f}x | {interval_text} | "
+            f"{min(ratios):.3f}-{max(ratios):.3f} | "
             f"{_spread(r['off']['samples']):.1%}, {_spread(r['routed']['samples']):.1%} | {r['off']['rounds']} | "
             f"{kernels} / {len(problems)} | {check_text} |"
         )
@@ -991,6 +1025,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=None, help="generate: new tokens (64 GPU / 16 CPU)")
     p.add_argument("--rounds", type=int, default=None, help="off/routed rounds per row (7 GPU / 5 CPU)")
     p.add_argument(
+        "--max-rounds",
+        type=int,
+        default=None,
+        help="rounds a row may take past --rounds while its ratio is not resolved (--resolve); default: none",
+    )
+    p.add_argument(
+        "--resolve",
+        type=float,
+        default=2.0,
+        metavar="PCT",
+        help="with --max-rounds: more rounds until the 95%% interval of the median round ratio is "
+        "within PCT %% of it on either side (default 2)",
+    )
+    p.add_argument(
         "--min-time", type=float, default=None, help="seconds a sample at least (0.15 GPU / 0.1 CPU)"
     )
     p.add_argument(
@@ -1045,6 +1093,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.prompt = args.prompt or (128 if gpu else 32)
     args.new_tokens = args.new_tokens or (64 if gpu else 16)
     args.rounds = args.rounds or (7 if gpu else 5)
+    args.max_rounds = max(args.max_rounds or args.rounds, args.rounds)
     args.min_time = args.min_time or (0.15 if gpu else 0.1)
     return args
 

@@ -191,20 +191,28 @@ def time_calls(fn: Callable[[], Any], device: torch.device, min_s: float) -> flo
 
 
 def rounds(
-    variants: dict[str, Callable[[], float]], repeats: int, deadline: float | None = None
+    variants: dict[str, Callable[[], float]],
+    repeats: int,
+    deadline: float | None = None,
+    *,
+    more: Callable[[dict[str, list[float]]], bool] | None = None,
+    most: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each variant takes one sample per round, in turn; median and spread per variant.
 
     ``deadline`` (a ``time.perf_counter()`` value): no round starts after it, so a
     run with a time limit ends with fewer rounds instead of being cut off mid-way.
+    ``more`` (given the samples so far) asks for rounds past ``repeats``, up to ``most``.
     ``samples`` keeps every round's sample, in order, for ratios paired by round.
     """
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(repeats):
+    i = 0
+    while i < repeats or (more is not None and i < (most or repeats) and more(samples)):
         if i and deadline is not None and time.perf_counter() > deadline:
             break
         for name, take in variants.items():
             samples[name].append(take())
+        i += 1
     return {
         name: {
             "median_s": statistics.median(values),

@@ -9,7 +9,8 @@
 #            fp8 tests, the older benchmark and the fp8 stack instead
 #   moe      mixture-of-experts: grouped GEMMs of four MoE configs against torch._grouped_mm
 #            (benchmarks/moe_bench.py, MOE_BENCH_ARGS), and two HF MoE models routing off vs on (MOE_S;
-#            MOE_HF=0 leaves them out)
+#            MOE_HF=0 leaves them out; MOE_HF_ARGS, default --max-rounds 31: rounds until each
+#            row's ratio is resolved)
 #   fill     a grouped bucket's best candidates against torch._grouped_mm across the bucket's fill
 #            (benchmarks/grouped_fill.py, FILL_S, FILL_ARGS)
 #   hf       the Hugging Face model benchmark (routing off vs on)
@@ -73,7 +74,7 @@ for name in "$@"; do
         part moe "${MOE_S:-420}" env MOE_S="${MOE_S:-420}" bash -c '
             python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 )) ${MOE_BENCH_ARGS:-}
             [ "${MOE_HF:-1}" = 0 ] || python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
-                --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:-}' ;;
+                --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:---max-rounds 31}' ;;
     fill)
         part fill "${FILL_S:-200}" python3 benchmarks/grouped_fill.py --out "$SESSION/fill" \
             --budget-s $(( ${FILL_S:-200} - 60 )) ${FILL_ARGS:-} ;;
