@@ -18,7 +18,7 @@ from unimatmul.cache.lru import lru_size
 from unimatmul.calls import CallTable, Plan, decide_into, mode_now, signatures
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import ArrayAdapter, adapter_of, hold_for_graphs
-from unimatmul.core.grouped import LENT, default_failed, grouped_problem_of, grouped_shapes
+from unimatmul.core.grouped import call_lending, default_failed, grouped_problem_of, grouped_shapes
 from unimatmul.core.overlap import OutGuard, run_overlapping
 from unimatmul.core.problem import EmptyProduct
 from unimatmul.core.runners import default_runner
@@ -66,7 +66,6 @@ def grouped_matmul(
         if runner.candidate is DEFAULT:
             return _torch_own(adapter, a, b, offs, None)  # torch's own output: no copy of it
         out = plan.allocate()  # type: ignore[misc]
-        LENT.out = out  # Default, where a wrapper runs it, returns its own output instead
     elif plan.guard(out, a, b, offs):  # type: ignore[misc]
         own: Any = plan.default
 
@@ -75,7 +74,8 @@ def grouped_matmul(
 
         return run_overlapping(adapter, out, call, call, plan.allocate)  # type: ignore[arg-type]
     try:
-        got = runner(a, b, out, 1.0, 0.0, None, offs)
+        # Lent, Default where a wrapper runs it returns its own output instead of a copy.
+        got = call_lending(runner, a, b, out, offs) if lent else runner(a, b, out, 1.0, 0.0, None, offs)
         if plan.capturing():
             hold_for_graphs(runner)  # a graph now holds its buffers: never evicted with its key
     except Exception as exc:
@@ -84,11 +84,9 @@ def grouped_matmul(
                 raise default_failed(exc, adapter.device(a)) from exc
             raise
         default: Any = TABLE.fall_back(plan, exc, adapter)
-        got = default(a, b, out, 1.0, 0.0, None, offs)
-    finally:
-        if lent:
-            LENT.out = None
-    return out if got is None else got
+        default(a, b, out, 1.0, 0.0, None, offs)
+        return out
+    return got if lent else out
 
 
 def _torch_own(adapter: ArrayAdapter, a: Any, b: Any, offs: Any, out: Any) -> Any:

@@ -28,11 +28,11 @@ neither); its Default, :class:`GroupedDefaultRunner`, is ``torch._grouped_mm``. 
 tensors only; torch is imported through the array adapter, never at import time.
 
 torch's grouped product has no ``out=``: it makes its own output. Where a door allocated
-``out`` itself (no ``out`` from the caller), it *lends* it for the call (:data:`LENT`):
+``out`` itself (no ``out`` from the caller), it *lends* it for the call (:func:`call_lending`):
 Default then returns torch's output in its place instead of copying into it
 (:func:`serve_default`), and the door returns what the runner returned, if anything. So
 a call that runs Default through a wrapper (a confirmation window's Default turns, a tie
-under CUDA-graph capture) costs what ``torch._grouped_mm`` costs, as the harness timed
+under CUDA-graph capture) costs what ``torch._grouped_mm`` costs, as the harness times
 it. On the H200 the copy cost 15-23 us a call at 1024 tokens, 4-11 % of the product.
 """
 
@@ -510,6 +510,19 @@ class _Lent(threading.local):
 LENT = _Lent()
 
 
+def call_lending(
+    runner: Any, a: Any, b: Any, out: Any, offs: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
+) -> Any:
+    """``runner`` on a call whose ``out`` its caller allocated itself, lent for the call
+    (:data:`LENT`): the call's output, ``out`` or the one a Default run inside returned."""
+    LENT.out = out
+    try:
+        got = runner(a, b, out, alpha, beta, bias, offs)
+    finally:
+        LENT.out = None
+    return out if got is None else got
+
+
 def serve_default(result: Any, out: Any) -> Any:
     """Default's ``result`` for a call writing ``out``: returned as it is where ``out`` is
     the lent output (the door returns it instead), else copied into ``out`` (None)."""
@@ -565,6 +578,7 @@ __all__ = [
     "GroupedInputError",
     "GroupedOperands",
     "bucket_extent",
+    "call_lending",
     "default_failed",
     "group_bounds",
     "group_products",

@@ -35,7 +35,7 @@ from unimatmul.calls import PASSING, Plan, decide_into, routed_decision
 from unimatmul.core import modes as _config
 from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
-from unimatmul.core.grouped import LENT, grouped_problem_of, grouped_shapes, serve_default
+from unimatmul.core.grouped import call_lending, grouped_problem_of, grouped_shapes, serve_default
 from unimatmul.core.problem import EmptyProduct
 from unimatmul.torch.router import Router
 from unimatmul.tuning.confirm import clock_for
@@ -87,22 +87,20 @@ def _grouped_mm(
     if runner is None:
         return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
     out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=a.device)
-    LENT.out = out  # PyTorch's kernel, where a wrapper runs it, returns its own output instead
     try:
+        # Lent: PyTorch's kernel, where a wrapper runs it, returns its own output instead.
         with _Below():
             if _profiler._is_profiler_enabled:
                 with torch.profiler.record_function(plan.label):
-                    got = runner(a, b, out, 1.0, 0.0, None, offs)
+                    out = call_lending(runner, a, b, out, offs)
             else:
-                got = runner(a, b, out, 1.0, 0.0, None, offs)
+                out = call_lending(runner, a, b, out, offs)
         if plan.capturing():
             hold_for_graphs(runner)  # a graph now holds its buffers: never freed
     except Exception as exc:
         TABLE.fall_back(plan, exc, adapter_of(a))  # PyTorch's own kernel from now on
         return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
-    finally:
-        LENT.out = None
-    return out if got is None else got
+    return out
 
 
 _DOOR = torch._C.DispatchKey.ADInplaceOrView

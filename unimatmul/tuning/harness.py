@@ -54,8 +54,8 @@ from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolera
 from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
 from unimatmul.core.grouped import (
     DISTRIBUTIONS,
-    GroupedDefaultRunner,
     GroupedOperands,
+    call_lending,
     group_products,
     grouped_layouts,
     grouped_operand_bytes,
@@ -1348,9 +1348,10 @@ def _bind(
     runner: Runner, ops: Operands, alpha: float, beta: float, *, timing: bool = False
 ) -> Callable[[], None]:
     """The call of ``runner`` on ``ops``. ``timing``: the call as it is timed, where that
-    differs from the checked one: a grouped Default returns torch's own result, as the
-    door's Default does for a call without ``out`` (every routed ``torch._grouped_mm``),
-    not copied into ``out`` (a copy of the whole output, which such calls never make)."""
+    differs from the checked one: a grouped call lends ``out`` as the doors do for a call
+    without ``out`` (every routed ``torch._grouped_mm``: ``core.grouped.call_lending``), so
+    Default returns torch's own result, not copied into ``out`` (a copy of the whole
+    output, which such calls never make)."""
     a, b, out, bias = ops.a, ops.b, ops.out, ops.bias
     if isinstance(ops, ScaledOperands):
         # A scaled runner takes the scales after the usual arguments (core/runners.py: ScaledDefaultRunner).
@@ -1367,14 +1368,13 @@ def _bind(
         offs = ops.offs
         if ops.rows is not None:  # a call of fewer rows than the bucket's (make_grouped_operands)
             a, out = a[: ops.rows], out[: ops.rows]
-        if timing and isinstance(runner, GroupedDefaultRunner):
-            grouped_mm = runner.grouped_mm
+        if timing:
             plain_grouped_call(alpha, beta, bias)
 
-            def default_call() -> None:
-                grouped_mm(a, b, offs)
+            def lent_call() -> None:
+                call_lending(grouped, a, b, out, offs, alpha, beta, bias)
 
-            return default_call
+            return lent_call
 
         def grouped_call() -> None:
             grouped(a, b, out, alpha, beta, bias, offs)
