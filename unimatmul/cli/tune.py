@@ -14,8 +14,7 @@ import json
 import math
 import os
 import sys
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -276,28 +275,12 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     plan = tune_model.plan(args, jobs)
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
 
-    over = threading.Event()
-    threads: list[threading.Thread] = []
-
-    def upcoming(items: list[PlannedJob]) -> Iterator[tuple[Problem, Target]]:
-        for i in items:
-            if over.is_set():
-                return
-            yield i.job.problem, i.job.target
+    stops: list[Callable[[], None]] = []
 
     def ahead(items: list[PlannedJob]) -> None:
         # Kernels that compile (Triton's) start compiling for every problem, in the order
-        # they come, while the first ones are measured: handed out from a thread of its
-        # own, so that the first problem starts at once.
-        def hand_out() -> None:
-            try:
-                selector.tuner.ahead(upcoming(items))
-            except Exception:
-                return  # only a hint: each problem's own tuning meets what went wrong
-
-        thread = threading.Thread(target=hand_out, name="unimatmul-ahead", daemon=True)
-        thread.start()
-        threads.append(thread)
+        # they come, while the first ones are measured.
+        stops.append(selector.tuner.ahead_started([(i.job.problem, i.job.target) for i in items]))
 
     try:
         for item in plan.order(selector, force=args.force, before=ahead):
@@ -314,10 +297,8 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         # Kernels still compiling for problems the budget left out are not wanted: without
         # this the process's exit would wait for every one of them.
-        over.set()
-        for thread in threads:
-            thread.join()
-        selector.tuner.ahead_over()
+        for stop in stops:
+            stop()
     if plan.left_out:
         bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()

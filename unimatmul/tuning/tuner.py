@@ -16,8 +16,9 @@ nothing and decides nothing about modes or caching: that is the Selector's polic
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -191,6 +192,35 @@ class Tuner:
                     backend.ahead(problem, target)
                 except (Exception, SystemExit):
                     continue
+
+    def ahead_started(self, jobs: Sequence[tuple[Problem, Target]]) -> Callable[[], None]:
+        """:meth:`ahead` for ``jobs`` from a thread of its own, so that the first of them
+        can be measured at once; returns what ends it: no more jobs handed out, the thread
+        joined, then :meth:`ahead_over`. What goes wrong in the thread is ignored (a hint:
+        each problem's own tuning meets it)."""
+        over = threading.Event()
+
+        def upcoming() -> Iterator[tuple[Problem, Target]]:
+            for job in jobs:
+                if over.is_set():
+                    return
+                yield job
+
+        def hand_out() -> None:
+            try:
+                self.ahead(upcoming())
+            except Exception:
+                return
+
+        thread = threading.Thread(target=hand_out, name="unimatmul-ahead", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            over.set()
+            thread.join()
+            self.ahead_over()
+
+        return stop
 
     def ahead_over(self) -> None:
         """The tuning :meth:`ahead` announced is over, or ended early (a budget): every
