@@ -131,3 +131,37 @@ class GroupedFake(Backend):
                     start = end
 
         return Runner()
+
+
+def tie_record(problem: Problem, kernel: str, versions: dict[str, str]) -> Any:
+    """A Default record whose ``kernel`` was measured a hair faster than Default: a tie
+    (``confirm.tie_of``), which its confirmation window judges where it runs."""
+    from unimatmul.cache.record import OK, CandidateResult, TuningRecord
+    from unimatmul.core._backend import DEFAULT
+
+    return TuningRecord(
+        problem.key,
+        DEFAULT.identity,
+        2e-6,
+        2e-6,
+        results=[CandidateResult(DEFAULT.identity, OK, 2e-6, 5), CandidateResult(kernel, OK, 1.99e-6, 5)],
+        versions=dict(versions),
+    )
+
+
+def check_window_turns(call: Any, fake: Any, made: list[Any], want: torch.Tensor) -> None:
+    """Eight calls through a tie's window: each right, nothing lent after it, and on
+    Default's turns (the fake kernel not called) the very output torch made (``made``:
+    torch's outputs, in order), not a copy; both take turns."""
+    from unimatmul.core.grouped import LENT
+
+    defaults = 0
+    for _ in range(8):
+        kernel_calls, torch_calls = fake.calls, len(made)
+        out = call()
+        assert close(out, want, "bf16")
+        assert LENT.out is None  # lent for the call only
+        if fake.calls == kernel_calls:  # Default's turn
+            assert len(made) == torch_calls + 1 and out is made[-1]
+            defaults += 1
+    assert defaults >= 3 and fake.calls >= 3  # both took turns

@@ -243,10 +243,8 @@ def test_defaults_turns_in_a_window_return_torchs_own_output_not_a_copy(
     window, whose calls take turns of it and Default. Default's turns return the output
     torch._grouped_mm made, not a copy of it into a buffer the door allocated (a copy of
     the whole output that a plain torch call does not pay), and every call is right."""
-    from grouped_cases import GroupedFake
+    from grouped_cases import GroupedFake, check_window_turns, tie_record
 
-    from unimatmul.cache.record import CandidateResult, TuningRecord
-    from unimatmul.core.grouped import LENT
     from unimatmul.tuning.confirm import tie_of
 
     made: list[Any] = []
@@ -262,26 +260,11 @@ def test_defaults_turns_in_a_window_return_torchs_own_output_not_a_copy(
     problem = grouped_problem_of(ADAPTER, a, b, offs)
     platform = isolated.selector.platform(Target(ADAPTER, CPU))
     kernel = f"{fake.name}/kernel"
-    record = TuningRecord(
-        problem.key,
-        DEFAULT.identity,
-        2e-6,
-        2e-6,
-        results=[CandidateResult(DEFAULT.identity, OK, 2e-6, 5), CandidateResult(kernel, OK, 1.99e-6, 5)],
-        versions=dict(platform.versions),
-    )
+    record = tie_record(problem, kernel, platform.versions)
     assert tie_of(record) == kernel
     isolated.selector.confirm_calls = 8
-    want = reference("m", a, b, offs)
     with registered(isolated.plugins, fake):
         isolated.selector.store.put(platform.namespace, problem.key, record)
-        defaults = 0
-        for _ in range(8):
-            kernel_calls, torch_calls = fake.calls, len(made)
-            out = unimatmul.grouped_matmul(a, b, offs)
-            assert close(out, want, "bf16")
-            assert LENT.out is None  # lent for the call only
-            if fake.calls == kernel_calls:  # Default's turn
-                assert len(made) == torch_calls + 1 and out is made[-1]
-                defaults += 1
-    assert defaults >= 3 and fake.calls >= 3  # both took turns
+        check_window_turns(
+            lambda: unimatmul.grouped_matmul(a, b, offs), fake, made, reference("m", a, b, offs)
+        )

@@ -170,12 +170,11 @@ def test_pytorchs_turns_in_a_window_return_its_own_output_not_a_copy(
     """A routed tie's window takes turns of the kernel and PyTorch's own grouped GEMM; on
     PyTorch's turns the call returns the output PyTorch's kernel made (no copy into the
     buffer routing allocated), and every call is right."""
-    from grouped_cases import GroupedFake
+    from grouped_cases import GroupedFake, check_window_turns, tie_record
 
-    from unimatmul.cache.record import OK, CandidateResult, TuningRecord
-    from unimatmul.core._backend import DEFAULT, Target
+    from unimatmul.core._backend import Target
     from unimatmul.core.arrays import CPU, adapter_for_kind
-    from unimatmul.core.grouped import LENT, grouped_problem_of
+    from unimatmul.core.grouped import grouped_problem_of
 
     made: list[Any] = []
     real = grouped_routing._OP
@@ -190,27 +189,10 @@ def test_pytorchs_turns_in_a_window_return_its_own_output_not_a_copy(
     a, b, offs = operands("m", SIZES)
     problem = grouped_problem_of(adapter, a, b, offs)
     platform = env.selector.platform(Target(adapter, CPU))
-    kernel = f"{fake.name}/kernel"
-    record = TuningRecord(
-        problem.key,
-        DEFAULT.identity,
-        2e-6,
-        2e-6,
-        results=[CandidateResult(DEFAULT.identity, OK, 2e-6, 5), CandidateResult(kernel, OK, 1.99e-6, 5)],
-        versions=dict(platform.versions),
-    )
     env.selector.confirm_calls = 8
-    want = reference("m", a, b, offs)
     with registered(env.selector.plugins, fake):
-        env.selector.store.put(platform.namespace, problem.key, record)
+        env.selector.store.put(
+            platform.namespace, problem.key, tie_record(problem, f"{fake.name}/kernel", platform.versions)
+        )
         ut.enable()
-        defaults = 0
-        for _ in range(8):
-            kernel_calls, torch_calls = fake.calls, len(made)
-            out = torch._grouped_mm(a, b, offs)
-            assert close(out, want, "bf16")
-            assert LENT.out is None
-            if fake.calls == kernel_calls:
-                assert len(made) == torch_calls + 1 and out is made[-1]
-                defaults += 1
-    assert defaults >= 3 and fake.calls >= 3
+        check_window_turns(lambda: torch._grouped_mm(a, b, offs), fake, made, reference("m", a, b, offs))
