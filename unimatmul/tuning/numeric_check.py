@@ -315,6 +315,26 @@ def make_parts_reference(
     return PartsReference(made)
 
 
+def all_finite(
+    adapter: ArrayAdapter, out: Any, reference: Reference | PartsReference, device: Device
+) -> bool:
+    """Whether every element of ``out`` (of each part a :class:`PartsReference` checks) is
+    finite: after a call on an output poisoned with NaN, whether it wrote every element.
+    One pass over the output, in :func:`compare`'s blocks, where a comparison takes several."""
+    parts = (
+        [(view(out), ref) for _, view, ref in reference.parts]
+        if isinstance(reference, PartsReference)
+        else [(out, reference)]
+    )
+    xp = adapter.namespace()
+    found = []
+    for part, ref in parts:
+        out3 = _as3(part)
+        blocks, _ = _compare_blocks(adapter, ref, CPU if ref.host else device, None)
+        found += [xp.isfinite(out3[bs, rs]).all() for bs, rs in blocks]
+    return all(v == 1.0 for v in adapter.scalars(found))
+
+
 def compare_parts(
     adapter: ArrayAdapter, out: Any, reference: PartsReference, device: Device, *, exact: bool | None = None
 ) -> Check:
@@ -450,11 +470,10 @@ def _within_launch(
             bound = adapter.cast_like(_bound(adapter, reference, adapter.to_float64(ref), bs, rs), ref)
             if reference.keep_bounds:
                 made.append(bound)
-        diff = abs(adapter.cast_like(out3[bs, rs], ref) - ref)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a bound of 0 (a row of zeros in A)
-            worst.append((diff / bound).max())  # NaN where an element is NaN
-        squares.append(adapter.sum_squares(diff))
-        del bound, diff  # one block's temporaries at a time
+        block_worst, block_squares = adapter.error_parts(out3[bs, rs], ref, bound)
+        worst.append(block_worst)  # NaN where an element is NaN
+        squares.append(block_squares)
+        del bound  # one block's temporaries at a time
     if made:
         reference.bounds = made
     return worst + squares
@@ -481,10 +500,8 @@ def _screen(
     c2min = adapter.reduce_max(-reference.c2, -1)  # minus the smallest column norm of each matrix
     screen, sq = [], []
     for bs, rs in blocks:
-        ref = reference.ref[bs, rs]
-        diff = abs(adapter.cast_like(out3[bs, rs], ref) - ref)
-        sq.append(adapter.sum_squares(diff))
-        excess = adapter.reduce_max(diff - abs(ref) * a_out, -1)
+        excess, squares = adapter.screen_parts(out3[bs, rs], reference.ref[bs, rs], a_out)
+        sq.append(squares)
         low = reference.r2[bs, rs] * (-c2min[bs])[:, None] * kappa + 1e-300
         screen.append((excess / low).max())
     # One transfer for both lists; NaN reads as inf: such a block is looked at fully.

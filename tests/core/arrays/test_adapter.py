@@ -64,3 +64,37 @@ def test_the_default_runner_through_the_sdk_gives_numpys_product() -> None:
     runner(a, b, out, 2.0)
     ref = 2.0 * (a.astype(np.float64) @ b.astype(np.float64))
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_torchs_fewer_pass_check_primitives_give_the_generic_values(out_dtype: str) -> None:
+    # The numeric check's per-block work: torch's override (a promoting subtraction, the
+    # ratio's extremes) against the generic primitives, on errors of both signs, an exact
+    # element with a zero bound (NaN either way), and an output element left NaN.
+    torch = pytest.importorskip("torch")
+    adapter = arrays.adapter_for_kind("torch")
+    generic = arrays.ArrayAdapter
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(3, 64, 48, generator=g)
+    out = (ref + 1e-2 * torch.randn(3, 64, 48, generator=g)).to(getattr(torch, out_dtype))
+    bound = 0.05 + torch.rand(3, 64, 48, generator=g)
+    for mine, theirs in (
+        (adapter.error_parts(out, ref, bound), generic.error_parts(adapter, out, ref, bound)),
+        (adapter.screen_parts(out, ref, 0.25), generic.screen_parts(adapter, out, ref, 0.25)),
+    ):
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=0.0)
+    zero = bound.clone()
+    zero[1, 2, 3] = 0.0
+    exact = out.clone()
+    exact[1, 2, 3] = ref[1, 2, 3].to(exact.dtype)
+    ref_exact = ref.clone()
+    ref_exact[1, 2, 3] = exact[1, 2, 3].float()
+    worst, _ = adapter.error_parts(exact, ref_exact, zero)
+    assert adapter.scalars([worst]) == [float("inf")]  # 0 / 0: NaN, read as inf
+    holed = out.clone()
+    holed[2, 63, 47] = float("nan")
+    worst, squares = adapter.error_parts(holed, ref, bound)
+    excess, screened = adapter.screen_parts(holed, ref, 0.25)
+    assert adapter.scalars([worst, squares, screened]) == [float("inf")] * 3
+    assert torch.isnan(excess[2, 63]) and not torch.isnan(excess[2, 62])

@@ -199,6 +199,23 @@ class ArrayAdapter:
     def sum_squares(self, x: Any) -> Any:
         return (x * x).sum()
 
+    def error_parts(self, out: Any, ref: Any, bound: Any) -> tuple[Any, Any]:
+        """One block's largest ``|out - ref| / bound`` (NaN where an element is NaN, or
+        where a bound of 0 meets an error of 0) and its sum of squared errors, unread
+        (0-d arrays), the difference taken in ``ref``'s dtype. An adapter may compute the
+        same in fewer passes over the block (the numeric check's hot loop)."""
+        diff = abs(self.cast_like(out, ref) - ref)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a bound of 0 (a row of zeros in A)
+            worst = (diff / bound).max()
+        return worst, self.sum_squares(diff)
+
+    def screen_parts(self, out: Any, ref: Any, scale: float) -> tuple[Any, Any]:
+        """One block's ``|out - ref| - scale * |ref|``, largest along the last axis, and its
+        sum of squared errors, unread; the difference in ``ref``'s dtype (the numeric
+        check's screen of a large output)."""
+        diff = abs(self.cast_like(out, ref) - ref)
+        return self.reduce_max(diff - abs(ref) * scale, -1), self.sum_squares(diff)
+
     def cast_like(self, x: Any, like: Any) -> Any:
         """``x`` in ``like``'s dtype (no copy if it is already)."""
         return x.astype(like.dtype, copy=False)
