@@ -30,7 +30,7 @@ from harness_fakes import (
 
 import unimatmul
 from unimatmul.backend import DEFAULT, Candidate, Runner
-from unimatmul.cache.record import OK, REJECTED, TuningRecord
+from unimatmul.cache.record import OK, PRUNED, REJECTED, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind, make_operands
 from unimatmul.core.dtypes import ErrorModel
 from unimatmul.core.problem import Problem
@@ -358,6 +358,103 @@ def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> Non
     assert _result(record, "cheat").status == REJECTED
     assert _result(record, "good").status == OK
     assert record.winner == "fake/good"
+
+
+def _costed_entries(
+    clock: CostClock, kind: str, problem: Problem, kernels: dict[str, tuple[Any, float]]
+) -> tuple[Any, list[tuple[Candidate, Callable[[], Runner]]]]:
+    """A target and entries whose runners set ``clock`` to their cost (``default`` first)."""
+    target = fake_target(kind)
+
+    def costed(behave: Any, cost: float) -> Any:
+        def run(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+            behave(k, a, b, out, alpha, beta, bias)
+            clock.current = cost
+
+        return run
+
+    backend = KernelBackend("fake", {name: costed(*how) for name, how in kernels.items()})
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (
+            DEFAULT if name == "default" else Candidate.make("fake", name),
+            lambda name=name: backend.prepare(problem, Candidate.make("fake", name), target),
+        )
+        for name in kernels
+    ]
+    return target, entries
+
+
+def _rounds_config(**overrides: Any) -> Any:
+    """GPU-style settings (candidates sampled in rounds) with only the pruning asked for."""
+    settings = fast_config()
+    settings.interleave = True
+    settings.prune_ratio = settings.first_prune_ratio = settings.round_prune_ratio = math.inf
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return settings
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stale_kernel_is_caught_before_the_first_round_prunes_the_right_ones(kind: str) -> None:
+    # In rounds (a GPU), the first round's losers are pruned at once (round_prune_ratio);
+    # the check on new inputs comes first, so the cheat (0.1: it only copies) is out before
+    # good (0.5 > 1.3 x 0.1) is compared with it.
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {"default": (right, 1.0), "cheat": (stale, 0.1), "good": (right, 0.5)}
+    target, entries = _costed_entries(clock, kind, problem, kernels)
+    record = Harness(CostTimer(clock), _rounds_config(round_prune_ratio=1.3)).measure(
+        problem, target, entries
+    )
+    assert _result(record, "cheat").status == REJECTED
+    assert _result(record, "cheat").note.startswith("wrong after timing")
+    assert _result(record, "good").status == OK
+    assert record.winner == "fake/good"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_clear_loser_is_pruned_after_the_first_round(kind: str) -> None:
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {"default": (right, 1.0), "slow": (right, 0.8), "fast": (right, 0.5), "near": (right, 0.6)}
+    target, entries = _costed_entries(clock, kind, problem, kernels)
+    settings = _rounds_config(round_prune_ratio=1.3)
+    record = Harness(CostTimer(clock), settings).measure(problem, target, entries)
+    slow = _result(record, "slow")
+    assert slow.status == PRUNED and slow.note == "1.60x the best in the first round"
+    assert slow.samples == 1  # no further samples, and no check after timing
+    assert _result(record, "near").status == OK and _result(record, "near").samples >= settings.min_samples
+    assert record.result(DEFAULT.identity).status == OK  # Default is never pruned
+    assert record.winner == "fake/fast"
+
+
+def right_once_then_doubled(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right on its first call; every later call writes twice the right values."""
+    k.right(a, b, out, alpha, beta, bias)
+    if k.calls > 1:
+        out *= 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("interleave", [False, True], ids=["blocks", "rounds"])
+def test_a_kernel_wrong_from_its_second_call_is_rejected_by_the_full_check_after_timing(
+    kind: str, interleave: bool
+) -> None:
+    # The second call before timing only has to write every element (it did: finite,
+    # wrong values); the full compare on new inputs after its first timing rejects it.
+    record = measure_kernels(
+        Problem.from_shape(64, 48, 40),
+        kind,
+        {"doubled": right_once_then_doubled, "good": right},
+        interleave=interleave,
+        prune_ratio=math.inf,
+        first_prune_ratio=math.inf,
+    )
+    doubled = _result(record, "doubled")
+    assert doubled.status == REJECTED and doubled.note.startswith("wrong after timing"), doubled.note
+    assert doubled.samples > 0
+    assert record.winner != "fake/doubled"
+    assert _result(record, "good").status == OK
 
 
 @pytest.fixture
