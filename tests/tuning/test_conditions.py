@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
+from typing import Any
 
+from unimatmul.tuning import conditions
 from unimatmul.tuning.conditions import cpu_state, parse_smi_line, read_device_state
 
 
@@ -34,3 +37,52 @@ def test_cpu_state_holds_plausible_readings_or_nothing() -> None:
         "cpu_mhz", "cpu_mhz_min", "cpu_max_mhz", "governor", "cpu_temp_c"
     }  # fmt: skip
     assert read_device_state(SimpleNamespace(kind="tpu", index=0)) == {}
+
+
+def test_nvml_is_initialised_once_per_process_and_each_device_looked_up_once(monkeypatch: Any) -> None:
+    # NVML itself cannot run here (no NVIDIA driver): a stand-in module counts the calls.
+    calls: dict[str, int] = {"init": 0, "shutdown": 0, "handle": 0}
+
+    def init() -> None:
+        calls["init"] += 1
+
+    def shutdown() -> None:
+        calls["shutdown"] += 1
+
+    def handle(index: int) -> str:
+        calls["handle"] += 1
+        return f"device {index}"
+
+    fake = SimpleNamespace(
+        nvmlInit=init,
+        nvmlShutdown=shutdown,
+        nvmlDeviceGetHandleByIndex=handle,
+        NVML_CLOCK_SM=0,
+        NVML_CLOCK_MEM=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1980 if kind == 0 else 3201,
+        nvmlDeviceGetTemperature=lambda h, kind: 41,
+        nvmlDeviceGetPowerUsage=lambda h: 123_400,
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 4,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(conditions, "_nvml", {})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    device = SimpleNamespace(kind="cuda", index=0)
+    readings = [read_device_state(device) for _ in range(3)]
+    assert (
+        readings
+        == [
+            {"gpu_sm_mhz": 1980, "gpu_mem_mhz": 3201, "gpu_temp_c": 41, "gpu_power_w": 123, "gpu_throttle": 4}
+        ]
+        * 3
+    )
+    assert calls == {"init": 1, "shutdown": 0, "handle": 1}
+
+
+def test_without_nvml_the_reading_falls_back_and_never_raises(monkeypatch: Any) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    monkeypatch.setattr(conditions, "_nvml", {})
+    monkeypatch.setattr(conditions, "_nvidia_smi", lambda: None)
+    assert read_device_state(SimpleNamespace(kind="cuda", index=0)) == {}
+    assert conditions._nvml == {"module": None}  # looked for once

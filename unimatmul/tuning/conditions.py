@@ -8,7 +8,7 @@ out, nothing raises, and a missing tool is looked for once per process.
 CPU: the current and maximum frequency (cpufreq in sysfs, else ``/proc/cpuinfo``),
 the frequency governor and the package temperature. NVIDIA: SM and memory clocks,
 temperature, power and the active throttle reasons, through NVML (``pynvml``) when
-installed, else one ``nvidia-smi`` query. AMD: current SCLK/MCLK and temperature from
+installed (initialised once per process), else one ``nvidia-smi`` query. AMD: current SCLK/MCLK and temperature from
 the amdgpu sysfs files.
 """
 
@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import subprocess
+import threading
 from typing import Any, Protocol
 
 Scalar = str | int | float | bool | None
@@ -149,20 +150,45 @@ def nvidia_state(index: int) -> dict[str, Scalar]:
     return state
 
 
+_nvml_lock = threading.Lock()
+#: NVML for this process: "module" (pynvml, or None where it cannot be used) and each
+#: device's handle by its identifier. Initialised at the first reading and kept: an
+#: initialisation per tuned problem costs more than the readings themselves.
+_nvml: dict[str, Any] = {}
+
+
+def _nvml_handle(ident: str) -> tuple[Any, Any]:
+    """(pynvml, the device's handle), or (None, None) where NVML cannot be used."""
+    with _nvml_lock:
+        if "module" not in _nvml:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _nvml["module"] = pynvml
+            except Exception:  # not installed, or no driver to talk to
+                _nvml["module"] = None
+        nvml = _nvml["module"]
+        if nvml is None:
+            return None, None
+        handle = _nvml.get(ident)
+        if handle is None:
+            if ident.isdigit():
+                handle = nvml.nvmlDeviceGetHandleByIndex(int(ident))
+            else:
+                handle = nvml.nvmlDeviceGetHandleByUUID(ident)
+            _nvml[ident] = handle
+        return nvml, handle
+
+
 def _nvml_state(ident: str) -> dict[str, Scalar] | None:
     try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
+        pynvml, handle = _nvml_handle(ident)
     except Exception:
         return None
+    if pynvml is None:
+        return None
     try:
-        if ident.isdigit():
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(ident))
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(ident)
         state: dict[str, Scalar] = {}
         probes: list[tuple[str, Any]] = [
             ("gpu_sm_mhz", lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
@@ -177,9 +203,6 @@ def _nvml_state(ident: str) -> dict[str, Scalar] | None:
         return state
     except Exception:
         return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
 
 
 @functools.lru_cache(maxsize=1)
