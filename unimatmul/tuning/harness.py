@@ -753,14 +753,16 @@ class Harness:
         _bind(runner, ops, alpha, beta)()
         # No synchronisation of its own: the comparison runs on the same stream after the
         # call, and reading its scalars back waits for both (an error of the call surfaces
-        # there, to the same handler).
+        # there, to the same handler). The guard bands' count is launched first, so that
+        # the comparison's read waits for it too.
+        pending = None if guard is None else numeric_check.guard_count(adapter, guard, GUARD_VALUES[poison])
         if full or not numeric_check.all_finite(adapter, ops.out, reference, target.device):
             found = compare_output(target, ops, ops.out, reference)
         else:
             found = Check(0.0, 0.0, 0, 0)  # no element over its bound that a NaN check can see
         if guard is not None:
             found.outside, found.outside_where = numeric_check.guard_writes(
-                adapter, guard, GUARD_VALUES[poison]
+                adapter, guard, GUARD_VALUES[poison], pending
             )
         return found
 
