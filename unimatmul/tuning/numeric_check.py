@@ -679,25 +679,28 @@ def poison_guard(guard: Guard, value: float) -> None:
     guard.base[guard.outside] = value
 
 
-def guard_writes(adapter: ArrayAdapter, guard: Guard, value: float, pending: Any = None) -> tuple[int, str]:
-    """How many elements outside the output no longer hold ``value`` (poisoned by
-    :func:`poison_guard`), and where the first of them is, as text ("" if none).
-    ``pending``: their count as :func:`guard_count` launched it (read now: on a GPU, the
-    work between the launch and now waited for it already)."""
-    count = adapter.scalars([pending if pending is not None else guard_count(adapter, guard, value)])[0]
-    if count == 0:
-        return 0, ""
-    got = adapter.to_float64(guard.base[guard.outside])
-    changed = ~adapter.namespace().isnan(got) if math.isnan(value) else got != value
-    first = int(np.flatnonzero(adapter.to_numpy(changed))[0])
-    return int(count), guard.where(int(guard.host[first]))
-
-
 def guard_count(adapter: ArrayAdapter, guard: Guard, value: float) -> Any:
-    """The count of :func:`guard_writes`, launched and not read (a 0-d array)."""
+    """How many elements outside the output no longer hold ``value`` (poisoned by
+    :func:`poison_guard`), launched and not read (a 0-d array): the check reads it with its
+    comparison, one wait for both (:func:`guard_writes`)."""
+    return _guard_changed(adapter, guard, value).sum()
+
+
+def guard_writes(adapter: ArrayAdapter, guard: Guard, value: float, count: Any) -> tuple[int, str]:
+    """``count`` (:func:`guard_count`) read, and where the first such element is, as text
+    ("" if none)."""
+    (found,) = adapter.scalars([count])
+    if found == 0:
+        return 0, ""
+    changed = _guard_changed(adapter, guard, value)
+    first = int(np.flatnonzero(adapter.to_numpy(changed))[0])
+    return int(found), guard.where(int(guard.host[first]))
+
+
+def _guard_changed(adapter: ArrayAdapter, guard: Guard, value: float) -> Any:
+    """Which elements of ``guard``'s bands no longer hold ``value``."""
     got = adapter.to_float64(guard.base[guard.outside])
-    changed = ~adapter.namespace().isnan(got) if math.isnan(value) else got != value
-    return changed.sum()
+    return ~adapter.namespace().isnan(got) if math.isnan(value) else got != value
 
 
 A_CHARACTERS = ("ones", "integers", "magnitudes", "zeros", "normal")
