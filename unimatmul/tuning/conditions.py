@@ -8,8 +8,8 @@ out, nothing raises, and a missing tool is looked for once per process.
 CPU: the current and maximum frequency (cpufreq in sysfs, else ``/proc/cpuinfo``),
 the frequency governor and the package temperature. NVIDIA: SM and memory clocks,
 temperature, power and the active throttle reasons, through NVML (``pynvml``) when
-installed (initialised once per process), else one ``nvidia-smi`` query. AMD: current SCLK/MCLK and temperature from
-the amdgpu sysfs files.
+installed (initialised once per process), else one ``nvidia-smi`` query. AMD: current
+SCLK/MCLK and temperature from the amdgpu sysfs files.
 """
 
 from __future__ import annotations

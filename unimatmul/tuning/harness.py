@@ -421,8 +421,9 @@ class Harness:
                     # The second call (beta = 0: on an output poisoned with NaN) must write
                     # every element and nothing outside; its values are compared in full on
                     # new inputs once it is timed, before its timed samples can prune anyone
-                    # (on a GPU after the first round), and again after all timing. A full compare here would be the
-                    # same comparison on the same inputs, at several passes over the output.
+                    # (on a GPU after the first round), and again after all timing. A full
+                    # compare here would repeat the first on the same inputs, at several
+                    # passes over the output.
                     found = self._check_call(
                         entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], poison,
                         full=poison == 0 or beta != 0.0,
