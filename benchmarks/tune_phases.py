@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -124,8 +125,6 @@ def main() -> int:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    import os
-
     work = Path(tempfile.mkdtemp(prefix="unimatmul-phases-"))
     os.environ["UNIMATMUL_CACHE"] = str(work / "cache.msgpack")
 
@@ -152,6 +151,7 @@ def main() -> int:
     H._check_call = first_or_again  # type: ignore[method-assign]
     clock.wrap(harness_mod, "compare_output", "compare")
     clock.wrap(numeric_check, "poison_guard", "guard")
+    clock.wrap(numeric_check, "guard_count", "guard")
     clock.wrap(numeric_check, "guard_writes", "guard")
     clock.wrap(torch.cuda.CUDAGraph, "replay", "replay")
     clock.wrap(timers.TorchGraphTimer, "capture", "capture")

@@ -23,9 +23,15 @@ class Ticks:
         return self.now
 
 
-def test_a_phase_inside_another_is_taken_out_of_the_outer_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    ticks = Ticks()
-    monkeypatch.setattr(tune_phases.time, "perf_counter", ticks)
+@pytest.fixture
+def ticks(monkeypatch: pytest.MonkeyPatch) -> Ticks:
+    """The benchmark's clock, moved by the test."""
+    found = Ticks()
+    monkeypatch.setattr(tune_phases.time, "perf_counter", found)
+    return found
+
+
+def test_a_phase_inside_another_is_taken_out_of_the_outer_one(ticks: Ticks) -> None:
     clock = tune_phases.Clock()
 
     def inner() -> None:
@@ -45,9 +51,7 @@ def test_a_phase_inside_another_is_taken_out_of_the_outer_one(monkeypatch: pytes
     assert clock.stack == []
 
 
-def test_calls_on_other_threads_are_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    ticks = Ticks()
-    monkeypatch.setattr(tune_phases.time, "perf_counter", ticks)
+def test_calls_on_other_threads_are_not_counted(ticks: Ticks) -> None:
     clock = tune_phases.Clock()
 
     def work() -> None:
@@ -62,9 +66,7 @@ def test_calls_on_other_threads_are_not_counted(monkeypatch: pytest.MonkeyPatch)
     assert dict(clock.now) == {"prepare": 5.0}
 
 
-def test_a_phase_that_raises_still_counts_and_leaves_the_stack_empty(monkeypatch: pytest.MonkeyPatch) -> None:
-    ticks = Ticks()
-    monkeypatch.setattr(tune_phases.time, "perf_counter", ticks)
+def test_a_phase_that_raises_still_counts_and_leaves_the_stack_empty(ticks: Ticks) -> None:
     clock = tune_phases.Clock()
 
     def fails() -> Any:
