@@ -329,29 +329,9 @@ def test_a_stale_kernel_is_caught_before_its_times_prune_the_right_ones() -> Non
     # right after its own block, the cheat is out before good is compared with it; else
     # good (0.5 > 1.3 x 0.1) would be pruned as a loser and Default would win.
     clock = CostClock()
-    target = fake_target("numpy")
     problem = Problem.from_shape(48, 40, 32)
-    backend = KernelBackend("fake", {})
-
-    def costed(behave: Any, cost: float) -> Any:
-        def run(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
-            behave(k, a, b, out, alpha, beta, bias)
-            clock.current = cost
-
-        return run
-
-    backend.kernels = {"default": costed(right, 1.0), "cheat": costed(stale, 0.1), "good": costed(right, 0.5)}
-    entries = [
-        (DEFAULT, lambda: backend.prepare(problem, Candidate.make("fake", "default"), target)),
-        (
-            Candidate.make("fake", "cheat"),
-            lambda: backend.prepare(problem, Candidate.make("fake", "cheat"), target),
-        ),
-        (
-            Candidate.make("fake", "good"),
-            lambda: backend.prepare(problem, Candidate.make("fake", "good"), target),
-        ),
-    ]
+    kernels = {"default": (right, 1.0), "cheat": (stale, 0.1), "good": (right, 0.5)}
+    target, entries = _costed_entries(clock, "numpy", problem, kernels)
     settings = fast_config()
     settings.prune_ratio = 1.3
     record = Harness(CostTimer(clock), settings).measure(problem, target, entries)
