@@ -5,14 +5,25 @@ picks one (``nvmath``, ``ctypes``); the default, ``auto``, takes nvmath-python's
 bindings when they import (their Cython calls cost less host time per call than
 ctypes, measured on the H200: see benchmarks/results) and ctypes otherwise.
 ``UNIMATMUL_CUBLASLT_PATH`` names a library file for the ctypes path.
+
+nvmath-python's package ``__init__`` imports all of nvmath (its FFT and sparse APIs, every
+library's bindings, CuPy's preloads): 0.68 s on the H200 machine, paid by a process's
+first call of any door. Only the ``cublasLt`` binding is needed, so where nvmath is not
+imported yet, :func:`import_binding` imports that one module with its package's
+``__init__`` held back, and a later ``import nvmath`` runs the real one (and finds the
+binding already loaded).
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import importlib
+import importlib.machinery
 import importlib.util
 import os
+import sys
+import types
 from typing import Any
 
 from unimatmul import settings
@@ -71,9 +82,58 @@ def load_ctypes() -> CtypesLtLibrary:
 
 def load_nvmath() -> Any:
     """The ``nvmath.bindings.cublasLt`` module (it already has the LtLibrary shape)."""
+    found = sys.modules.get("nvmath.bindings.cublasLt") or import_binding("nvmath", "bindings", "cublasLt")
+    if found is not None:
+        return found
     from nvmath.bindings import cublasLt
 
     return cublasLt
+
+
+def import_binding(package: str, *path: str) -> Any:
+    """Import ``package.path...`` without running the ``__init__`` of ``package`` or of the
+    packages between, which stand as empty packages while it loads (their module locks
+    held, so another thread's import of them waits, then runs the real ``__init__``).
+    The module, or None where that cannot be done here (``package`` imported already, not
+    installed, or the module failed: the caller imports it the plain way)."""
+    if package in sys.modules:
+        return None
+    try:
+        from importlib._bootstrap import _ModuleLockManager  # type: ignore[attr-defined]
+
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    names = [".".join((package, *path[:i])) for i in range(len(path))]
+    locations = [list(spec.submodule_search_locations)]
+    for part in path[:-1]:
+        locations.append([os.path.join(where, part) for where in locations[-1]])
+    locks = [_ModuleLockManager(name) for name in names]
+    for lock in locks:
+        lock.__enter__()
+    stubs: dict[str, types.ModuleType] = {}
+    try:
+        if any(name in sys.modules for name in names):
+            return None  # imported while this waited for the locks
+        for name, where in zip(names, locations, strict=True):
+            stub = types.ModuleType(name)
+            stub.__path__ = where
+            stub.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            stub.__spec__.submodule_search_locations = where
+            stub.__spec__._initializing = True  # type: ignore[attr-defined]  # others wait on the lock
+            stubs[name] = stub
+        sys.modules.update(stubs)
+        return importlib.import_module(".".join((package, *path)))
+    except Exception:
+        return None
+    finally:
+        for name, stub in stubs.items():
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
+        for lock in reversed(locks):
+            lock.__exit__(None, None, None)
 
 
 def load_driver(kind: str | None = None) -> tuple[LtDriver, str]:

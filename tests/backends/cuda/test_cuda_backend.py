@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from unimatmul.backend import Candidate
@@ -55,6 +57,67 @@ def test_explicit_library_path_is_tried_first(monkeypatch: pytest.MonkeyPatch) -
     paths = library.cublaslt_paths()
     assert paths[0] == "/opt/x/libcublasLt.so.13"
     assert "libcublasLt.so.13" in paths
+
+
+def _package(root: Any, name: str) -> None:
+    """A package shaped like nvmath: its ``__init__`` imports its ``bindings``, whose own
+    ``__init__`` imports the binding; both count their runs in ``RUNS``."""
+    top = root / name
+    (top / "bindings").mkdir(parents=True)
+    (top / "__init__.py").write_text(
+        "import builtins\nbuiltins.RUNS.append('top')\nfrom NAME import bindings\n".replace("NAME", name)
+    )
+    (top / "bindings" / "__init__.py").write_text(
+        "import builtins\nbuiltins.RUNS.append('bindings')\nfrom NAME.bindings import lt\n".replace(
+            "NAME", name
+        )
+    )
+    (top / "bindings" / "lt.py").write_text("import builtins\nbuiltins.RUNS.append('lt')\nVERSION = 13\n")
+
+
+def test_one_binding_imports_without_its_packages_init(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cublasLt binding's way in: the binding's module loads, its packages' ``__init__``
+    do not run; a later plain import of the package runs them, and it finds the same module."""
+    import builtins
+    import importlib
+    import sys
+
+    name = f"fake_nvmath_{tmp_path.name.replace('-', '_')}"
+    _package(tmp_path, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(builtins, "RUNS", [], raising=False)
+    runs = builtins.RUNS  # type: ignore[attr-defined]
+    try:
+        lt = library.import_binding(name, "bindings", "lt")
+        assert lt is not None and lt.VERSION == 13
+        assert runs == ["lt"]
+        assert name not in sys.modules and f"{name}.bindings" not in sys.modules
+        package = importlib.import_module(name)
+        assert runs == ["lt", "top", "bindings"]
+        assert package.bindings.lt is lt
+        # Imported already: nothing is held back any more, the caller imports the plain way.
+        assert library.import_binding(name, "bindings", "lt") is None
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+
+
+def test_a_binding_that_is_not_there_is_left_to_the_plain_import(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+    import sys
+
+    name = f"fake_nvmath_{tmp_path.name.replace('-', '_')}"
+    _package(tmp_path, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(builtins, "RUNS", [], raising=False)
+    assert library.import_binding("no_such_package_here", "bindings", "lt") is None
+    assert library.import_binding(name, "bindings", "missing") is None
+    assert name not in sys.modules and f"{name}.bindings" not in sys.modules
+    assert builtins.RUNS == []  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("name", ["gemm", "pad"])
