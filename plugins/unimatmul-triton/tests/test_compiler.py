@@ -210,6 +210,132 @@ def test_other_jobs_run_once_per_key_with_one_launcher_per_argument_list() -> No
     compiler.shutdown()
 
 
+def test_a_launcher_is_built_ahead_from_its_signature_and_again_only_for_other_types() -> None:
+    """``prebuild_launcher`` builds a launcher key's launcher from a signature before any
+    kernel compiles; a compiled kernel of those argument types builds nothing more, one of
+    other types (a guess that was wrong) builds its own after its compile."""
+    from types import SimpleNamespace
+
+    built: list[tuple[str, Any]] = []
+    compiler = Compiler(
+        2,
+        launcher=lambda compiled: built.append(("after", compiled.name)),
+        prebuild=lambda signature: built.append(("ahead", list(signature.values()))),
+    )
+
+    def kernel(name: str, **signature: str) -> Any:
+        return lambda: SimpleNamespace(name=name, src=SimpleNamespace(signature=signature))
+
+    ahead = compiler.prebuild_launcher(("rows",), {"a": "*bf16", "n": "i32"})
+    assert ahead is not None
+    ahead.result(timeout=10)
+    assert compiler.prebuild_launcher(("rows",), {"a": "*bf16", "n": "i32"}) is None  # built: not again
+    compiler.submit_job(("rows", 1), kernel("same", a="*bf16", n="i32"), ("rows",)).result(timeout=10)
+    compiler.submit_job(("rows", 2), kernel("wider", a="*bf16", n="i64"), ("rows",)).result(timeout=10)
+    assert built == [("ahead", ["*bf16", "i32"]), ("after", "wider")]
+    assert compiler.launchers == 2
+    compiler.shutdown()
+    assert compiler.prebuild_launcher(("tile",), {"a": "*bf16"}) is None  # shut down: nothing starts
+
+
+def test_a_plans_signature_is_the_one_its_compiled_kernel_has() -> None:
+    """The dense plans' launchers are built ahead from ``plan.signature()``: Triton's
+    compiled kernel must carry the same argument types, or every launcher is built twice."""
+    script = (
+        PREAMBLE
+        + """
+plans = [plan_for(p, small), plan_for(p, split)]
+print(json.dumps([[list(plan.signature().values()), list(compile_plan(plan, hopper).src.signature.values())]
+                  for plan in plans]))
+"""
+    )
+    for predicted, compiled in compiled_in_a_fresh_process(script):
+        assert predicted == compiled
+
+
+def test_the_grouped_rows_kernels_signature_follows_the_jits_rules() -> None:
+    """The rows kernel's signature as the JIT would give it, for the launcher built ahead:
+    pointers by dtype, ints by width, 1 compiled in except where the kernel says not to
+    specialise (M and SLOTS), the constexpr arguments last."""
+    script = """
+import json, torch
+from unimatmul_triton import grouped_kernels
+from unimatmul_triton.grouped import jit_signature
+bf = torch.bfloat16
+args = (bf, bf, bf, torch.int32, 8, 1, 28672, 4096, 4096, 1, 2**33, 1, 4096, 28672, 1, 1)
+print(json.dumps([jit_signature(grouped_kernels.grouped_rows_kernel, args)]))
+"""
+    (signature,) = compiled_in_a_fresh_process(script)
+    assert signature == {
+        **{"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "offs_ptr": "*i32"},
+        **{"G": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "constexpr"},
+        **{"stride_bg": "i64", "stride_bk": "constexpr", "stride_bn": "i32", "stride_cm": "i32"},
+        **{"stride_cn": "constexpr", "SLOTS": "i32"},
+        **{"G_POW2": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"},
+    }
+
+
+class _Source:
+    """A kernel stand-in whose source hash is read through the property Triton's JIT has;
+    ``gate`` holds the read until it is set."""
+
+    def __init__(self, gate: Any = None) -> None:
+        self.reads = 0
+        self.gate = gate
+
+    @property
+    def cache_key(self) -> str:
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        self.reads += 1
+        return "hash"
+
+
+@pytest.fixture
+def warming(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The compiler module with no warming started yet in this process."""
+    from unimatmul_triton import compiler
+
+    monkeypatch.setattr(compiler, "_warm_threads", [])
+    monkeypatch.setattr(compiler, "warm_errors", [])
+    yield compiler
+    compiler.wait_warm()
+
+
+def test_warming_computes_tritons_key_and_the_source_hashes_once_per_process(warming: Any) -> None:
+    """The first compile's once-per-process work runs in the background, once: Triton's
+    key (its real function, cached after), each kernel's source hash; a step that cannot
+    run here (the driver, without a GPU) is recorded, not raised."""
+    from triton.runtime.cache import triton_key
+
+    triton_key.cache_clear()
+    kernel = _Source()
+    warming.start_warming(lambda: [kernel])
+    warming.start_warming(lambda: [kernel])  # a second start: nothing more
+    assert len(warming._warm_threads) == 2
+    warming.wait_warm()
+    assert triton_key.cache_info().currsize == 1
+    assert kernel.reads == 1
+    assert all(error.startswith("_driver_helpers: ") for error in warming.warm_errors)
+
+
+def test_compile_jobs_wait_for_warming(warming: Any) -> None:
+    """A compile job does not start its compile before warming ends (it would redo the
+    same work beside it)."""
+    import threading
+
+    gate = threading.Event()
+    warming.start_warming(lambda: [_Source(gate)])
+    ran: list[str] = []
+    compiler = Compiler(1, launcher=None)
+    future = compiler.submit_job(("rows", 1), lambda: ran.append("compiled") or "kernel")
+    assert not gate.wait(0.3)  # the job had time to start and must be waiting
+    assert ran == [] and not future.done()
+    gate.set()
+    assert future.result(timeout=10) == "kernel" and ran == ["compiled"]
+    compiler.shutdown()
+
+
 # --- GPU only --------------------------------------------------------------------------
 
 
@@ -229,6 +355,22 @@ def _plans(backend: Any, problem: Problem) -> list[LaunchPlan]:
 def _keys(backend: Any, problem: Problem) -> set[tuple[Any, ...]]:
     """The specialisations of the configs the backend offers for ``problem``."""
     return {plan.key() for plan in _plans(backend, problem)}
+
+
+@gpu
+def test_a_usable_backend_warms_triton_in_the_background(tmp_path: Any) -> None:
+    """On a GPU, the backend's availability starts the warming; it does all its steps."""
+    from triton.runtime.cache import triton_key
+    from unimatmul_triton import compiler
+
+    from unimatmul.testing import isolated_selector
+
+    with isolated_selector(tmp_path / "cache.msgpack") as selector:
+        _triton_backend(selector)
+    assert compiler._warm_threads
+    compiler.wait_warm()
+    assert compiler.warm_errors == []
+    assert triton_key.cache_info().currsize == 1
 
 
 @gpu

@@ -20,9 +20,12 @@ from unimatmul_triton.grouped import (  # noqa: E402
     ROWS,
     TritonGroupedBackend,
     TritonGroupedInterpreterBackend,
+    jit_signature,
     offered,
     rows_slots,
+    rows_warmup_args,
 )
+from unimatmul_triton.grouped_kernels import grouped_rows_kernel  # noqa: E402
 
 from unimatmul import Problem, UnsupportedProblem  # noqa: E402
 from unimatmul.backend import Device, Target, adapter_for_kind  # noqa: E402
@@ -260,6 +263,22 @@ def test_on_the_gpu_every_candidate_matches_torch_grouped_mm(backend: TritonGrou
         backend.prepare(problem, candidate, TARGET)(a, b, out, 1.0, 0.0, None, offs)
         torch.cuda.synchronize()
         assert float((out.float() - want.float()).abs().max()) <= 2e-2 * float(want.float().abs().max())
+
+
+@gpu
+def test_on_the_gpu_the_rows_kernels_launcher_built_ahead_is_the_one_it_needs(
+    backend: TritonGroupedBackend,
+) -> None:
+    """Each rows config compiled ahead finds its launcher built from the signature guessed
+    before the compile (the JIT's own types), not built again after it."""
+    a, b, offs = _operands("m", [5, 0, 9, 2], "bf16", n=384, k=192)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    rows = [c for c in offered(problem) if c.form == ROWS]
+    assert rows
+    for config in rows:
+        compiled = backend._warm_up(problem, config, TARGET).result()
+        guessed = jit_signature(grouped_rows_kernel, rows_warmup_args(problem, config))
+        assert guessed == compiled.src.signature
 
 
 @gpu

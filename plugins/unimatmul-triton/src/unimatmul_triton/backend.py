@@ -36,7 +36,7 @@ from typing import Any
 from unimatmul import Backend, Candidate, Problem, Target, UnsupportedProblem
 from unimatmul_triton import configs
 from unimatmul_triton import settings as plugin_settings
-from unimatmul_triton.compiler import CompileFailed, Compiler
+from unimatmul_triton.compiler import CompileFailed, Compiler, start_warming, wait_warm
 from unimatmul_triton.configs import H200, PERSISTENT, Device, config_of, ranked_configs
 from unimatmul_triton.launch import LaunchPlan, plan_for
 from unimatmul_triton.runner import CompiledRunner, InterpretedRunner, ScaledCompiledRunner
@@ -126,6 +126,8 @@ class TritonBackend(Backend):
         if type(kernels.tile_kernel).__name__ != "JITFunction":
             return "the kernels were imported for Triton's interpreter in this process"
         del triton
+        if plugin_settings.PRECOMPILE.get():
+            start_warming(_jit_kernels)
         return None
 
     def versions(self) -> dict[str, str]:
@@ -261,6 +263,7 @@ class TritonBackend(Backend):
             import torch
             from triton.runtime import driver
 
+            wait_warm()  # the driver's first use, in the warming thread
             props = torch.cuda.get_device_properties(index)
             smem = getattr(props, "shared_memory_per_block_optin", None)
             device = H200.scaled(int(props.multi_processor_count), int(smem) if smem else None)
@@ -280,6 +283,13 @@ class TritonBackend(Backend):
                     )
                     self._compiler = Compiler(threads, processes=processes)
         return self._compiler
+
+
+def _jit_kernels() -> list[Any]:
+    """Every JIT kernel the backends compile (their source hashes are warmed ahead)."""
+    from unimatmul_triton import grouped_kernels, kernels
+
+    return [*kernels.KERNELS.values(), grouped_kernels.grouped_rows_kernel, grouped_kernels.grouped_kernel]
 
 
 def compile_processes() -> int:

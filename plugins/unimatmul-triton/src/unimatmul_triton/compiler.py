@@ -28,7 +28,21 @@ small C module through which Triton launches kernels of one argument list
 and kept in Triton's cache. Triton builds it when a kernel is first loaded, in
 ``prepare()``, one candidate after another; built here, in parallel and once per argument
 list, the load finds it in the cache. The launcher build touches no GPU (the module load
-stays in ``prepare()``, on the caller's thread).
+stays in ``prepare()``, on the caller's thread). Its C source depends on the kernel's
+signature only (the kind of each argument), which is known before the kernel compiles:
+:meth:`Compiler.prebuild_launcher` builds it then, beside the compiles
+(:func:`build_launcher_for`), so that a first compile does not wait for the C compiler
+after it; a kernel whose compiled signature differs from the one built ahead gets its own
+build after its compile, as before.
+
+A process's first Triton compile pays for work done once per process before any IR is
+built: hashing Triton's own sources and its 400 MB ``libtriton`` (``triton_key``, part of
+every compile's cache key, warm Triton cache or not), building or loading the driver's
+C helpers (``driver.active``: a C compile where Triton's cache is empty), and hashing each
+kernel's source (its ``cache_key``). :func:`start_warming` does that in two threads of
+its own as soon as the backend finds itself usable, while the first problem is still being
+built; the compile jobs and the backend's first look at the driver wait for it
+(:func:`wait_warm`) instead of doing the same work beside it.
 """
 
 from __future__ import annotations
@@ -43,6 +57,59 @@ from typing import Any
 from unimatmul import UnsupportedProblem
 from unimatmul_triton.compile_worker import WorkerLost, Workers, cache_dir
 from unimatmul_triton.launch import LaunchPlan
+
+_warm_lock = threading.Lock()
+_warm_threads: list[threading.Thread] = []
+#: What warming could not do, step by step (empty when it did all, or did not run): for
+#: tests and messages; the compile that needs the same work reports its own error.
+warm_errors: list[str] = []
+
+
+def start_warming(kernels: Callable[[], list[Any]]) -> None:
+    """Start, once per process, the once-per-process work of the first Triton compile
+    (see the module docstring) in two daemon threads: Triton's key and the kernels'
+    source hashes (``kernels()``: the JIT kernels) in one, the driver's helpers in the
+    other (a C compile where Triton's cache is empty). Both mostly wait on files, hashing
+    and the C compiler, without the interpreter's lock."""
+    with _warm_lock:
+        if _warm_threads:
+            return
+        for steps in ((_triton_key, lambda: _source_hashes(kernels)), (_driver_helpers,)):
+            thread = threading.Thread(target=_warm, args=steps, name="unimatmul-triton-warm", daemon=True)
+            _warm_threads.append(thread)
+            thread.start()
+
+
+def wait_warm() -> None:
+    """Wait for :func:`start_warming`'s threads, if they were started (at once otherwise)."""
+    for thread in list(_warm_threads):
+        if thread is not threading.current_thread():
+            thread.join()
+
+
+def _warm(*steps: Callable[[], None]) -> None:
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:
+            warm_errors.append(f"{getattr(step, '__name__', 'step')}: {type(exc).__name__}: {exc}")
+
+
+def _triton_key() -> None:
+    from triton.runtime.cache import triton_key
+
+    triton_key()
+
+
+def _source_hashes(kernels: Callable[[], list[Any]]) -> None:
+    for kernel in kernels():
+        kernel.cache_key  # noqa: B018 - a property: hashes the source and what it calls
+
+
+def _driver_helpers() -> None:
+    from triton.runtime import driver
+
+    driver.active.get_current_target()
 
 
 class CompileFailed(UnsupportedProblem):
@@ -96,12 +163,47 @@ def build_launcher(compiled: Any) -> None:
     driver.active.launcher_cls(compiled.src, compiled.metadata)
 
 
+_SCRATCH_FREE = {
+    "tensordesc_meta": None,
+    "num_ctas": 1,
+    "global_scratch_size": 0,
+    "global_scratch_align": 1,
+    "profile_scratch_size": 0,
+    "profile_scratch_align": 1,
+    "launch_cooperative_grid": False,
+    "launch_pdl": False,
+}
+
+
+def build_launcher_for(signature: dict[str, str]) -> None:
+    """Build (or find in Triton's cache) the launcher of kernels with ``signature`` (each
+    argument's name and Triton type, in order) before any of them is compiled: Triton
+    3.6's ``make_launcher`` writes the launcher's C source from the signature alone (its
+    constants and the metadata's scratch sizes are not in it)."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    src = SimpleNamespace(
+        constants={}, signature=dict(signature), fn=SimpleNamespace(arg_names=list(signature))
+    )
+    driver.active.launcher_cls(src, SimpleNamespace(**_SCRATCH_FREE))
+
+
+def _signature_of(compiled: Any) -> tuple[str, ...] | None:
+    """The argument types a compiled kernel's launcher is built from (None if unknown)."""
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    return tuple(signature.values()) if isinstance(signature, dict) else None
+
+
 class Compiler:
     """Compiles launch plans in a thread pool; one future per (specialisation, device).
 
     ``compile`` and ``launcher``: the functions that compile a plan and build a compiled
     kernel's launcher (:func:`compile_plan`, :func:`build_launcher`; ``launcher=None``
-    builds none). Futures are kept for the most recent ``keep`` specialisations only: a
+    builds none; ``prebuild``: the function that builds one from a signature, default
+    :func:`build_launcher_for` with Triton's own compile and launcher, else none).
+    Futures are kept for the most recent ``keep`` specialisations only: a
     runner keeps its own compiled kernel. ``compiles`` and ``launchers`` count the
     compiles submitted and the launchers built (``launcher_error``: why the last build that
     failed did), for tests and benchmarks.
@@ -114,6 +216,7 @@ class Compiler:
         *,
         compile: Callable[[LaunchPlan, Any], Any] = compile_plan,
         launcher: Callable[[Any], None] | None = build_launcher,
+        prebuild: Callable[[dict[str, str]], None] | None = None,
         processes: int = 0,
     ) -> None:
         self.threads = max(1, threads)
@@ -124,10 +227,14 @@ class Compiler:
         )
         self._compile = compile
         self._launcher = launcher
+        default = compile is compile_plan and launcher is build_launcher
+        self._prebuild = prebuild if prebuild is not None else (build_launcher_for if default else None)
         self._futures: OrderedDict[tuple[Any, ...], Future[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self._launcher_locks: dict[tuple[str, ...], threading.Lock] = {}
-        self._launchers_built: set[tuple[str, ...]] = set()
+        # Each launcher key built, with the argument types it was built from.
+        self._launchers_built: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+        self._prebuilds: set[tuple[str, ...]] = set()
         self._keep = keep
         self.compiles = 0
         self.launchers = 0
@@ -136,7 +243,9 @@ class Compiler:
         atexit.register(self.shutdown)
 
     def submit(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
-        """The future of ``plan``'s compiled kernel: started now unless one with its key is known."""
+        """The future of ``plan``'s compiled kernel: started now unless one with its key is
+        known (its launcher is built ahead, beside it)."""
+        self.prebuild_launcher(plan.launcher_key(), plan.signature())
         return self._submit((*plan.key(), device_index), self._work, plan, gpu_target)
 
     def _submit(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -161,14 +270,38 @@ class Compiler:
         return self._submit(key, self._job, work, launcher_key)
 
     def _job(self, work: Callable[[], Any], launcher_key: tuple[str, ...] | None) -> Any:
+        wait_warm()
         compiled = work()
         if self._launcher is not None and launcher_key is not None and compiled is not None:
             self._build_launcher(launcher_key, compiled)
         return compiled
 
     def submit_all(self, plans: list[LaunchPlan], device_index: int, gpu_target: Any) -> list[Future[Any]]:
-        """:meth:`submit` each plan (those already known are not compiled again)."""
+        """:meth:`submit` each plan (those already known are not compiled again), their
+        launchers' builds ahead of their compiles in the pool's queue."""
+        for plan in plans:
+            self.prebuild_launcher(plan.launcher_key(), plan.signature())
         return [self.submit(plan, device_index, gpu_target) for plan in plans]
+
+    def prebuild_launcher(self, key: tuple[str, ...], signature: dict[str, str]) -> Future[None] | None:
+        """Start building the launcher of ``key`` from ``signature`` in the pool, unless it
+        is built or being built (nothing without a ``prebuild`` function): the build's
+        future, or None where none was started."""
+        if self._prebuild is None or self._closed:
+            return None
+        with self._lock:
+            if key in self._launchers_built or key in self._prebuilds:
+                return None
+            self._prebuilds.add(key)
+        try:
+            return self._pool.submit(self._prebuilt, key, dict(signature))
+        except RuntimeError:  # the pool was shut down meanwhile
+            return None
+
+    def _prebuilt(self, key: tuple[str, ...], signature: dict[str, str]) -> None:
+        assert self._prebuild is not None
+        wait_warm()
+        self._build_once(key, tuple(signature.values()), lambda: self._prebuild(signature))  # type: ignore[misc]
 
     def known(self, plan: LaunchPlan, device_index: int) -> bool:
         """Whether ``plan``'s specialisation was submitted (and is still kept) for the device."""
@@ -210,6 +343,7 @@ class Compiler:
             if not ok:
                 msg = f"{describe(plan)} did not compile for {gpu_target}: {error}"
                 raise CompileFailed(msg, backend="triton")
+        wait_warm()  # after a process's compile: that does not need this process's warmth
         try:
             compiled = self._compile(plan, gpu_target)
         except Exception as exc:
@@ -221,19 +355,26 @@ class Compiler:
 
     def _build_launcher(self, key: tuple[str, ...], compiled: Any) -> None:
         """One build per argument list in this process; the other kernels of that list wait
-        for it, then find it in Triton's cache when they are loaded."""
+        for it, then find it in Triton's cache when they are loaded. A launcher built ahead
+        from other argument types than ``compiled``'s is built again."""
         assert self._launcher is not None
+        launcher = self._launcher
+        self._build_once(key, _signature_of(compiled), lambda: launcher(compiled))
+
+    def _build_once(
+        self, key: tuple[str, ...], types: tuple[str, ...] | None, build: Callable[[], None]
+    ) -> None:
         with self._lock:
             lock = self._launcher_locks.setdefault(key, threading.Lock())
         with lock:
-            if key in self._launchers_built:
+            if key in self._launchers_built and types in (None, self._launchers_built[key]):
                 return
             try:
-                self._launcher(compiled)
+                build()
             except Exception as exc:
                 # Not this kernel's failure: its load in prepare() builds the launcher
                 # again and reports what goes wrong there, for that candidate.
                 self.launcher_error = f"{type(exc).__name__}: {exc}"
                 return
-            self._launchers_built.add(key)
+            self._launchers_built[key] = types
             self.launchers += 1

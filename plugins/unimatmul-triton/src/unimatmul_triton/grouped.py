@@ -166,6 +166,48 @@ def rows_warmup_ints(problem: Problem) -> tuple[int, ...]:
     return (problem.batch, problem.n, problem.k, *layouts["a"][1], *layouts["b"][1], *layouts["c"][1])
 
 
+def rows_warmup_args(problem: Problem, config: GroupedConfig) -> tuple[Any, ...]:
+    """The rows kernel's arguments up to its constexpr ones, as its warm-up passes them
+    (the operands' dtypes for the operands)."""
+    import torch
+
+    dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}[problem.dtype_a])
+    g, n, k, *strides = rows_warmup_ints(problem)
+    return (
+        dtype,
+        dtype,
+        dtype,
+        torch.int32,
+        g,
+        problem.m,
+        n,
+        k,
+        *strides,
+        rows_slots(problem.m, g, config.block_m),
+    )
+
+
+def jit_signature(kernel: Any, args: tuple[Any, ...]) -> dict[str, str] | None:
+    """The signature Triton's JIT gives ``kernel`` called with ``args`` (its arguments up to
+    the constexpr ones, which are named "constexpr"), by the JIT's own rule
+    (``triton.runtime.jit.mangle_type``: a pointer's dtype, an int's width, 1 compiled in
+    where the argument is specialised); None where Triton has no such rule. What the
+    compiler builds the launcher from ahead (a wrong guess costs a second build)."""
+    try:
+        from triton.runtime.jit import MockTensor, mangle_type
+
+        signature = {}
+        for i, param in enumerate(kernel.params):
+            if param.is_constexpr or i >= len(args):
+                signature[param.name] = "constexpr"
+            else:
+                value = MockTensor.wrap_dtype(args[i])
+                signature[param.name] = mangle_type(value, specialize=not param.do_not_specialize)
+    except Exception:
+        return None
+    return signature
+
+
 def g_pow2(groups: int) -> int:
     """The rows kernel's vector of groups: 256 wide up to 256 groups (one compile for every
     model up to there), the next power of two beyond."""
@@ -342,20 +384,23 @@ class TritonGroupedBackend(Backend):
         launcher_key = ("grouped_rows", *("1" if v == 1 else "i" for v in ints))
         kernel = _kernel(config.form)
 
-        def work() -> Any:
-            import torch
+        import torch
 
-            dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}[problem.dtype_a])
-            g, n, k, *strides = ints
+        args = rows_warmup_args(problem, config)
+
+        def work() -> Any:
             with torch.cuda.device(index):
                 return kernel.warmup(
-                    dtype, dtype, dtype, torch.int32, g, problem.m, n, k, *strides,
-                    rows_slots(problem.m, g, config.block_m), grid=(1,), G_POW2=g_pow2(g),
+                    *args, grid=(1,), G_POW2=g_pow2(problem.batch),
                     BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                     num_warps=config.warps, num_stages=config.stages,
                 )  # fmt: skip
 
-        return self._dense.compiler.submit_job(key, work, launcher_key)  # type: ignore[attr-defined]
+        compiler = self._dense.compiler  # type: ignore[attr-defined]
+        signature = jit_signature(kernel, args)
+        if signature is not None:
+            compiler.prebuild_launcher(launcher_key, signature)
+        return compiler.submit_job(key, work, launcher_key)
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         config = CONFIGS.get(candidate)
