@@ -336,6 +336,22 @@ def test_compile_jobs_wait_for_warming(warming: Any) -> None:
     compiler.shutdown()
 
 
+def test_the_backend_checks_itself_in_the_background_only_where_torch_sees_a_gpu() -> None:
+    """At registration the backend checks its availability (and so starts warming) in a
+    thread of its own where torch sees a GPU; without one it does nothing (no Triton
+    import for it)."""
+    import threading
+
+    from unimatmul_triton.backend import TritonBackend
+
+    backend = TritonBackend()
+    backend.check_soon()
+    for thread in threading.enumerate():
+        if thread.name == "unimatmul-triton-check":
+            thread.join(60)
+    assert backend._checked == torch.cuda.is_available()
+
+
 # --- GPU only --------------------------------------------------------------------------
 
 

@@ -36,3 +36,5 @@ def unimatmul_register_backends(register: Callable[[Any], None]) -> None:
         else TritonGroupedBackend
     )
     register(kind(dense))
+    if not isinstance(dense, TritonInterpreterBackend):
+        dense.check_soon()

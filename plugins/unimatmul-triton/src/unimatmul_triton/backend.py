@@ -30,6 +30,7 @@ above. Everything else is refused with UnsupportedProblem.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -103,6 +104,22 @@ class TritonBackend(Backend):
                     self._availability = self._find_availability()
                     self._checked = True
         return self._availability
+
+    def check_soon(self) -> None:
+        """Check availability in a thread of its own now (which starts Triton's warming when
+        usable: ``compiler.start_warming``) where torch is imported already and sees a GPU,
+        so that the warming overlaps the rest of the first call's set-up (the other
+        backends' libraries load meanwhile) instead of following it. Nothing otherwise: a
+        process without a GPU does not import Triton for it."""
+        torch = sys.modules.get("torch")
+        if torch is None or self._checked or not plugin_settings.PRECOMPILE.get():
+            return
+        try:
+            usable = bool(torch.cuda.is_available())
+        except Exception:
+            return
+        if usable:
+            threading.Thread(target=self.availability, name="unimatmul-triton-check", daemon=True).start()
 
     def _find_availability(self) -> str | None:
         try:

@@ -33,15 +33,15 @@ signature only (the kind of each argument), which is known before the kernel com
 :meth:`Compiler.prebuild_launcher` builds it then, beside the compiles
 (:func:`build_launcher_for`), so that a first compile does not wait for the C compiler
 after it; a kernel whose compiled signature differs from the one built ahead gets its own
-build after its compile, as before.
+build after its compile.
 
 A process's first Triton compile pays for work done once per process before any IR is
 built: hashing Triton's own sources and its 400 MB ``libtriton`` (``triton_key``, part of
 every compile's cache key, warm Triton cache or not), building or loading the driver's
 C helpers (``driver.active``: a C compile where Triton's cache is empty), and hashing each
 kernel's source (its ``cache_key``). :func:`start_warming` does that in two threads of
-its own as soon as the backend finds itself usable, while the first problem is still being
-built; the compile jobs and the backend's first look at the driver wait for it
+its own as soon as the backend finds itself usable (``TritonBackend.check_soon``: at the
+plugin's registration, where torch sees a GPU), while the first problem is still being built; the compile jobs and the backend's first look at the driver wait for it
 (:func:`wait_warm`) instead of doing the same work beside it.
 """
 
