@@ -59,7 +59,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="the most seconds for the whole run, from the command's start (its imports included), "
-        "spent where expected gain x share is largest",
+        "spent where expected gain x share per expected second of tuning is largest",
     )
     p.add_argument(
         "--cap",

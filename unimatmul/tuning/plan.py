@@ -3,14 +3,21 @@
 Each job carries its **share** of the workload's GEMM time (a model's roofline estimate,
 a record file's call counts, or each problem once). A :class:`TunePlan` hands out first
 the jobs the cache answers already (they cost nothing), then the rest in order of
-expected gain x share, where the expected gain of a problem is the fraction of time that
-tuning saved on the problems of the same weight (n, k, dtype, layout; grouped ones of the
-same experts) and regime (decode-sized or not: :attr:`PlannedJob.weight`) tuned so far in
-this run, else on all of them, else the same for all. With a budget, each job may take
-what is left of it (and at most the per-problem cap); once it is spent, or what is left
-is less than the quickest problem of the run took, the jobs not reached are left out. The
-budget counts from :attr:`TunePlan.run_started` where it is given (the command's start),
-else from the first job. Every record is stored as it is made, so what was tuned is usable
+expected gain x share per expected second of tuning. The expected gain of a problem is
+the fraction of time that tuning saved on the problems of the same weight (n, k, dtype,
+layout; grouped ones of the same experts) and regime (decode-sized or not:
+:attr:`PlannedJob.weight`) tuned so far in this run, else on all of them, else the same
+for all. Its expected tuning time is a fixed cost a problem plus a cost per second of
+one call (:data:`TUNE_COST`: the harness's checks and samples run a problem some hundreds
+of times), scaled by what the problems of its regime tuned so far took against it (the
+run's first problem left out: it pays the process's first compiles and library loads). The gain of a
+model is mostly in many small problems that tune in a tenth of a second, not in the few
+large ones that take seconds each (measured on Llama-3-8B on the H200:
+``benchmarks/results/tune-model-h200``). With a budget, each job may take what is left of
+it (and at most the per-problem cap); a job expected to take more than is left is passed
+over for one that fits, and once none fits, the jobs not reached are left out. The budget
+counts from :attr:`TunePlan.run_started` where it is given (the command's start), else
+from the first job. Every record is stored as it is made, so what was tuned is usable
 at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
 
 The roofline behind the shares is a simple one: ``max(flops / peak, bytes / bandwidth)``
@@ -47,6 +54,19 @@ def roofline_s(flops: float, nbytes: float, dtype: str, device_kind: str = "cuda
 def problem_seconds(problem: Problem, device_kind: str) -> float:
     """:func:`roofline_s` of one call of ``problem``."""
     return roofline_s(problem.flops, problem.min_bytes, problem.dtype_a, device_kind)
+
+
+#: The expected seconds of tuning one problem, before a run has measured any: (a fixed cost,
+#: calls of the problem) per device kind, times :func:`problem_seconds`. On the H200, tuning
+#: Llama-3-8B's products took about 0.1 s plus 1,000 calls each (0.12-0.22 s at 64 tokens,
+#: 0.58 s at 4,096); the CPU's harness samples each candidate longer (budget_s).
+TUNE_COST: dict[str, tuple[float, float]] = {"gpu": (0.1, 1000.0), "cpu": (0.3, 300.0)}
+
+
+def expected_tune_s(problem: Problem, device_kind: str) -> float:
+    """:data:`TUNE_COST`'s estimate of the seconds tuning ``problem`` takes."""
+    fixed, calls = TUNE_COST["cpu" if device_kind == "cpu" else "gpu"]
+    return fixed + calls * problem_seconds(problem, device_kind)
 
 
 #: Products of at most this many rows a weight (an expert's, for grouped ones) learn their
@@ -137,6 +157,29 @@ class TunePlan:
         gains = [max(0.0, 1.0 - 1.0 / r.speedup) if r.speedup > 0 else 0.0 for r in _records(pool)]
         return max(sum(gains) / len(gains), 0.01)  # never 0: the share still orders them
 
+    def expected_cost_s(self, item: PlannedJob) -> float:
+        """The seconds tuning ``item`` is expected to take (see the module docstring)."""
+        return self._cost_scale(item) * _estimate(item)
+
+    def _cost_scale(self, item: PlannedJob) -> float:
+        """What the problems of ``item``'s regime (decode-sized or not) tuned so far took
+        over their estimate (median; the run's first tuned problem left out), 1 before any."""
+        tuned = sorted(
+            (i for i in self.items if i.source == "tuned" and i.record is not None),
+            key=lambda i: i.record.tuned_at if i.record is not None else 0.0,
+        )[1:]
+        regime = item.weight[-1]
+        ratios = sorted(
+            i.record.tune_s / _estimate(i)
+            for i in tuned
+            if i.record is not None and i.record.tune_s > 0 and i.weight[-1] == regime
+        )
+        return ratios[len(ratios) // 2] if ratios else 1.0
+
+    def priority(self, item: PlannedJob) -> tuple[float, float]:
+        """Expected gain x share per expected second (then the share): larger first."""
+        return (item.share * self.expected_gain(item) / max(self.expected_cost_s(item), 1e-6), item.share)
+
     def order(
         self,
         selector: Selector,
@@ -145,9 +188,10 @@ class TunePlan:
         before: Callable[[list[PlannedJob]], None] | None = None,
     ) -> Iterator[PlannedJob]:
         """The jobs to run, one at a time: call :meth:`done` after each. Those the cache
-        answers come first; the others by priority (or as given) until the budget is spent.
-        ``before`` is called once, ahead of the first job, with the jobs to tune (largest
-        share first): what the backends may start compiling for."""
+        answers come first; the others by priority (or as given) while the budget lasts.
+        ``before`` is called once, ahead of the first job, with the jobs to tune (in the
+        order of their priority before any is measured): what the backends may start
+        compiling for."""
         self.started = self.clock()
         pending = list(self.items)
         stored = [] if force else [i for i in pending if i.job.stored(selector) is not None]
@@ -155,26 +199,19 @@ class TunePlan:
             answered = {id(i) for i in stored}
             pending = [i for i in pending if id(i) not in answered]
         if before is not None:
-            before(sorted(pending, key=lambda i: -i.share) if self.by_priority else list(pending))
+            before(sorted(pending, key=self.priority, reverse=True) if self.by_priority else list(pending))
         for item in stored:
             yield item
         while pending:
-            # What is left must be worth a start: no problem so far took less than the quickest.
-            if self.left_s() <= 0 or self.left_s() < self._quickest_s():
+            left = self.left_s()
+            fits = [i for i in pending if self.expected_cost_s(i) <= left] if left > 0 else []
+            if not fits:
                 for item in pending:
                     self.left_out.append(LeftOut(item.what or item.job.label, item.share, "budget spent"))
                 return
-            item = (
-                max(pending, key=lambda i: (i.share * self.expected_gain(i), i.share))
-                if self.by_priority
-                else pending[0]
-            )
+            item = max(fits, key=self.priority) if self.by_priority else fits[0]
             pending.remove(item)
             yield item
-
-    def _quickest_s(self) -> float:
-        """The least time a problem tuned in this run took (0 before any)."""
-        return min((r.tune_s for r in _records(i for i in self.items if i.source == "tuned")), default=0.0)
 
     def done(self, item: PlannedJob, record: TuningRecord, source: str) -> None:
         item.record, item.source = record, source
@@ -203,6 +240,10 @@ class TunePlan:
         if parts:
             text += "; left out: " + "; ".join(parts)
         return text
+
+
+def _estimate(item: PlannedJob) -> float:
+    return expected_tune_s(item.job.problem, item.job.target.device.kind)
 
 
 def _records(items: Iterable[PlannedJob]) -> Iterator[TuningRecord]:
