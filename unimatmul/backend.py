@@ -14,7 +14,9 @@ that the core can be reorganised without breaking plugins. What each name is:
 * :data:`ITEMSIZE`, :func:`canonical`, :func:`tolerance`: dtype names and the numeric
   check's tolerance.
 * :class:`UnsupportedProblem`, :class:`BackendUnavailable`, :class:`UnknownCandidate`:
-  the errors of the protocol.
+  the errors of the protocol; :class:`NotReady` and :func:`prepare_deadline` for a
+  ``prepare()`` that waits for work started ahead (a compile): past the problem's tuning
+  cap it gives up, and the candidate is left out as capped.
 * :class:`LRU`: a bounded map (for prepared descriptors and the like).
 * :data:`hookimpl`: the marker of plugin hooks; :mod:`unimatmul.settings` for
   ``UNIMATMUL_*`` variables (a plugin declares its own there).
@@ -27,7 +29,7 @@ says whether a backend is right.
 from __future__ import annotations
 
 from unimatmul.cache.lru import LRU
-from unimatmul.core._backend import DEFAULT, Backend, Candidate, NativeCall, Runner, Target
+from unimatmul.core._backend import DEFAULT, Backend, Candidate, NativeCall, Runner, Target, prepare_deadline
 from unimatmul.core.arrays import (
     ArrayAdapter,
     Device,
@@ -37,7 +39,7 @@ from unimatmul.core.arrays import (
     operand_layouts,
 )
 from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
-from unimatmul.core.errors import BackendUnavailable, UnknownCandidate, UnsupportedProblem
+from unimatmul.core.errors import BackendUnavailable, NotReady, UnknownCandidate, UnsupportedProblem
 from unimatmul.core.grouped import group_bounds, plain_grouped_call
 from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.problem import Problem, matrix_layout
@@ -54,6 +56,7 @@ __all__ = [
     "DefaultRunner",
     "Device",
     "NativeCall",
+    "NotReady",
     "Problem",
     "Runner",
     "Target",
@@ -68,5 +71,6 @@ __all__ = [
     "matrix_layout",
     "operand_layouts",
     "plain_grouped_call",
+    "prepare_deadline",
     "tolerance",
 ]

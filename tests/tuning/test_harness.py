@@ -138,6 +138,48 @@ def test_unsupported_candidates_are_failed_not_fatal(isolated: Any, fake_backend
     assert record.winner == DEFAULT.identity
 
 
+def test_a_prepare_waiting_past_the_cap_leaves_its_candidate_out_as_capped(isolated: Any) -> None:
+    """While the harness prepares a candidate, ``prepare_deadline()`` is the problem's cap
+    (a prepare that waits for a compile gives up there); its NotReady leaves the candidate
+    out as capped, not failed. Outside the harness there is no deadline."""
+    import math
+    import time
+
+    from unimatmul.backend import NotReady, prepare_deadline
+    from unimatmul.cache.record import PRUNED
+    from unimatmul.tuning.harness import CAPPED
+
+    seen: list[float] = []
+
+    def not_ready() -> Runner:
+        seen.append(prepare_deadline())
+        raise NotReady("its kernel is still compiling")
+
+    problem = Problem.from_shape(8, 8, 8)
+    harness = Harness(CpuTimer(), isolated.selector.settings)
+    entries = [(DEFAULT, lambda: DefaultRunner(NUMPY.adapter)), (Candidate.make("slow", "k0"), not_ready)]
+    started = time.perf_counter()
+    record = harness.measure(problem, NUMPY, entries, cap_s=30.0)
+    result = _by_identity(record)["slow/k0"]
+    assert (result.status, result.note) == (PRUNED, CAPPED)
+    assert record.winner == DEFAULT.identity
+    assert len(seen) == 1 and started < seen[0] <= time.perf_counter() + 30.0
+    assert math.isinf(prepare_deadline())
+    uncapped: list[float] = []
+    harness.measure(
+        problem,
+        NUMPY,
+        [
+            (DEFAULT, lambda: DefaultRunner(NUMPY.adapter)),
+            (
+                Candidate.make("slow", "k1"),
+                lambda: uncapped.append(prepare_deadline()) or DefaultRunner(NUMPY.adapter),
+            ),
+        ],
+    )
+    assert uncapped and math.isinf(uncapped[0])
+
+
 # --- pruning, deterministically -----------------------------------------------------
 
 

@@ -8,7 +8,11 @@ exception is a bug of the backend, which the selector contains (warn once, Defau
 
 from __future__ import annotations
 
+import contextlib
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -19,6 +23,27 @@ if TYPE_CHECKING:
     from unimatmul.core.problem import Problem
 
 ParamValue = int | str | float | bool
+
+
+_PREPARE_DEADLINE: ContextVar[float] = ContextVar("unimatmul_prepare_deadline", default=math.inf)
+
+
+def prepare_deadline() -> float:
+    """The ``time.perf_counter()`` time by which a :meth:`Backend.prepare` that waits for
+    work in progress (a compile started ahead) should stop waiting and raise
+    :class:`NotReady`: the problem's tuning cap while the harness prepares a candidate
+    (``math.inf`` without a cap, and outside the harness)."""
+    return _PREPARE_DEADLINE.get()
+
+
+@contextlib.contextmanager
+def preparing_until(deadline: float) -> Iterator[None]:
+    """Within this block, :func:`prepare_deadline` is ``deadline`` (the harness's)."""
+    token = _PREPARE_DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _PREPARE_DEADLINE.reset(token)
 
 
 @dataclass(frozen=True)

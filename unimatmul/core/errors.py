@@ -22,6 +22,12 @@ class UnsupportedProblem(UnimatmulError):
         self.backend = backend
 
 
+class NotReady(UnsupportedProblem):
+    """A candidate's kernel was not ready (compiled, built) by the time its problem's
+    tuning cap allows (:func:`unimatmul.backend.prepare_deadline`): the harness leaves
+    the candidate out as capped, not as failed."""
+
+
 class BackendUnavailable(UnimatmulError):
     """A backend's vendor library is missing or failed to load."""
 

@@ -48,10 +48,10 @@ import numpy as np
 from unimatmul import settings as env
 from unimatmul._version import __version__
 from unimatmul.cache.record import ABANDONED, FAILED, OK, PRUNED, REJECTED, CandidateResult, TuningRecord
-from unimatmul.core._backend import DEFAULT, Candidate, Runner, Target
+from unimatmul.core._backend import DEFAULT, Candidate, Runner, Target, preparing_until
 from unimatmul.core.arrays import SCREEN_ELEMENTS, Operands, make_operands, operand_bytes, operand_layouts
 from unimatmul.core.dtypes import ITEMSIZE, ErrorModel, scaled_tolerance, tolerance
-from unimatmul.core.errors import UnimatmulError, UnsupportedProblem
+from unimatmul.core.errors import NotReady, UnimatmulError, UnsupportedProblem
 from unimatmul.core.grouped import (
     DISTRIBUTIONS,
     GroupedOperands,
@@ -411,7 +411,9 @@ class Harness:
                 continue
 
             def prepared(entry: _Entry = entry, prepare: Callable[[], Runner] = prepare) -> None:
-                entry.runner = prepare()
+                # A prepare() waiting for a compile gives up at the cap (NotReady).
+                with preparing_until(self._deadline):
+                    entry.runner = prepare()
 
             def checks(
                 entry: _Entry = entry, c0: Any = c0, reference: Reference | PartsReference = reference
@@ -436,6 +438,9 @@ class Harness:
                 else:  # a GPU's preparation (compiling) is not held against it
                     limit.run(entry, prepared, judged=False)
                     limit.run(entry, checks)
+            except NotReady:
+                entry.result.status, entry.result.note = PRUNED, CAPPED
+                continue
             except UnsupportedProblem as exc:
                 entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"
                 continue

@@ -451,6 +451,34 @@ def test_a_failed_compile_is_a_failed_candidate_not_a_failed_tuning(tmp_path: An
     assert record.winner != broken.candidate.identity
 
 
+def test_a_compile_not_done_by_the_deadline_is_not_ready() -> None:
+    """``get`` with a deadline (the problem's tuning cap, from ``prepare_deadline()``):
+    a compile still running then is NotReady (its candidate is left out as capped), and the
+    compile goes on, so a later ``get`` without one has it."""
+    import threading
+    import time
+
+    from unimatmul_triton.configs import TILE, KernelConfig
+
+    from unimatmul.backend import NotReady
+
+    release = threading.Event()
+
+    def slow(plan: LaunchPlan, target: Any) -> Any:
+        assert release.wait(10)
+        return plan
+
+    compiler = Compiler(1, compile=slow, launcher=None)
+    problem = Problem(m=64, n=128, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16")
+    plan = plan_for(problem, KernelConfig(TILE, 64, 64, 32, 4, 3, group_m=8))
+    with pytest.raises(NotReady, match=r"tile kernel .* was not compiled by the problem.s tuning cap"):
+        compiler.get(plan, 0, TARGET, deadline=time.perf_counter() + 0.1)
+    release.set()
+    assert compiler.get(plan, 0, TARGET) is plan
+    assert compiler.compiles == 1
+    compiler.shutdown()
+
+
 def test_a_shut_down_compiler_drops_what_has_not_started_and_compiles_nothing_more() -> None:
     """``shutdown`` (the end of ``unimatmul tune``: ``Backend.ahead_over``): compiles not
     begun are cancelled, the one in flight ends, and nothing compiles after it, so a

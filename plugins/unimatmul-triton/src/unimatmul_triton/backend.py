@@ -35,6 +35,7 @@ import threading
 from typing import Any
 
 from unimatmul import Backend, Candidate, Problem, Target, UnsupportedProblem
+from unimatmul.backend import prepare_deadline
 from unimatmul_triton import configs
 from unimatmul_triton import settings as plugin_settings
 from unimatmul_triton.compiler import CompileFailed, Compiler, start_warming, wait_warm
@@ -217,7 +218,7 @@ class TritonBackend(Backend):
         index = target.device.index
         device, gpu_target = self._device(target)
         try:
-            compiled = self.compiler.get(plan, index, gpu_target)
+            compiled = self.compiler.get(plan, index, gpu_target, deadline=prepare_deadline())
         except CompileFailed as exc:
             raise UnsupportedProblem(
                 f"triton could not compile {candidate.identity}: {exc}", problem=problem, backend=self.name

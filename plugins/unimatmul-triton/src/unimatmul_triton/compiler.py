@@ -48,13 +48,16 @@ plugin's registration, where torch sees a GPU), while the first problem is still
 from __future__ import annotations
 
 import atexit
+import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from unimatmul import UnsupportedProblem
+from unimatmul.backend import NotReady
 from unimatmul_triton.compile_worker import WorkerLost, Workers, cache_dir
 from unimatmul_triton.launch import LaunchPlan
 
@@ -196,6 +199,17 @@ def _signature_of(compiled: Any) -> tuple[str, ...] | None:
     return tuple(signature.values()) if isinstance(signature, dict) else None
 
 
+def wait_for(future: Future[Any], deadline: float, why: Callable[[], str]) -> Any:
+    """``future``'s result, waiting until ``deadline`` at most (``time.perf_counter()``);
+    NotReady, saying ``why()``, past it."""
+    if math.isinf(deadline):
+        return future.result()
+    try:
+        return future.result(timeout=max(0.0, deadline - time.perf_counter()))
+    except TimeoutError:
+        raise NotReady(why(), backend="triton") from None
+
+
 class Compiler:
     """Compiles launch plans in a thread pool; one future per (specialisation, device).
 
@@ -308,9 +322,14 @@ class Compiler:
         with self._lock:
             return (*plan.key(), device_index) in self._futures
 
-    def get(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Any:
-        """``plan``'s compiled kernel (waiting for its compile); CompileFailed when it did not compile."""
-        return self.submit(plan, device_index, gpu_target).result()
+    def get(self, plan: LaunchPlan, device_index: int, gpu_target: Any, deadline: float = math.inf) -> Any:
+        """``plan``'s compiled kernel (waiting for its compile); CompileFailed when it did
+        not compile, NotReady when it is not compiled by ``deadline`` (a
+        ``time.perf_counter()`` time: the problem's tuning cap)."""
+        future = self.submit(plan, device_index, gpu_target)
+        return wait_for(
+            future, deadline, lambda: f"{describe(plan)} was not compiled by the problem's tuning cap"
+        )
 
     @property
     def processes(self) -> int:

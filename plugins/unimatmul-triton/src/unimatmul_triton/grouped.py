@@ -36,14 +36,23 @@ runs in Triton's interpreter on CPU tensors.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from unimatmul.backend import Backend, Candidate, Problem, Target, UnsupportedProblem, plain_grouped_call
+from unimatmul.backend import (
+    Backend,
+    Candidate,
+    NotReady,
+    Problem,
+    Target,
+    UnsupportedProblem,
+    plain_grouped_call,
+    prepare_deadline,
+)
 from unimatmul.core.grouped import grouped_layouts
 from unimatmul_triton import settings as plugin_settings
+from unimatmul_triton.compiler import wait_for
 
 NAME = "triton_grouped"
 DTYPES = ("bf16", "f16")
@@ -420,10 +429,19 @@ class TritonGroupedBackend(Backend):
         if not self.interpreted and plugin_settings.PRECOMPILE.get():
             future = self._warm_up(problem, config, target)
             if future is not None:
-                # Its compile, ahead or now. A warm-up that fails leaves the compile to the
-                # first call, which reports what goes wrong for this candidate.
-                with contextlib.suppress(Exception):
-                    future.result()
+                # Its compile, ahead or now (until the problem's tuning cap at most). A
+                # warm-up that fails leaves the compile to the first call, which reports
+                # what goes wrong for this candidate.
+                try:
+                    wait_for(
+                        future,
+                        prepare_deadline(),
+                        lambda: f"{candidate.identity} was not compiled by the problem's tuning cap",
+                    )
+                except NotReady:
+                    raise
+                except Exception:
+                    pass
         return GroupedRunner(
             candidate, config, problem.jagged, self._programs(problem, config, target), self.interpreted
         )
