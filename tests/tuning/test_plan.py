@@ -137,42 +137,68 @@ def test_a_budget_goes_to_the_most_gain_a_second_and_passes_over_what_does_not_f
     with no gain known yet, a small problem of a fair share before a large one of a larger
     share that costs far more to tune."""
     now = [0.0]
-    large = Problem.from_shape(4096, 4096, 4096, "f32")  # about 12 s expected here: never run
+    large = Problem.from_shape(4096, 4096, 4096, "f32")  # over a minute expected here: never run
     smalls = [Problem.from_shape(8, 16 * (i + 1), 32, "f32") for i in range(3)]
     items = [PlannedJob(TuneJob(large, NUMPY), 0.7, "large")]
     items += [PlannedJob(TuneJob(p, NUMPY), 0.1, f"small{i}") for i, p in enumerate(smalls)]
-    plan = TunePlan(items, budget_s=2.0, clock=lambda: now[0])
-    assert plan.expected_cost_s(items[0]) > 2.0 > plan.expected_cost_s(items[1])
+    each = max(expected_tune_s(p, "cpu") for p in smalls)
+    plan = TunePlan(items, budget_s=4 * each, clock=lambda: now[0])
+    assert plan.expected_cost_s(items[0]) > 4 * each
     assert plan.priority(items[1]) > plan.priority(items[0])
     ran = []
     for item in plan.order(isolated.selector):
         record, source = item.job.run(isolated.selector, cap_s=plan.cap_for_next())
         plan.done(item, record, source)
         ran.append(item.what)
-        now[0] += 0.5
+        now[0] += each
     assert sorted(ran) == ["small0", "small1", "small2"]
     assert [(x.what, x.why) for x in plan.left_out] == [("large", "budget spent")]
     assert plan.coverage() == pytest.approx(0.3)
 
 
-def test_the_expected_cost_learns_from_the_problems_tuned_after_the_first() -> None:
-    """The estimate is scaled by what the problems of its regime tuned so far took against
-    it (median), the run's first one left out (it pays the process's first compiles and
-    loads); a regime none of whose problems was tuned keeps the estimate."""
+def _tuned(plan: TunePlan, item: PlannedJob, ratio: float, when: float) -> None:
+    """Mark ``item`` tuned in ``ratio`` times its estimate."""
     from unimatmul.cache.record import TuningRecord
 
+    record = TuningRecord(item.job.problem.key, "default/default", 1e-3, 1e-3, tuned_at=when)
+    record.tune_s = ratio * expected_tune_s(item.job.problem, "cpu")
+    plan.done(item, record, "tuned")
+
+
+def test_the_expected_cost_learns_from_the_problems_tuned_after_the_first() -> None:
+    """The estimate is scaled by what the problems of its regime tuned so far took against
+    it (median); the run's first one (which pays the process's first compiles and loads)
+    only lowers it; a regime none of whose problems was tuned keeps the estimate."""
     items = [
         PlannedJob(TuneJob(Problem.from_shape(8, 16 * (i + 1), 32, "f32"), NUMPY), 0.25) for i in range(4)
     ]
     plan = TunePlan(items)
     estimate = plan.expected_cost_s(items[3])
-    for i, took in enumerate((50.0, 3.0, 5.0)):  # the first took far more: not counted
-        record = TuningRecord(items[i].job.problem.key, "default/default", 1e-3, 1e-3, tuned_at=float(i))
-        record.tune_s = took * expected_tune_s(items[i].job.problem, "cpu")
-        plan.done(items[i], record, "tuned")
+    _tuned(plan, items[0], 50.0, 0.0)  # the first took far more: the estimate stands
+    assert plan.expected_cost_s(items[3]) == pytest.approx(estimate)
+    _tuned(plan, items[1], 3.0, 1.0)
+    _tuned(plan, items[2], 5.0, 2.0)
     assert plan.expected_cost_s(items[3]) == pytest.approx(5.0 * estimate)  # median of 3 and 5: the upper
     prefill = PlannedJob(TuneJob(Problem.from_shape(512, 64, 32, "f32"), NUMPY), 0.1)
     assert plan.expected_cost_s(prefill) == pytest.approx(expected_tune_s(prefill.job.problem, "cpu"))
+    quick = TunePlan([PlannedJob(TuneJob(p.job.problem, NUMPY), 0.25) for p in items])
+    _tuned(quick, quick.items[0], 0.2, 0.0)  # a first one quicker than estimated: the rest too
+    assert quick.expected_cost_s(quick.items[3]) == pytest.approx(0.2 * estimate)
+
+
+def test_the_first_job_starts_whatever_its_estimate() -> None:
+    """With a budget shorter than every estimate, the run's first job still starts (its
+    cap stops it at the budget); after it, one that does not fit does not."""
+    items = [
+        PlannedJob(TuneJob(Problem.from_shape(8, 16 * (i + 1), 32, "f32"), NUMPY), 0.5) for i in range(2)
+    ]
+    now = [0.0]
+    plan = TunePlan(items, budget_s=0.01, clock=lambda: now[0])
+    order = plan.order(selector=None, force=True)  # type: ignore[arg-type]  # force: no cache lookups
+    first = next(order)
+    _tuned(plan, first, 2.0, 0.0)
+    assert list(order) == []
+    assert len(plan.left_out) == 1
 
 
 def test_grouped_jobs_learn_their_expected_gain_from_the_same_experts_only() -> None:
@@ -250,17 +276,18 @@ def test_a_budget_given_the_runs_start_counts_from_it(isolated: Any) -> None:
     there, so what the start-up took is not left to tuning; the summary says how long it was."""
     now = [0.7]  # the run began at 0; the first job is handed out at 0.7 s
     items = [PlannedJob(TuneJob(Problem.from_shape(4, 8 * (i + 1), 8, "f32"), NUMPY), 1.0) for i in range(3)]
-    plan = TunePlan(items, budget_s=1.2, clock=lambda: now[0], run_started=0.0)
+    each = max(expected_tune_s(item.job.problem, "cpu") for item in items)
+    budget = round(0.7 + 1.5 * each, 3)
+    plan = TunePlan(items, budget_s=budget, clock=lambda: now[0], run_started=0.0)
     caps = []
     for item in plan.order(isolated.selector):
         caps.append(plan.cap_for_next())
         record, source = item.job.run(isolated.selector, cap_s=caps[-1])
         plan.done(item, record, source)
-        now[0] += 0.3
-    assert caps == [pytest.approx(0.5)]  # the budget's 1.2 s less the 0.7 s before tuning
-    # 0.2 s left: less than any of the others is expected to take.
+        now[0] += 1.5 * each  # the first job "takes" all that was left
+    assert caps == [pytest.approx(budget - 0.7)]  # the budget less the 0.7 s before tuning
     assert [x.why for x in plan.left_out] == ["budget spent", "budget spent"]
-    assert "(budget 1.2 s for the whole run, 0.7 s of it before tuning)" in plan.summary()
+    assert f"(budget {budget:g} s for the whole run, 0.7 s of it before tuning)" in plan.summary()
 
 
 def test_the_command_line_counts_from_the_processs_start() -> None:

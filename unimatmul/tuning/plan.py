@@ -10,12 +10,13 @@ layout; grouped ones of the same experts) and regime (decode-sized or not:
 for all. Its expected tuning time is a fixed cost a problem plus a cost per second of
 one call (:data:`TUNE_COST`: the harness's checks and samples run a problem some hundreds
 of times), scaled by what the problems of its regime tuned so far took against it (the
-run's first problem left out: it pays the process's first compiles and library loads). The gain of a
-model is mostly in many small problems that tune in a tenth of a second, not in the few
+run's first problem only lowers it: it pays the process's first compiles and library
+loads). The gain of a model is mostly in many small problems that tune in a tenth of a second, not in the few
 large ones that take seconds each (measured on Llama-3-8B on the H200:
 ``benchmarks/results/tune-model-h200``). With a budget, each job may take what is left of
-it (and at most the per-problem cap); a job expected to take more than is left is passed
-over for one that fits, and once none fits, the jobs not reached are left out. The budget
+it (and at most the per-problem cap); the run's first job always starts (it has only the
+estimate to go by), a later one expected to take more than is left is passed over for
+one that fits, and once none fits, the jobs not reached are left out. The budget
 counts from :attr:`TunePlan.run_started` where it is given (the command's start), else
 from the first job. Every record is stored as it is made, so what was tuned is usable
 at once. :meth:`TunePlan.coverage` is the share of GEMM time whose problems have a record.
@@ -59,8 +60,11 @@ def problem_seconds(problem: Problem, device_kind: str) -> float:
 #: The expected seconds of tuning one problem, before a run has measured any: (a fixed cost,
 #: calls of the problem) per device kind, times :func:`problem_seconds`. On the H200, tuning
 #: Llama-3-8B's products took about 0.1 s plus 1,000 calls each (0.12-0.22 s at 64 tokens,
-#: 0.58 s at 4,096); the CPU's harness samples each candidate longer (budget_s).
-TUNE_COST: dict[str, tuple[float, float]] = {"gpu": (0.1, 1000.0), "cpu": (0.3, 300.0)}
+#: 0.58 s at 4,096); on a 2-core AMD EPYC, a small Llama's f32 products (hidden 512, 1 to
+#: 1,024 tokens, NumPy and oneDNN) took about 1 s plus 1,500 calls (0.7-1.5 s up to 64
+#: tokens, 2.4-3.8 s at 1,024): the CPU's harness pauses before each block and times each
+#: candidate longer.
+TUNE_COST: dict[str, tuple[float, float]] = {"gpu": (0.1, 1000.0), "cpu": (1.0, 1500.0)}
 
 
 def expected_tune_s(problem: Problem, device_kind: str) -> float:
@@ -163,18 +167,23 @@ class TunePlan:
 
     def _cost_scale(self, item: PlannedJob) -> float:
         """What the problems of ``item``'s regime (decode-sized or not) tuned so far took
-        over their estimate (median; the run's first tuned problem left out), 1 before any."""
+        over their estimate: the median, the run's first tuned problem left out (it pays the
+        process's first compiles and loads); with only that one, its ratio where it is below
+        1 (what it took bounds the others from above); 1 before any."""
         tuned = sorted(
-            (i for i in self.items if i.source == "tuned" and i.record is not None),
+            (i for i in self.items if i.source == "tuned" and i.record is not None and i.record.tune_s > 0),
             key=lambda i: i.record.tuned_at if i.record is not None else 0.0,
-        )[1:]
-        regime = item.weight[-1]
-        ratios = sorted(
-            i.record.tune_s / _estimate(i)
-            for i in tuned
-            if i.record is not None and i.record.tune_s > 0 and i.weight[-1] == regime
         )
-        return ratios[len(ratios) // 2] if ratios else 1.0
+        regime = item.weight[-1]
+        ratios = [
+            i.record.tune_s / _estimate(i) for i in tuned if i.record is not None and i.weight[-1] == regime
+        ]
+        if tuned and tuned[0].weight[-1] == regime:
+            first, ratios = ratios[0], ratios[1:]
+        else:
+            first = 1.0
+        ratios.sort()
+        return ratios[len(ratios) // 2] if ratios else min(first, 1.0)
 
     def priority(self, item: PlannedJob) -> tuple[float, float]:
         """Expected gain x share per expected second (then the share): larger first."""
@@ -204,7 +213,8 @@ class TunePlan:
             yield item
         while pending:
             left = self.left_s()
-            fits = [i for i in pending if self.expected_cost_s(i) <= left] if left > 0 else []
+            first = not any(i.source == "tuned" for i in self.items)
+            fits = [i for i in pending if first or self.expected_cost_s(i) <= left] if left > 0 else []
             if not fits:
                 for item in pending:
                     self.left_out.append(LeftOut(item.what or item.job.label, item.share, "budget spent"))
