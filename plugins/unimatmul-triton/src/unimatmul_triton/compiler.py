@@ -54,6 +54,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from unimatmul import UnsupportedProblem
@@ -206,7 +207,7 @@ def wait_for(future: Future[Any], deadline: float, why: Callable[[], str]) -> An
         return future.result()
     try:
         return future.result(timeout=max(0.0, deadline - time.perf_counter()))
-    except TimeoutError:
+    except FutureTimeout:  # TimeoutError itself from Python 3.11 on, not in 3.10
         raise NotReady(why(), backend="triton") from None
 
 
