@@ -27,9 +27,10 @@ on a nominal device of the target's kind (:data:`ROOFLINES`); only ratios matter
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from unimatmul.cache.record import TuningRecord
@@ -123,6 +124,13 @@ class TunePlan:
     #: When the run began, for the budget (``clock``'s scale; the command's start, its
     #: imports included); None: the budget counts from ``started``.
     run_started: float | None = None
+    # What the jobs tuned so far taught, kept by done(): the gain of each weight's problems
+    # and of all; the first tuned problem's (regime, time over its estimate), and the later
+    # ones' ratios by regime, sorted.
+    _gains: dict[tuple[object, ...], list[float]] = field(default_factory=dict, init=False, repr=False)
+    _all_gains: list[float] = field(default_factory=list, init=False, repr=False)
+    _first_ratio: tuple[bool, float] | None = field(default=None, init=False, repr=False)
+    _ratios: dict[bool, list[float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         total = sum(i.share for i in self.items) + sum(x.share for x in self.left_out)
@@ -153,13 +161,10 @@ class TunePlan:
     # --- order --------------------------------------------------------------------
     def expected_gain(self, item: PlannedJob) -> float:
         """The fraction of time tuning is expected to save on ``item`` (see the module docstring)."""
-        done = [i for i in self.items if i.source == "tuned" and i.record is not None]
-        same = [i for i in done if i.weight == item.weight]
-        pool = same or done
+        pool = self._gains.get(item.weight) or self._all_gains
         if not pool:
             return 1.0
-        gains = [max(0.0, 1.0 - 1.0 / r.speedup) if r.speedup > 0 else 0.0 for r in _records(pool)]
-        return max(sum(gains) / len(gains), 0.01)  # never 0: the share still orders them
+        return max(sum(pool) / len(pool), 0.01)  # never 0: the share still orders them
 
     def expected_cost_s(self, item: PlannedJob) -> float:
         """The seconds tuning ``item`` is expected to take (see the module docstring)."""
@@ -170,20 +175,13 @@ class TunePlan:
         over their estimate: the median, the run's first tuned problem left out (it pays the
         process's first compiles and loads); with only that one, its ratio where it is below
         1 (what it took bounds the others from above); 1 before any."""
-        tuned = sorted(
-            (i for i in self.items if i.source == "tuned" and i.record is not None and i.record.tune_s > 0),
-            key=lambda i: i.record.tuned_at if i.record is not None else 0.0,
-        )
         regime = item.weight[-1]
-        ratios = [
-            i.record.tune_s / _estimate(i) for i in tuned if i.record is not None and i.weight[-1] == regime
-        ]
-        if tuned and tuned[0].weight[-1] == regime:
-            first, ratios = ratios[0], ratios[1:]
-        else:
-            first = 1.0
-        ratios.sort()
-        return ratios[len(ratios) // 2] if ratios else min(first, 1.0)
+        ratios = self._ratios.get(regime)
+        if ratios:
+            return ratios[len(ratios) // 2]
+        if self._first_ratio is not None and self._first_ratio[0] == regime:
+            return min(self._first_ratio[1], 1.0)
+        return 1.0
 
     def priority(self, item: PlannedJob) -> tuple[float, float]:
         """Expected gain x share per expected second (then the share): larger first."""
@@ -213,7 +211,7 @@ class TunePlan:
             yield item
         while pending:
             left = self.left_s()
-            first = not any(i.source == "tuned" for i in self.items)
+            first = not self._all_gains  # nothing tuned yet
             fits = [i for i in pending if first or self.expected_cost_s(i) <= left] if left > 0 else []
             if not fits:
                 for item in pending:
@@ -225,6 +223,17 @@ class TunePlan:
 
     def done(self, item: PlannedJob, record: TuningRecord, source: str) -> None:
         item.record, item.source = record, source
+        if source != "tuned":
+            return
+        gain = max(0.0, 1.0 - 1.0 / record.speedup) if record.speedup > 0 else 0.0
+        self._gains.setdefault(item.weight, []).append(gain)
+        self._all_gains.append(gain)
+        if record.tune_s > 0:
+            ratio = record.tune_s / _estimate(item)
+            if self._first_ratio is None:
+                self._first_ratio = (item.weight[-1], ratio)
+            else:
+                bisect.insort(self._ratios.setdefault(item.weight[-1], []), ratio)
 
     # --- what was covered ------------------------------------------------------------
     def coverage(self) -> float:
@@ -254,9 +263,3 @@ class TunePlan:
 
 def _estimate(item: PlannedJob) -> float:
     return expected_tune_s(item.job.problem, item.job.target.device.kind)
-
-
-def _records(items: Iterable[PlannedJob]) -> Iterator[TuningRecord]:
-    for item in items:
-        if item.record is not None:
-            yield item.record
