@@ -48,6 +48,7 @@ plugin's registration, where torch sees a GPU), while the first problem is still
 from __future__ import annotations
 
 import atexit
+import functools
 import math
 import threading
 import time
@@ -261,6 +262,9 @@ class Compiler:
         """The future of ``plan``'s compiled kernel: started now unless one with its key is
         known (its launcher is built ahead, beside it)."""
         self.prebuild_launcher(plan.launcher_key(), plan.signature())
+        return self._submit_plan(plan, device_index, gpu_target)
+
+    def _submit_plan(self, plan: LaunchPlan, device_index: int, gpu_target: Any) -> Future[Any]:
         return self._submit((*plan.key(), device_index), self._work, plan, gpu_target)
 
     def _submit(self, key: tuple[Any, ...], fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -296,7 +300,7 @@ class Compiler:
         launchers' builds ahead of their compiles in the pool's queue."""
         for plan in plans:
             self.prebuild_launcher(plan.launcher_key(), plan.signature())
-        return [self.submit(plan, device_index, gpu_target) for plan in plans]
+        return [self._submit_plan(plan, device_index, gpu_target) for plan in plans]
 
     def prebuild_launcher(self, key: tuple[str, ...], signature: dict[str, str]) -> Future[None] | None:
         """Start building the launcher of ``key`` from ``signature`` in the pool, unless it
@@ -305,7 +309,7 @@ class Compiler:
         if self._prebuild is None or self._closed:
             return None
         with self._lock:
-            if key in self._launchers_built or key in self._prebuilds:
+            if self._has_launcher(key):
                 return None
             self._prebuilds.add(key)
         try:
@@ -313,10 +317,19 @@ class Compiler:
         except RuntimeError:  # the pool was shut down meanwhile
             return None
 
+    def has_launcher(self, key: tuple[str, ...]) -> bool:
+        """Whether the launcher of ``key`` is built or being built ahead (a caller whose
+        signature costs work to make need not make it)."""
+        with self._lock:
+            return self._has_launcher(key)
+
+    def _has_launcher(self, key: tuple[str, ...]) -> bool:
+        return key in self._launchers_built or key in self._prebuilds
+
     def _prebuilt(self, key: tuple[str, ...], signature: dict[str, str]) -> None:
         assert self._prebuild is not None
         wait_warm()
-        self._build_once(key, tuple(signature.values()), lambda: self._prebuild(signature))  # type: ignore[misc]
+        self._build_once(key, tuple(signature.values()), functools.partial(self._prebuild, signature))
 
     def known(self, plan: LaunchPlan, device_index: int) -> bool:
         """Whether ``plan``'s specialisation was submitted (and is still kept) for the device."""

@@ -406,9 +406,10 @@ class TritonGroupedBackend(Backend):
                 )  # fmt: skip
 
         compiler = self._dense.compiler  # type: ignore[attr-defined]
-        signature = jit_signature(kernel, args)
-        if signature is not None:
-            compiler.prebuild_launcher(launcher_key, signature)
+        if not compiler.has_launcher(launcher_key):
+            signature = jit_signature(kernel, args)
+            if signature is not None:
+                compiler.prebuild_launcher(launcher_key, signature)
         return compiler.submit_job(key, work, launcher_key)
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
