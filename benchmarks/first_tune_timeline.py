@@ -143,12 +143,11 @@ def main() -> int:
 
         what = "16x14336x4096 bf16 (unimatmul.matmul)"
     else:
-        name, experts, hidden, inter, top_k, _ = next(c for c in moe_bench.CONFIGS if c[0] == "mixtral-8x7b")
+        name, experts, hidden, inter, top_k, _ = moe_bench.config_named("mixtral-8x7b")
         counts = moe_bench.counts_of(1, experts, top_k, "uniform", seed=1)
-        offs = torch.tensor(counts, device=device, dtype=torch.int64).cumsum(0).to(torch.int32)
-        weights = next(iter(moe_bench.expert_weights(torch, device, experts, hidden, inter).values()))
-        b = weights.transpose(-2, -1)
-        x = torch.randn(sum(counts), b.shape[1], device=device, dtype=torch.bfloat16)
+        offs = moe_bench.offs_of(torch, counts, device)
+        weights = moe_bench.expert_weights(torch, device, experts, hidden, inter)["gate_up"]
+        x, b = moe_bench.operands_of(torch, weights, counts)
 
         def call() -> Any:
             return unimatmul.grouped_matmul(x, b, offs)

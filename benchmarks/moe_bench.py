@@ -103,15 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                 if routing == "skewed" and t * top_k < experts:
                     continue  # too few rows for the two routings to differ
                 counts = counts_of(t, experts, top_k, routing, seed=t)
-                offs = torch.tensor(counts, device=device, dtype=torch.int64).cumsum(0).to(torch.int32)
-                rows_total = sum(counts)
+                offs = offs_of(torch, counts, device)
                 for proj, w in weights.items():
                     row_id = f"{name}/{proj}/t{t}/{routing}"
                     if time.perf_counter() - started > args.budget_s:
                         left_out.append(f"{row_id}: over the run's budget")
                         continue
-                    b = w.transpose(-2, -1)  # [E, K, N] as a view of HF's [E, N, K] weights
-                    a = torch.randn(rows_total, b.shape[1], device=device, dtype=torch.bfloat16)
+                    a, b = operands_of(torch, w, counts)
                     try:
                         row = measure(row_id, a, b, offs, counts, args, l2, torch, unimatmul)
                     except Exception as exc:  # recorded, and the run goes on with the next product
@@ -128,6 +126,23 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     write(args.out, rows, left_out, torch)
     return 0
+
+
+def offs_of(torch: Any, counts: list[int], device: Any) -> Any:
+    """``torch._grouped_mm``'s ``offs`` for groups of ``counts`` rows: their running end, int32."""
+    return torch.tensor(counts, device=device, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def operands_of(torch: Any, w: Any, counts: list[int]) -> tuple[Any, Any]:
+    """(a, b) of one expert weight's grouped product: ``b`` the ``[E, K, N]`` view of
+    transformers' ``[E, N, K]`` weights, ``a`` random rows for every group (bf16)."""
+    b = w.transpose(-2, -1)
+    return torch.randn(sum(counts), b.shape[1], device=w.device, dtype=torch.bfloat16), b
+
+
+def config_named(name: str) -> tuple[str, int, int, int, int, str]:
+    """The entry of :data:`CONFIGS` called ``name``."""
+    return next(c for c in CONFIGS if c[0] == name)
 
 
 def expert_weights(torch: Any, device: Any, experts: int, hidden: int, inter: int) -> dict[str, Any]:

@@ -100,16 +100,14 @@ def tune_grouped(specs: str, torch: Any) -> None:
 
     import unimatmul
 
-    configs = {c[0]: c for c in moe_bench.CONFIGS}
     device = torch.device("cuda")
     for spec in specs.split(","):
         name, tokens = spec.split(":")
-        _, experts, hidden, inter, top_k, _ = configs[name]
+        _, experts, hidden, inter, top_k, _ = moe_bench.config_named(name)
         counts = moe_bench.counts_of(int(tokens), experts, top_k, "uniform", seed=int(tokens))
-        offs = torch.tensor(counts, device=device, dtype=torch.int64).cumsum(0).to(torch.int32)
+        offs = moe_bench.offs_of(torch, counts, device)
         for w in moe_bench.expert_weights(torch, device, experts, hidden, inter).values():
-            b = w.transpose(-2, -1)
-            a = torch.randn(sum(counts), b.shape[1], device=device, dtype=torch.bfloat16)
+            a, b = moe_bench.operands_of(torch, w, counts)
             with unimatmul.mode("tune"):
                 unimatmul.grouped_matmul(a, b, offs)
             torch.cuda.synchronize()
