@@ -17,7 +17,9 @@ that the core can be reorganised without breaking plugins. What each name is:
   the errors of the protocol; :class:`NotReady` and :func:`prepare_deadline` for a
   ``prepare()`` that waits for work started ahead (a compile): past the problem's tuning
   cap it gives up, and the candidate is left out as capped.
-* :class:`LRU`: a bounded map (for prepared descriptors and the like).
+* :class:`LRU`: a bounded map (for prepared descriptors and the like);
+  :func:`default_cache_folder`: unimatmul's folder (``$XDG_CACHE_HOME/unimatmul``), where a
+  backend keeps files of its own.
 * :data:`hookimpl`: the marker of plugin hooks; :mod:`unimatmul.settings` for
   ``UNIMATMUL_*`` variables (a plugin declares its own there).
 
@@ -29,6 +31,7 @@ says whether a backend is right.
 from __future__ import annotations
 
 from unimatmul.cache.lru import LRU
+from unimatmul.cache.protocol import default_cache_folder
 from unimatmul.core._backend import DEFAULT, Backend, Candidate, NativeCall, Runner, Target, prepare_deadline
 from unimatmul.core.arrays import (
     ArrayAdapter,
@@ -64,6 +67,7 @@ __all__ = [
     "UnsupportedProblem",
     "adapter_for_kind",
     "canonical",
+    "default_cache_folder",
     "group_bounds",
     "hookimpl",
     "kept_torch_buffer",

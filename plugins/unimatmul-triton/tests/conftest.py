@@ -2,12 +2,14 @@
 
 The mode must be chosen before the plugin is first loaded (``triton.jit`` decides at
 import time whether a kernel is compiled or interpreted), so it is set here, before
-any test module imports unimatmul's plugin manager.
+any test module imports unimatmul's plugin manager. unimatmul's folder (where the backend
+keeps Triton's key: ``triton_key.py``) is a temporary one, not the user's.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 
 def _gpu_present() -> bool:
@@ -22,3 +24,5 @@ if not _gpu_present():
     os.environ.setdefault("UNIMATMUL_TRITON_INTERPRET", "1")
     # Triton decides when it is imported whether its own library functions are interpreted.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="unimatmul-triton-tests-")

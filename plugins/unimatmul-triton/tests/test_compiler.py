@@ -293,28 +293,35 @@ class _Source:
 
 @pytest.fixture
 def warming(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The compiler module with no warming started yet in this process."""
-    from unimatmul_triton import compiler
+    """The compiler module with no warming started yet in this process (and Triton's own
+    key function back in place after)."""
+    from triton.runtime import cache
+    from unimatmul_triton import compiler, triton_key
 
     monkeypatch.setattr(compiler, "_warm_threads", [])
     monkeypatch.setattr(compiler, "warm_errors", [])
+    monkeypatch.setattr(triton_key, "_installed", [])
+    monkeypatch.setattr(cache, "triton_key", cache.triton_key)
     yield compiler
     compiler.wait_warm()
 
 
 def test_warming_computes_tritons_key_and_the_source_hashes_once_per_process(warming: Any) -> None:
     """The first compile's once-per-process work runs in the background, once: Triton's
-    key (its real function, cached after), each kernel's source hash; a step that cannot
-    run here (the driver, without a GPU) is recorded, not raised."""
-    from triton.runtime.cache import triton_key
+    key (Triton's value, kept in a file for later processes, cached after), each kernel's
+    source hash; a step that cannot run here (the driver, without a GPU) is recorded, not
+    raised."""
+    from triton.runtime import cache
 
-    triton_key.cache_clear()
+    original = cache.triton_key
     kernel = _Source()
     warming.start_warming(lambda: [kernel])
     warming.start_warming(lambda: [kernel])  # a second start: nothing more
     assert len(warming._warm_threads) == 2
     warming.wait_warm()
-    assert triton_key.cache_info().currsize == 1
+    assert cache.triton_key is not original
+    assert cache.triton_key.cache_info().currsize == 1
+    assert cache.triton_key() == original()
     assert kernel.reads == 1
     assert all(error.startswith("_driver_helpers: ") for error in warming.warm_errors)
 

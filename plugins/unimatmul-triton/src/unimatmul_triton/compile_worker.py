@@ -146,6 +146,9 @@ def cache_dir() -> str | None:
 
 def main() -> None:
     from unimatmul_triton.compiler import compile_plan, reason
+    from unimatmul_triton.triton_key import install
+
+    install()  # Triton's key read from the kept file, not hashed again in every worker
 
     # The protocol keeps the real stdout to itself; anything printed goes to stderr.
     stdin, stdout = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")

@@ -39,10 +39,13 @@ A process's first Triton compile pays for work done once per process before any 
 built: hashing Triton's own sources and its 400 MB ``libtriton`` (``triton_key``, part of
 every compile's cache key, warm Triton cache or not), building or loading the driver's
 C helpers (``driver.active``: a C compile where Triton's cache is empty), and hashing each
-kernel's source (its ``cache_key``). :func:`start_warming` does that in two threads of
-its own as soon as the backend finds itself usable (``TritonBackend.check_soon``: at the
-plugin's registration, where torch sees a GPU), while the first problem is still being built; the compile jobs and the backend's first look at the driver wait for it
-(:func:`wait_warm`) instead of doing the same work beside it.
+kernel's source (its ``cache_key``); Triton's key is read from a file kept by an earlier
+process where Triton's files are unchanged (:mod:`unimatmul_triton.triton_key`).
+:func:`start_warming` does that in two threads of its own as soon as the backend finds
+itself usable (``TritonBackend.check_soon``: at the plugin's registration, where torch sees
+a GPU), while the first problem is still being built; the compile jobs and the backend's
+first look at the driver wait for it (:func:`wait_warm`) instead of doing the same work
+beside it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from unimatmul import UnsupportedProblem
 from unimatmul.backend import NotReady
 from unimatmul_triton.compile_worker import WorkerLost, Workers, cache_dir
 from unimatmul_triton.launch import LaunchPlan
+from unimatmul_triton.triton_key import install as install_triton_key
 
 _warm_lock = threading.Lock()
 _warm_threads: list[threading.Thread] = []
@@ -101,9 +105,10 @@ def _warm(*steps: Callable[[], None]) -> None:
 
 
 def _triton_key() -> None:
-    from triton.runtime.cache import triton_key
+    from triton.runtime import cache
 
-    triton_key()
+    install_triton_key()
+    cache.triton_key()
 
 
 def _source_hashes(kernels: Callable[[], list[Any]]) -> None:

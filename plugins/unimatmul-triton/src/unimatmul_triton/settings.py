@@ -50,3 +50,12 @@ COMPILE_PROCESSES = settings.declare(
     "count less one where there are 4 or more CPUs, else 0; `0`: compile in this process only)",
     owner=OWNER,
 )
+KEY_MEMO = settings.declare(
+    "UNIMATMUL_TRITON_KEY_MEMO",
+    "bool",
+    True,
+    settings.parse_bool,
+    "`0`: every process hashes Triton's sources and `libtriton` for its key (about 0.5 s), "
+    "instead of reading the key kept by an earlier process for the same files",
+    owner=OWNER,
+)
