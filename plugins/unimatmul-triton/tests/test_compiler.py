@@ -326,6 +326,36 @@ def test_warming_computes_tritons_key_and_the_source_hashes_once_per_process(war
     assert all(error.startswith("_driver_helpers: ") for error in warming.warm_errors)
 
 
+def test_a_plan_compiles_before_the_drivers_helpers_but_its_launcher_waits(
+    warming: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan's compile (an explicit target, no driver) waits for Triton's key only, not
+    for the driver's helpers (a C compile where Triton's cache is empty); its launcher's
+    build, which needs the driver, waits for them."""
+    import threading
+
+    from unimatmul_triton.configs import TILE, KernelConfig
+
+    gate = threading.Event()
+    monkeypatch.setattr(warming, "_driver_helpers", lambda: gate.wait(10) or None)
+    compiled = threading.Event()
+    launched: list[str] = []
+
+    def compile(plan: Any, target: Any) -> str:
+        compiled.set()
+        return "kernel"
+
+    warming.start_warming(lambda: [_Source()])
+    compiler = Compiler(1, compile=compile, launcher=launched.append)
+    problem = Problem(m=64, n=128, k=256, dtype_a="bf16", dtype_b="bf16", dtype_c="bf16")
+    future = compiler.submit(plan_for(problem, KernelConfig(TILE, 64, 64, 32, 4, 3)), 0, "sm90")
+    assert compiled.wait(10)  # compiled while the driver's helpers still warm
+    assert not future.done() and launched == []  # the launcher waits for them
+    gate.set()
+    assert future.result(timeout=10) == "kernel" and launched == ["kernel"]
+    compiler.shutdown()
+
+
 def test_compile_jobs_wait_for_warming(warming: Any) -> None:
     """A compile job does not start its compile before warming ends (it would redo the
     same work beside it)."""

@@ -45,7 +45,8 @@ process where Triton's files are unchanged (:mod:`unimatmul_triton.triton_key`).
 itself usable (``TritonBackend.check_soon``: at the plugin's registration, where torch sees
 a GPU), while the first problem is still being built; the compile jobs and the backend's
 first look at the driver wait for it (:func:`wait_warm`) instead of doing the same work
-beside it.
+beside it (a plan's compile, whose target is explicit, waits for Triton's key only; its
+launcher's build waits for the driver's helpers too).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ warm_errors: list[str] = []
 def start_warming(kernels: Callable[[], list[Any]]) -> None:
     """Start, once per process, the once-per-process work of the first Triton compile
     (see the module docstring) in two daemon threads: Triton's key and the kernels'
-    source hashes (``kernels()``: the JIT kernels) in one, the driver's helpers in the
-    other (a C compile where Triton's cache is empty). Both mostly wait on files, hashing
+    source hashes (``kernels()``: the JIT kernels) in the first, the driver's helpers in
+    the second (a C compile where Triton's cache is empty). Both mostly wait on files, hashing
     and the C compiler, without the interpreter's lock."""
     with _warm_lock:
         if _warm_threads:
@@ -89,9 +90,13 @@ def start_warming(kernels: Callable[[], list[Any]]) -> None:
             thread.start()
 
 
-def wait_warm() -> None:
-    """Wait for :func:`start_warming`'s threads, if they were started (at once otherwise)."""
-    for thread in list(_warm_threads):
+def wait_warm(*, driver: bool = True) -> None:
+    """Wait for :func:`start_warming`'s threads, if they were started (at once otherwise).
+    ``driver=False`` waits for Triton's key and the source hashes only, not the driver's
+    helpers: enough for ``triton.compile`` with an explicit target (a plan's compile),
+    which touches no driver; a JIT compile, a launcher's build and a kernel's load need
+    the driver."""
+    for thread in list(_warm_threads if driver else _warm_threads[:1]):
         if thread is not threading.current_thread():
             thread.join()
 
@@ -381,13 +386,16 @@ class Compiler:
             if not ok:
                 msg = f"{describe(plan)} did not compile for {gpu_target}: {error}"
                 raise CompileFailed(msg, backend="triton")
-        wait_warm()  # after a process's compile: that does not need this process's warmth
+        # After a process's compile (that does not need this process's warmth); the
+        # compile itself, with its explicit target, does not need the driver's helpers.
+        wait_warm(driver=False)
         try:
             compiled = self._compile(plan, gpu_target)
         except Exception as exc:
             msg = f"{describe(plan)} did not compile for {gpu_target}: {reason(exc)}"
             raise CompileFailed(msg, backend="triton") from exc
         if self._launcher is not None:
+            wait_warm()
             self._build_launcher(plan.launcher_key(), compiled)
         return compiled
 
