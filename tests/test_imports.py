@@ -43,3 +43,22 @@ def test_routing_without_torch_says_what_to_install() -> None:
     assert "unimatmul.torch needs torch installed" in done.stdout
     assert "pip install torch" in done.stdout and "'.[torch]'" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_the_backend_sdk_loads_each_name_from_its_module_on_first_use() -> None:
+    """``unimatmul.backend`` imports what a name needs when it is used: a plugin's compile
+    process that needs ``NotReady`` imports no array library."""
+    loaded = _modules_after("from unimatmul.backend import NotReady, Problem")
+    assert "unimatmul.core.errors" in loaded and "unimatmul.core.problem" in loaded
+    assert [m for m in loaded if m in ("numpy", "torch", "msgpack")] == []
+    assert "unimatmul.core.arrays" not in loaded
+
+
+def test_every_backend_sdk_name_is_its_modules_own() -> None:
+    import importlib
+
+    import unimatmul.backend as sdk
+
+    assert sorted(sdk._EXPORTS) == sorted(sdk.__all__) == dir(sdk)
+    for name, module in sdk._EXPORTS.items():
+        assert getattr(sdk, name) is getattr(importlib.import_module(module), name)

@@ -30,23 +30,68 @@ says whether a backend is right.
 
 from __future__ import annotations
 
-from unimatmul.cache.lru import LRU
-from unimatmul.cache.protocol import default_cache_folder
-from unimatmul.core._backend import DEFAULT, Backend, Candidate, NativeCall, Runner, Target, prepare_deadline
-from unimatmul.core.arrays import (
-    ArrayAdapter,
-    Device,
-    adapter_for_kind,
-    kept_torch_buffer,
-    make_operands,
-    operand_layouts,
-)
-from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
-from unimatmul.core.errors import BackendUnavailable, NotReady, UnknownCandidate, UnsupportedProblem
-from unimatmul.core.grouped import group_bounds, plain_grouped_call
-from unimatmul.core.hookspecs import hookimpl
-from unimatmul.core.problem import Problem, matrix_layout
-from unimatmul.core.runners import DefaultRunner
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from unimatmul.cache.lru import LRU
+    from unimatmul.cache.protocol import default_cache_folder
+    from unimatmul.core._backend import (
+        DEFAULT,
+        Backend,
+        Candidate,
+        NativeCall,
+        Runner,
+        Target,
+        prepare_deadline,
+    )
+    from unimatmul.core.arrays import (
+        ArrayAdapter,
+        Device,
+        adapter_for_kind,
+        kept_torch_buffer,
+        make_operands,
+        operand_layouts,
+    )
+    from unimatmul.core.dtypes import ITEMSIZE, canonical, tolerance
+    from unimatmul.core.errors import BackendUnavailable, NotReady, UnknownCandidate, UnsupportedProblem
+    from unimatmul.core.grouped import group_bounds, plain_grouped_call
+    from unimatmul.core.hookspecs import hookimpl
+    from unimatmul.core.problem import Problem, matrix_layout
+    from unimatmul.core.runners import DefaultRunner
+
+# Public name -> the module that defines it, imported on first use (PEP 562): a compile
+# process or a plugin's registration that needs one name does not import them all.
+_EXPORTS: dict[str, str] = {
+    "LRU": "unimatmul.cache.lru",
+    "default_cache_folder": "unimatmul.cache.protocol",
+    "DEFAULT": "unimatmul.core._backend",
+    "Backend": "unimatmul.core._backend",
+    "Candidate": "unimatmul.core._backend",
+    "NativeCall": "unimatmul.core._backend",
+    "Runner": "unimatmul.core._backend",
+    "Target": "unimatmul.core._backend",
+    "prepare_deadline": "unimatmul.core._backend",
+    "ArrayAdapter": "unimatmul.core.arrays",
+    "Device": "unimatmul.core.arrays",
+    "adapter_for_kind": "unimatmul.core.arrays",
+    "kept_torch_buffer": "unimatmul.core.arrays",
+    "make_operands": "unimatmul.core.arrays",
+    "operand_layouts": "unimatmul.core.arrays",
+    "ITEMSIZE": "unimatmul.core.dtypes",
+    "canonical": "unimatmul.core.dtypes",
+    "tolerance": "unimatmul.core.dtypes",
+    "BackendUnavailable": "unimatmul.core.errors",
+    "NotReady": "unimatmul.core.errors",
+    "UnknownCandidate": "unimatmul.core.errors",
+    "UnsupportedProblem": "unimatmul.core.errors",
+    "group_bounds": "unimatmul.core.grouped",
+    "plain_grouped_call": "unimatmul.core.grouped",
+    "hookimpl": "unimatmul.core.hookspecs",
+    "Problem": "unimatmul.core.problem",
+    "matrix_layout": "unimatmul.core.problem",
+    "DefaultRunner": "unimatmul.core.runners",
+}
 
 __all__ = [
     "DEFAULT",
@@ -78,3 +123,17 @@ __all__ = [
     "prepare_deadline",
     "tolerance",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
