@@ -109,3 +109,30 @@ def test_memo_off_leaves_tritons_function(tmp_path: Path) -> None:
     off = _probe(tmp_path, "plain", UNIMATMUL_TRITON_KEY_MEMO="0")
     assert off["installed"] is False and off["replaced"] is False
     assert not (tmp_path / "unimatmul" / "triton-key").exists()
+
+
+def test_a_compile_process_imports_neither_the_backends_nor_an_array_library() -> None:
+    """A compile worker imports what compiles (the package's backends and the SDK's array
+    adapters load on first use): its start-up is on a first problem's path."""
+    code = (
+        "import sys, json\n"
+        "from unimatmul_triton.compile_worker import main\n"
+        "from unimatmul_triton.compiler import compile_plan, reason\n"
+        "from unimatmul_triton.triton_key import install\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    loaded = json.loads(done.stdout)
+    assert [m for m in loaded if m in ("numpy", "torch", "msgpack")] == []
+    assert "unimatmul_triton.backend" not in loaded and "unimatmul_triton.grouped" not in loaded
+
+
+def test_the_package_names_load_on_first_use() -> None:
+    import unimatmul_triton
+
+    assert unimatmul_triton.TritonBackend.__name__ == "TritonBackend"
+    assert unimatmul_triton.make_backend.__module__ == "unimatmul_triton.backend"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        unimatmul_triton.nothing  # noqa: B018

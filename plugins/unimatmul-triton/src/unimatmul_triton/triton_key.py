@@ -30,7 +30,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from unimatmul.backend import default_cache_folder
 from unimatmul_triton.settings import KEY_MEMO
 
 #: The folders of the Triton package whose files ``triton_key()`` hashes (with
@@ -64,6 +63,8 @@ def fingerprint(triton_root: Path) -> str:
 
 def key_file(triton_root: Path, version: str) -> Path:
     """Where the key of the Triton installed at ``triton_root`` is kept."""
+    from unimatmul.backend import default_cache_folder
+
     return default_cache_folder() / "triton-key" / f"{version}-{fingerprint(triton_root)[:40]}.key"
 
 
