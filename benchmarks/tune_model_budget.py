@@ -60,7 +60,11 @@ def run(
         "coverage_pct": float(coverage.group(1)) if coverage else None,
         "tuning_s": float(coverage.group(2)) if coverage else None,
         "before_tuning_s": float(before.group(1)) if before else None,
-        "summary": [line for line in done.stdout.splitlines() if line.startswith(("coverage", "cache"))],
+        "summary": [
+            line.replace(str(work), "$WORK")
+            for line in done.stdout.splitlines()
+            if line.startswith(("coverage", "cache"))
+        ],
         "records": [
             {
                 "problem": r["problem"],
