@@ -12,7 +12,7 @@ import pytest
 import unimatmul
 from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import PRUNED
-from unimatmul.core.arrays import CPU, adapter_for_kind
+from unimatmul.core.arrays import CPU, Device, adapter_for_kind
 from unimatmul.core.problem import Problem
 from unimatmul.tuning.harness import CAPPED
 from unimatmul.tuning.jobs import TuneJob
@@ -305,3 +305,48 @@ def test_the_command_line_counts_from_the_processs_start() -> None:
         assert process < now - 0.1  # this test process has run for a while already
     else:
         assert process >= now
+
+
+GPU_TORCH = Target(adapter_for_kind("torch"), Device("cuda"))
+
+
+def test_on_a_gpu_the_prior_expects_more_of_small_products_than_of_large_ones() -> None:
+    """Before anything is measured on a GPU, the expected gain is the share of a call that
+    is fixed cost rather than roofline time: a weight of a few MB at a decode size before a
+    compute-bound prefill product of the same share; on a CPU the prior is the same for all."""
+    from unimatmul.tuning.plan import FIXED_CALL_S, prior_gain, problem_seconds
+
+    small = Problem.from_shape(1, 1024, 4096, "bf16")  # 8 MB of weight: ~2 us of roofline
+    large = Problem.from_shape(8192, 14336, 4096, "bf16")  # ~1 ms of tensor-core time
+    for problem in (small, large):
+        t = problem_seconds(problem, "cuda")
+        assert prior_gain(problem, "cuda") == pytest.approx(FIXED_CALL_S / (FIXED_CALL_S + t))
+        assert prior_gain(problem, "cpu") == 1.0
+    assert prior_gain(small, "cuda") > 0.5 > 0.01 > prior_gain(large, "cuda")
+    items = [PlannedJob(TuneJob(p, GPU_TORCH), 0.5) for p in (large, small)]
+    plan = TunePlan(items)
+    assert plan.expected_gain(items[1]) > plan.expected_gain(items[0])
+    assert [i.job.problem for i in sorted(items, key=plan.priority, reverse=True)] == [small, large]
+
+
+def test_the_expected_gain_learns_from_the_weight_and_scales_the_prior_by_the_run() -> None:
+    """A tuned problem of a weight counts as much as the prior in that weight's expected
+    gain; the run's gains over their problems' priors scale every prior (a run whose
+    gains fall short of the priors expects less of the weights not tried yet)."""
+    from unimatmul.cache.record import TuningRecord
+    from unimatmul.tuning.plan import PRIOR_WEIGHT
+
+    def job(m: int, n: int) -> PlannedJob:
+        return PlannedJob(TuneJob(Problem.from_shape(m, n, 4096, "bf16"), GPU_TORCH), 0.25)
+
+    tried, same_weight, other = job(1, 4096), job(2, 4096), job(1, 1024)
+    plan = TunePlan([tried, same_weight, other])
+    before = plan.expected_gain(other)
+    assert before == pytest.approx(other.prior)
+    record = TuningRecord(tried.job.problem.key, "default/default", 1e-3, 1e-3)  # Default kept: no gain
+    record.tune_s = 0.1
+    plan.done(tried, record, "tuned")
+    scale = PRIOR_WEIGHT / (tried.prior + PRIOR_WEIGHT)
+    assert plan.expected_gain(other) == pytest.approx(other.prior * scale)
+    assert plan.expected_gain(same_weight) == pytest.approx(same_weight.prior * scale / 2)
+    assert plan.expected_gain(other) < before

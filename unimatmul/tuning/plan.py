@@ -4,10 +4,18 @@ Each job carries its **share** of the workload's GEMM time (a model's roofline e
 a record file's call counts, or each problem once). A :class:`TunePlan` hands out first
 the jobs the cache answers already (they cost nothing), then the rest in order of
 expected gain x share per expected second of tuning. The expected gain of a problem is
-the fraction of time that tuning saved on the problems of the same weight (n, k, dtype,
-layout; grouped ones of the same experts) and regime (decode-sized or not:
-:attr:`PlannedJob.weight`) tuned so far in this run, else on all of them, else the same
-for all. Its expected tuning time is a fixed cost a problem plus a cost per second of
+learnt from the fraction of time that tuning saved on the problems of the same weight (n,
+k, dtype, layout; grouped ones of the same experts) and regime (decode-sized or not:
+:attr:`PlannedJob.weight`) tuned so far in this run, starting from a prior
+(:func:`prior_gain`): on a GPU, the share of a call's time that is fixed cost (launch,
+ramp-up, tail: :data:`FIXED_CALL_S`) rather than its roofline time, which vendor
+heuristics serve least well (a weight of a few MB read at decode sizes has the most to
+gain, a compute-bound prefill product the least); on a CPU the same for all. The prior is
+scaled by how the run's gains so far compare with their problems' priors, and each tuned
+problem of the weight counts as much as the prior (:meth:`TunePlan.expected_gain`).
+Replayed over measured budget-free tunes of Llama-3-8B on the H200
+(``benchmarks/budget_replay.py``), the prior raised the gain a 10 s budget keeps from a
+median of 6 % to about a third. Its expected tuning time is a fixed cost a problem plus a cost per second of
 one call (:data:`TUNE_COST`: the harness's checks and samples run a problem some hundreds
 of times), scaled by what the problems of its regime tuned so far took against it (the
 run's first problem only lowers it: it pays the process's first compiles and library
@@ -28,6 +36,7 @@ on a nominal device of the target's kind (:data:`ROOFLINES`); only ratios matter
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -74,6 +83,26 @@ def expected_tune_s(problem: Problem, device_kind: str) -> float:
     return fixed + calls * problem_seconds(problem, device_kind)
 
 
+#: The fixed cost of a kernel call on a GPU (launch, ramp-up and tail), seconds: what a
+#: product's :func:`prior_gain` weighs its roofline time against.
+FIXED_CALL_S = 5e-6
+
+
+def prior_gain(problem: Problem, device_kind: str) -> float:
+    """What tuning is expected to save of ``problem``'s time before anything is measured:
+    on a GPU, the share of a call that is fixed cost rather than roofline time,
+    ``FIXED_CALL_S / (FIXED_CALL_S + problem_seconds)``; 1.0 on a CPU (no prior there: its
+    gains measured so far follow the library, not the size)."""
+    if device_kind == "cpu":
+        return 1.0
+    return FIXED_CALL_S / (FIXED_CALL_S + problem_seconds(problem, device_kind))
+
+
+#: How much a run's first gains move the priors: the scale of :meth:`TunePlan.expected_gain`
+#: is ``(sum of gains + PRIOR_WEIGHT) / (sum of their priors + PRIOR_WEIGHT)``.
+PRIOR_WEIGHT = 0.02
+
+
 #: Products of at most this many rows a weight (an expert's, for grouped ones) learn their
 #: expected gain apart from larger ones (decode against prefill).
 DECODE_ROWS = 64
@@ -88,6 +117,11 @@ class PlannedJob:
     what: str = ""  # what it serves, for tables (e.g. "q_proj @ 512 tokens")
     record: TuningRecord | None = None
     source: str = ""  # "tuned" or "cache" once run
+
+    @functools.cached_property
+    def prior(self) -> float:
+        """:func:`prior_gain` of its problem on its target."""
+        return prior_gain(self.job.problem, self.job.target.device.kind)
 
     @property
     def weight(self) -> tuple[str, int, int, int, str, bool, bool]:
@@ -125,10 +159,11 @@ class TunePlan:
     #: imports included); None: the budget counts from ``started``.
     run_started: float | None = None
     # What the jobs tuned so far taught, kept by done(): the gain of each weight's problems
-    # and of all; the first tuned problem's (regime, time over its estimate), and the later
-    # ones' ratios by regime, sorted.
+    # and of all, and the sum of their priors; the first tuned problem's (regime, time over
+    # its estimate), and the later ones' ratios by regime, sorted.
     _gains: dict[tuple[object, ...], list[float]] = field(default_factory=dict, init=False, repr=False)
     _all_gains: list[float] = field(default_factory=list, init=False, repr=False)
+    _priors_sum: float = field(default=0.0, init=False, repr=False)
     _first_ratio: tuple[bool, float] | None = field(default=None, init=False, repr=False)
     _ratios: dict[bool, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -160,11 +195,18 @@ class TunePlan:
 
     # --- order --------------------------------------------------------------------
     def expected_gain(self, item: PlannedJob) -> float:
-        """The fraction of time tuning is expected to save on ``item`` (see the module docstring)."""
-        pool = self._gains.get(item.weight) or self._all_gains
-        if not pool:
-            return 1.0
-        return max(sum(pool) / len(pool), 0.01)  # never 0: the share still orders them
+        """The fraction of time tuning is expected to save on ``item`` (see the module
+        docstring): its prior, scaled by the run's gains over their problems' priors so far
+        (``(gains + c) / (priors + c)``, ``c`` = :data:`PRIOR_WEIGHT`, 1 before any), averaged
+        with the gains of its weight's tuned problems, the prior counting as one of them."""
+        scale = (
+            (sum(self._all_gains) + PRIOR_WEIGHT) / (self._priors_sum + PRIOR_WEIGHT)
+            if self._all_gains
+            else 1.0
+        )
+        own = self._gains.get(item.weight, [])
+        expected = (sum(own) + item.prior * scale) / (len(own) + 1)
+        return max(expected, 1e-6)  # never 0: the share still orders them
 
     def expected_cost_s(self, item: PlannedJob) -> float:
         """The seconds tuning ``item`` is expected to take (see the module docstring)."""
@@ -228,6 +270,7 @@ class TunePlan:
         gain = max(0.0, 1.0 - 1.0 / record.speedup) if record.speedup > 0 else 0.0
         self._gains.setdefault(item.weight, []).append(gain)
         self._all_gains.append(gain)
+        self._priors_sum += item.prior
         if record.tune_s > 0:
             ratio = record.tune_s / _estimate(item)
             if self._first_ratio is None:
