@@ -34,7 +34,13 @@ from typing import Any
 
 
 def run(
-    model: str, device: str, budget: float | None, work: Path, tag: str, extra: list[str]
+    model: str,
+    device: str,
+    budget: float | None,
+    work: Path,
+    tag: str,
+    extra: list[str],
+    keep: Path | None = None,
 ) -> dict[str, Any]:
     cache = work / f"{tag}.msgpack"
     triton_cache = work / f"triton-{tag}"
@@ -51,6 +57,8 @@ def run(
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     rows = json.loads(records.read_text())
+    if keep is not None:  # the records in full (every candidate's result), for later analysis
+        (keep / f"records-{tag}.json").write_text(records.read_text())
     coverage = re.search(r"coverage: ([0-9.]+)% of the GEMM time tuned in ([0-9.]+) s", done.stdout)
     before = re.search(r"([0-9.]+) s of it before tuning", done.stdout)
     return {
@@ -94,13 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=10.0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--extra", default="", help="more arguments for both tune commands, space-separated")
+    p.add_argument(
+        "--keep-records", action="store_true", help="also write each run's records in full (records-TAG.json)"
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     extra = args.extra.split()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        budgeted = run(args.model, args.device, args.budget, work, "budget", extra)
-        free = run(args.model, args.device, None, work, "free", extra)
+        keep = args.out if args.keep_records else None
+        budgeted = run(args.model, args.device, args.budget, work, "budget", extra, keep)
+        free = run(args.model, args.device, None, work, "free", extra, keep)
     shares = {r["problem"]: r["share"] for r in free["records"]}
     s_free = model_speedup(shares, {r["problem"]: r["speedup"] for r in free["records"]})
     s_budget = model_speedup(shares, {r["problem"]: r["speedup"] for r in budgeted["records"]})

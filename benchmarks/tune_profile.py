@@ -8,7 +8,8 @@ fresh cache file: first with an empty Triton cache (``TRITON_CACHE_DIR`` a new f
 every Triton candidate compiles), then with the Triton cache the first run left (what a
 second tuning on the machine costs). For each run it writes the profile (``cold.prof``,
 ``warm.prof``) and the functions with the most cumulative and the most own time into
-``tune-profile.json``, and prints them.
+``tune-profile.json``, and prints them; each run's records in full (``cold-records.json``,
+``warm-records.json``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def profile(args: argparse.Namespace, work: Path, tag: str, triton_cache: Path) 
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     records = json.loads((work / f"{tag}.json").read_text())
+    (args.out / f"{tag}-records.json").write_text(json.dumps(records))  # every candidate's result
     stats = pstats.Stats(str(prof))
     rows = []
     for (file, line, name), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
