@@ -283,6 +283,16 @@ TUNE_CAP_S = declare(
     "is spent are left out of that problem's record (see `docs/tuning.md`)",
 )
 
+TUNE_RETIRE_AFTER = declare(
+    "UNIMATMUL_TUNE_RETIRE_AFTER",
+    "int",
+    3,
+    parse_int(0),
+    "in a tuning run on a GPU (`unimatmul tune`), a kernel family (e.g. `triton/tile`) 1.3x or more "
+    "behind the best on this many problems of a class in a row is not measured on the rest of that "
+    "class in the run (default 3; 0: never; see `docs/tuning.md`)",
+)
+
 # Confirming tuned choices where they run (unimatmul.tuning.confirm)
 CONFIRM = declare(
     "UNIMATMUL_CONFIRM",

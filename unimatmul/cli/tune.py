@@ -34,6 +34,7 @@ from unimatmul.tuning.harness import LOW, HarnessConfig
 from unimatmul.tuning.jobs import TuneJob, bucket_jobs, distinct
 from unimatmul.tuning.plan import PlannedJob
 from unimatmul.tuning.record_mode import ReadResult, RecordedProblem, parse_record_lines
+from unimatmul.tuning.retire import Retirement
 from unimatmul.tuning.selector import Selector, get_selector
 
 
@@ -273,6 +274,9 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     rows: list[list[str]] = []
     results = []
     plan = tune_model.plan(args, jobs)
+    # Kernel families that lose by far on every problem of a class stop being measured.
+    retirement = Retirement()
+    selector.tuner.retirement = retirement
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
 
     stops: list[Callable[[], None]] = []
@@ -299,11 +303,14 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         # this the process's exit would wait for every one of them.
         for stop in stops:
             stop()
+        selector.tuner.retirement = None  # the run is over (the selector is the process's)
     if plan.left_out:
         bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()
     write_table(rows, HEADERS, results, out)
     out.write(plan.summary() + "\n")
+    if retirement.summary():
+        out.write(retirement.summary() + "\n")
     # After the table: a file that cannot be written after all loses nothing shown.
     if args.json:
         try:

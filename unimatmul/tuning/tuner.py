@@ -31,6 +31,7 @@ from unimatmul.core.problem import Problem
 from unimatmul.core.runners import default_runner
 from unimatmul.tuning.buckets import EDGE_CANDIDATES, Buckets, check_points, choose
 from unimatmul.tuning.harness import LOW, CpuTimer, Harness, HarnessConfig, Timer
+from unimatmul.tuning.retire import Retirement, family
 from unimatmul.tuning.timers import device_settings, device_timer
 
 Entry = tuple[Candidate, Callable[[], Runner]]
@@ -64,6 +65,9 @@ class Tuner:
         #: Names of the backends that may offer candidates (None: all).
         self.enabled = set(backends) if backends is not None else None
         self._warn = warn
+        #: Kernel families that lost everywhere so far in a run are not measured again in
+        #: it (:mod:`unimatmul.tuning.retire`); None (the default): every candidate is.
+        self.retirement: Retirement | None = None
 
     @property
     def plugins(self) -> PluginManager:
@@ -294,14 +298,29 @@ class Tuner:
         """Measure every candidate of ``problem`` (stores nothing); ``cap_s``: the most
         seconds it may take (:meth:`Harness.measure`)."""
         started = time.perf_counter()
+        entries = self.entries(problem, target)
+        retired: list[Candidate] = []
+        if self.retirement is not None:
+            kept, retired = self.retirement.split(problem, target, [c for c, _ in entries])
+            keep = {id(c) for c in kept}
+            entries = [e for e in entries if id(e[0]) in keep]
         record = self.measure(
             problem,
             target,
-            self.entries(problem, target),
+            entries,
             versions=versions,
             progress=progress,
             cap_s=cap_s,
         )
+        if self.retirement is not None:
+            if retired:
+                record.settings["retired"] = {
+                    "left_out": len(retired),
+                    "families": sorted({family(c.identity) for c in retired}),
+                    "after": self.retirement.after,
+                    "ratio": self.retirement.ratio,
+                }
+            self.retirement.learn(problem, target, record)
         record.tune_s = time.perf_counter() - started
         return record
 
