@@ -168,7 +168,8 @@ def _tuned(plan: TunePlan, item: PlannedJob, ratio: float, when: float) -> None:
 def test_the_expected_cost_learns_from_the_problems_tuned_after_the_first() -> None:
     """The estimate is scaled by what the problems of its regime tuned so far took against
     it (median); the run's first one (which pays the process's first compiles and loads)
-    only lowers it; a regime none of whose problems was tuned keeps the estimate."""
+    only lowers it; a regime none of whose problems was tuned expects what the first one
+    took (its kernels' first compiles), never less than the estimate."""
     items = [
         PlannedJob(TuneJob(Problem.from_shape(8, 16 * (i + 1), 32, "f32"), NUMPY), 0.25) for i in range(4)
     ]
@@ -180,10 +181,11 @@ def test_the_expected_cost_learns_from_the_problems_tuned_after_the_first() -> N
     _tuned(plan, items[2], 5.0, 2.0)
     assert plan.expected_cost_s(items[3]) == pytest.approx(5.0 * estimate)  # median of 3 and 5: the upper
     prefill = PlannedJob(TuneJob(Problem.from_shape(512, 64, 32, "f32"), NUMPY), 0.1)
-    assert plan.expected_cost_s(prefill) == pytest.approx(expected_tune_s(prefill.job.problem, "cpu"))
+    assert plan.expected_cost_s(prefill) == pytest.approx(50.0 * expected_tune_s(prefill.job.problem, "cpu"))
     quick = TunePlan([PlannedJob(TuneJob(p.job.problem, NUMPY), 0.25) for p in items])
     _tuned(quick, quick.items[0], 0.2, 0.0)  # a first one quicker than estimated: the rest too
     assert quick.expected_cost_s(quick.items[3]) == pytest.approx(0.2 * estimate)
+    assert quick.expected_cost_s(prefill) == pytest.approx(expected_tune_s(prefill.job.problem, "cpu"))
 
 
 def test_the_first_job_starts_whatever_its_estimate() -> None:

@@ -19,7 +19,9 @@ median of 6 % to about a third. Its expected tuning time is a fixed cost a probl
 one call (:data:`TUNE_COST`: the harness's checks and samples run a problem some hundreds
 of times), scaled by what the problems of its regime tuned so far took against it (the
 run's first problem only lowers it: it pays the process's first compiles and library
-loads). The gain of a model is mostly in many small problems that tune in a tenth of a second, not in the few
+loads; but the first problem of the other regime is expected to pay as much as it did, as
+its kernels compile for the first time too: on the H200 a 512-token product expected at
+0.16 s took 2.2-2.7 s, the third problem of a 10 s run). The gain of a model is mostly in many small problems that tune in a tenth of a second, not in the few
 large ones that take seconds each (measured on Llama-3-8B on the H200:
 ``benchmarks/results/tune-model-h200``). With a budget, each job may take what is left of
 it (and at most the per-problem cap); the run's first job always starts (it has only the
@@ -216,13 +218,17 @@ class TunePlan:
         """What the problems of ``item``'s regime (decode-sized or not) tuned so far took
         over their estimate: the median, the run's first tuned problem left out (it pays the
         process's first compiles and loads); with only that one, its ratio where it is below
-        1 (what it took bounds the others from above); 1 before any."""
+        1 (what it took bounds the others from above); for a regime none of whose problems
+        was tuned yet, the first one's ratio where it is above 1 (its kernels are not the
+        first regime's: it pays their first compiles, as the run's first problem did); 1
+        before any."""
         regime = item.weight[-1]
         ratios = self._ratios.get(regime)
         if ratios:
             return ratios[len(ratios) // 2]
-        if self._first_ratio is not None and self._first_ratio[0] == regime:
-            return min(self._first_ratio[1], 1.0)
+        if self._first_ratio is not None:
+            first_regime, ratio = self._first_ratio
+            return min(ratio, 1.0) if first_regime == regime else max(ratio, 1.0)
         return 1.0
 
     def priority(self, item: PlannedJob) -> tuple[float, float]:
