@@ -101,13 +101,17 @@ def replay_oracle(rows: list[Row], budget: float, before: float, first_s: float)
     return tuned
 
 
-def free_runs(path: Path) -> list[dict[str, Any]]:
+def free_runs(path: Path, code: str | None = None) -> list[dict[str, Any]]:
     """The recorded runs of ``tune_model_budget.py`` (its ``tune-model.json``, or a file of
-    ``runs``), each with its free records and its budgeted twin's start-up."""
+    ``runs``), each with its free records and its budgeted twin's start-up; only those whose
+    ``code`` (what the file says of the code and conditions of each run) holds ``code``,
+    where it is given."""
     data = json.loads(path.read_text())
     runs = data.get("runs", [data])
     found = []
     for run in runs:
+        if code is not None and code not in run.get("code", ""):
+            continue
         rows = [Row(r["problem"], r["share"], r["tune_s"], r["speedup"]) for r in run["free"]["records"]]
         before = run["budgeted"].get("before_tuning_s")
         if rows and before is not None:
@@ -123,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="tune_model_budget.py results (JSON)")
     p.add_argument("--budgets", default="8,10,12,15,20,30")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--code", help="only the runs whose recorded `code` contains this text")
     args = p.parse_args(argv)
     budgets = [float(b) for b in args.budgets.split(",")]
-    runs = [run for path in args.runs for run in free_runs(path)]
+    runs = [run for path in args.runs for run in free_runs(path, args.code)]
     if not runs:
         raise SystemExit("no budget-free run with a budgeted twin's start-up in the given files")
     table = []

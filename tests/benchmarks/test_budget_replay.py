@@ -65,3 +65,17 @@ def test_the_command_writes_its_table_from_recorded_runs(tmp_path: Path) -> None
     assert [b["budget_s"] for b in result["budgets"]] == [2.0, 10.0]
     assert result["budgets"][1]["order_kept"] == [pytest.approx(1.0)] * 2
     assert "| 10 | 100% (100%-100%) | 100% (100%-100%) |" in (out / "budget-replay.md").read_text()
+
+
+def test_runs_are_selected_by_their_recorded_code(tmp_path: Path) -> None:
+    def run(code: str) -> dict[str, object]:
+        records = [
+            {"problem": r.problem, "share": r.share, "tune_s": r.tune_s, "speedup": r.speedup} for r in ROWS
+        ]
+        return {"code": code, "free": {"records": records}, "budgeted": {"before_tuning_s": 2.0}}
+
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": [run("plain start-up"), run("bytecode kept")]}))
+    assert len(replay.free_runs(path)) == 2
+    assert len(replay.free_runs(path, "bytecode")) == 1
+    assert replay.free_runs(path, "nothing like it") == []
