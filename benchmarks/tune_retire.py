@@ -64,6 +64,12 @@ def tune(args: argparse.Namespace, work: Path, tag: str, retire: str | None, tri
         "retired": {"candidates": int(retired.group(1)), "by_family": retired.group(2)} if retired else None,
         "speedup": model_speedup(rows),
         "winners": {r["problem"]: r["winner"] for r in rows},
+        # the families each problem left out (its record's settings["retired"])
+        "retired_families": {
+            r["problem"]: r["settings"]["retired"]["families"]
+            for r in rows
+            if "retired" in r.get("settings", {})
+        },
         "tune_s": {r["problem"]: r["tune_s"] for r in rows},
     }
 
