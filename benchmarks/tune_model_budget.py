@@ -29,8 +29,29 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+
+def run_tune(argv: list[str], env: dict[str, str], prefix: Sequence[str] = ()) -> tuple[str, float]:
+    """``unimatmul tune ARGV`` in a fresh process (``prefix``: interpreter options before
+    ``-m unimatmul``, e.g. cProfile's): its standard output and wall time; SystemExit with
+    its error output if it fails."""
+    cmd = [sys.executable, *prefix, "-m", "unimatmul", "tune", *argv]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout, wall
+
+
+def record_speedup(record: dict[str, Any]) -> float:
+    """Default's time over the winner's in a ``tune --json`` record (1.0 where either is missing)."""
+    if record.get("default_s") and record.get("winner_s"):
+        return float(record["default_s"] / record["winner_s"])
+    return 1.0
 
 
 def run(
@@ -47,30 +68,26 @@ def run(
     triton_cache.mkdir()
     records = work / f"{tag}.json"
     env = {**os.environ, "UNIMATMUL_CACHE": str(cache), "TRITON_CACHE_DIR": str(triton_cache)}
-    cmd = [sys.executable, "-m", "unimatmul", "tune", "--model", model, "--device", device, "--quiet"]
-    cmd += ["--json", str(records), *extra]
+    argv = ["--model", model, "--device", device, "--quiet", "--json", str(records), *extra]
     if budget is not None:
-        cmd += ["--budget", f"{budget:g}"]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    rows = json.loads(records.read_text())
+        argv += ["--budget", f"{budget:g}"]
+    stdout, wall = run_tune(argv, env)
+    text = records.read_text()
+    rows = json.loads(text)
     if keep is not None:  # the records in full (every candidate's result), for later analysis
-        (keep / f"records-{tag}.json").write_text(records.read_text())
-    coverage = re.search(r"coverage: ([0-9.]+)% of the GEMM time tuned in ([0-9.]+) s", done.stdout)
-    before = re.search(r"([0-9.]+) s of it before tuning", done.stdout)
+        (keep / f"records-{tag}.json").write_text(text)
+    coverage = re.search(r"coverage: ([0-9.]+)% of the GEMM time tuned in ([0-9.]+) s", stdout)
+    before = re.search(r"([0-9.]+) s of it before tuning", stdout)
     return {
         "tag": tag,
-        "command": " ".join(["unimatmul", *cmd[3:]]).replace(str(work), "$WORK"),
+        "command": " ".join(["unimatmul", "tune", *argv]).replace(str(work), "$WORK"),
         "wall_s": wall,
         "coverage_pct": float(coverage.group(1)) if coverage else None,
         "tuning_s": float(coverage.group(2)) if coverage else None,
         "before_tuning_s": float(before.group(1)) if before else None,
         "summary": [
             line.replace(str(work), "$WORK")
-            for line in done.stdout.splitlines()
+            for line in stdout.splitlines()
             if line.startswith(("coverage", "cache"))
         ],
         "records": [
@@ -80,9 +97,7 @@ def run(
                 "source": r["source"],
                 "winner": r["winner"],
                 "tune_s": r.get("tune_s"),
-                "speedup": (r["default_s"] / r["winner_s"])
-                if r.get("default_s") and r.get("winner_s")
-                else 1.0,
+                "speedup": record_speedup(r),
             }
             for r in rows
         ],

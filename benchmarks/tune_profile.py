@@ -18,12 +18,13 @@ import argparse
 import json
 import os
 import pstats
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tune_model_budget, beside this file
+from tune_model_budget import run_tune
 
 TOP = 40
 
@@ -35,28 +36,13 @@ def profile(args: argparse.Namespace, work: Path, tag: str, triton_cache: Path) 
         "UNIMATMUL_CACHE": str(work / f"{tag}.msgpack"),
         "TRITON_CACHE_DIR": str(triton_cache),
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "cProfile",
-        "-o",
-        str(prof),
-        "-m",
-        "unimatmul",
-        "tune",
-        "--model",
-        args.model,
-    ]
-    cmd += ["--device", args.device, "--quiet", "--json", str(work / f"{tag}.json")]
+    argv = ["--model", args.model, "--device", args.device, "--quiet", "--json", str(work / f"{tag}.json")]
     if args.tokens:
-        cmd += ["--tokens", args.tokens]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    records = json.loads((work / f"{tag}.json").read_text())
-    (args.out / f"{tag}-records.json").write_text(json.dumps(records))  # every candidate's result
+        argv += ["--tokens", args.tokens]
+    _, wall = run_tune(argv, env, prefix=["-m", "cProfile", "-o", str(prof)])
+    text = (work / f"{tag}.json").read_text()
+    records = json.loads(text)
+    (args.out / f"{tag}-records.json").write_text(text)  # every candidate's result
     stats = pstats.Stats(str(prof))
     rows = []
     for (file, line, name), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]

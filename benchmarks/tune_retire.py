@@ -25,12 +25,13 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tune_model_budget, beside this file
+from tune_model_budget import model_speedup, record_speedup, run_tune
 
 MODES = {"on": None, "off": "0"}
 
@@ -41,18 +42,13 @@ def tune(args: argparse.Namespace, work: Path, tag: str, retire: str | None, tri
     env.update(UNIMATMUL_CACHE=str(work / f"{tag}.msgpack"), TRITON_CACHE_DIR=str(triton))
     if retire is not None:
         env["UNIMATMUL_TUNE_RETIRE_AFTER"] = retire
-    cmd = [sys.executable, "-m", "unimatmul", "tune", "--model", args.model, "--device", args.device]
-    cmd += ["--quiet", "--json", str(records)]
+    argv = ["--model", args.model, "--device", args.device, "--quiet", "--json", str(records)]
     if args.tokens:
-        cmd += ["--tokens", args.tokens]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        argv += ["--tokens", args.tokens]
+    stdout, wall = run_tune(argv, env)
     rows = [r for r in json.loads(records.read_text()) if r["source"] == "tuned"]
-    coverage = re.search(r"tuned in ([0-9.]+) s", done.stdout)
-    retired = re.search(r"retired: (\d+) candidates not measured \(([^)]*)\)", done.stdout)
+    coverage = re.search(r"tuned in ([0-9.]+) s", stdout)
+    retired = re.search(r"retired: (\d+) candidates not measured \(([^)]*)\)", stdout)
     times = sorted(r["tune_s"] for r in rows)
     return {
         "tag": tag,
@@ -62,7 +58,7 @@ def tune(args: argparse.Namespace, work: Path, tag: str, retire: str | None, tri
         "problems": len(rows),
         "candidates_measured": sum(len(r["results"]) for r in rows),
         "retired": {"candidates": int(retired.group(1)), "by_family": retired.group(2)} if retired else None,
-        "speedup": model_speedup(rows),
+        "speedup": claimed_speedup(rows),
         "winners": {r["problem"]: r["winner"] for r in rows},
         # the families each problem left out (its record's settings["retired"])
         "retired_families": {
@@ -74,14 +70,10 @@ def tune(args: argparse.Namespace, work: Path, tag: str, retire: str | None, tri
     }
 
 
-def model_speedup(rows: list[dict[str, Any]]) -> float:
+def claimed_speedup(rows: list[dict[str, Any]]) -> float:
     """The GEMM time's speedup over Default the records claim, weighted by share."""
-    total = sum(r["share"] for r in rows)
-    slower = 0.0
-    for r in rows:
-        speedup = r["default_s"] / r["winner_s"] if r.get("default_s") and r.get("winner_s") else 1.0
-        slower += r["share"] / speedup
-    return total / slower if slower else 1.0
+    shares = {r["problem"]: r["share"] for r in rows}
+    return model_speedup(shares, {r["problem"]: record_speedup(r) for r in rows})
 
 
 def agreement(a: dict[str, str], b: dict[str, str]) -> float:

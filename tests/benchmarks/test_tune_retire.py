@@ -13,11 +13,11 @@ import tune_retire
 
 def test_the_model_speedup_weights_each_problem_by_its_share() -> None:
     rows = [
-        {"share": 0.75, "default_s": 2.0, "winner_s": 1.0},  # 2x on three quarters
-        {"share": 0.25, "default_s": 1.0, "winner_s": 1.0},
-        {"share": 0.0, "default_s": None, "winner_s": 1.0},  # Default failed: counts as 1x
+        {"problem": "p1", "share": 0.75, "default_s": 2.0, "winner_s": 1.0},  # 2x on three quarters
+        {"problem": "p2", "share": 0.25, "default_s": 1.0, "winner_s": 1.0},
+        {"problem": "p3", "share": 0.0, "default_s": None, "winner_s": 1.0},  # Default failed: counts as 1x
     ]
-    assert tune_retire.model_speedup(rows) == pytest.approx(1.0 / (0.75 / 2 + 0.25))
+    assert tune_retire.claimed_speedup(rows) == pytest.approx(1.0 / (0.75 / 2 + 0.25))
 
 
 def test_agreement_is_over_the_problems_both_runs_tuned() -> None:
