@@ -309,8 +309,9 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     bar.close()
     write_table(rows, HEADERS, results, out)
     out.write(plan.summary() + "\n")
-    if retirement.summary():
-        out.write(retirement.summary() + "\n")
+    retired = retirement.summary()
+    if retired:
+        out.write(retired + "\n")
     # After the table: a file that cannot be written after all loses nothing shown.
     if args.json:
         try:

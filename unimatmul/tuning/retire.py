@@ -52,7 +52,7 @@ def family(identity: str) -> str:
 def problem_class(problem: Problem, target: Target) -> ProblemClass:
     """What a family's losses are counted over (see the module docstring)."""
     groups = problem.batch if problem.is_grouped else 1
-    rows = max(1, problem.m // max(groups, 1))
+    rows = max(1, problem.m // groups)
     return (
         target,
         problem.op,

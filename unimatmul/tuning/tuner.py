@@ -301,9 +301,8 @@ class Tuner:
         entries = self.entries(problem, target)
         retired: list[Candidate] = []
         if self.retirement is not None:
-            kept, retired = self.retirement.split(problem, target, [c for c, _ in entries])
-            keep = {id(c) for c in kept}
-            entries = [e for e in entries if id(e[0]) in keep]
+            _, retired = self.retirement.split(problem, target, [c for c, _ in entries])
+            entries = [e for e in entries if e[0] not in retired]
         record = self.measure(
             problem,
             target,
