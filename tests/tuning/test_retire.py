@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from harness_fakes import KernelBackend, right, sleeps
 
-from unimatmul.backend import DEFAULT, Backend, Candidate, Target
+from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.cache.protocol import open_store
 from unimatmul.cache.record import FAILED, OK, PRUNED, CandidateResult, TuningRecord
 from unimatmul.core.arrays import CPU, adapter_for_kind
-from unimatmul.core.hookspecs import hookimpl
 from unimatmul.core.plugins import PluginManager
 from unimatmul.core.problem import Problem
+from unimatmul.testing import registered
 from unimatmul.tuning.harness import HarnessConfig
 from unimatmul.tuning.retire import Retirement, family, problem_class
 from unimatmul.tuning.selector import Selector
@@ -105,51 +103,18 @@ def test_off_and_default_is_never_retired() -> None:
 # --- through the tuner, measured for real (NumPy's Default and a kernel that sleeps) ------
 
 
-class _Runner:
-    def __init__(self, slow: bool) -> None:
-        self.slow = slow
-
-    def __call__(
-        self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None
-    ) -> None:
-        np.matmul(a, b, out=out)
-        if self.slow:
-            time.sleep(3e-3)  # far behind NumPy on these small products
-
-
-class _TwoFamilies(Backend):
-    name = "twofam"
-    device_kinds = frozenset({"cpu"})
-    array_kinds = frozenset({"numpy"})
-
-    def availability(self) -> str | None:
-        return None
-
-    def versions(self) -> dict[str, str]:
-        return {"twofam": "1"}
-
-    def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
-        return [Candidate.make(self.name, "same", v=1), Candidate.make(self.name, "sleepy", v=1)]
-
-    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
-        return _Runner(candidate.name == "sleepy")
-
-
-class _Plugin:
-    @hookimpl
-    def unimatmul_register_backends(self, register: Any) -> None:
-        register(_TwoFamilies())
-
-
 def test_the_tuner_leaves_a_retired_family_out_and_says_so(tmp_path: Path) -> None:
     plugins = PluginManager(load_entry_points=False)
-    plugins.register(_Plugin(), "twofam")
+    # NumPy's own product, and the same far behind it (3 ms of sleep a call)
+    backend = KernelBackend("twofam", {"same": right, "sleepy": sleeps(3e-3)})
     selector = Selector(plugins=plugins, store=open_store(tmp_path / "c.msgpack"), settings=FAST)
     selector.tuner.retirement = Retirement(after=2, gpu_only=False)
-    records = [selector.tune(Problem.from_shape(32 + i, 48, 40), CPU_TARGET) for i in range(4)]
+    with registered(plugins, backend):
+        records = [selector.tune(Problem.from_shape(32 + i, 48, 40), CPU_TARGET) for i in range(4)]
+        other = selector.tune(Problem.from_shape(300, 48, 40), CPU_TARGET)
     measured = [{r.identity for r in record.results} for record in records]
-    assert all("twofam/sleepy?v=1" in seen for seen in measured[:2])
-    assert all("twofam/sleepy?v=1" not in seen and "twofam/same?v=1" in seen for seen in measured[2:])
+    assert all("twofam/sleepy" in seen for seen in measured[:2])
+    assert all("twofam/sleepy" not in seen and "twofam/same" in seen for seen in measured[2:])
     for record in records[2:]:
         assert record.settings["retired"] == {
             "left_out": 1,
@@ -157,8 +122,7 @@ def test_the_tuner_leaves_a_retired_family_out_and_says_so(tmp_path: Path) -> No
             "after": 2,
             "ratio": 1.3,
         }
-        assert record.winner != "twofam/sleepy?v=1"
+        assert record.winner != "twofam/sleepy"
     assert "retired" not in records[0].settings
     # Another class of rows still measures it.
-    other = selector.tune(Problem.from_shape(300, 48, 40), CPU_TARGET)
-    assert "twofam/sleepy?v=1" in {r.identity for r in other.results}
+    assert "twofam/sleepy" in {r.identity for r in other.results}
