@@ -10,8 +10,9 @@ checks before timing, the rotated check sets and the checks after timing, each t
 eager warm-up, its capture and graph launches (``replay``: the first also uploads the
 graph), the waits for timed samples, the repeat of a win against Default. A check is split
 into a candidate's first (``check_first``: its first call ever) and later ones, and what
-they spend comparing the output (``compare``) and poisoning and reading the guard bands
-(``guard``). Each phase counts its own time (a phase inside another is taken out of the
+they spend comparing the output (``compare``), poisoning and reading the guard bands
+(``guard``) and, where several checks are read back at once (a GPU), waiting for them
+(``check_read``: their calls' and comparisons' device time). Each phase counts its own time (a phase inside another is taken out of the
 outer one). ``candidates`` is the tuner's list of candidates (the backends' offers and
 rankings); what is left of a problem's time (``other``) is the rest of the tuner's and
 the harness's own work (records, pruning, bookkeeping).
@@ -49,6 +50,7 @@ PHASES = (
     "check_first",
     "check_again",
     "compare",
+    "check_read",
     "guard",
     "late_set",
     "late_check",
@@ -147,6 +149,17 @@ def main() -> int:
         return (check_first if first else check_again)(self, runner, *args, **kwargs)
 
     H._check_call = first_or_again  # type: ignore[method-assign]
+    check_launch = H._check_launch
+    launch_first = clock.timed(check_launch, "check_first")
+
+    def launched_first(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if clock.stack and clock.stack[-1][0] == "late_check":
+            return check_launch(self, *args, **kwargs)  # counted to late_check
+        return launch_first(self, *args, **kwargs)
+
+    H._check_launch = launched_first  # type: ignore[method-assign]
+    clock.wrap(numeric_check, "compare_launch", "compare")
+    clock.wrap(H, "_read_checks", "check_read")
     clock.wrap(harness_mod, "compare_output", "compare")
     clock.wrap(numeric_check, "poison_guard", "guard")
     clock.wrap(numeric_check, "guard_count", "guard")
@@ -161,6 +174,8 @@ def main() -> int:
         ("_late_check_set", "late_set"),
         ("_late_check", "late_check"),
         ("_take", "sample"),
+        ("_round", "sample"),
+        ("_late_checks", "late_check"),
         ("_confirm", "confirm"),
     ):
         clock.wrap(H, name, phase)

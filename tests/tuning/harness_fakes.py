@@ -247,6 +247,25 @@ class CostTimer:
         return sample
 
 
+class LaunchCostTimer(CostTimer):
+    """A :class:`CostTimer` whose samples can be launched and read later, as the GPU
+    timer's are (``sample.launch``: the Harness's rounds launch every candidate's sample
+    and read them after): the call runs at the launch, its cost is read later."""
+
+    def prepare(self, calls: Any) -> Callable[[], float]:
+        def launch() -> Callable[[], float]:
+            calls[0]()
+            cost = self.clock.current
+            return lambda: cost
+
+        def sample() -> float:
+            return launch()()
+
+        sample.launch = launch  # type: ignore[attr-defined]
+        sample.calls = 1  # type: ignore[attr-defined]
+        return sample
+
+
 def fake_target(kind: str) -> Target:
     """The CPU target of one array library (torch skipped where it is not installed)."""
     if kind == "torch":

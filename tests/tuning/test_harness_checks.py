@@ -17,6 +17,7 @@ from harness_fakes import (
     CostClock,
     CostTimer,
     KernelBackend,
+    LaunchCostTimer,
     fake_target,
     first_call_only,
     measure_kernels,
@@ -68,16 +69,21 @@ def test_one_element_off_by_one_at_1024_cubed_is_rejected() -> None:
 @pytest.mark.parametrize(
     ("behave", "says"), [(one_off, "over the error bound"), (one_nan, "NaN/inf"), (one_inf, "NaN/inf")]
 )
-def test_one_wrong_element_is_rejected(kind: str, behave: Any, says: str) -> None:
+@pytest.mark.parametrize("interleave", [False, True], ids=["blocks", "rounds"])
+def test_one_wrong_element_is_rejected(kind: str, behave: Any, says: str, interleave: bool) -> None:
+    # In rounds the checks of all candidates are read back at once; the one the quick pass
+    # cannot clear is compared whole, on its own, for the note's worst element.
     record = measure_kernels(
         Problem.from_shape(96, 80, 200, batch=3),
         kind,
         {"bad": behave, "good": right},
         prune_ratio=math.inf,  # "good" is Default's kernel: on a busy machine noise could prune it
         first_prune_ratio=math.inf,
+        interleave=interleave,
     )
     bad, good = _result(record, "bad"), _result(record, "good")
     assert bad.status == REJECTED and says in bad.note, bad
+    assert "worst element" in bad.note
     assert good.status == OK
     assert record.winner != "fake/bad"
 
@@ -390,6 +396,40 @@ def test_a_stale_kernel_is_caught_before_the_first_round_prunes_the_right_ones(k
     assert _result(record, "cheat").note.startswith("wrong after timing")
     assert _result(record, "good").status == OK
     assert record.winner == "fake/good"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("launch", [False, True], ids=["sampled", "launched"])
+def test_a_stale_kernel_never_prunes_on_its_first_timed_call_in_rounds(kind: str, launch: bool) -> None:
+    # In rounds only the first call is checked before timing: a kernel stale from its
+    # second call (0.1: it only copies) is as fast on its first timed call, and 0.5 is
+    # 5x that. The first calls are judged only once the check on new inputs is made.
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {"default": (right, 1.0), "cheat": (stale, 0.1), "good": (right, 0.5)}
+    target, entries = _costed_entries(clock, kind, problem, kernels)
+    timer = LaunchCostTimer(clock) if launch else CostTimer(clock)
+    record = Harness(timer, _rounds_config(first_prune_ratio=2.0)).measure(problem, target, entries)
+    assert _result(record, "cheat").status == REJECTED
+    assert _result(record, "cheat").note.startswith("wrong after timing")
+    assert _result(record, "good").status == OK
+    assert record.winner == "fake/good"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_first_call_far_behind_is_pruned_after_the_first_round_check(kind: str) -> None:
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {"default": (right, 1.0), "slow": (right, 1.5), "fast": (right, 0.5)}
+    target, entries = _costed_entries(clock, kind, problem, kernels)
+    record = Harness(LaunchCostTimer(clock), _rounds_config(first_prune_ratio=2.0)).measure(
+        problem, target, entries
+    )
+    slow = _result(record, "slow")
+    assert slow.status == PRUNED and slow.note == "3.0x the best on its first timed call"
+    assert slow.samples == 1  # its first round's sample: pruned before any other
+    assert record.result(DEFAULT.identity).status == OK  # Default is never pruned
+    assert record.winner == "fake/fast"
 
 
 @pytest.mark.parametrize("kind", KINDS)

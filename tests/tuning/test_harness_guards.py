@@ -98,15 +98,19 @@ def test_a_kernel_that_writes_its_rows_padding_is_rejected_and_the_users_padding
 
 
 @pytest.mark.parametrize("value", [0.0, math.nan, -3.5], ids=["zero", "nan", "the-finite-poison"])
-def test_writes_of_either_poison_value_are_seen(value: float) -> None:
+@pytest.mark.parametrize("interleave", [False, True], ids=["blocks", "rounds"])
+def test_writes_of_either_poison_value_are_seen(value: float, interleave: bool) -> None:
     # The guard holds NaN on one check call and -3.5 on the other: a kernel that writes
-    # one of them is caught by the other.
+    # one of them is caught by the other (in rounds: the check before timing, or the one
+    # on new inputs after the first round, read back with the other candidates').
     def writes(k: FakeKernel, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
         k.right(a, b, out, alpha, beta, bias)
         whole_rows(out)[..., out.shape[-1] :] = value
 
     problem = replace(Problem.from_shape(40, 24, 32), ldc=30)
-    record = measure_kernels(problem, "numpy", {"pad": writes, "good": right}, **UNPRUNED)
+    record = measure_kernels(
+        problem, "numpy", {"pad": writes, "good": right}, interleave=interleave, **UNPRUNED
+    )
     pad = _result(record, "pad")
     assert pad.status == REJECTED and "240 element(s) outside the output" in pad.note, pad.note
     assert _result(record, "good").status == OK
@@ -114,11 +118,13 @@ def test_writes_of_either_poison_value_are_seen(value: float) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch", [1, 3])
-def test_a_write_just_past_the_end_is_rejected(kind: str, batch: int) -> None:
+@pytest.mark.parametrize("interleave", [False, True], ids=["blocks", "rounds"])
+def test_a_write_just_past_the_end_is_rejected(kind: str, batch: int, interleave: bool) -> None:
     record = measure_kernels(
         Problem.from_shape(33, 17, 20, batch=batch),
         kind,
         {"over": writes_past_the_end, "good": right},
+        interleave=interleave,
         **UNPRUNED,
     )
     over = _result(record, "over")

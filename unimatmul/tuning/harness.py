@@ -1,10 +1,13 @@
 """The Harness: measures candidates fairly and never lets a wrong kernel win.
 
 For each Candidate of a Problem it prepares a Runner and checks its output, element by
-element, against a float64 reference (:class:`unimatmul.core.dtypes.ErrorModel`): twice
-on poisoned memory before it is timed, and once more after timing on an input set
-whose values were replaced in place, so that a kernel that is right only on its first
-call, or that returns a stale result for the same pointers, is caught. The values
+element, against a float64 reference (:class:`unimatmul.core.dtypes.ErrorModel`): on
+poisoned memory before it is timed (on a CPU twice), and again after its first timing and
+after all timing on an input set whose values were replaced in place, so that a kernel
+that is right only on its first call, or that returns a stale result for the same
+pointers, is caught before its times can prune anyone. On a GPU the candidates' samples
+of a round are launched back to back and read after, and their checks are read back
+together (one wait for all). The values
 written after timing are of several characters (``structure_inputs``: ones, small
 integers, mixed magnitudes, zero rows), so that a kernel wrong only on some inputs is
 caught too; every checked output sits between guard bands, poisoned with its rows'
@@ -255,6 +258,15 @@ def spread(values: Sequence[float]) -> float:
 
 
 @dataclass
+class _Pending:
+    """A check call launched and not read (Harness._check_launch): its comparison's one
+    pass and the guard bands' count of changed elements (None: no guard)."""
+
+    launched: numeric_check.Launched
+    guard_count: Any
+
+
+@dataclass
 class _LateCheck:
     """The check made after timing: a rotated set whose inputs got new values in place."""
 
@@ -396,11 +408,64 @@ class Harness:
             adapter.copy_(c0, first.out)
         reference = reference_of(problem, target, first, c0, alpha, beta, model, plan.keep_bounds)
 
-        # 1. Prepare every candidate and check it twice on poisoned memory: a kernel that
-        #    does nothing on its second call must not be timed (it would look fastest
-        #    and prune the right ones).
-        checked: list[_Entry] = []
+        # 1. Prepare every candidate and check it on poisoned memory. Measured in blocks
+        #    (a CPU), a second call must write every element too: a kernel that does
+        #    nothing on its second call must not be timed (it would look fastest and prune
+        #    the right ones). In rounds (a GPU) nothing is pruned before every candidate
+        #    is checked again on new inputs after its first timed sample (_sample_rounds),
+        #    so one call is checked here, and the checks are read back together (one wait
+        #    for all of them, not one a candidate: _check_launch).
+        batched = settings.interleave
+        calls = 1 if batched else 2
+        tried: list[_Entry] = []
         results: list[CandidateResult] = []
+        pending: list[tuple[_Entry, _Pending]] = []
+
+        def checks(
+            entry: _Entry, c0: Any = c0, reference: Reference | PartsReference = reference, *, launch: bool
+        ) -> None:
+            assert entry.runner is not None
+            if launch:
+                found = self._check_launch(
+                    entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], 0
+                )
+                if isinstance(found, _Pending):
+                    pending.append((entry, found))
+                    return
+                entry.check = found
+                return
+            for poison in range(calls):
+                # The second call (beta = 0: on an output poisoned with NaN) must write
+                # every element and nothing outside; its values are compared in full on
+                # new inputs once it is timed, before its timed samples can prune anyone,
+                # and again after all timing. A full compare here would repeat the first
+                # on the same inputs, at several passes over the output.
+                found = self._check_call(
+                    entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], poison,
+                    full=poison == 0 or beta != 0.0,
+                )  # fmt: skip
+                entry.check = found if entry.check is None else _worse(entry.check, found)
+
+        def checked_once(entry: _Entry, step: Callable[[], None], prepare: Callable[[], None] | None) -> None:
+            """``step`` (with ``prepare`` first) within the entry's limit; the entry's result
+            says what went wrong, if anything."""
+            try:
+                if prepare is not None and limit.worker:  # one step on the worker thread
+                    limit.run(entry, functools.partial(_both, prepare, step))
+                else:
+                    if prepare is not None:  # a GPU's preparation (compiling) is not held against it
+                        limit.run(entry, prepare, judged=False)
+                    limit.run(entry, step)
+            except NotReady:
+                entry.result.status, entry.result.note = PRUNED, CAPPED
+            except UnsupportedProblem as exc:
+                entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"
+            except OverLimit as exc:
+                limit.abandon(entry, exc, "while prepared and checked")
+                renew([first])
+            except PLUGIN_FAILURES as exc:
+                entry.result.status, entry.result.note = FAILED, _failure(exc)
+
         for candidate, prepare in entries:
             entry = _Entry(candidate, limit=limit)
             entry.result = CandidateResult(candidate.identity, OK)
@@ -415,47 +480,25 @@ class Harness:
                 with preparing_until(self._deadline):
                     entry.runner = prepare()
 
-            def checks(
-                entry: _Entry = entry, c0: Any = c0, reference: Reference | PartsReference = reference
-            ) -> None:
-                assert entry.runner is not None
-                for poison in range(2):
-                    # The second call (beta = 0: on an output poisoned with NaN) must write
-                    # every element and nothing outside; its values are compared in full on
-                    # new inputs once it is timed, before its timed samples can prune anyone
-                    # (on a GPU after the first round), and again after all timing. A full
-                    # compare here would repeat the first on the same inputs, at several
-                    # passes over the output.
-                    found = self._check_call(
-                        entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], poison,
-                        full=poison == 0 or beta != 0.0,
-                    )  # fmt: skip
-                    entry.check = found if entry.check is None else _worse(entry.check, found)
+            tried.append(entry)
+            checked_once(entry, functools.partial(checks, entry, launch=batched), prepared)
 
-            try:
-                if limit.worker:  # one step on the worker thread
-                    limit.run(entry, functools.partial(_both, prepared, checks))
-                else:  # a GPU's preparation (compiling) is not held against it
-                    limit.run(entry, prepared, judged=False)
-                    limit.run(entry, checks)
-            except NotReady:
-                entry.result.status, entry.result.note = PRUNED, CAPPED
-                continue
-            except UnsupportedProblem as exc:
-                entry.result.status, entry.result.note = FAILED, f"unsupported: {exc}"
-                continue
-            except OverLimit as exc:
-                limit.abandon(entry, exc, "while prepared and checked")
-                renew([first])
-                continue
-            except PLUGIN_FAILURES as exc:
-                entry.result.status, entry.result.note = FAILED, _failure(exc)
-                continue
-            assert entry.check is not None
-            entry.result.error = entry.check.rel_error
-            checked.append(entry)
+        # The launched checks read back at once; one that the quick pass cannot clear (an
+        # element out of bounds, a write outside) is checked again whole, on its own.
+        found_all = self._read_checks(target, [p for _, p in pending])
+        for (entry, _), found in zip(pending, found_all, strict=True):
+            if found is None:
+                checked_once(entry, functools.partial(checks, entry, launch=False), None)
+            else:
+                entry.check = found
+        pending.clear()
+        checked: list[_Entry] = []
+        for entry in tried:
+            if entry.result.status == OK and entry.check is not None:
+                entry.result.error = entry.check.rel_error
+                checked.append(entry)
 
-        del checks  # it holds the reference, freed below
+        del checks, checked_once  # they hold the reference, freed below
         # Default is what the caller gets anyway: if it is further from the reference
         # than the model allows, the model is too strict here, and every candidate
         # gets Default's own margin (a wrong element is still orders of magnitude out),
@@ -496,8 +539,11 @@ class Harness:
             final = self._late_check_set(
                 problem, target, sets, rng, alpha, beta, model, widen, plan.keep_bounds, 1, guards
             )
-            for entry in survivors:
-                self._late_check(entry, final, "after all timing", renew)
+            if settings.interleave:
+                self._late_checks(survivors, final, "after all timing", renew)
+            else:
+                for entry in survivors:
+                    self._late_check(entry, final, "after all timing", renew)
             del final
 
         # 4. Choose: the canonical pick among the candidates within noise of the fastest;
@@ -576,7 +622,12 @@ class Harness:
                 if problem.is_scaled
                 else tolerance(problem.dtype_c, problem.compute)
             ),
-            check={"model": "elementwise", "calls": 4, "inputs": "normal, structured", "guarded": True},
+            check={
+                "model": "elementwise",
+                "calls": calls + 2,
+                "inputs": "normal, structured",
+                "guarded": True,
+            },
             limit_s=limit.absolute_s,
             limit_ratio=limit.ratio,
             settled=settle > 0,
@@ -731,6 +782,73 @@ class Harness:
         return guards
 
     # --- the numeric check ------------------------------------------------------------------
+    def _check_launch(
+        self,
+        runner: Runner,
+        ops: Operands,
+        c0: Any,
+        reference: Reference | PartsReference,
+        alpha: float,
+        beta: float,
+        target: Target,
+        guard: Guard | None = None,
+        poison: int = 0,
+    ) -> _Pending | Check:
+        """The work of :meth:`_check_call` (``full``) launched, with the comparison's one
+        pass and the guard bands' count left unread (:meth:`_read_checks` reads those of
+        several calls at once, one wait for all); the :class:`Check` itself where that
+        pass cannot decide alone (``numeric_check.compare_launch``: a screened output, a
+        reference on the host). Later calls on the same output run after this one's
+        comparison: the device's stream orders them."""
+        adapter = target.adapter
+        if guard is not None:
+            numeric_check.poison_guard(guard, GUARD_VALUES[poison])
+        if beta != 0.0:
+            adapter.copy_(ops.out, c0)
+        else:
+            adapter.fill_nan(ops.out)
+        _bind(runner, ops, alpha, beta)()
+        count = None if guard is None else numeric_check.guard_count(adapter, guard, GUARD_VALUES[poison])
+        launched = numeric_check.compare_launch(adapter, ops.out, reference, target.device)
+        if launched is not None:
+            return _Pending(launched, count)
+        found = compare_output(target, ops, ops.out, reference)
+        if guard is not None:
+            found.outside, found.outside_where = numeric_check.guard_writes(
+                adapter, guard, GUARD_VALUES[poison], count
+            )
+        return found
+
+    def _read_checks(self, target: Target, pending: Sequence[_Pending]) -> list[Check | None]:
+        """The checks of ``pending`` (:meth:`_check_launch`), read back in one transfer: a
+        :class:`Check` for each whose every element is within its bound and that wrote
+        nothing outside its output; None for the others (and for every one if the read
+        fails: an error of one call surfaces there), which the caller checks again whole,
+        one by one, to say how far off and where."""
+        if not pending:
+            return []
+        scalars: list[Any] = []
+        for p in pending:
+            scalars += p.launched.scalars
+            if p.guard_count is not None:
+                scalars.append(p.guard_count)
+        try:
+            values = target.adapter.scalars(scalars)
+        except PLUGIN_FAILURES:
+            return [None] * len(pending)
+        found: list[Check | None] = []
+        start = 0
+        for p in pending:
+            count = len(p.launched.scalars)
+            check = p.launched.verdict(values[start : start + count])
+            start += count
+            if p.guard_count is not None:
+                if values[start] != 0:
+                    check = None
+                start += 1
+            found.append(check)
+        return found
+
     def _check_call(
         self,
         runner: Runner,
@@ -846,33 +964,74 @@ class Harness:
         renew: Callable[[Sequence[Operands]], None] | None = None,
     ) -> bool:
         """Check ``entry`` on the late set; False (and REJECTED, FAILED or ABANDONED) if it fails."""
+        found = self._late_call(entry, late, when, renew, launch=False)
+        assert not isinstance(found, _Pending)
+        return found is not None and self._late_verdict(entry, found, late, when)
+
+    def _late_checks(
+        self,
+        entries: Sequence[_Entry],
+        late: _LateCheck,
+        when: str = "after timing",
+        renew: Callable[[Sequence[Operands]], None] | None = None,
+    ) -> None:
+        """:meth:`_late_check` of each of ``entries``, launched one after another and read
+        back at once (:meth:`_read_checks`); one the quick pass cannot clear is checked
+        again whole, on its own."""
+        pending: list[tuple[_Entry, _Pending]] = []
+        for entry in entries:
+            found = self._late_call(entry, late, when, renew, launch=True)
+            if isinstance(found, _Pending):
+                pending.append((entry, found))
+            elif found is not None:
+                self._late_verdict(entry, found, late, when)
+        read = self._read_checks(late.target, [p for _, p in pending])
+        for (entry, _), check in zip(pending, read, strict=True):
+            if check is None:
+                self._late_check(entry, late, when, renew)
+            else:
+                self._late_verdict(entry, check, late, when)
+
+    def _late_call(
+        self,
+        entry: _Entry,
+        late: _LateCheck,
+        when: str,
+        renew: Callable[[Sequence[Operands]], None] | None,
+        *,
+        launch: bool,
+    ) -> Check | _Pending | None:
+        """``entry``'s call on the late set, checked (or only launched: ``launch``) within
+        its time limit; None (and ABANDONED or FAILED) where it did not finish."""
         runner = entry.runner
         assert runner is not None
 
-        def check() -> Check:
+        def check() -> Check | _Pending:
             guard = late.guards.get(id(late.ops)) if late.guards is not None else None
             swap, copy_ = late.offs, late.target.adapter.copy_
             if swap is not None:
                 copy_(late.ops.offs, swap[0])  # type: ignore[attr-defined]  # a grouped set's
+            args = (runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1)
             try:
-                return self._check_call(
-                    runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1
-                )
+                return self._check_launch(*args) if launch else self._check_call(*args)
             finally:
                 if swap is not None:
                     copy_(late.ops.offs, swap[1])  # type: ignore[attr-defined]
 
         try:
-            found = entry.limit.run(entry, check) if entry.limit is not None else check()
+            return entry.limit.run(entry, check) if entry.limit is not None else check()
         except OverLimit as exc:
             assert entry.limit is not None
             entry.limit.abandon(entry, exc, when)
             if renew is not None:
                 renew([late.ops])
-            return False
+            return None
         except PLUGIN_FAILURES as exc:
             entry.result.status, entry.result.note = FAILED, f"{when}: {_failure(exc)}"
-            return False
+            return None
+
+    def _late_verdict(self, entry: _Entry, found: Check, late: _LateCheck, when: str) -> bool:
+        """Record ``found`` (``entry``'s check on the late set); False (REJECTED) if it fails."""
         entry.check = _worse(entry.check, found) if entry.check is not None else found
         entry.result.error = entry.check.rel_error
         if not found.ok(late.widen):
@@ -934,10 +1093,9 @@ class Harness:
             except PLUGIN_FAILURES as exc:
                 entry.result.status, entry.result.note = FAILED, _failure(exc)
                 continue
-            if entry.candidate != DEFAULT and first > best_first * settings.first_prune_ratio:
-                entry.result.status = PRUNED
-                entry.result.note = f"{first / best_first:.1f}x the best on its first timed call"
-                entry.times.append(first)
+            # In rounds nobody is pruned before the check after the first round (see measure):
+            # _sample_rounds judges the first calls then.
+            if not settings.interleave and self._first_pruned(entry, first, best_first):
                 continue
             firsts[id(entry)] = first
             if not settings.interleave:
@@ -954,11 +1112,22 @@ class Harness:
                 if late is not None and entry.result.status == OK:
                     self._late_check(entry, late, renew=renew)
         if settings.interleave:
-            self._sample_rounds([e for e in entries if e.result.status == OK], late, renew)
+            self._sample_rounds([e for e in entries if e.result.status == OK], late, renew, firsts)
         for entry in entries:
             entry.result.samples = len(entry.times)
             if entry.times:
                 entry.result.median_s = entry.median()
+
+    def _first_pruned(self, entry: _Entry, first: float, best_first: float) -> bool:
+        """Prune ``entry`` (never Default) if its first timed call took more than
+        ``first_prune_ratio`` times the best first call."""
+        if entry.candidate == DEFAULT or not first > best_first * self.settings.first_prune_ratio:
+            return False
+        entry.result.status = PRUNED
+        entry.result.note = f"{first / best_first:.1f}x the best on its first timed call"
+        if not entry.times:  # (in rounds it has its first round's sample already)
+            entry.times.append(first)
+        return True
 
     def _only_default_timed(self, entries: Sequence[_Entry]) -> bool:
         """Whether the problem's cap is spent with no candidate but Default timed (or to be):
@@ -991,7 +1160,11 @@ class Harness:
             entry.times.append(entry.sample())
         except PLUGIN_FAILURES as exc:
             entry.result.status, entry.result.note = FAILED, _failure(exc)
-        spent = time.perf_counter() - t0
+        self._charge(entry, time.perf_counter() - t0, rounds=rounds)
+
+    def _charge(self, entry: _Entry, spent: float, *, rounds: bool = False) -> None:
+        """Count ``spent`` seconds of sampling to ``entry``'s budget (and, in rounds, to its
+        time limit: abandoned past it)."""
         entry.spent_s += spent
         limit = entry.limit
         if rounds and limit is not None:
@@ -1028,32 +1201,66 @@ class Harness:
             if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 
+    def _round(self, live: Sequence[_Entry]) -> None:
+        """One sample of each entry of ``live`` still OK. Where every sampler can launch its
+        sample without waiting for it (``sample.launch``: the graph timer), all are launched
+        back to back and read after: the device runs them without a gap, and the host's
+        work overlaps theirs. Each is charged the round's wall time in proportion to its
+        device time (its budget and its time limit)."""
+        live = [e for e in live if e.result.status == OK]
+        if not all(hasattr(e.sample, "launch") for e in live):
+            for entry in live:
+                self._take(entry, rounds=True)
+            return
+        t0 = time.perf_counter()
+        reads: list[tuple[_Entry, Callable[[], float]]] = []
+        for entry in live:
+            try:
+                reads.append((entry, entry.sample.launch()))  # type: ignore[union-attr]
+            except PLUGIN_FAILURES as exc:
+                entry.result.status, entry.result.note = FAILED, _failure(exc)
+        taken: list[tuple[_Entry, float]] = []
+        for entry, read in reads:
+            try:
+                value = read()
+            except PLUGIN_FAILURES as exc:
+                entry.result.status, entry.result.note = FAILED, _failure(exc)
+                continue
+            entry.times.append(value)
+            taken.append((entry, value * getattr(entry.sample, "calls", 1)))
+        wall = time.perf_counter() - t0
+        device = sum(t for _, t in taken)
+        for entry, t in taken:
+            spent = wall * t / device if device > 0 else wall / len(taken)
+            self._charge(entry, spent, rounds=True)
+
     def _sample_rounds(
         self,
         live: list[_Entry],
         late: _LateCheck | None = None,
         renew: Callable[[Sequence[Operands]], None] | None = None,
+        firsts: dict[int, float] | None = None,
     ) -> None:
         settings = self.settings
         everyone = list(live)
         # One round, then the check on new inputs (a kernel that is right only on inputs it
-        # has seen is out before its times can prune anyone), then the first round's
-        # losers out (round_prune_ratio), then the rounds up to min_samples.
-        for entry in live:
-            self._take(entry, rounds=True)
+        # has seen is out before its times can prune anyone), then the first calls' and
+        # the first round's losers out (first_prune_ratio, round_prune_ratio), then the
+        # rounds up to min_samples.
+        self._round(live)
         if late is not None:
-            for entry in live:
-                if entry.result.status == OK:
-                    self._late_check(entry, late, renew=renew)
+            self._late_checks([e for e in live if e.result.status == OK], late, renew=renew)
+        if firsts:
+            ok = [e for e in live if e.result.status == OK and id(e) in firsts]
+            best_first = min((firsts[id(e)] for e in ok), default=math.inf)
+            for entry in ok:
+                self._first_pruned(entry, firsts[id(entry)], best_first)
         live = self._unpruned(live, everyone, settings.round_prune_ratio, "in the first round")
         for _ in range(settings.min_samples - 1):
-            for entry in live:
-                if entry.result.status == OK:
-                    self._take(entry, rounds=True)
+            self._round(live)
         live = self._unpruned(live, everyone)
         while live:
-            for entry in live:
-                self._take(entry, rounds=True)
+            self._round(live)
             live = [
                 e
                 for e in self._unpruned(live, everyone)

@@ -362,6 +362,12 @@ def compare_parts(
         if check is None:
             check = compare(adapter, view(out), ref, device, exact=exact)
         found.append((label, check, ref))
+    return _combined(found)
+
+
+def _combined(found: Sequence[tuple[str, Check, Reference]]) -> Check:
+    """One :class:`Check` of several parts' (label, check, reference): errors and counts
+    summed over the parts, the worst element's part named."""
     squares, sumsq = 0.0, 0.0
     for _, check, ref in found:
         den = math.sqrt(ref.sumsq)
@@ -382,6 +388,54 @@ def compare_parts(
         label, worst = max(bad, key=lambda item: item[1].worst_ratio)
         total.worst = f"{label}: {worst.worst}" if label else worst.worst
     return total
+
+
+@dataclass
+class Launched:
+    """A comparison's one pass (:func:`_within`) launched on the device and not read:
+    ``scalars`` to read (with others, in one transfer), then ``verdict`` of their values."""
+
+    scalars: list[Any]
+    parts: list[tuple[str, Reference, int]]  # (label, reference, its values)
+
+    def verdict(self, values: Sequence[float]) -> Check | None:
+        """The :class:`Check` when every element is within its bound; None when some
+        element is not (or is NaN or inf): then only :func:`compare` says how far."""
+        found: list[tuple[str, Check, Reference]] = []
+        start = 0
+        for label, ref, count in self.parts:
+            check = _within_verdict(list(values[start : start + count]), ref)
+            if check is None:
+                return None
+            found.append((label, check, ref))
+            start += count
+        return found[0][1] if len(found) == 1 and not found[0][0] else _combined(found)
+
+
+def compare_launch(
+    adapter: ArrayAdapter, out: Any, reference: Reference | PartsReference, device: Device
+) -> Launched | None:
+    """The one-pass check of ``out`` against ``reference`` (each part of a
+    :class:`PartsReference`) launched and not read, for a caller that reads several
+    checks back at once (one wait on a GPU for all of them). None where that pass cannot
+    decide alone (a reference on the host, an output large enough to be screened, kept
+    bounds of other blocks): then :func:`compare` (or :func:`compare_parts`) it."""
+    parts = (
+        [(label, view(out), ref) for label, view, ref in reference.parts]
+        if isinstance(reference, PartsReference)
+        else [("", out, reference)]
+    )
+    launched = Launched([], [])
+    for label, part, ref in parts:
+        if ref.host:
+            return None
+        blocks, exactly = _compare_blocks(adapter, ref, device, None)
+        pending = _within_launch(adapter, _as3(part), ref, blocks) if exactly else None
+        if pending is None:
+            return None
+        launched.scalars += pending
+        launched.parts.append((label, ref, len(pending)))
+    return launched
 
 
 def compare(

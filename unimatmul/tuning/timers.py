@@ -5,7 +5,9 @@ rotated input sets, into one CUDA graph once, then times replays of it between t
 events: launch gaps vanish and each sample is seconds per call on the device's clock.
 It runs unchanged on ROCm builds of torch, whose ``torch.cuda`` events, streams and
 graphs are HIP events, streams and graphs. A candidate that cannot be captured is
-timed with events around the same batch launched eagerly. :class:`CupyEventTimer`
+timed with events around the same batch launched eagerly. Either sampler can also queue
+a sample without waiting for it (``launch``), so that the Harness's rounds launch every
+candidate's sample back to back and read them after. :class:`CupyEventTimer`
 times CuPy arrays with events around eager batches.
 
 :func:`device_settings` sizes the Harness for a GPU: interleaved rounds, no settling
@@ -127,32 +129,56 @@ class TorchGraphTimer:
                 graph.replay()
             stream.synchronize()
 
-        def sample() -> float:
+        def launch() -> Callable[[], float]:
             with torch.cuda.stream(stream):
                 start.record()
                 graph.replay()
                 end.record()
+            return read
+
+        def read() -> float:
             end.synchronize()
             return start.elapsed_time(end) * 1e-3 / count
 
+        def sample() -> float:
+            return launch()()
+
         sample.graph = graph  # type: ignore[attr-defined]  # kept alive with the sampler
-        return sample
+        return _launchable(sample, launch, count)
 
     def _eager(self, calls: Sequence[Callable[[], None]], count: int) -> Callable[[], float]:
         torch = self.torch
         stream = self.stream
         start, end = self._events()
 
-        def sample() -> float:
+        def launch() -> Callable[[], float]:
             with torch.cuda.stream(stream):
                 start.record()
                 for i in range(count):
                     calls[i % len(calls)]()
                 end.record()
+            return read
+
+        def read() -> float:
             end.synchronize()
             return start.elapsed_time(end) * 1e-3 / count
 
-        return sample
+        def sample() -> float:
+            return launch()()
+
+        return _launchable(sample, launch, count)
+
+
+def _launchable(
+    sample: Callable[[], float], launch: Callable[[], Callable[[], float]], count: int
+) -> Callable[[], float]:
+    """``sample`` with what the Harness's rounds use (``Harness._round``): ``launch()``
+    queues one sample on the device and returns its read (which waits for it: seconds per
+    call), and ``calls`` is how many calls a sample makes. A sampler's next launch reuses
+    its events: read a sample before launching the same sampler again."""
+    sample.launch = launch  # type: ignore[attr-defined]
+    sample.calls = count  # type: ignore[attr-defined]
+    return sample
 
 
 class CupyEventTimer:

@@ -239,6 +239,7 @@ def test_graph_timer_times_lt_and_default(backend: Any, target: Target) -> None:
     sets = [make_operands(problem, adapter, target.device, np.random.default_rng(i)) for i in range(3)]
     # upload=False (the harness's): the first sample launches the new graph, and uploads it.
     for timer in (TorchGraphTimer(target.device.index), TorchGraphTimer(target.device.index, upload=False)):
+        samplers = []
         for runner in (
             backend.prepare(problem, backend.candidates(problem, target)[0], target),
             DefaultRunner(adapter),
@@ -248,10 +249,20 @@ def test_graph_timer_times_lt_and_default(backend: Any, target: Target) -> None:
             assert timer.last_mode == "graph"
             times = [sample() for _ in range(3)]
             assert all(0 < t < 1e-2 for t in times), times
+            samplers.append(sample)
             # Every set was computed by the replays: each output is its product.
             for s in sets:
                 ref = adapter.reference(s.a, s.b, s.out, 1.0, 0.0, None, None)
                 assert adapter.rel_error(s.out, ref) <= tolerance("bf16")
+        # The harness's rounds: both samples launched back to back, then read (each by its
+        # own events), and the outputs still right.
+        for _ in range(3):
+            reads = [sample.launch() for sample in samplers]  # type: ignore[attr-defined]
+            assert all(0 < read() < 1e-2 for read in reads)
+        assert all(sample.calls >= len(sets) for sample in samplers)  # type: ignore[attr-defined]
+        for s in sets:
+            ref = adapter.reference(s.a, s.b, s.out, 1.0, 0.0, None, None)
+            assert adapter.rel_error(s.out, ref) <= tolerance("bf16")
 
 
 # --- the front door, CuPy, bad input ----------------------------------------------------
