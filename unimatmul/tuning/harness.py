@@ -38,6 +38,7 @@ graphs and events in ``unimatmul.tuning.timers``).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import statistics
@@ -497,8 +498,6 @@ class Harness:
             if entry.result.status == OK and entry.check is not None:
                 entry.result.error = entry.check.rel_error
                 checked.append(entry)
-
-        del checks, checked_once  # they hold the reference, freed below
         # Default is what the caller gets anyway: if it is further from the reference
         # than the model allows, the model is too strict here, and every candidate
         # gets Default's own margin (a wrong element is still orders of magnitude out),
@@ -510,11 +509,20 @@ class Harness:
         measured: list[_Entry] = []
         for entry in checked:
             assert entry.check is not None
+            if not entry.check.ok(widen) and not entry.check.counted:
+                # Out of bounds in one pass: checked again whole, for the note's count and
+                # worst element (and nothing else decides it).
+                entry.check = None
+                checked_once(entry, functools.partial(checks, entry, launch=False), None)
+                if entry.result.status != OK or entry.check is None:
+                    continue
             if entry.check.ok(widen):
                 measured.append(entry)
             else:
                 entry.result.status = REJECTED
                 entry.result.note = entry.check.describe(widen)
+            entry.result.error = entry.check.rel_error
+        del checks, checked_once  # they hold the reference, freed below
 
         # 2. Time the survivors; each is checked again right after its timing, on a set
         #    whose inputs got new values in place (before its times can prune anyone).
@@ -987,7 +995,9 @@ class Harness:
                 self._late_verdict(entry, found, late, when)
         read = self._read_checks(late.target, [p for _, p in pending])
         for (entry, _), check in zip(pending, read, strict=True):
-            if check is None:
+            if check is None or not (check.ok(late.widen) or check.counted):
+                # NaN, inf or a write outside; or out of bounds in one pass: checked again
+                # whole, on its own, for the note's count and worst element.
                 self._late_check(entry, late, when, renew)
             else:
                 self._late_verdict(entry, check, late, when)
@@ -1201,13 +1211,18 @@ class Harness:
             if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 
-    def _round(self, live: Sequence[_Entry]) -> None:
+    def _round(self, live: Sequence[_Entry], turn: int = 0) -> None:
         """One sample of each entry of ``live`` still OK. Where every sampler can launch its
         sample without waiting for it (``sample.launch``: the graph timer), all are launched
         back to back and read after: the device runs them without a gap, and the host's
         work overlaps theirs. Each is charged the round's wall time in proportion to its
-        device time (its budget and its time limit)."""
+        device time (its budget and its time limit). The round starts at entry ``turn``
+        (modulo their count): whoever runs first, after the device waited for the host,
+        is a different entry each round."""
         live = [e for e in live if e.result.status == OK]
+        if live:
+            start = turn % len(live)
+            live = live[start:] + live[:start]
         if not all(hasattr(e.sample, "launch") for e in live):
             for entry in live:
                 self._take(entry, rounds=True)
@@ -1247,7 +1262,8 @@ class Harness:
         # has seen is out before its times can prune anyone), then the first calls' and
         # the first round's losers out (first_prune_ratio, round_prune_ratio), then the
         # rounds up to min_samples.
-        self._round(live)
+        turns = itertools.count()
+        self._round(live, next(turns))
         if late is not None:
             self._late_checks([e for e in live if e.result.status == OK], late, renew=renew)
         if firsts:
@@ -1257,10 +1273,10 @@ class Harness:
                 self._first_pruned(entry, firsts[id(entry)], best_first)
         live = self._unpruned(live, everyone, settings.round_prune_ratio, "in the first round")
         for _ in range(settings.min_samples - 1):
-            self._round(live)
+            self._round(live, next(turns))
         live = self._unpruned(live, everyone)
         while live:
-            self._round(live)
+            self._round(live, next(turns))
             live = [
                 e
                 for e in self._unpruned(live, everyone)
