@@ -416,6 +416,41 @@ def test_a_stale_kernel_never_prunes_on_its_first_timed_call_in_rounds(kind: str
     assert record.winner == "fake/good"
 
 
+class _OrderTimer(LaunchCostTimer):
+    """A :class:`LaunchCostTimer` that notes which sampler each launch was."""
+
+    def __init__(self, clock: CostClock) -> None:
+        super().__init__(clock)
+        self.order: list[int] = []
+
+    def prepare(self, calls: Any) -> Callable[[], float]:
+        sample = super().prepare(calls)
+        launch = sample.launch  # type: ignore[attr-defined]
+
+        def noted() -> Callable[[], float]:
+            self.order.append(id(sample))
+            return launch()
+
+        sample.launch = noted  # type: ignore[attr-defined]
+        return sample
+
+
+def test_each_round_starts_at_another_candidate() -> None:
+    # The device waits for the host between rounds; whoever runs first after that wait
+    # must not always be the same candidate (Default, the first, looked slower so).
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {"default": (right, 1.0), "a": (right, 1.0), "b": (right, 1.0)}
+    target, entries = _costed_entries(clock, "numpy", problem, kernels)
+    timer = _OrderTimer(clock)
+    settings = _rounds_config(min_samples=4, max_samples=6, budget_s=60.0)
+    record = Harness(timer, settings).measure(problem, target, entries)
+    assert all(r.status == OK for r in record.results)
+    rounds = [timer.order[i : i + 3] for i in range(0, len(timer.order), 3)]
+    assert len(rounds) >= 4 and all(len(set(r)) == 3 for r in rounds)  # everyone once a round
+    assert len({r[0] for r in rounds[:3]}) == 3  # three rounds, three different candidates first
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_first_call_far_behind_is_pruned_after_the_first_round_check(kind: str) -> None:
     clock = CostClock()
