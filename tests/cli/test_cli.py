@@ -666,3 +666,30 @@ def test_bad_settings_are_refused_before_any_command(
             err = capsys.readouterr().err
             assert err.startswith(f"unimatmul: error: {said}") and err.count("\n") == 1, err
         monkeypatch.delenv(name)
+
+
+def test_tune_writes_the_cache_file_at_most_once_a_second_and_all_at_the_end(
+    isolated: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each write re-reads, merges and replaces the whole file: during a run it is written
+    # at most every FLUSH_EVERY_S (here an hour: the first record, then the rest at the end).
+    from unimatmul.cli import tune as tune_cli
+
+    monkeypatch.setattr(tune_cli, "FLUSH_EVERY_S", 3600.0)
+    store = isolated.selector.store
+    writes = []
+    replace = store._replace_file
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        writes.append(1)
+        return replace(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_replace_file", counted)
+    shapes = ["40x24x16", "24x40x16", "16x24x40", "32x32x8"]
+    code, _ = run(["tune", *[x for s in shapes for x in ("--shape", s)], "--quiet"])
+    assert code == EXIT_OK
+    assert len(writes) == 2  # the first record, then the three others together
+    from unimatmul.cache.file_store import read_file
+
+    assert read_file(isolated.cache_path).count() == 4 and store.pending == 0  # all in the file
+    assert store.autoflush_s is None  # the store is the process's: as it was after the run

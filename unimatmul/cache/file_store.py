@@ -24,8 +24,11 @@ Durability: by default ``put`` returns once the record is on disk, unless anothe
 process is writing the file at that moment: then the record stays pending (this process
 uses it) and the next ``put``, a miss, :meth:`~MsgpackFileStore.flush` or the exit of
 the interpreter writes it, so that no writer waits long for the others. With
-``autoflush=N`` a store writes every N puts, and ``batch()`` defers writing to the end of
-a block. A process killed before its pending records are written loses only those.
+``autoflush=N`` a store writes every N puts, ``autoflush_s=S`` at most once every S
+seconds (what ``unimatmul tune`` sets for its run: each write re-reads, merges and
+replaces the whole file, which takes a large cache a tenth of a second), and ``batch()``
+defers writing to the end of a block. A process killed before its pending records are
+written loses only those.
 
 Whether a write happened: :meth:`~MsgpackFileStore.flush` returns True when nothing is
 left unwritten, and False when changes stay in this process only (a read-only cache:
@@ -305,8 +308,11 @@ class MsgpackFileStore:
 
     ``autoflush``: write once this many puts/deletes are pending (1: every put is
     written when it returns, unless another process is writing; 0: only on
-    :meth:`flush`, at the end of :meth:`batch` or at exit). ``refresh_s``: on a miss,
-    look whether another process wrote the file at most this often.
+    :meth:`flush`, at the end of :meth:`batch` or at exit). ``autoflush_s`` (an
+    attribute, None by default): besides, write no more often than once in this many
+    seconds; the changes in between stay pending (this process uses them) and go with
+    the next write, :meth:`flush` or the exit. ``refresh_s``: on a miss, look whether
+    another process wrote the file at most this often.
     """
 
     def __init__(
@@ -332,6 +338,8 @@ class MsgpackFileStore:
             else ""
         )
         self.autoflush = autoflush
+        self.autoflush_s: float | None = None
+        self._written_at = -math.inf  # time.monotonic() of this store's last write
         self.refresh_s = refresh_s
         self.compression = compression
         self.lock_timeout_s = lock_timeout_s
@@ -580,7 +588,8 @@ class MsgpackFileStore:
 
     def _after_change(self) -> None:
         pending = len(self._puts) + len(self._deletes)
-        if self.autoflush > 0 and self._batch_depth == 0 and pending >= self.autoflush:
+        soon = self.autoflush_s is not None and time.monotonic() - self._written_at < self.autoflush_s
+        if self.autoflush > 0 and self._batch_depth == 0 and pending >= self.autoflush and not soon:
             # A short wait: while another process writes, the records stay pending.
             self._flush(wait_s=PUT_LOCK_WAIT_S, strict=False)
         if self.pending:
@@ -621,6 +630,7 @@ class MsgpackFileStore:
                 try:
                     if self._replace_file(self._merge_pending, wait_s=wait_s) is not None:
                         self._clear_pending()
+                        self._written_at = time.monotonic()
                 except LockTimeout as exc:
                     if strict:
                         why = f"{exc}; {self.pending} changes are still pending"

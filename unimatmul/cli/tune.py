@@ -226,6 +226,10 @@ def check_cache_writable(selector: Selector, jobs: list[TuneJob], force: bool) -
         raise CliError(f"cannot write the cache {path}: its lock file {lock} cannot be opened", EXIT_ERROR)
 
 
+#: During a run, the cache file is written at most this often (seconds); see ``cmd_tune``.
+FLUSH_EVERY_S = 1.0
+
+
 def check_cache_written(selector: Selector) -> None:
     """After tuning something: fail (exit 1: a write that fails) if the results did not reach the cache file."""
     store = selector.store
@@ -277,6 +281,13 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     # Kernel families that lose by far on every problem of a class stop being measured.
     retirement = Retirement()
     selector.tuner.retirement = retirement
+    # The cache file is written at most once a second during the run (and at its end):
+    # each write re-reads, merges and replaces the whole file, which takes a large cache
+    # longer than tuning a problem does. A run killed loses at most the last second's.
+    store = selector.store
+    flush_every = getattr(store, "autoflush_s", False)
+    if flush_every is None:
+        store.autoflush_s = FLUSH_EVERY_S  # type: ignore[attr-defined]
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
 
     stops: list[Callable[[], None]] = []
@@ -304,6 +315,8 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         for stop in stops:
             stop()
         selector.tuner.retirement = None  # the run is over (the selector is the process's)
+        if flush_every is None:
+            store.autoflush_s = None  # type: ignore[attr-defined]  # (the check below writes the rest)
     if plan.left_out:
         bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()

@@ -1,0 +1,59 @@
+"""A store that writes at most once every few seconds (``MsgpackFileStore.autoflush_s``,
+what ``unimatmul tune`` sets for its run): the puts in between stay pending and are used
+at once, and the next write, the flush or the exit writes them; nothing is lost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cache_helpers import NS, key, record
+
+from unimatmul.cache.file_store import MsgpackFileStore, read_file
+
+
+def test_puts_between_writes_stay_pending_and_are_used(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    store = MsgpackFileStore(path)
+    store.autoflush_s = 3600.0
+    for i in range(5):
+        store.put(NS, key(i), record(key(i)))
+        assert store.get(NS, key(i)) is not None  # used at once
+    assert read_file(path).count() == 1  # the first put wrote; the others wait
+    assert store.pending == 4
+    assert store.flush(strict=True)
+    assert read_file(path).count() == 5 and store.pending == 0
+
+
+def test_a_write_is_made_once_the_interval_is_over(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    store = MsgpackFileStore(path)
+    store.autoflush_s = 0.0  # every put: as without it
+    for i in range(3):
+        store.put(NS, key(i), record(key(i)))
+        assert read_file(path).count() == i + 1
+    store.autoflush_s = None
+    store.put(NS, key(3), record(key(3)))
+    assert read_file(path).count() == 4
+
+
+def test_the_exit_writes_what_is_pending(tmp_path: Path) -> None:
+    path = tmp_path / "c.msgpack"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from cache_helpers import NS, key, record
+        from unimatmul.cache.file_store import MsgpackFileStore
+        store = MsgpackFileStore({str(path)!r})
+        store.autoflush_s = 3600.0
+        for i in range(4):
+            store.put(NS, key(i), record(key(i)))
+        assert store.pending == 3
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert read_file(path).count() == 4
