@@ -1,0 +1,89 @@
+"""The harness's rounds on the device a user tunes on: candidates sampled in rounds, their
+checks read back together, and still no wrong kernel wins. On a GPU with the device's own
+timer and settings (CUDA graphs, samples launched back to back); on the CPU with the same
+rounds and the CPU clock, so that the test's own logic runs everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from harness_fakes import KernelBackend, right, stale, writes_past_the_end  # noqa: E402
+
+from unimatmul.backend import DEFAULT, Candidate, Runner, Target  # noqa: E402
+from unimatmul.cache.record import OK, REJECTED  # noqa: E402
+from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
+from unimatmul.core.problem import Problem  # noqa: E402
+from unimatmul.core.runners import DefaultRunner  # noqa: E402
+from unimatmul.testing import fast_config  # noqa: E402
+from unimatmul.tuning.harness import CpuTimer, Harness  # noqa: E402
+from unimatmul.tuning.timers import device_settings, device_timer  # noqa: E402
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or HIP device"),
+        ],
+    ),
+]
+
+
+def way_off(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right everywhere but one element, 1,000 too large: far outside any bound."""
+    k.right(a, b, out, alpha, beta, bias)
+    out[(0,) * len(out.shape)] += 1000.0
+
+
+def negated(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """The product with its sign flipped."""
+    k.right(a, b, out, alpha, beta, bias)
+    out.neg_()
+
+
+def _measure(device: str, kernels: dict[str, Callable[..., None]]) -> Any:
+    adapter = adapter_for_kind("torch")
+    if device == "cpu":
+        target = Target(adapter, CPU)
+        timer: Any = CpuTimer()
+        settings = fast_config()
+        settings.interleave = True
+        settings.round_prune_ratio = 1.3
+    else:
+        target = Target(adapter, Device("cuda", torch.cuda.current_device()))
+        timer, settings = device_timer(target), device_settings(target)
+    settings.prune_ratio = settings.first_prune_ratio = settings.round_prune_ratio = float("inf")
+    problem = Problem.from_shape(32, 2048, 1024, "bf16")
+    backend = KernelBackend("fake", kernels)
+    entries: list[tuple[Candidate, Callable[[], Runner]]] = [
+        (DEFAULT, lambda: DefaultRunner(adapter, problem.activation))
+    ]
+    for name in kernels:
+        candidate = Candidate.make("fake", name)
+        entries.append((candidate, lambda c=candidate: backend.prepare(problem, c, target)))
+    return Harness(timer, settings).measure(problem, target, entries)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_rounds_only_right_kernels_are_timed_to_the_end(device: str) -> None:
+    kernels = {f"right{i}": right for i in range(3)}
+    kernels |= {"way_off": way_off, "negated": negated, "past": writes_past_the_end, "stale": stale}
+    record = _measure(device, kernels)
+    for i in range(3):
+        assert record.result(f"fake/right{i}").status == OK
+    off = record.result("fake/way_off")
+    assert off.status == REJECTED and "1 element(s) over the error bound" in off.note, off.note
+    assert "worst element (0, 0)" in off.note  # checked again whole, for the note
+    assert record.result("fake/negated").status == REJECTED
+    past = record.result("fake/past")
+    assert past.status == REJECTED and "outside the output" in past.note, past.note
+    late = record.result("fake/stale")
+    assert late.status == REJECTED and late.note.startswith("wrong after timing"), late.note
+    assert record.winner in {DEFAULT.identity, *(f"fake/right{i}" for i in range(3))}
+    assert record.settings["check"]["calls"] == 3  # in rounds: one before timing, two after
