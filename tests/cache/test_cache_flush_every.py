@@ -57,3 +57,18 @@ def test_the_exit_writes_what_is_pending(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert read_file(path).count() == 4
+
+
+def test_a_miss_within_the_interval_does_not_write(tmp_path: Path) -> None:
+    # A miss gives a store the chance to write what another process's write left pending;
+    # within the interval it waits as a put does.
+    path = tmp_path / "c.msgpack"
+    store = MsgpackFileStore(path, refresh_s=0.0)
+    store.autoflush_s = 3600.0
+    store.put(NS, key(0), record(key(0)))
+    store.put(NS, key(1), record(key(1)))
+    assert store.get(NS, key(99)) is None  # a miss
+    assert read_file(path).count() == 1 and store.pending == 1
+    store.autoflush_s = None
+    assert store.get(NS, key(98)) is None  # a miss, the interval gone: written
+    assert read_file(path).count() == 2 and store.pending == 0

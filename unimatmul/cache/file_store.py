@@ -493,7 +493,7 @@ class MsgpackFileStore:
             return False
         with self._lock:
             self._checked_at = now
-            if self.pending and not self._batch_depth:
+            if self.pending and not self._batch_depth and self._write_due():
                 self._flush(wait_s=0.0, strict=False)
             if self._file_stat() == self._stat:
                 return False
@@ -588,12 +588,16 @@ class MsgpackFileStore:
 
     def _after_change(self) -> None:
         pending = len(self._puts) + len(self._deletes)
-        soon = self.autoflush_s is not None and time.monotonic() - self._written_at < self.autoflush_s
-        if self.autoflush > 0 and self._batch_depth == 0 and pending >= self.autoflush and not soon:
+        if self.autoflush > 0 and self._batch_depth == 0 and pending >= self.autoflush and self._write_due():
             # A short wait: while another process writes, the records stay pending.
             self._flush(wait_s=PUT_LOCK_WAIT_S, strict=False)
         if self.pending:
             _dirty.add(self)
+
+    def _write_due(self) -> bool:
+        """Whether a write on its own (a put's, a miss's) may be made now: ``autoflush_s``
+        seconds or more since this store's last write, or no such interval."""
+        return self.autoflush_s is None or time.monotonic() - self._written_at >= self.autoflush_s
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[MsgpackFileStore]:
