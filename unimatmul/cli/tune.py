@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from unimatmul.cache.errors import CacheWriteError
+from unimatmul.cache.file_store import MsgpackFileStore
 from unimatmul.cache.record import TuningRecord
 from unimatmul.cli import output, tune_model
 from unimatmul.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, CliError, entries, fmt_us, plural
@@ -285,9 +286,9 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
     # each write re-reads, merges and replaces the whole file, which takes a large cache
     # longer than tuning a problem does. A run killed loses at most the last second's.
     store = selector.store
-    flush_every = getattr(store, "autoflush_s", False)
-    if flush_every is None:
-        store.autoflush_s = FLUSH_EVERY_S  # type: ignore[attr-defined]
+    paced = store if isinstance(store, MsgpackFileStore) and store.autoflush_s is None else None
+    if paced is not None:
+        paced.autoflush_s = FLUSH_EVERY_S
     bar = tqdm(total=len(jobs), desc="tuning", unit="shape", file=sys.stderr, disable=args.quiet or None)
 
     stops: list[Callable[[], None]] = []
@@ -315,8 +316,8 @@ def cmd_tune(args: argparse.Namespace, out: TextIO) -> int:
         for stop in stops:
             stop()
         selector.tuner.retirement = None  # the run is over (the selector is the process's)
-        if flush_every is None:
-            store.autoflush_s = None  # type: ignore[attr-defined]  # (the check below writes the rest)
+        if paced is not None:
+            paced.autoflush_s = None  # (the check below writes the rest)
     if plan.left_out:
         bar.set_postfix_str(f"coverage {plan.coverage():.0%}, {len(plan.left_out)} left out")
     bar.close()

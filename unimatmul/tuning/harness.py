@@ -808,24 +808,13 @@ class Harness:
         pass cannot decide alone (``numeric_check.compare_launch``: a screened output, a
         reference on the host). Later calls on the same output run after this one's
         comparison: the device's stream orders them."""
-        adapter = target.adapter
-        if guard is not None:
-            numeric_check.poison_guard(guard, GUARD_VALUES[poison])
-        if beta != 0.0:
-            adapter.copy_(ops.out, c0)
-        else:
-            adapter.fill_nan(ops.out)
-        _bind(runner, ops, alpha, beta)()
-        count = None if guard is None else numeric_check.guard_count(adapter, guard, GUARD_VALUES[poison])
-        launched = numeric_check.compare_launch(adapter, ops.out, reference, target.device)
+        count = self._poisoned_call(runner, ops, c0, alpha, beta, target, guard, poison)
+        launched = numeric_check.compare_launch(target.adapter, ops.out, reference, target.device)
         if launched is not None:
             return _Pending(launched, count)
-        found = compare_output(target, ops, ops.out, reference)
-        if guard is not None:
-            found.outside, found.outside_where = numeric_check.guard_writes(
-                adapter, guard, GUARD_VALUES[poison], count
-            )
-        return found
+        return self._with_writes(
+            compare_output(target, ops, ops.out, reference), target, guard, poison, count
+        )
 
     def _read_checks(self, target: Target, pending: Sequence[_Pending]) -> list[Check | None]:
         """The checks of ``pending`` (:meth:`_check_launch`), read back in one transfer: a
@@ -875,6 +864,27 @@ class Harness:
         around it (``GUARD_VALUES[poison]``); run once; compare, and look for writes outside.
         ``full=False`` (beta = 0 only): check only that every element was written (no NaN or
         inf is left), comparing in full only where one is."""
+        count = self._poisoned_call(runner, ops, c0, alpha, beta, target, guard, poison)
+        if full or not numeric_check.all_finite(target.adapter, ops.out, reference, target.device):
+            found = compare_output(target, ops, ops.out, reference)
+        else:
+            found = Check(0.0, 0.0, 0, 0)  # no element over its bound that a NaN check can see
+        return self._with_writes(found, target, guard, poison, count)
+
+    def _poisoned_call(
+        self,
+        runner: Runner,
+        ops: Operands,
+        c0: Any,
+        alpha: float,
+        beta: float,
+        target: Target,
+        guard: Guard | None,
+        poison: int,
+    ) -> Any:
+        """A check's call: the output poisoned (C copied in when beta != 0) and, with a
+        ``guard``, the memory around it (``GUARD_VALUES[poison]``); one call; the guard
+        bands' count of changed elements launched, not read (None without a guard)."""
         adapter = target.adapter
         if guard is not None:
             numeric_check.poison_guard(guard, GUARD_VALUES[poison])
@@ -887,14 +897,14 @@ class Harness:
         # call, and reading its scalars back waits for both (an error of the call surfaces
         # there, to the same handler). The guard bands' count is launched first, so that
         # the comparison's read waits for it too.
-        pending = None if guard is None else numeric_check.guard_count(adapter, guard, GUARD_VALUES[poison])
-        if full or not numeric_check.all_finite(adapter, ops.out, reference, target.device):
-            found = compare_output(target, ops, ops.out, reference)
-        else:
-            found = Check(0.0, 0.0, 0, 0)  # no element over its bound that a NaN check can see
+        return None if guard is None else numeric_check.guard_count(adapter, guard, GUARD_VALUES[poison])
+
+    @staticmethod
+    def _with_writes(found: Check, target: Target, guard: Guard | None, poison: int, count: Any) -> Check:
+        """``found`` with the writes outside the output that the guard's ``count`` saw."""
         if guard is not None:
             found.outside, found.outside_where = numeric_check.guard_writes(
-                adapter, guard, GUARD_VALUES[poison], pending
+                target.adapter, guard, GUARD_VALUES[poison], count
             )
         return found
 

@@ -108,7 +108,6 @@ class TorchGraphTimer:
         The calls have run once on :attr:`stream` already."""
         torch = self.torch
         stream = self.stream
-        start, end = self._events()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.stream(stream):
@@ -129,24 +128,23 @@ class TorchGraphTimer:
                 graph.replay()
             stream.synchronize()
 
-        def launch() -> Callable[[], float]:
-            with torch.cuda.stream(stream):
-                start.record()
-                graph.replay()
-                end.record()
-            return read
-
-        def read() -> float:
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3 / count
-
-        def sample() -> float:
-            return launch()()
-
+        sample = self._sampler(graph.replay, count)
         sample.graph = graph  # type: ignore[attr-defined]  # kept alive with the sampler
-        return _launchable(sample, launch, count)
+        return sample
 
     def _eager(self, calls: Sequence[Callable[[], None]], count: int) -> Callable[[], float]:
+        def run() -> None:
+            for i in range(count):
+                calls[i % len(calls)]()
+
+        return self._sampler(run, count)
+
+    def _sampler(self, run: Callable[[], None], count: int) -> Callable[[], float]:
+        """Seconds per call of ``run`` (``count`` calls), timed by events on the timer's
+        stream. Besides ``sample()``, what the Harness's rounds use (``Harness._round``):
+        ``sample.launch()`` queues one sample and returns its read (which waits for it),
+        and ``sample.calls`` is ``count``. A sampler's next launch reuses its events: read a
+        sample before launching the same sampler again."""
         torch = self.torch
         stream = self.stream
         start, end = self._events()
@@ -154,8 +152,7 @@ class TorchGraphTimer:
         def launch() -> Callable[[], float]:
             with torch.cuda.stream(stream):
                 start.record()
-                for i in range(count):
-                    calls[i % len(calls)]()
+                run()
                 end.record()
             return read
 
@@ -166,19 +163,9 @@ class TorchGraphTimer:
         def sample() -> float:
             return launch()()
 
-        return _launchable(sample, launch, count)
-
-
-def _launchable(
-    sample: Callable[[], float], launch: Callable[[], Callable[[], float]], count: int
-) -> Callable[[], float]:
-    """``sample`` with what the Harness's rounds use (``Harness._round``): ``launch()``
-    queues one sample on the device and returns its read (which waits for it: seconds per
-    call), and ``calls`` is how many calls a sample makes. A sampler's next launch reuses
-    its events: read a sample before launching the same sampler again."""
-    sample.launch = launch  # type: ignore[attr-defined]
-    sample.calls = count  # type: ignore[attr-defined]
-    return sample
+        sample.launch = launch  # type: ignore[attr-defined]
+        sample.calls = count  # type: ignore[attr-defined]
+        return sample
 
 
 class CupyEventTimer:
