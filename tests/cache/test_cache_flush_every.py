@@ -4,6 +4,7 @@ at once, and the next write, the flush or the exit writes them; nothing is lost.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ from pathlib import Path
 from cache_helpers import NS, key, record
 
 from unimatmul.cache.file_store import MsgpackFileStore, read_file
+from unimatmul.settings import REGISTRY
 
 
 def test_puts_between_writes_stay_pending_and_are_used(tmp_path: Path) -> None:
@@ -72,3 +74,22 @@ def test_a_miss_within_the_interval_does_not_write(tmp_path: Path) -> None:
     store.autoflush_s = None
     assert store.get(NS, key(98)) is None  # a miss, the interval gone: written
     assert read_file(path).count() == 2 and store.pending == 0
+
+
+def test_two_tune_runs_at_once_lose_nothing(tmp_path: Path) -> None:
+    # Real tune mode in two processes writing one file, each at most once a second and
+    # at its end: every problem of both is in the file.
+    path = tmp_path / "c.msgpack"
+    env = {k: v for k, v in os.environ.items() if k not in REGISTRY}
+    env["UNIMATMUL_CACHE"] = str(path)
+    runs = []
+    for first in (8, 40):
+        shapes = [x for i in range(8) for x in ("--shape", f"{first + i}x{24 + i}x16")]
+        command = [sys.executable, "-m", "unimatmul", "tune", *shapes, "--budget-ms", "1", "--quiet"]
+        runs.append(
+            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+    assert read_file(path).count() == 16
