@@ -17,7 +17,8 @@ outer one). ``candidates`` is the tuner's list of candidates (the backends' offe
 rankings); what is left of a problem's time (``other``) is the rest of the tuner's and
 the harness's own work (records, pruning, bookkeeping).
 
-Writes ``tune-phases.json`` (per problem: candidates, phase seconds) and ``tune-phases.md``
+Writes ``tune-phases.json`` (per problem: candidates, phase seconds, the calls of each timed
+function by name, the candidates' statuses and notes) and ``tune-phases.md``
 (the median and total of each phase over the problems) under ``--out`` and prints the table.
 This measures; it changes nothing the harness does (the wrappers only read a clock).
 
@@ -30,6 +31,7 @@ grouped tuning (what the issue's "first time" counts).
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import os
@@ -70,6 +72,7 @@ class Clock:
         self.thread = threading.get_ident()
         self.stack: list[list[Any]] = []  # [phase, start, inner seconds]
         self.now: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)  # by the timed function's name
 
     def wrap(self, owner: Any, name: str, phase: str) -> None:
         setattr(owner, name, self.timed(getattr(owner, name), phase))
@@ -81,6 +84,7 @@ class Clock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self.thread:
                 return original(*args, **kwargs)
+            self.calls[original.__name__] += 1
             frame: list[Any] = [phase, time.perf_counter(), 0.0]
             self.stack.append(frame)
             try:
@@ -189,6 +193,7 @@ def main() -> int:
 
     def tune(self: Any, problem: Any, target: Any, **kwargs: Any) -> Any:
         clock.now.clear()
+        clock.calls.clear()
         t0 = time.perf_counter()
         record = original_tune(self, problem, target, **kwargs)
         total = time.perf_counter() - t0
@@ -203,6 +208,9 @@ def main() -> int:
                 "winner": record.winner,
                 "total_s": total,
                 "phases_s": phases,
+                "calls": dict(sorted(clock.calls.items())),
+                "statuses": dict(collections.Counter(r.status for r in record.results)),
+                "notes": sorted({r.note for r in record.results if r.note}),
             }
         )
         return record

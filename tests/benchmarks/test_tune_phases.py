@@ -49,6 +49,7 @@ def test_a_phase_inside_another_is_taken_out_of_the_outer_one(ticks: Ticks) -> N
     outer_timed()
     assert clock.now == {"check": 6.0, "compare": 8.0}
     assert clock.stack == []
+    assert clock.calls == {"outer": 1, "inner": 2}
 
 
 def test_calls_on_other_threads_are_not_counted(ticks: Ticks) -> None:
@@ -61,9 +62,9 @@ def test_calls_on_other_threads_are_not_counted(ticks: Ticks) -> None:
     thread = threading.Thread(target=timed)
     thread.start()
     thread.join()
-    assert dict(clock.now) == {}
+    assert dict(clock.now) == {} and dict(clock.calls) == {}
     timed()
-    assert dict(clock.now) == {"prepare": 5.0}
+    assert dict(clock.now) == {"prepare": 5.0} and dict(clock.calls) == {"work": 1}
 
 
 def test_a_phase_that_raises_still_counts_and_leaves_the_stack_empty(ticks: Ticks) -> None:
