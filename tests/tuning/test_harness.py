@@ -264,8 +264,8 @@ def test_interleaved_rounds_prune_a_candidate_that_falls_behind_later() -> None:
     settings = HarnessConfig(
         warmup=1, min_samples=3, max_samples=10, budget_s=60.0, settle_s=0.0, max_sets=1, interleave=True
     )
-    # Level with the best up to its 8th call (checks, warm-up, the first rounds), then 1.8x.
-    record = _scripted({DEFAULT: 1.0, fast: 0.5, fading: lambda n: 0.52 if n < 8 else 0.9}, settings)
+    # Level with the best up to its 7th call (checks, warm-up, the first rounds), then 1.8x.
+    record = _scripted({DEFAULT: 1.0, fast: 0.5, fading: lambda n: 0.52 if n < 7 else 0.9}, settings)
     results = _by_identity(record)
     assert record.winner == fast.identity
     assert results[fading.identity].status == PRUNED

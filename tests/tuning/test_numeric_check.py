@@ -1,4 +1,4 @@
-"""The numeric check of an output made of parts (a grouped GEMM's groups): one Check for all."""
+"""The numeric check: an output made of parts (a grouped GEMM's groups) gets one Check for all; rows of zeros in A."""
 
 from __future__ import annotations
 
@@ -120,3 +120,33 @@ def test_b_is_taken_whole_unless_it_is_larger_than_its_blocks() -> None:
     # Llama-3.1-8B's down at 4096 tokens: A's rows a range at a time too.
     rows = a_rows(4096, 4096, 14336, 1 << 22)
     assert rows * 14336 <= INPUT_BLOCKS * (1 << 22) and a_rows(16, 4096, 4096, 1 << 22) == 16
+
+
+def test_rows_of_zeros_pass_the_one_pass_check_and_a_value_there_is_still_caught() -> None:
+    """A row of zeros in A (the checks after timing have a band of them) has a bound of 0:
+    an exact 0 there passes in one pass, with nothing to count again; anything else there
+    is over the bound, counted by the full comparison."""
+    from unimatmul.tuning import numeric_check
+
+    a, b, _ = _product()
+    numeric_check.structure_inputs(ADAPTER, a, b, 0, ("bf16", "bf16", "bf16"))
+    zero_rows = torch.nonzero(a.abs().sum(1) == 0).flatten()
+    assert len(zero_rows) > 0
+    out = (a.double() @ b.double()).to(torch.bfloat16)
+    reference = make_reference(ADAPTER, Operands(a, b, out), None, 1.0, 0.0, None, MODEL, CPU)
+    assert not reference.host  # on the operands' device: the one-pass check applies
+
+    def one_pass() -> object:
+        launched = numeric_check.compare_launch(ADAPTER, out, reference, CPU)
+        assert launched is not None
+        return launched.verdict(ADAPTER.scalars(launched.scalars))
+
+    found = one_pass()
+    assert found is not None and found.ok() and found.counted
+    out[zero_rows[0], 3] = 2.0**-20
+    found = one_pass()
+    assert found is not None and not found.ok() and not found.counted
+    full = compare(ADAPTER, out, reference, CPU)
+    assert full.bad == 1 and full.nonfinite == 0 and f"({int(zero_rows[0])}, 3)" in full.worst
+    out[zero_rows[0], 3] = float("nan")
+    assert one_pass() is None

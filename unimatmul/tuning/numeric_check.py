@@ -517,10 +517,15 @@ def _within(
     element is NaN or inf) and the squared error. Where the reference says so
     (``keep_bounds``: the tuning's memory plan counted them), each block's bound is
     made once, in the reference's dtype, and kept: a candidate's check is then a few
-    launches, not dozens. A bound of 0 gives NaN: that block is counted exactly.
+    launches, not dozens. A bound of 0 (a row of zeros in A, as the checks after timing
+    have) is the dtype's smallest normal number: an error of 0 is within it.
     """
     pending = _within_launch(adapter, out3, reference, blocks)
     return None if pending is None else _within_verdict(adapter.scalars(pending), reference)
+
+
+#: The smallest normal number of the reference's dtype: the least bound of :func:`_within`.
+_TINY = {"f32": float(np.finfo(np.float32).tiny), "f64": float(np.finfo(np.float64).tiny)}
 
 
 def _within_launch(
@@ -538,7 +543,10 @@ def _within_launch(
         if kept is not None:
             bound = kept[i]
         else:
-            bound = adapter.cast_like(_bound(adapter, reference, adapter.to_float64(ref), bs, rs), ref)
+            # The smallest normal number of the reference's dtype added: where the bound is 0
+            # (a row of zeros in A), an exact 0 passes and any other value is far over it.
+            tiny = _TINY[adapter.dtype(ref)]
+            bound = adapter.cast_like(_bound(adapter, reference, adapter.to_float64(ref), bs, rs) + tiny, ref)
             if reference.keep_bounds:
                 made.append(bound)
         block_worst, block_squares = adapter.error_parts(out3[bs, rs], ref, bound)

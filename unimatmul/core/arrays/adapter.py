@@ -200,12 +200,12 @@ class ArrayAdapter:
         return (x * x).sum()
 
     def error_parts(self, out: Any, ref: Any, bound: Any) -> tuple[Any, Any]:
-        """One block's largest ``|out - ref| / bound`` (NaN where an element is NaN, or
-        where a bound of 0 meets an error of 0) and its sum of squared errors, unread
-        (0-d arrays), the difference taken in ``ref``'s dtype. An adapter may compute the
-        same in fewer passes over the block (the numeric check's hot loop)."""
+        """One block's largest ``|out - ref| / bound`` (NaN where an element is NaN) and
+        its sum of squared errors, unread (0-d arrays), the difference taken in ``ref``'s
+        dtype. An adapter may compute the same in fewer passes over the block (the numeric
+        check's hot loop)."""
         diff = abs(self.cast_like(out, ref) - ref)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a bound of 0 (a row of zeros in A)
+        with np.errstate(invalid="ignore", divide="ignore"):  # NaN or inf in out, a bound of 0
             worst = (diff / bound).max()
         return worst, self.sum_squares(diff)
 
