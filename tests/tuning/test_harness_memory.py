@@ -119,3 +119,31 @@ def test_a_large_fp8_weight_tunes_within_the_default_multiple(
     plan = Harness(CpuTimer(), HarnessConfig()).plan_memory(problem, torch_gpu, beta=0.0)
     assert plan.sets >= 1 and plan.factor == 8.0
     assert plan.sets * plan.per_set + plan.check <= plan.allowed
+
+
+def test_a_gpu_plan_counts_the_screen_of_a_large_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Llama-3-8B's lm_head over 8192 tokens: a 1 Gi-element output, screened on a GPU in
+    # blocks of 32 Mi elements with two float32 temporaries each (numeric_check.compare).
+    pytest.importorskip("torch")
+    from unimatmul.core.arrays import Device
+
+    torch_gpu = Target(adapter_for_kind("torch"), Device("cuda"))
+    monkeypatch.setattr(torch_gpu.adapter, "available_bytes", lambda device: 140 << 30)
+    problem = Problem.from_shape(8192, 128256, 4096, dtype="bf16")
+    plan = Harness(CpuTimer(), HarnessConfig()).plan_memory(problem, torch_gpu, beta=0.0)
+    screen = 2 * (1 << 25) * 4
+    monkeypatch.setattr(
+        torch_gpu.adapter, "block_elements", _without_screen(torch_gpu.adapter.block_elements)
+    )
+    without = Harness(CpuTimer(), HarnessConfig()).plan_memory(problem, torch_gpu, beta=0.0)
+    assert plan.check - without.check == screen - 2 * (1 << 22) * 4
+    assert plan.sets >= 1 and plan.sets * plan.per_set + plan.check <= plan.allowed
+
+
+def _without_screen(original: Any) -> Any:
+    """``block_elements`` with the screen's blocks of the plain size."""
+
+    def blocks(device: Any, *, reference: bool = False, screen: bool = False, total: int = 0) -> int:
+        return original(device, reference=reference, total=total)
+
+    return blocks

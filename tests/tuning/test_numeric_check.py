@@ -150,3 +150,84 @@ def test_rows_of_zeros_pass_the_one_pass_check_and_a_value_there_is_still_caught
     assert full.bad == 1 and full.nonfinite == 0 and f"({int(zero_rows[0])}, 3)" in full.worst
     out[zero_rows[0], 3] = float("nan")
     assert one_pass() is None
+
+
+def test_a_screen_in_wide_blocks_compares_what_it_does_not_clear_in_plain_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large output is screened in wide blocks (a GPU's: few launches) and only the
+    blocks the screen cannot clear are compared in full, in blocks of the plain size
+    (whose float64 temporaries the memory plan counts): the count and the worst element
+    are the same as with plain blocks throughout."""
+    from unimatmul.tuning import numeric_check
+
+    gen = torch.Generator().manual_seed(5)
+    m, n, k = 2080, 2048, 16  # 4.3 Mi elements: over SCREEN_ELEMENTS, screened
+    a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(k, n, generator=gen).to(torch.bfloat16)
+    out = (a.double() @ b.double()).to(torch.bfloat16)
+    model = ErrorModel.for_problem(
+        k=k, dtype_in="bf16", dtype_out="bf16", compute="f32", activation=None, ref_dtype="f32"
+    )
+    reference = make_reference(ADAPTER, Operands(a, b, out), None, 1.0, 0.0, None, model, CPU)
+    out[1500, 7] += 64.0
+    plain = compare(ADAPTER, out, reference, CPU)
+    assert plain.bad == 1 and not plain.exact and "(1500, 7)" in plain.worst
+
+    original = ADAPTER.block_elements
+    wide, size = 1 << 20, 1 << 15
+
+    def blocks(device: object, *, reference: bool = False, screen: bool = False, total: int = 0) -> int:
+        if reference:
+            return original(device, reference=True, total=total)
+        return wide if screen else size
+
+    full_blocks: list[tuple[slice, slice]] = []
+    full = numeric_check._full
+
+    def recorded(adapter: object, out3: object, ref: object, given: list[tuple[slice, slice]]) -> object:
+        full_blocks.extend(given)
+        return full(adapter, out3, ref, given)
+
+    monkeypatch.setattr(ADAPTER, "block_elements", blocks)
+    monkeypatch.setattr(numeric_check, "_full", recorded)
+    found = compare(ADAPTER, out, reference, CPU)
+    assert (found.bad, found.nonfinite, found.worst, found.exact) == (plain.bad, 0, plain.worst, False)
+    # Blocks the screen cleared add their squared errors in the reference's precision:
+    # other blocks, other sums, the same figure to a few per mille.
+    assert found.rel_error == pytest.approx(plain.rel_error, rel=1e-2)
+    # The wide block holding row 1500 (rows 1024-1535), in plain blocks of 16 rows.
+    rows = [(rs.start, rs.stop) for _, rs in full_blocks]
+    assert rows == [(r, r + size // n) for r in range(1024, 1536, size // n)]
+
+
+@pytest.mark.parametrize(
+    ("block", "n", "elements", "want"),
+    [
+        ((slice(0, 1), slice(0, 10)), 4, 16, [(0, 0, 4), (0, 4, 8), (0, 8, 10)]),
+        ((slice(0, 3), slice(0, 2)), 4, 8, [(0, 0, 2), (1, 0, 2), (2, 0, 2)]),
+        ((slice(2, 4), slice(0, 2)), 4, 8, [(2, 0, 2), (3, 0, 2)]),
+        ((slice(0, 2), slice(0, 2)), 4, 64, None),  # small enough already: as it is
+        ((slice(0, 1), slice(3, 5)), 100, 10, [(0, 3, 4), (0, 4, 5)]),  # one row at least
+    ],
+)
+def test_a_block_is_split_into_rows_of_one_matrix_at_a_time(
+    block: tuple[slice, slice], n: int, elements: int, want: list[tuple[int, int, int]] | None
+) -> None:
+    from unimatmul.tuning.numeric_check import _split
+
+    found = _split(block, n, elements)
+    if want is None:
+        assert found == [block]
+    else:
+        assert [(bs.start, rs.start, rs.stop) for bs, rs in found] == want
+        assert all(bs.stop - bs.start == 1 for bs, _ in found)
+
+
+def test_a_gpu_screens_a_large_output_in_fewer_wider_blocks() -> None:
+    from unimatmul.core.arrays.adapter import gpu_block_elements
+
+    assert gpu_block_elements(False, 1 << 30) == 1 << 22  # plain blocks: one size
+    assert gpu_block_elements(True, 1 << 23) == 1 << 22  # never below the plain size
+    assert gpu_block_elements(True, 1 << 27) == 1 << 24  # an eighth of the output
+    assert gpu_block_elements(True, 1 << 30) == 1 << 25  # at most 32 Mi elements

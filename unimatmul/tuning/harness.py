@@ -682,8 +682,12 @@ class Harness:
         settings = self.settings
         adapter, device = target.adapter, target.device
         per_set = max(grouped_operand_bytes(problem) if problem.is_grouped else operand_bytes(problem), 1)
-        block = adapter.block_elements(device, reference=True, total=_out_elements(problem))
+        out_elements = _out_elements(problem)
+        block = adapter.block_elements(device, reference=True, total=out_elements)
         check = _check_bytes(problem, beta, block)
+        if out_elements > SCREEN_ELEMENTS:  # a screened output: two temporaries a screen block
+            screen = adapter.block_elements(device, screen=True, total=out_elements)
+            check += 2 * screen * (8 if problem.dtype_c == "f64" else 4)
         factor = settings.memory_factor if settings.memory_factor is not None else env.TUNE_MEMORY.get()
         rotate = min(settings.rotate_bytes or 2 * last_level_cache_bytes(), settings.max_rotation_bytes)
         wanted = max(1, min(math.ceil(rotate / per_set), settings.max_sets))

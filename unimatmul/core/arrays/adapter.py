@@ -175,12 +175,16 @@ class ArrayAdapter:
 
     # --- primitives of the numeric check (unimatmul.tuning.numeric_check) ---
 
-    def block_elements(self, device: Device, *, reference: bool = False, total: int = 0) -> int:
+    def block_elements(
+        self, device: Device, *, reference: bool = False, screen: bool = False, total: int = 0
+    ) -> int:
         """Output elements per block of the check (``total``: the output's): its float64
         temporaries are a few of these, so that checking a 1 GB output never makes a
         1 GB float64 copy of it. On the host, comparisons run fastest on blocks that
         stay in the cache, and the reference's products on larger ones: up to 1/32 of a
-        large output, since each BLAS call wakes a thread pool."""
+        large output, since each BLAS call wakes a thread pool. ``screen``: the blocks of
+        a large output's screen (two temporaries a block, in the reference's dtype; the
+        blocks it does not clear are compared in full in blocks of the plain size)."""
         if reference:
             return min(max(1 << 20, total // 32), 1 << 23)
         return 1 << 15 if total <= SCREEN_ELEMENTS else 1 << 17
@@ -229,6 +233,13 @@ class ArrayAdapter:
 #: Outputs with more elements are screened before the whole bound is computed
 #: (see unimatmul.tuning.numeric_check.compare).
 SCREEN_ELEMENTS = 1 << 22
+
+
+def gpu_block_elements(screen: bool, total: int) -> int:
+    """A GPU's blocks of the check (:meth:`ArrayAdapter.block_elements`): 4 Mi elements,
+    few launches each; a large output's screen an eighth of it, up to 32 Mi, as each block
+    is a dozen launches whatever its size (a 1 Gi-element output: 32 blocks, not 256)."""
+    return min(max(1 << 22, total // 8), 1 << 25) if screen else 1 << 22
 
 
 #: The adapter class of each array library, in the module of its own

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.core.arrays.adapter import ArrayAdapter, Device
+from unimatmul.core.arrays.adapter import ArrayAdapter, Device, gpu_block_elements
 from unimatmul.core.arrays.numpy import numpy_dtype
 
 
@@ -130,8 +130,10 @@ class CupyAdapter(ArrayAdapter):
     def namespace(self) -> Any:
         return self.cupy
 
-    def block_elements(self, device: Device, *, reference: bool = False, total: int = 0) -> int:
-        return 1 << 22
+    def block_elements(
+        self, device: Device, *, reference: bool = False, screen: bool = False, total: int = 0
+    ) -> int:
+        return gpu_block_elements(screen, total)
 
     def available_bytes(self, device: Device) -> int | None:
         cupy = self.cupy

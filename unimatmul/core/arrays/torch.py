@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.core.arrays.adapter import CPU, ArrayAdapter, Device, host_available_bytes
+from unimatmul.core.arrays.adapter import CPU, ArrayAdapter, Device, gpu_block_elements, host_available_bytes
 
 
 class TorchAdapter(ArrayAdapter):
@@ -216,13 +216,15 @@ class TorchAdapter(ArrayAdapter):
         squares = torch.linalg.vector_norm(diff).square()
         return self.reduce_max(diff.sub_(ref.abs(), alpha=scale), -1), squares
 
-    def block_elements(self, device: Device, *, reference: bool = False, total: int = 0) -> int:
+    def block_elements(
+        self, device: Device, *, reference: bool = False, screen: bool = False, total: int = 0
+    ) -> int:
         # A GPU wants few, large launches; on the host, torch's comparisons stay below its
         # parallel grain (32768 elements): on a busy machine each parallel region waits
         # milliseconds for a descheduled thread.
         if device.kind == "cpu":
             return super().block_elements(device, reference=True, total=total) if reference else 1 << 14
-        return 1 << 22
+        return gpu_block_elements(screen, total)
 
     def scalars(self, parts: list[Any]) -> list[float]:
         if not parts:
