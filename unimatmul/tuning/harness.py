@@ -687,7 +687,7 @@ class Harness:
         check = _check_bytes(problem, beta, block)
         if out_elements > SCREEN_ELEMENTS:  # a screened output: two temporaries a screen block
             screen = adapter.block_elements(device, screen=True, total=out_elements)
-            check += 2 * screen * (8 if problem.dtype_c == "f64" else 4)
+            check += 2 * screen * _ref_itemsize(problem)
         factor = settings.memory_factor if settings.memory_factor is not None else env.TUNE_MEMORY.get()
         rotate = min(settings.rotate_bytes or 2 * last_level_cache_bytes(), settings.max_rotation_bytes)
         wanted = max(1, min(math.ceil(rotate / per_set), settings.max_sets))
@@ -1534,12 +1534,18 @@ def _out_elements(problem: Problem) -> int:
     return problem.m * problem.n * problem.batch
 
 
+def _ref_itemsize(problem: Problem) -> int:
+    """Bytes of an element of the float64 reference as kept: float64 for a float64 output,
+    else float32 (numeric_check.make_reference)."""
+    return 8 if problem.dtype_c == "f64" else 4
+
+
 def _check_bytes(problem: Problem, beta: float, block: int) -> int:
     """Bytes the numeric check allocates at most at one time (see numeric_check.make_reference)."""
     if problem.is_grouped:
         return _grouped_check_bytes(problem, block)
     out_elements = problem.m * problem.n * problem.batch
-    ref = out_elements * (8 if problem.dtype_c == "f64" else 4)
+    ref = out_elements * _ref_itemsize(problem)
     c0 = out_elements * ITEMSIZE[problem.dtype_c] if beta != 0.0 else 0
     # Float64 blocks of the reference (A's rows, the product and, with beta, bias or an
     # activation, a second one) and of B, the row and column norms, and the new inputs
@@ -1571,7 +1577,7 @@ def _grouped_check_bytes(problem: Problem, block: int) -> int:
         "n": (n, g * m, (1, n, k, m)),
         "k": (g * m, g * n, (1, m, k, n)),
     }.get(problem.jagged, (g * m, g * n, (g, m, k, n)))
-    ref = _out_elements(problem) * (8 if problem.dtype_c == "f64" else 4)
+    ref = _out_elements(problem) * _ref_itemsize(problem)
     norms = 2 * 8 * (rows_all + cols_all)  # r2 and r4, c2 and c4
     batch, rows, depth, cols = part
     per_block = max(1, block // max(cols, 1))
@@ -1593,8 +1599,8 @@ def _bounds_bytes(problem: Problem) -> int:
     output's groups are checked one by one: any of them may be small enough."""
     out_elements = _out_elements(problem)
     if problem.is_grouped and problem.jagged != "none":
-        return out_elements * (8 if problem.dtype_c == "f64" else 4)
-    return out_elements * (8 if problem.dtype_c == "f64" else 4) if out_elements <= SCREEN_ELEMENTS else 0
+        return out_elements * _ref_itemsize(problem)
+    return out_elements * _ref_itemsize(problem) if out_elements <= SCREEN_ELEMENTS else 0
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> None:

@@ -485,10 +485,11 @@ def compare(
         # The screen in its own (larger, on a GPU) blocks; those it does not clear are
         # compared in full in the plain blocks, whose float64 temporaries the memory plan counts.
         shape = tuple(reference.ref.shape)
-        wide = list(_blocks(shape, adapter.block_elements(device, screen=True, total=math.prod(shape))))
+        total = math.prod(shape)
+        wide = list(_blocks(shape, adapter.block_elements(device, screen=True, total=total)))
         unclear, sq_err = _screen(adapter, out3, reference, wide)
         screened = len(unclear) < len(wide)
-        size = adapter.block_elements(device, total=math.prod(shape))
+        size = adapter.block_elements(device, total=total)
         full = [part for i in unclear for part in _split(wide[i], shape[-1], size)]
     totals = _full(adapter, out3, reference, full)
     err = math.sqrt(sum(totals[0]) + sum(sq_err))
@@ -558,14 +559,14 @@ def _within_launch(
         return None
     made: list[Any] = []
     worst, squares = [], []
+    # The smallest normal number of the reference's dtype is added to each bound: where the
+    # bound is 0 (a row of zeros in A), an exact 0 passes and any other value is far over it.
+    tiny = _TINY[adapter.dtype(reference.ref)]
     for i, (bs, rs) in enumerate(blocks):
         ref = reference.ref[bs, rs]
         if kept is not None:
             bound = kept[i]
         else:
-            # The smallest normal number of the reference's dtype added: where the bound is 0
-            # (a row of zeros in A), an exact 0 passes and any other value is far over it.
-            tiny = _TINY[adapter.dtype(ref)]
             bound = adapter.cast_like(_bound(adapter, reference, adapter.to_float64(ref), bs, rs) + tiny, ref)
             if reference.keep_bounds:
                 made.append(bound)
