@@ -112,15 +112,54 @@ def test_a_wide_spread_of_defaults_samples_marks_the_record_low_confidence() -> 
     assert record.settings["confidence"] == LOW
 
 
-def test_large_cpu_products_are_confirmed_in_blocks_after_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Products big enough to run on several threads are measured again block by block,
-    # each after the settling pause (a pool spinning after Default would slow the next).
+def test_large_cpu_products_are_measured_in_visits_and_confirmed_in_blocks_after_a_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Products big enough to run on several threads: each backend's samples come in
+    # visits, and the win is measured again block by block, each part after the settling
+    # pause (a pool spinning after Default would slow the next).
     pauses: list[float] = []
-    monkeypatch.setattr(harness_module.time, "sleep", pauses.append)
-    record = measure([lambda i: 1e-3, lambda i: 0.5e-3], settings(settle_s=1e-3, settle_min_macs=1))
+    monkeypatch.setattr(harness_module, "wait_quiet", lambda most: pauses.append(most) or 0.0)
+    cfg = settings(settle_s=1e-3, settle_min_macs=1)
+    record = measure([lambda i: 1e-3, lambda i: 0.5e-3], cfg)
     assert record.winner == "t/fast"
     assert record.settings["settled"] is True
-    assert len(pauses) == 2 + 2  # before each timing block, and before each confirmation block
+    # two backends (Default's and t's) a visit, then Default's and the winner's blocks
+    assert pauses == [1e-3] * (2 * cfg.visits + 2)
+
+
+class SlowMoment:
+    """A slow moment of the whole machine (a virtual CPU descheduled): every sample that
+    any candidate takes while it lasts (``during``: the machine's sample numbers, from 0)
+    is ``factor`` times slower."""
+
+    def __init__(self, during: range, factor: float) -> None:
+        self.during, self.factor, self.taken = during, factor, 0
+
+    def script(self, seconds: float) -> Script:
+        def sample(i: int) -> float:
+            slow = self.taken in self.during
+            self.taken += 1
+            return seconds * (self.factor if slow else 1.0)
+
+        return sample
+
+
+def test_a_slow_moment_lands_on_the_kernels_of_one_backend_alike() -> None:
+    # Two kernels of one backend, equally fast; the machine is twice as slow for as long
+    # as the first visit of their backend lasts (their warm-ups and first turns, samples
+    # 4-11 after Default's 4). In one block each, that moment would be one kernel's alone
+    # and prune it; in turns it is both kernels', who stay tied: the canonical pick wins.
+    cfg = settings(visits=3)
+    moment = SlowMoment(range(4, 12), 2.0)
+    record = measure_kernels(
+        moment.script(2e-3), [("a", moment.script(1e-3)), ("b", moment.script(1e-3))], cfg
+    )
+    a, b = record.result("t/a"), record.result("t/b")
+    assert a is not None and b is not None
+    assert a.status == OK and b.status == OK
+    assert record.settings["win"]["tied"] == 2
+    assert record.winner == "t/a"
 
 
 def test_a_busy_cpu_marks_a_confirmed_win_low_confidence(monkeypatch: pytest.MonkeyPatch) -> None:

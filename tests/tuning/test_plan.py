@@ -75,6 +75,7 @@ def test_a_cap_measures_default_and_leaves_the_other_candidates_out(isolated: An
     capped = isolated.selector.tune(problem, NUMPY, force=True, cap_s=0.0)
     default = capped.result(DEFAULT.identity)
     assert default is not None and default.median_s and capped.winner == DEFAULT.identity
+    assert default.samples == 2  # past the cap, two samples give a median, and no more are taken
     others = [r for r in capped.results if r.identity != DEFAULT.identity]
     assert others and all(r.status == PRUNED and r.note == CAPPED and r.median_s is None for r in others)
     assert capped.settings["capped"] == {"cap_s": 0.0, "left_out": len(others)}

@@ -83,6 +83,7 @@ from unimatmul.tuning.numeric_check import (
     guarded_output,
     structure_inputs,
 )
+from unimatmul.tuning.quiet import wait_quiet
 from unimatmul.tuning.time_limit import OverLimit, run_inline, run_within
 
 #: What a plugin's code may raise that makes its candidate FAILED. ``SystemExit`` from a
@@ -181,8 +182,9 @@ class HarnessConfig:
     # GPU (interleave): ... and this much slower than the best in the first round of samples
     # (taken after every candidate's warm-up, and checked on new inputs before it prunes)
     round_prune_ratio: float = math.inf
-    interleave: bool = False  # GPU: rounds across candidates; CPU: one block each (see _time)
-    settle_s: float = 0.2  # CPU: pause before each block so other pools' threads stop spinning
+    interleave: bool = False  # GPU: rounds across candidates; CPU: visits across backends (see _time)
+    visits: int = 3  # CPU: the backends take turns this many times (each candidate's samples in parts)
+    settle_s: float = 0.2  # CPU: longest pause before a backend's samples (other pools spinning)
     # ... only for products of at least this many multiply-adds: smaller ones run on one
     # thread in OpenBLAS, MKL and oneDNN alike, so no pool is left spinning.
     settle_min_macs: int = 1 << 18
@@ -1078,69 +1080,150 @@ class Harness:
     ) -> None:
         """Take samples of every checked candidate; the median is kept.
 
-        On a CPU each candidate is measured in one block after its own warm-up:
-        another library's worker threads still spinning after their last call would
-        otherwise slow whoever runs next (``settle``: a pause before each block, for
-        products large enough to run on several threads). On a GPU (``interleave``)
-        candidates take turns sample by sample, so that clock drift hits them all alike.
+        On a GPU (``interleave``) candidates take turns sample by sample, so that clock
+        drift hits them all alike. On a CPU see :meth:`_sample_visits`: the candidates of
+        one backend (one thread pool) take turns, and the backends take turns in visits.
         """
         settings = self.settings
-        firsts: dict[int, float] = {}  # first timed sample of each entry, for early pruning
-        for entry in entries:
-            runner = entry.runner
-            assert runner is not None
-            best_first = min(
-                (firsts[id(e)] for e in entries if id(e) in firsts and e.result.status == OK),
-                default=math.inf,
-            )
-            if self._past_deadline(entry):
-                continue
-            calls = [_bind(runner, s, alpha, beta, timing=True) for s in sets]
-            if settle > 0:
-                # BLAS thread pools (OpenBLAS, OpenMP) spin for a while after their last
-                # call; on a small machine they would steal the cores of the next kernel.
-                time.sleep(settle)
-
-            def warm_up(entry: _Entry = entry, calls: list[Callable[[], None]] = calls) -> float:
-                entry.sample = self.timer.prepare(calls)
-                first = math.inf
-                for _ in range(max(1, settings.warmup)):
-                    first = entry.sample()
-                return first
-
-            try:
-                first = self._step(entry, warm_up, "while warmed up")
-            except OverLimit:
-                if renew is not None:
-                    renew(sets)
-                continue
-            except PLUGIN_FAILURES as exc:
-                entry.result.status, entry.result.note = FAILED, _failure(exc)
-                continue
-            # In rounds nobody is pruned before the check after the first round (see measure):
-            # _sample_rounds judges the first calls then.
-            if not settings.interleave and self._first_pruned(entry, first, best_first):
-                continue
-            firsts[id(entry)] = first
-            if not settings.interleave:
-
-                def block(entry: _Entry = entry) -> None:
-                    self._sample_block(entry, entries)
-
-                try:
-                    self._step(entry, block, "while timed")
-                except OverLimit:
-                    if renew is not None:
-                        renew(sets)
-                    continue
-                if late is not None and entry.result.status == OK:
-                    self._late_check(entry, late, renew=renew)
-        if settings.interleave:
+        firsts: dict[int, float] = {}  # best warm-up sample of each entry, for early pruning
+        if not settings.interleave:
+            self._sample_visits(entries, firsts, sets, alpha, beta, settle, late, renew)
+        else:
+            for entry in entries:
+                self._warmed_up(entry, entries, firsts, sets, alpha, beta, renew)
             self._sample_rounds([e for e in entries if e.result.status == OK], late, renew, firsts)
         for entry in entries:
             entry.result.samples = len(entry.times)
             if entry.times:
                 entry.result.median_s = entry.median()
+
+    def _warmed_up(
+        self,
+        entry: _Entry,
+        entries: list[_Entry],
+        firsts: dict[int, float],
+        sets: list[Operands],
+        alpha: float,
+        beta: float,
+        renew: Callable[[Sequence[Operands]], None] | None,
+    ) -> bool:
+        """Prepare ``entry``'s sampler and warm it up; False if it is out (the problem's
+        cap, its time limit, a failure, or, outside rounds, its best warm-up call more
+        than ``first_prune_ratio`` times the best first call so far). Its best warm-up
+        sample goes into ``firsts``: the best, not the last, because one call that waited
+        for a descheduled thread (4-6 ms on a virtual machine) says nothing of the kernel."""
+        settings = self.settings
+        runner = entry.runner
+        assert runner is not None
+        best_first = min(
+            (firsts[id(e)] for e in entries if id(e) in firsts and e.result.status == OK),
+            default=math.inf,
+        )
+        if self._past_deadline(entry):
+            return False
+        calls = [_bind(runner, s, alpha, beta, timing=True) for s in sets]
+
+        def warm_up(entry: _Entry = entry, calls: list[Callable[[], None]] = calls) -> float:
+            entry.sample = self.timer.prepare(calls)
+            return min(entry.sample() for _ in range(max(1, settings.warmup)))
+
+        try:
+            first = self._step(entry, warm_up, "while warmed up")
+        except OverLimit:
+            if renew is not None:
+                renew(sets)
+            return False
+        except PLUGIN_FAILURES as exc:
+            entry.result.status, entry.result.note = FAILED, _failure(exc)
+            return False
+        # In rounds nobody is pruned before the check after the first round (see measure):
+        # _sample_rounds judges the first calls then.
+        if not settings.interleave and self._first_pruned(entry, first, best_first):
+            return False
+        firsts[id(entry)] = first
+        return True
+
+    def _sample_visits(
+        self,
+        entries: list[_Entry],
+        firsts: dict[int, float],
+        sets: list[Operands],
+        alpha: float,
+        beta: float,
+        settle: float,
+        late: _LateCheck | None,
+        renew: Callable[[Sequence[Operands]], None] | None,
+    ) -> None:
+        """CPU: samples of every candidate, in visits. A visit goes through the backends in
+        order (Default is one); at each, that backend's candidates still sampling take
+        turns, one sample each a turn (``min_samples`` turns in the first visit, the rest
+        of ``max_samples`` split over the other ``visits - 1``), each sample a step
+        of its own on the worker thread (a candidate's time limit holds as in a block).
+        Before each backend's part, a pause while another library's worker threads still
+        spin (``settle``, at most: :func:`unimatmul.tuning.quiet.wait_quiet`; they would
+        steal the cores of the next kernel). So a slow moment of the machine (a virtual
+        CPU descheduled for a second makes a two-thread kernel take twice as long) lands
+        on the candidates of one backend alike, and on the backends' samples in more than
+        one place, instead of on one candidate's whole block.
+
+        The first visit warms each candidate up first (out if its best warm-up call took
+        ``first_prune_ratio`` times the best so far); after it each candidate is checked
+        on new inputs (before its times can prune anyone). From then on, once all have
+        ``min_samples``, those further than ``prune_ratio`` from the best median stop; a
+        candidate stops at ``max_samples``, or at its budget once it has ``min_samples``;
+        all stop at the problem's cap once each has two samples.
+        """
+        settings = self.settings
+        later = max(1, math.ceil((settings.max_samples - settings.min_samples) / max(1, settings.visits - 1)))
+        pools = [list(g) for _, g in itertools.groupby(entries, key=lambda e: e.candidate.backend)]
+
+        def wanted(entry: _Entry) -> bool:
+            n = len(entry.times)
+            return (
+                entry.result.status == OK
+                and n < settings.max_samples
+                and not (n >= settings.min_samples and entry.spent_s >= settings.budget_s)
+            )
+
+        first = True
+        while True:
+            for pool in pools:
+                members = [e for e in pool if wanted(e)]
+                if not members:
+                    continue
+                if settle > 0:
+                    wait_quiet(settle)
+                if first:
+                    members = [
+                        e for e in members if self._warmed_up(e, entries, firsts, sets, alpha, beta, renew)
+                    ]
+                for turn in range(max(1, settings.min_samples) if first else later):
+                    members = [e for e in members if wanted(e)]
+                    if not members or (turn >= 2 and time.perf_counter() > self._deadline):
+                        break  # (the problem's cap: two samples give a median to compare)
+                    start = turn % len(members)
+                    for entry in members[start:] + members[:start]:
+
+                        def sample(entry: _Entry = entry) -> None:
+                            self._take(entry)
+
+                        try:
+                            self._step(entry, sample, "while timed")
+                        except OverLimit:
+                            if renew is not None:
+                                renew(sets)
+            if first and late is not None:
+                for entry in entries:
+                    if entry.result.status == OK and entry.times:
+                        self._late_check(entry, late, renew=renew)
+            first = False
+            live = [e for e in entries if e.result.status == OK and e.times]
+            if live and min(len(e.times) for e in live) >= settings.min_samples:
+                self._unpruned(live, live)
+            if not any(wanted(e) for e in entries if e.times):
+                return
+            if time.perf_counter() > self._deadline and all(len(e.times) >= 2 for e in live):
+                return  # the problem's cap: two samples give a median to compare
 
     def _first_pruned(self, entry: _Entry, first: float, best_first: float) -> bool:
         """Prune ``entry`` (never Default) if its first timed call took more than
@@ -1211,19 +1294,6 @@ class Harness:
             )
             return True
         return False
-
-    def _sample_block(self, entry: _Entry, entries: list[_Entry]) -> None:
-        settings = self.settings
-        while entry.result.status == OK and len(entry.times) < settings.max_samples:
-            self._take(entry)
-            if len(entry.times) == settings.min_samples:
-                others = [e.median() for e in entries if e is not entry and e.times and e.result.status == OK]
-                if others and self._prune(entry, min(others)):
-                    return
-            if len(entry.times) >= settings.min_samples and entry.spent_s >= settings.budget_s:
-                return
-            if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
-                return  # the problem's cap: two samples give a median to compare
 
     def _round(self, live: Sequence[_Entry], turn: int = 0) -> None:
         """One sample of each entry of ``live`` still OK. Where every sampler can launch its
@@ -1437,7 +1507,7 @@ class Harness:
                 else:
                     for entry, times in ((default, d_times), (best, w_times)):
                         assert entry.sample is not None
-                        time.sleep(settle)
+                        wait_quiet(settle)
                         entry.sample()  # warm-up after the pause
                         times.extend(entry.sample() for _ in range(pairs))
                     speedup = statistics.median(d_times) / statistics.median(w_times)
