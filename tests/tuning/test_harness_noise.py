@@ -128,6 +128,19 @@ def test_large_cpu_products_are_measured_in_visits_and_confirmed_in_blocks_after
     assert pauses == [1e-3] * (2 * cfg.visits + 2)
 
 
+def test_where_the_program_never_goes_quiet_the_samples_come_in_two_visits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every pause lasts its longest (the program's own threads keep running): after the
+    # first visit, the samples left come in one more, so two pauses a backend at most.
+    pauses: list[float] = []
+    monkeypatch.setattr(harness_module, "wait_quiet", lambda most: pauses.append(most) or most)
+    cfg = settings(settle_s=1e-3, settle_min_macs=1)
+    record = measure([lambda i: 1e-3, lambda i: 0.5e-3], cfg)
+    assert record.winner == "t/fast"
+    assert pauses == [1e-3] * (2 * 2 + 2)  # two visits of two backends, then the repeat's blocks
+
+
 class SlowMoment:
     """A slow moment of the whole machine (a virtual CPU descheduled): every sample that
     any candidate takes while it lasts (``during``: the machine's sample numbers, from 0)

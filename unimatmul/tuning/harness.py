@@ -1171,7 +1171,9 @@ class Harness:
         on new inputs (before its times can prune anyone). From then on, once all have
         ``min_samples``, those further than ``prune_ratio`` from the best median stop; a
         candidate stops at ``max_samples``, or at its budget once it has ``min_samples``;
-        all stop at the problem's cap once each has two samples.
+        all stop at the problem's cap once each has two samples. Where a pause lasts its
+        longest (other threads of the program keep running, not a pool that stops), the
+        samples left are taken in one more visit: no more pauses than two a backend.
         """
         settings = self.settings
         later = max(1, math.ceil((settings.max_samples - settings.min_samples) / max(1, settings.visits - 1)))
@@ -1191,8 +1193,10 @@ class Harness:
                 members = [e for e in pool if wanted(e)]
                 if not members:
                     continue
-                if settle > 0:
-                    wait_quiet(settle)
+                if settle > 0 and wait_quiet(settle) >= settle:
+                    # Never quiet (the program's own threads run): every pause lasts the
+                    # longest, so the rest of the samples come in one more visit.
+                    later = settings.max_samples
                 if first:
                     members = [
                         e for e in members if self._warmed_up(e, entries, firsts, sets, alpha, beta, renew)
