@@ -84,6 +84,40 @@ def _load() -> list[float] | None:
         return None
 
 
+def rows_of(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each problem's row of one run, from ``unimatmul tune --json``'s records."""
+    rows: dict[str, Any] = {}
+    for r in records:
+        default_s, winner_s = r.get("default_s"), r.get("winner_s")
+        speedup = default_s / winner_s if default_s and winner_s else 1.0
+        settings = r.get("settings") or {}
+        win = settings.get("win") or {}
+        rows[r["problem"]] = {
+            "winner": r["winner"],
+            "speedup": round(speedup, 4),
+            "default_us": round(default_s * 1e6, 2) if default_s else None,
+            "winner_us": round(winner_s * 1e6, 2) if winner_s else None,
+            "confidence": settings.get("confidence"),
+            "bound_low": win.get("low"),
+            "bound_high": win.get("high"),
+            "tied": win.get("tied"),
+            "fastest": win.get("fastest"),
+            "repeat": (settings.get("repeat") or {}).get("verdict"),
+            "tune_s": round(r.get("tune_s") or 0.0, 3),
+            # Every candidate's status and median (the winner's and Default's from the
+            # repeat, where there was one): what a replay of another tie rule needs.
+            "candidates": {
+                c["identity"]: {
+                    "status": c["status"],
+                    "median_us": round(c["median_s"] * 1e6, 3) if c.get("median_s") else None,
+                    "samples": c.get("samples"),
+                }
+                for c in r.get("results", [])
+            },
+        }
+    return rows
+
+
 def tune_once(args: argparse.Namespace, record_file: Path | None, folder: Path, index: int) -> dict[str, Any]:
     """One tuning run in a fresh process, over a fresh cache file: its records and conditions."""
     cache = folder / f"cache-{index}.msgpack"
@@ -108,24 +142,7 @@ def tune_once(args: argparse.Namespace, record_file: Path | None, folder: Path, 
     if done.returncode != 0:
         msg = f"run {index} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
         raise SystemExit(msg)
-    records = json.loads(out_json.read_text())
-    rows = {}
-    for r in records:
-        default_s, winner_s = r.get("default_s"), r.get("winner_s")
-        speedup = default_s / winner_s if default_s and winner_s else 1.0
-        settings = r.get("settings") or {}
-        win = settings.get("win") or {}
-        rows[r["problem"]] = {
-            "winner": r["winner"],
-            "speedup": round(speedup, 4),
-            "default_us": round(default_s * 1e6, 2) if default_s else None,
-            "winner_us": round(winner_s * 1e6, 2) if winner_s else None,
-            "confidence": settings.get("confidence"),
-            "bound_low": win.get("low"),
-            "bound_high": win.get("high"),
-            "tied": win.get("tied"),
-            "tune_s": round(r.get("tune_s") or 0.0, 3),
-        }
+    rows = rows_of(json.loads(out_json.read_text()))
     return {
         "index": index,
         "wall_s": round(wall, 2),
