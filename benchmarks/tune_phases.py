@@ -99,14 +99,15 @@ class Clock:
         return timed
 
 
-def tune_grouped(specs: str, torch: Any) -> None:
-    """Tune the gate/up and down experts of each CONFIG:TOKENS (moe_bench's configs)."""
+def tune_grouped(specs: str, torch: Any, device_name: str = "cuda") -> None:
+    """Tune the gate/up and down experts of each CONFIG:TOKENS (moe_bench's configs) on
+    ``device_name``."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import moe_bench
 
     import unimatmul
 
-    device = torch.device("cuda")
+    device = torch.device(device_name)
     for spec in specs.split(","):
         name, tokens = spec.split(":")
         _, experts, hidden, inter, top_k, _ = moe_bench.config_named(name)
@@ -116,7 +117,8 @@ def tune_grouped(specs: str, torch: Any) -> None:
             a, b = moe_bench.operands_of(torch, w, counts)
             with unimatmul.mode("tune"):
                 unimatmul.grouped_matmul(a, b, offs)
-            torch.cuda.synchronize()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
 
 
 def main() -> int:
@@ -218,7 +220,7 @@ def main() -> int:
     tuner.Tuner.tune = tune  # type: ignore[method-assign]
     t0 = time.perf_counter()
     if args.moe:
-        tune_grouped(args.moe, torch)
+        tune_grouped(args.moe, torch, args.device)
         what = f"grouped products {args.moe}"
     else:
         argv = ["tune", "--model", args.model, "--device", args.device, "--quiet"]

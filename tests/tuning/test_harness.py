@@ -298,3 +298,25 @@ def test_beta_problems_are_checked_with_c_in_the_output(isolated: Any) -> None:
     record = isolated.selector.tune(problem, NUMPY)
     assert all(r.status in (OK, PRUNED) for r in record.results), record.results
     assert all(r.error is not None and r.error < 1e-5 for r in record.results)
+
+
+def test_default_alone_is_timed_on_one_set_without_a_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No backend offers a candidate: nothing is chosen, so nothing is checked against a
+    # float64 reference (its cost, and one operand set a timed part, were all of a
+    # 128-expert grouped product's 30 s on a CPU).
+    from unimatmul.tuning import harness as harness_module
+
+    def no_reference(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a reference was made for Default alone")
+
+    monkeypatch.setattr(harness_module, "reference_of", no_reference)
+    settings = HarnessConfig(warmup=1, min_samples=3, max_samples=6, budget_s=1.0, settle_s=0.0, max_sets=8)
+    harness = Harness(CpuTimer(), settings)
+    problem = Problem.from_shape(64, 48, 32)
+    assert harness.plan_memory(problem, NUMPY, 0.0).sets > 1  # what a choice would take
+    record = harness.measure(problem, NUMPY, [(DEFAULT, lambda: DefaultRunner(NUMPY.adapter))])
+    default = _by_identity(record)[DEFAULT.identity]
+    assert record.winner == DEFAULT.identity and default.status == OK
+    assert default.samples >= settings.min_samples and record.default_s and record.default_s > 0
+    assert record.settings["sets"] == 1
+    assert record.settings["check"] == {"model": "none", "why": "Default alone: nothing to choose"}
