@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,3 +99,23 @@ def test_torchs_fewer_pass_check_primitives_give_the_generic_values(out_dtype: s
     excess, screened = adapter.screen_parts(holed, ref, 0.25)
     assert adapter.scalars([worst, squares, screened]) == [float("inf")] * 3
     assert torch.isnan(excess[2, 63]) and not torch.isnan(excess[2, 62])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "f8e4m3"])
+def test_torchs_random_operands_are_of_their_dtype_never_zero_and_seeded(dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    adapter: Any = arrays.adapter_for_kind("torch")
+    if dtype == "f8e4m3" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8")
+    shape, strides = (3, 5), (1, 4)  # column-major with a padded leading dimension
+
+    def draw(seed: int) -> Any:
+        return adapter.random_strided(shape, strides, dtype, arrays.CPU, np.random.default_rng(seed))
+
+    x = draw(7)
+    assert x.dtype == adapter.torch_dtype(dtype)
+    assert tuple(x.shape) == shape and tuple(x.stride()) == strides
+    values = x.to(torch.float64)
+    assert bool(torch.isfinite(values).all()) and bool((values != 0).any())
+    assert torch.equal(values, draw(7).to(torch.float64))  # the same seed, the same values
+    assert not torch.equal(values, draw(8).to(torch.float64))
