@@ -38,7 +38,8 @@ def test_each_form_is_routed_and_right(env: Env, jagged: str) -> None:
     assert close(got, ref, "bf16") and close(got_again, ref, "bf16")
     assert _routed_calls() == 2
     plans = grouped_routing.plans()  # one per mode: tune, then the environment's
-    assert len(plans) == 2
+    # Where there are not two, what each plan is (its source, label, calls) says why.
+    assert len(plans) == 2, [(p.source, p.label, p.calls, p.reason) for p in plans] + [ut.grouped_stats()]
     assert all(
         p.problem is not None and p.problem.op == "grouped_gemm" and p.problem.jagged == jagged for p in plans
     )
