@@ -112,33 +112,17 @@ def test_a_wide_spread_of_defaults_samples_marks_the_record_low_confidence() -> 
     assert record.settings["confidence"] == LOW
 
 
-def test_large_cpu_products_are_measured_in_visits_and_confirmed_in_blocks_after_a_pause(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Products big enough to run on several threads: each backend's samples come in
-    # visits, and the win is measured again block by block, each part after the settling
-    # pause (a pool spinning after Default would slow the next).
+def test_large_cpu_products_are_measured_and_confirmed_after_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Products big enough to run on several threads: each backend's samples, and each block
+    # of the repeat, come after the settling pause (a pool spinning after Default would slow
+    # the next).
     pauses: list[float] = []
     monkeypatch.setattr(harness_module, "wait_quiet", lambda most: pauses.append(most) or 0.0)
     cfg = settings(settle_s=1e-3, settle_min_macs=1)
     record = measure([lambda i: 1e-3, lambda i: 0.5e-3], cfg)
     assert record.winner == "t/fast"
     assert record.settings["settled"] is True
-    # two backends (Default's and t's) a visit, then Default's and the winner's blocks
-    assert pauses == [1e-3] * (2 * cfg.visits + 2)
-
-
-def test_where_the_program_never_goes_quiet_the_samples_come_in_two_visits(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Every pause lasts its longest (the program's own threads keep running): after the
-    # first visit, the samples left come in one more, so two pauses a backend at most.
-    pauses: list[float] = []
-    monkeypatch.setattr(harness_module, "wait_quiet", lambda most: pauses.append(most) or most)
-    cfg = settings(settle_s=1e-3, settle_min_macs=1)
-    record = measure([lambda i: 1e-3, lambda i: 0.5e-3], cfg)
-    assert record.winner == "t/fast"
-    assert pauses == [1e-3] * (2 * 2 + 2)  # two visits of two backends, then the repeat's blocks
+    assert pauses == [1e-3] * (2 + 2)  # before each backend (Default's, t's), then the repeat's blocks
 
 
 class SlowMoment:
@@ -160,11 +144,12 @@ class SlowMoment:
 
 def test_a_slow_moment_lands_on_the_kernels_of_one_backend_alike() -> None:
     # Two kernels of one backend, equally fast; the machine is twice as slow for as long
-    # as the first visit of their backend lasts (their warm-ups and first turns, samples
-    # 4-11 after Default's 4). In one block each, that moment would be one kernel's alone
-    # and prune it; in turns it is both kernels', who stay tied: the canonical pick wins.
-    cfg = settings(visits=3)
-    moment = SlowMoment(range(4, 12), 2.0)
+    # as their first three turns last (samples 9-14: after Default's warm-up and six
+    # samples, and the kernels' two warm-ups). In one block each, that moment would be
+    # the first kernel's alone and prune it; in turns it is both kernels', who stay tied:
+    # the canonical pick wins.
+    cfg = settings()
+    moment = SlowMoment(range(9, 15), 2.0)
     record = measure_kernels(
         moment.script(2e-3), [("a", moment.script(1e-3)), ("b", moment.script(1e-3))], cfg
     )

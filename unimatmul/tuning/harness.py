@@ -182,8 +182,7 @@ class HarnessConfig:
     # GPU (interleave): ... and this much slower than the best in the first round of samples
     # (taken after every candidate's warm-up, and checked on new inputs before it prunes)
     round_prune_ratio: float = math.inf
-    interleave: bool = False  # GPU: rounds across candidates; CPU: visits across backends (see _time)
-    visits: int = 3  # CPU: the backends take turns this many times (each candidate's samples in parts)
+    interleave: bool = False  # GPU: rounds across candidates; CPU: turns within a backend (see _time)
     settle_s: float = 0.2  # CPU: longest pause before a backend's samples (other pools spinning)
     # ... only for products of at least this many multiply-adds: smaller ones run on one
     # thread in OpenBLAS, MKL and oneDNN alike, so no pool is left spinning.
@@ -1096,18 +1095,45 @@ class Harness:
     ) -> None:
         """Take samples of every checked candidate; the median is kept.
 
-        On a GPU (``interleave``) candidates take turns sample by sample, so that clock
-        drift hits them all alike. On a CPU see :meth:`_sample_visits`: the candidates of
-        one backend (one thread pool) take turns, and the backends take turns in visits.
+        On a CPU the candidates of one backend (one thread pool) are measured together,
+        after their own warm-ups, and those of the next backend after them; before each
+        backend, a pause while another library's worker threads still spin (``settle``,
+        at most: :func:`unimatmul.tuning.quiet.wait_quiet`; they would steal the cores of
+        the next kernel). Within a backend the candidates take turns sample by sample
+        (:meth:`_sample_turns`), so that a slow moment of the machine (a virtual CPU
+        descheduled for a second: twice the time of a two-thread kernel) hits them all
+        alike instead of one candidate's whole block; a backend of one candidate
+        (Default) is measured in one block. On a GPU (``interleave``) every candidate
+        takes turns sample by sample, so that clock drift hits them all alike.
         """
         settings = self.settings
         firsts: dict[int, float] = {}  # best warm-up sample of each entry, for early pruning
-        if not settings.interleave:
-            self._sample_visits(entries, firsts, sets, alpha, beta, settle, late, renew)
-        else:
+        if settings.interleave:
             for entry in entries:
                 self._warmed_up(entry, entries, firsts, sets, alpha, beta, renew)
             self._sample_rounds([e for e in entries if e.result.status == OK], late, renew, firsts)
+        else:
+            for _, group in itertools.groupby(entries, key=lambda e: e.candidate.backend):
+                pool = list(group)
+                if settle > 0:
+                    wait_quiet(settle)
+                warmed = [e for e in pool if self._warmed_up(e, entries, firsts, sets, alpha, beta, renew)]
+                if len(warmed) > 1:
+                    self._sample_turns(warmed, entries, sets, late, renew)
+                    continue
+                for entry in warmed:
+
+                    def block(entry: _Entry = entry) -> None:
+                        self._sample_block(entry, entries)
+
+                    try:
+                        self._step(entry, block, "while timed")
+                    except OverLimit:
+                        if renew is not None:
+                            renew(sets)
+                        continue
+                    if late is not None and entry.result.status == OK:
+                        self._late_check(entry, late, renew=renew)
         for entry in entries:
             entry.result.samples = len(entry.times)
             if entry.times:
@@ -1159,90 +1185,65 @@ class Harness:
         firsts[id(entry)] = first
         return True
 
-    def _sample_visits(
+    def _sample_turns(
         self,
+        live: list[_Entry],
         entries: list[_Entry],
-        firsts: dict[int, float],
         sets: list[Operands],
-        alpha: float,
-        beta: float,
-        settle: float,
         late: _LateCheck | None,
         renew: Callable[[Sequence[Operands]], None] | None,
     ) -> None:
-        """CPU: samples of every candidate, in visits. A visit goes through the backends in
-        order (Default is one); at each, that backend's candidates still sampling take
-        turns, one sample each a turn (``min_samples`` turns in the first visit, the rest
-        of ``max_samples`` split over the other ``visits - 1``), each sample a step
-        of its own on the worker thread (a candidate's time limit holds as in a block).
-        Before each backend's part, a pause while another library's worker threads still
-        spin (``settle``, at most: :func:`unimatmul.tuning.quiet.wait_quiet`; they would
-        steal the cores of the next kernel). So a slow moment of the machine (a virtual
-        CPU descheduled for a second makes a two-thread kernel take twice as long) lands
-        on the candidates of one backend alike, and on the backends' samples in more than
-        one place, instead of on one candidate's whole block.
-
-        The first visit warms each candidate up first (out if its best warm-up call took
-        ``first_prune_ratio`` times the best so far); after it each candidate is checked
-        on new inputs (before its times can prune anyone). From then on, once all have
-        ``min_samples``, those further than ``prune_ratio`` from the best median stop; a
-        candidate stops at ``max_samples``, or at its budget once it has ``min_samples``;
-        all stop at the problem's cap once each has two samples. Where a pause lasts its
-        longest (other threads of the program keep running, not a pool that stops), the
-        samples left are taken in one more visit: no more pauses than two a backend.
-        """
+        """CPU: samples of ``live`` (one backend's warmed-up candidates) taken in turns, each
+        sample a step of its own on the worker thread (a candidate's time limit holds as
+        in a block). After the first turn each is checked on new inputs (before its times
+        can prune anyone); once every one has ``min_samples``, those further than
+        ``prune_ratio`` from the best median of all timed so far stop; each stops at its
+        budget (once it has ``min_samples``) or at ``max_samples``, all at the problem's cap
+        once each has two samples."""
         settings = self.settings
-        later = max(1, math.ceil((settings.max_samples - settings.min_samples) / max(1, settings.visits - 1)))
-        pools = [list(g) for _, g in itertools.groupby(entries, key=lambda e: e.candidate.backend)]
-
-        def wanted(entry: _Entry) -> bool:
-            n = len(entry.times)
-            return (
-                entry.result.status == OK
-                and n < settings.max_samples
-                and not (n >= settings.min_samples and entry.spent_s >= settings.budget_s)
-            )
-
-        first = True
-        while True:
-            for pool in pools:
-                members = [e for e in pool if wanted(e)]
-                if not members:
+        turn = 0
+        while live:
+            start = turn % len(live)
+            for entry in live[start:] + live[:start]:
+                if entry.result.status != OK:
                     continue
-                if settle > 0 and wait_quiet(settle) >= settle:
-                    # Never quiet (the program's own threads run): every pause lasts the
-                    # longest, so the rest of the samples come in one more visit.
-                    later = settings.max_samples
-                if first:
-                    members = [
-                        e for e in members if self._warmed_up(e, entries, firsts, sets, alpha, beta, renew)
-                    ]
-                for turn in range(max(1, settings.min_samples) if first else later):
-                    members = [e for e in members if wanted(e)]
-                    if not members or (turn >= 2 and time.perf_counter() > self._deadline):
-                        break  # (the problem's cap: two samples give a median to compare)
-                    start = turn % len(members)
-                    for entry in members[start:] + members[:start]:
 
-                        def sample(entry: _Entry = entry) -> None:
-                            self._take(entry)
+                def sample(entry: _Entry = entry) -> None:
+                    self._take(entry)
 
-                        try:
-                            self._step(entry, sample, "while timed")
-                        except OverLimit:
-                            if renew is not None:
-                                renew(sets)
-            if first and late is not None:
-                for entry in entries:
-                    if entry.result.status == OK and entry.times:
-                        self._late_check(entry, late, renew=renew)
-            first = False
-            live = [e for e in entries if e.result.status == OK and e.times]
+                try:
+                    self._step(entry, sample, "while timed")
+                except OverLimit:
+                    if renew is not None:
+                        renew(sets)
+            turn += 1
+            live = [e for e in live if e.result.status == OK]
+            if turn == 1 and late is not None:
+                for entry in live:
+                    self._late_check(entry, late, renew=renew)
+                live = [e for e in live if e.result.status == OK]
             if live and min(len(e.times) for e in live) >= settings.min_samples:
-                self._unpruned(live, live)
-            if not any(wanted(e) for e in entries if e.times):
+                live = self._unpruned(live, [e for e in entries if e.times])
+                live = [
+                    e
+                    for e in live
+                    if len(e.times) < settings.max_samples
+                    and not (len(e.times) >= settings.min_samples and e.spent_s >= settings.budget_s)
+                ]
+            if live and min(len(e.times) for e in live) >= 2 and time.perf_counter() > self._deadline:
+                return  # the problem's cap: two samples give a median to compare
+
+    def _sample_block(self, entry: _Entry, entries: list[_Entry]) -> None:
+        settings = self.settings
+        while entry.result.status == OK and len(entry.times) < settings.max_samples:
+            self._take(entry)
+            if len(entry.times) == settings.min_samples:
+                others = [e.median() for e in entries if e is not entry and e.times and e.result.status == OK]
+                if others and self._prune(entry, min(others)):
+                    return
+            if len(entry.times) >= settings.min_samples and entry.spent_s >= settings.budget_s:
                 return
-            if time.perf_counter() > self._deadline and all(len(e.times) >= 2 for e in live):
+            if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 
     def _first_pruned(self, entry: _Entry, first: float, best_first: float) -> bool:
