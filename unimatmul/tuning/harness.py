@@ -505,9 +505,8 @@ class Harness:
         pending.clear()
         checked: list[_Entry] = []
         for entry in tried:
-            if entry.result.status == OK and (entry.check is not None or alone):
-                if entry.check is not None:
-                    entry.result.error = entry.check.rel_error
+            if entry.result.status == OK and entry.check is not None:
+                entry.result.error = entry.check.rel_error
                 checked.append(entry)
         # Default is what the caller gets anyway: if it is further from the reference
         # than the model allows, the model is too strict here, and every candidate
@@ -517,11 +516,10 @@ class Harness:
         widen = 1.0
         if default_check is not None and default_check.nonfinite == 0 and default_check.worst_ratio > 1.0:
             widen = min(2.0 * default_check.worst_ratio, MAX_WIDEN)
-        measured: list[_Entry] = []
+        # Default alone is not checked: it is measured as it is.
+        measured: list[_Entry] = [e for e in tried if e.result.status == OK] if alone else []
         for entry in checked:
-            if entry.check is None:  # Default alone: not checked
-                measured.append(entry)
-                continue
+            assert entry.check is not None
             if not entry.check.ok(widen) and not entry.check.counted:
                 # Out of bounds in one pass: checked again whole, for the note's count and
                 # worst element (and nothing else decides it).
@@ -1223,26 +1221,29 @@ class Harness:
                     self._late_check(entry, late, renew=renew)
                 live = [e for e in live if e.result.status == OK]
             if live and min(len(e.times) for e in live) >= settings.min_samples:
-                live = self._unpruned(live, [e for e in entries if e.times])
                 live = [
-                    e
-                    for e in live
-                    if len(e.times) < settings.max_samples
-                    and not (len(e.times) >= settings.min_samples and e.spent_s >= settings.budget_s)
+                    e for e in self._unpruned(live, [e for e in entries if e.times]) if self._wants_more(e)
                 ]
             if live and min(len(e.times) for e in live) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 
+    def _wants_more(self, entry: _Entry) -> bool:
+        """Whether a CPU candidate still takes samples: fewer than ``max_samples``, and its
+        budget not spent once it has ``min_samples`` (in a block and in turns alike)."""
+        settings = self.settings
+        n = len(entry.times)
+        return n < settings.max_samples and not (
+            n >= settings.min_samples and entry.spent_s >= settings.budget_s
+        )
+
     def _sample_block(self, entry: _Entry, entries: list[_Entry]) -> None:
         settings = self.settings
-        while entry.result.status == OK and len(entry.times) < settings.max_samples:
+        while entry.result.status == OK and self._wants_more(entry):
             self._take(entry)
             if len(entry.times) == settings.min_samples:
                 others = [e.median() for e in entries if e is not entry and e.times and e.result.status == OK]
                 if others and self._prune(entry, min(others)):
                     return
-            if len(entry.times) >= settings.min_samples and entry.spent_s >= settings.budget_s:
-                return
             if len(entry.times) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 

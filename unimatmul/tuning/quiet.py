@@ -1,7 +1,8 @@
 """Waiting until this process's other threads stop running: the CPU harness's settling pause.
 
 A BLAS library's worker threads spin after their last call before they sleep: OpenBLAS's
-for about 2^28 cycles (~0.1 s), GNU OpenMP's (oneDNN's) for a few milliseconds. A kernel
+for about 2^28 cycles (~0.1 s), GNU OpenMP's (oneDNN's) for 10-100 ms (measured on a
+2-core virtual machine). A kernel
 of another library started meanwhile shares its cores with them and runs up to twice as
 slowly on a two-core machine. A fixed pause long enough for every library wastes most of
 itself after the libraries that stop early, so the harness waits instead until the other
