@@ -257,9 +257,12 @@ def _reference(
         if (bs, cs) != b_done:
             b64 = None  # the last range's before the next one's
             b64 = columns(bs, cs)
-            c2[bs, cs] = xp.sqrt(adapter.reduce_sum(b64 * b64, -2))
+            squares = b64 * b64  # once, for both norms
+            c2[bs, cs] = xp.sqrt(adapter.reduce_sum(squares, -2))
             if c4 is not None:
-                c4[bs, cs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((b64 * b64) ** 2, -2)))
+                squares *= squares
+                c4[bs, cs] = xp.sqrt(xp.sqrt(adapter.reduce_sum(squares, -2)))
+            del squares
             b_done = (bs, cs)
         pre = a64 @ b64
         if alpha != 1.0:
@@ -272,9 +275,12 @@ def _reference(
         ref[bs, rs, cs] = done
         sumsq.append(adapter.sum_squares(done))
         if cs.start == 0:  # A's row norms: once, with the first range of columns
-            r2[bs, rs] = xp.sqrt(adapter.reduce_sum(a64 * a64, -1))
+            squares = a64 * a64
+            r2[bs, rs] = xp.sqrt(adapter.reduce_sum(squares, -1))
             if r4 is not None:
-                r4[bs, rs] = xp.sqrt(xp.sqrt(adapter.reduce_sum((a64 * a64) ** 2, -1)))
+                squares *= squares
+                r4[bs, rs] = xp.sqrt(xp.sqrt(adapter.reduce_sum(squares, -1)))
+            del squares
         del pre, done  # before the next block's: one block of float64 at a time
     return Reference(ref, r2, c2, r4, c4, c3, bias64, alpha, beta, model), sumsq
 
@@ -830,8 +836,10 @@ def structure_inputs(adapter: ArrayAdapter, a: Any, b: Any, variant: int, dtypes
             v[...] = 1.0
         elif character == "zeros":
             v[...] = 0.0
-        elif character == "integers":
-            v[...] = xp.clip(xp.round(v * 2.0), -4.0, 4.0)
+        elif character == "integers":  # in place: no temporaries of a band of a large weight
+            v *= 2.0
+            xp.round(v, out=v)
+            xp.clip(v, -4.0, 4.0, out=v)
         elif character == "magnitudes":
             v[..., ::2] *= big
             v[..., 1::2] *= small

@@ -13,6 +13,8 @@ import unimatmul.core.arrays as arrays
 from unimatmul.core.arrays import cupy as cupy_module
 from unimatmul.core.arrays import numpy as numpy_module
 from unimatmul.core.arrays import torch as torch_module
+from unimatmul.core.arrays.adapter import RANDOM_PERIOD
+from unimatmul.tuning.numeric_check import structure_inputs
 
 
 def test_every_name_of_the_package_is_the_one_of_its_module() -> None:
@@ -119,3 +121,42 @@ def test_torchs_random_operands_are_of_their_dtype_never_zero_and_seeded(dtype: 
     assert bool(torch.isfinite(values).all()) and bool((values != 0).any())
     assert torch.equal(values, draw(7).to(torch.float64))  # the same seed, the same values
     assert not torch.equal(values, draw(8).to(torch.float64))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_large_cpu_operand_repeats_one_draw_of_a_prime_period(kind: str) -> None:
+    # Drawing normal numbers is the cost of a large operand on a CPU: past two periods
+    # one draw of RANDOM_PERIOD (a prime) values is repeated. A smaller one is drawn whole.
+    if kind == "torch":
+        pytest.importorskip("torch")
+    adapter: Any = arrays.adapter_for_kind(kind)
+    period = RANDOM_PERIOD
+    rows = -(-(2 * period + 3) // 1024)  # just past two periods, in rows of 1024
+    seeded = adapter.random_strided((rows, 1024), (1024, 1), "f32", arrays.CPU, np.random.default_rng(3))
+    x = np.asarray(adapter.to_numpy(seeded)).reshape(-1)
+    assert np.array_equal(x[period : 2 * period], x[:period])
+    assert np.array_equal(x[2 * period :], x[: x.size - 2 * period])
+    block = x[:period]
+    assert abs(float(block.mean())) < 0.01 and abs(float(block.std()) - 1.0) < 0.01
+    assert len(np.unique(block[:100_000])) > 99_000  # no shorter period inside the draw
+    # A row and the next one, or any two rows, never hold the same values (a kernel that
+    # reads the wrong row is caught), and another seed draws other values.
+    assert not np.array_equal(x[:1024], x[1024:2048])
+    other = adapter.random_strided((rows, 1024), (1024, 1), "f32", arrays.CPU, np.random.default_rng(4))
+    assert not np.array_equal(np.asarray(adapter.to_numpy(other)).reshape(-1)[:period], block)
+    whole = adapter.random_strided((2 * period,), (1,), "f32", arrays.CPU, np.random.default_rng(3))
+    drawn = np.asarray(adapter.to_numpy(whole))
+    assert not np.array_equal(drawn[period:], drawn[:period])  # two periods: drawn whole
+
+
+def test_structured_integers_in_a_strided_band_of_a_torch_weight() -> None:
+    # B's bands are columns (strided views); its integers are made in place there.
+    torch = pytest.importorskip("torch")
+    adapter: Any = arrays.adapter_for_kind("torch")
+    b = torch.randn(64, 90, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(5))
+    a = torch.randn(10, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(6))
+    before = b.clone()
+    structure_inputs(adapter, a, b, 0, ("bf16", "bf16", "f32"))  # B's first band: integers
+    assert torch.equal(b[:, :30], torch.clip(torch.round(before[:, :30] * 2.0), -4.0, 4.0))
+    assert torch.equal(b[:, 30:60], torch.ones(64, 30, dtype=torch.bfloat16))
+    assert torch.equal(b[:, 60:], before[:, 60:])

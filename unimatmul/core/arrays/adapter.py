@@ -242,6 +242,21 @@ def gpu_block_elements(screen: bool, total: int) -> int:
     return min(max(1 << 22, total // 8), 1 << 25) if screen else 1 << 22
 
 
+#: On a CPU an operand of more elements than ``2 * RANDOM_PERIOD`` is filled by repeating
+#: one draw of ``RANDOM_PERIOD`` values: drawing normal numbers runs at 100-200 M a second on
+#: a core (a 128-expert weight of 400 M elements took 2.3 s a set, the most of its tuning),
+#: repeating a block at memory speed. The period is a prime, so two elements are equal only
+#: where their offsets differ by a multiple of it: never a row or column apart in any layout
+#: (strides are far smaller, and a prime divides no product of smaller numbers).
+RANDOM_PERIOD = 4_194_301
+
+
+def repeats(size: int) -> tuple[int, int] | None:
+    """``(whole periods, rest)`` where a CPU operand of ``size`` elements is filled by
+    repeating one draw (:data:`RANDOM_PERIOD`), else None (drawn whole)."""
+    return divmod(size, RANDOM_PERIOD) if size > 2 * RANDOM_PERIOD else None
+
+
 #: The adapter class of each array library, in the module of its own
 #: (``unimatmul.core.arrays.<kind>``), loaded the first time an array of it comes.
 _FACTORIES: dict[str, str] = {"numpy": "NumpyAdapter", "torch": "TorchAdapter", "cupy": "CupyAdapter"}

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.core.arrays.adapter import CPU, ArrayAdapter, Device
+from unimatmul.core.arrays.adapter import CPU, RANDOM_PERIOD, ArrayAdapter, Device, repeats
 
 
 def _erf64(x: np.ndarray) -> np.ndarray:
@@ -75,7 +75,14 @@ class NumpyAdapter(ArrayAdapter):
         # Drawn in float32 (float64 only for float64): a float64 draw of a 1 GB float32
         # operand would need 2 GB more while it is converted.
         draw = np.float64 if npdt == np.float64 else np.float32
-        if fill:
+        periods = repeats(size) if fill else None
+        if periods is not None:  # one draw repeated (RANDOM_PERIOD)
+            block = rng.standard_normal(RANDOM_PERIOD, dtype=draw).astype(npdt, copy=False)
+            whole, rest = periods
+            base = np.empty(size, dtype=npdt)
+            base[: whole * RANDOM_PERIOD].reshape(whole, RANDOM_PERIOD)[:] = block
+            base[whole * RANDOM_PERIOD :] = block[:rest]
+        elif fill:
             base = rng.standard_normal(size, dtype=draw).astype(npdt, copy=False)
         else:
             base = np.empty(size, dtype=npdt)
