@@ -251,10 +251,17 @@ def gpu_block_elements(screen: bool, total: int) -> int:
 RANDOM_PERIOD = 4_194_301
 
 
-def repeats(size: int) -> tuple[int, int] | None:
-    """``(whole periods, rest)`` where a CPU operand of ``size`` elements is filled by
-    repeating one draw (:data:`RANDOM_PERIOD`), else None (drawn whole)."""
-    return divmod(size, RANDOM_PERIOD) if size > 2 * RANDOM_PERIOD else None
+def repeated(size: int) -> bool:
+    """Whether a CPU operand of ``size`` elements repeats one draw (:data:`RANDOM_PERIOD`)."""
+    return size > 2 * RANDOM_PERIOD
+
+
+def repeat_into(base: Any, block: Any) -> None:
+    """Fill the flat array ``base`` (NumPy or torch) with ``block`` (:data:`RANDOM_PERIOD`
+    values) over and over."""
+    whole, rest = divmod(len(base), RANDOM_PERIOD)
+    base[: whole * RANDOM_PERIOD].reshape(whole, RANDOM_PERIOD)[...] = block
+    base[whole * RANDOM_PERIOD :] = block[:rest]
 
 
 #: The adapter class of each array library, in the module of its own

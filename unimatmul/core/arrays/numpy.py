@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from unimatmul.core.arrays.adapter import CPU, RANDOM_PERIOD, ArrayAdapter, Device, repeats
+from unimatmul.core.arrays.adapter import CPU, RANDOM_PERIOD, ArrayAdapter, Device, repeat_into, repeated
 
 
 def _erf64(x: np.ndarray) -> np.ndarray:
@@ -75,13 +75,9 @@ class NumpyAdapter(ArrayAdapter):
         # Drawn in float32 (float64 only for float64): a float64 draw of a 1 GB float32
         # operand would need 2 GB more while it is converted.
         draw = np.float64 if npdt == np.float64 else np.float32
-        periods = repeats(size) if fill else None
-        if periods is not None:  # one draw repeated (RANDOM_PERIOD)
-            block = rng.standard_normal(RANDOM_PERIOD, dtype=draw).astype(npdt, copy=False)
-            whole, rest = periods
+        if fill and repeated(size):
             base = np.empty(size, dtype=npdt)
-            base[: whole * RANDOM_PERIOD].reshape(whole, RANDOM_PERIOD)[:] = block
-            base[whole * RANDOM_PERIOD :] = block[:rest]
+            repeat_into(base, rng.standard_normal(RANDOM_PERIOD, dtype=draw).astype(npdt, copy=False))
         elif fill:
             base = rng.standard_normal(size, dtype=draw).astype(npdt, copy=False)
         else:

@@ -18,7 +18,8 @@ from unimatmul.core.arrays.adapter import (
     Device,
     gpu_block_elements,
     host_available_bytes,
-    repeats,
+    repeat_into,
+    repeated,
 )
 
 
@@ -122,14 +123,10 @@ class TorchAdapter(ArrayAdapter):
         gen = torch.Generator(device=self.torch_device(device))
         gen.manual_seed(int(rng.integers(0, 2**62)))
         want = self.torch_dtype(dtype)
-        periods = repeats(size) if device.kind == "cpu" else None
-        drawn = self._draw(RANDOM_PERIOD if periods is not None else size, want, gen, device)
-        if periods is None:
-            return drawn.as_strided(shape, strides, offset)
-        whole, rest = periods  # on a CPU, one draw repeated (RANDOM_PERIOD)
-        base = torch.empty(size, dtype=want)
-        base[: whole * RANDOM_PERIOD].view(whole, RANDOM_PERIOD).copy_(drawn.expand(whole, RANDOM_PERIOD))
-        base[whole * RANDOM_PERIOD :].copy_(drawn[:rest])
+        if device.kind != "cpu" or not repeated(size):
+            return self._draw(size, want, gen, device).as_strided(shape, strides, offset)
+        base = torch.empty(size, dtype=want)  # on a CPU, one draw repeated
+        repeat_into(base, self._draw(RANDOM_PERIOD, want, gen, device))
         return base.as_strided(shape, strides, offset)
 
     def _draw(self, size: int, want: Any, gen: Any, device: Device) -> Any:
