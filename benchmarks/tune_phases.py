@@ -18,7 +18,8 @@ rankings); what is left of a problem's time (``other``) is the rest of the tuner
 the harness's own work (records, pruning, bookkeeping).
 
 Writes ``tune-phases.json`` (per problem: candidates, phase seconds, the calls of each timed
-function by name, the candidates' statuses and notes) and ``tune-phases.md``
+function by name, the candidates' statuses and notes, each candidate's result in the tuner's
+order) and ``tune-phases.md``
 (the median and total of each phase over the problems) under ``--out`` and prints the table.
 This measures; it changes nothing the harness does (the wrappers only read a clock).
 
@@ -213,6 +214,10 @@ def main() -> int:
                 "calls": dict(sorted(clock.calls.items())),
                 "statuses": dict(collections.Counter(r.status for r in record.results)),
                 "notes": sorted({r.note for r in record.results if r.note}),
+                # In the tuner's order (each backend's offers as it ranked them):
+                # identity, status, median seconds a call, samples.
+                "results": [[r.identity, r.status, r.median_s, r.samples] for r in record.results],
+                "speedup": record.speedup,
             }
         )
         return record
