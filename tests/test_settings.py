@@ -96,6 +96,7 @@ def test_one_idea_of_true(monkeypatch: pytest.MonkeyPatch, text: str, value: boo
         ("UNIMATMUL_LT_HEURISTICS", "many", "UNIMATMUL_LT_HEURISTICS='many' is not an integer"),
         ("UNIMATMUL_LT_HEURISTICS", "0", "UNIMATMUL_LT_HEURISTICS='0' is less than 1"),
         ("UNIMATMUL_GPU_BUDGET_S", "nan", "UNIMATMUL_GPU_BUDGET_S='nan' is less than 0"),
+        ("UNIMATMUL_GPU_BATCH_CALLS", "0", "UNIMATMUL_GPU_BATCH_CALLS='0' is less than 1"),
         (
             "UNIMATMUL_LT_LIBRARY",
             "cublas",

@@ -265,6 +265,14 @@ GPU_BUDGET_S = declare(
     parse_float(0.0),
     "measuring time per candidate on a GPU (default 0.002)",
 )
+GPU_BATCH_CALLS = declare(
+    "UNIMATMUL_GPU_BATCH_CALLS",
+    "int",
+    20,
+    parse_int(1),
+    "calls in each timed batch of a candidate on a GPU, at least (default 20; fewer where a batch "
+    "would run past 6 ms)",
+)
 
 TUNE_BUDGET_S = declare(
     "UNIMATMUL_TUNE_BUDGET_S",

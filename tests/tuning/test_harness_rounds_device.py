@@ -87,3 +87,24 @@ def test_in_rounds_only_right_kernels_are_timed_to_the_end(device: str) -> None:
     assert late.status == REJECTED and late.note.startswith("wrong after timing"), late.note
     assert record.winner in {DEFAULT.identity, *(f"fake/right{i}" for i in range(3))}
     assert record.settings["check"]["calls"] == 3  # in rounds: one before timing, two after
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or HIP device")
+def test_the_batch_size_setting_sets_the_calls_a_sample_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = Target(adapter_for_kind("torch"), Device("cuda", torch.cuda.current_device()))
+    counter = torch.zeros(1, device="cuda", dtype=torch.float64)
+
+    def calls_per_sample() -> float:
+        timer = device_timer(target)
+        sample = timer.prepare([lambda: counter.add_(1.0), lambda: counter.add_(1.0)])
+        torch.cuda.synchronize()
+        before = counter.item()
+        sample()
+        return counter.item() - before
+
+    monkeypatch.delenv("UNIMATMUL_GPU_BATCH_CALLS", raising=False)
+    assert calls_per_sample() == 20
+    monkeypatch.setenv("UNIMATMUL_GPU_BATCH_CALLS", "7")
+    assert device_timer(target).min_calls == 7
+    assert calls_per_sample() == 7

@@ -29,8 +29,9 @@ from unimatmul import settings
 from unimatmul.core._backend import Target
 from unimatmul.tuning.harness import HarnessConfig, Timer
 
-#: Calls per timed batch: enough that launch latency is a few percent of a small GEMM.
-MIN_CALLS = 20
+#: Calls per timed batch: enough that launch latency is a few percent of a small GEMM
+#: (the default of ``UNIMATMUL_GPU_BATCH_CALLS``, which sets it for :func:`device_timer`).
+MIN_CALLS: int = settings.GPU_BATCH_CALLS.default
 #: Calls of the eager warm-up before a capture (the first input sets).
 WARM_CALLS = 3
 #: A batch is cut shorter than MIN_CALLS where it would run longer than this. Long
@@ -200,21 +201,23 @@ class CupyEventTimer:
         return lambda: batch(count)
 
 
-_timers: dict[tuple[str, int], Timer] = {}
+_timers: dict[tuple[str, int, int], Timer] = {}
 _timers_lock = threading.Lock()
 
 
 def device_timer(target: Target) -> Timer:
-    """The timer for a GPU target (one per array library and device, reused)."""
-    key = (target.array_kind, target.device.index)
+    """The timer for a GPU target (one per array library, device and batch size, reused);
+    its batches hold ``UNIMATMUL_GPU_BATCH_CALLS`` calls at least."""
+    calls = settings.GPU_BATCH_CALLS.get()
+    key = (target.array_kind, target.device.index, calls)
     with _timers_lock:
         found = _timers.get(key)
         if found is None:
             if target.array_kind == "torch":
                 # The harness's own warm-up sample launches each graph first.
-                found = TorchGraphTimer(target.device.index, upload=False)
+                found = TorchGraphTimer(target.device.index, min_calls=calls, upload=False)
             elif target.array_kind == "cupy":
-                found = CupyEventTimer(target.device.index)
+                found = CupyEventTimer(target.device.index, min_calls=calls)
             else:
                 msg = f"no device timer for {target.array_kind} arrays on {target.device}"
                 raise TypeError(msg)
