@@ -15,7 +15,9 @@ config's dtype; give ``--device cuda`` for a GPU (``--array torch`` is then impl
 Every pair of runs is compared: the share of problems whose winners are the same
 identity, and how far their speedups (Default's time over the winner's, as each run
 measured) are apart. ``--pythonpath DIR`` runs another copy of the package (a baseline
-checkout) instead of the installed one. Writes ``agreement.json`` (every run's records,
+checkout) instead of the installed one. The runs see no ``UNIMATMUL_*`` variable of the
+calling environment but the cache file's and those given with ``--setting NAME=VALUE``
+(repeatable; recorded with the set), so that a set measures what it says. Writes ``agreement.json`` (every run's records,
 the load average around each run, every pair), ``agreement.md`` (tables) and, with
 matplotlib, ``agreement.png`` under ``--out``; ``--tag`` names the set of runs in them, so
 that a baseline and the current code can share one folder.
@@ -131,6 +133,7 @@ def tune_once(args: argparse.Namespace, record_file: Path | None, folder: Path, 
     if args.device != "cpu" or args.array:
         command += ["--device", args.device, "--array", args.array or "torch"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
+    env.update(args.setting)
     env["UNIMATMUL_CACHE"] = str(cache)
     if args.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([args.pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -286,12 +289,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=2, help="independent runs (default 2)")
     p.add_argument("--tag", default="current", help="name of this set of runs in the results")
     p.add_argument("--pythonpath", help="run the package found in this folder (a baseline)")
+    p.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a UNIMATMUL_* variable the runs see (repeatable; others are not passed on)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/tune-agreement"))
     p.add_argument("--first", type=int, help="only the first N model products (a quick check)")
     p.add_argument("--dry-run", action="store_true", help="list the problems and stop")
     args = p.parse_args(argv)
     if args.runs < 2:
         p.error("--runs must be at least 2")
+    given: dict[str, str] = {}
+    for item in args.setting:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("UNIMATMUL_") or name == "UNIMATMUL_CACHE":
+            p.error(
+                f"--setting {item!r}: give NAME=VALUE for a UNIMATMUL_* variable other than UNIMATMUL_CACHE"
+            )
+        given[name] = value
+    args.setting = given
     products = [] if args.preset else model_problems(args.dtype)[: args.first]
     labels = {item["key"]: item["label"] for item in products}
     if args.dry_run:
@@ -322,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     data["sets"][args.tag] = {
         "what": f"{what} on {args.device} ({args.array or ('numpy' if args.preset and args.device == 'cpu' else 'torch')})",
         "code": args.pythonpath or f"unimatmul {__version__} (this checkout)",
+        "settings": args.setting,
         "runs": runs,
         "summary": summary(runs),
         "labels": labels,
