@@ -271,7 +271,7 @@ GPU_BATCH_CALLS = declare(
     20,
     parse_int(1),
     "calls in each timed batch of a candidate on a GPU, at least (default 20; fewer where a batch "
-    "would run past 6 ms)",
+    "would run past 6 ms); another value is named in the records' timer",
 )
 
 TUNE_BUDGET_S = declare(

@@ -105,6 +105,8 @@ def test_the_batch_size_setting_sets_the_calls_a_sample_replays(monkeypatch: pyt
 
     monkeypatch.delenv("UNIMATMUL_GPU_BATCH_CALLS", raising=False)
     assert calls_per_sample() == 20
+    assert device_timer(target).name == "torch-cuda-graph"
     monkeypatch.setenv("UNIMATMUL_GPU_BATCH_CALLS", "7")
     assert device_timer(target).min_calls == 7
+    assert device_timer(target).name == "torch-cuda-graph (7 calls a batch)"  # as records keep it
     assert calls_per_sample() == 7

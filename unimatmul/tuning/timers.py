@@ -49,6 +49,11 @@ def batch_size(sets: int, call_s: float, min_calls: int = MIN_CALLS, max_batch_s
     return max(1, count)
 
 
+def _named(name: str, min_calls: int) -> str:
+    """A timer's name as records keep it: the batch size in it where it is not the default."""
+    return name if min_calls == MIN_CALLS else f"{name} ({min_calls} calls a batch)"
+
+
 class TorchGraphTimer:
     """CUDA/HIP-graph replays of back-to-back calls, timed with torch events."""
 
@@ -68,6 +73,7 @@ class TorchGraphTimer:
         self.index = index
         self.min_calls = min_calls
         self.max_batch_s = max_batch_s
+        self.name = _named(type(self).name, min_calls)
         #: Whether ``prepare`` launches the new graph once (its first launch uploads it)
         #: before returning. The Harness passes False: its first sample of every candidate
         #: is a warm-up that is never kept, so that launch is the upload.
@@ -180,6 +186,7 @@ class CupyEventTimer:
         self.cupy = cupy
         self.index = index
         self.min_calls = min_calls
+        self.name = _named(type(self).name, min_calls)
         self.max_batch_s = max_batch_s
 
     def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:

@@ -8,7 +8,7 @@ import pytest
 
 from unimatmul.backend import Candidate
 from unimatmul.core.plugins import PluginManager
-from unimatmul.tuning.timers import MAX_BATCH_S, MIN_CALLS, batch_size
+from unimatmul.tuning.timers import MAX_BATCH_S, MIN_CALLS, _named, batch_size
 from unimatmul_backends.cuda import library
 from unimatmul_backends.cuda.backend import CublasLtBackend
 
@@ -151,3 +151,8 @@ def test_timer_batch_size() -> None:
     assert batch_size(4, MAX_BATCH_S / 4) == 4
     assert batch_size(4, 1.0) == 1
     assert batch_size(4, float("nan")) == MIN_CALLS
+
+
+def test_a_timer_of_another_batch_size_says_so_in_its_name() -> None:
+    assert _named("torch-cuda-graph", MIN_CALLS) == "torch-cuda-graph"
+    assert _named("cupy-events", 10) == "cupy-events (10 calls a batch)"
