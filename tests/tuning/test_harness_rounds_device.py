@@ -94,6 +94,10 @@ def test_in_rounds_only_right_kernels_are_timed_to_the_end(device: str) -> None:
 def test_the_batch_size_setting_sets_the_calls_a_sample_replays(monkeypatch: pytest.MonkeyPatch) -> None:
     target = Target(adapter_for_kind("torch"), Device("cuda", torch.cuda.current_device()))
     counter = torch.zeros(1, device="cuda", dtype=torch.float64)
+    # The kernel's first launch loads its module (milliseconds): the timer's warm-up would
+    # time that and cut the batch to one call (a batch stays under MAX_BATCH_S).
+    counter.add_(0.0)
+    torch.cuda.synchronize()
 
     def calls_per_sample() -> float:
         timer = device_timer(target)
