@@ -17,8 +17,9 @@ identity, and how far their speedups (Default's time over the winner's, as each 
 measured) are apart. ``--pythonpath DIR`` runs another copy of the package (a baseline
 checkout) instead of the installed one. The runs see no ``UNIMATMUL_*`` variable of the
 calling environment but the cache file's and those given with ``--setting NAME=VALUE``
-(repeatable; recorded with the set), so that a set measures what it says. Writes ``agreement.json`` (every run's records,
-the load average around each run, every pair), ``agreement.md`` (tables) and, with
+(repeatable; recorded with the set), so that a set measures what it says. Writes
+``agreement.json`` (every run's records, the load average around each run, every pair),
+``agreement.md`` (tables) and, with
 matplotlib, ``agreement.png`` under ``--out``; ``--tag`` names the set of runs in them, so
 that a baseline and the current code can share one folder.
 """
@@ -133,7 +134,7 @@ def tune_once(args: argparse.Namespace, record_file: Path | None, folder: Path, 
     if args.device != "cpu" or args.array:
         command += ["--device", args.device, "--array", args.array or "torch"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
-    env.update(args.setting)
+    env.update(dict(args.setting))
     env["UNIMATMUL_CACHE"] = str(cache)
     if args.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([args.pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -280,6 +281,15 @@ def plot(data: dict[str, Any], path: Path, labels: dict[str, str]) -> bool:
     return True
 
 
+def _setting(text: str) -> tuple[str, str]:
+    """``--setting NAME=VALUE``: a ``UNIMATMUL_*`` variable the runs see (not the cache's)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("UNIMATMUL_") or name == "UNIMATMUL_CACHE":
+        msg = f"{text!r}: give NAME=VALUE for a UNIMATMUL_* variable other than UNIMATMUL_CACHE"
+        raise argparse.ArgumentTypeError(msg)
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", help="tune this preset (default: the 16 model products)")
@@ -293,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "--setting",
         action="append",
         default=[],
+        type=_setting,
         metavar="NAME=VALUE",
         help="a UNIMATMUL_* variable the runs see (repeatable; others are not passed on)",
     )
@@ -302,15 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 2:
         p.error("--runs must be at least 2")
-    given: dict[str, str] = {}
-    for item in args.setting:
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("UNIMATMUL_") or name == "UNIMATMUL_CACHE":
-            p.error(
-                f"--setting {item!r}: give NAME=VALUE for a UNIMATMUL_* variable other than UNIMATMUL_CACHE"
-            )
-        given[name] = value
-    args.setting = given
     products = [] if args.preset else model_problems(args.dtype)[: args.first]
     labels = {item["key"]: item["label"] for item in products}
     if args.dry_run:
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     data["sets"][args.tag] = {
         "what": f"{what} on {args.device} ({args.array or ('numpy' if args.preset and args.device == 'cpu' else 'torch')})",
         "code": args.pythonpath or f"unimatmul {__version__} (this checkout)",
-        "settings": args.setting,
+        "settings": dict(args.setting),
         "runs": runs,
         "summary": summary(runs),
         "labels": labels,
