@@ -268,9 +268,9 @@ GPU_BUDGET_S = declare(
 GPU_BATCH_CALLS = declare(
     "UNIMATMUL_GPU_BATCH_CALLS",
     "int",
-    20,
+    10,
     parse_int(1),
-    "calls in each timed batch of a candidate on a GPU, at least (default 20; fewer where a batch "
+    "calls in each timed batch of a candidate on a GPU, at least (default 10; fewer where a batch "
     "would run past 6 ms); another value is named in the records' timer",
 )
 

@@ -108,7 +108,7 @@ def test_the_batch_size_setting_sets_the_calls_a_sample_replays(monkeypatch: pyt
         return counter.item() - before
 
     monkeypatch.delenv("UNIMATMUL_GPU_BATCH_CALLS", raising=False)
-    assert calls_per_sample() == 20
+    assert calls_per_sample() == 10
     assert device_timer(target).name == "torch-cuda-graph"
     monkeypatch.setenv("UNIMATMUL_GPU_BATCH_CALLS", "7")
     assert device_timer(target).min_calls == 7

@@ -29,8 +29,10 @@ from unimatmul import settings
 from unimatmul.core._backend import Target
 from unimatmul.tuning.harness import HarnessConfig, Timer
 
-#: Calls per timed batch: enough that launch latency is a few percent of a small GEMM
-#: (the default of ``UNIMATMUL_GPU_BATCH_CALLS``, which sets it for :func:`device_timer`).
+#: Calls per timed batch, replayed from one graph (the default of
+#: ``UNIMATMUL_GPU_BATCH_CALLS``, which sets it for :func:`device_timer`). Ten rather than
+#: twenty cut a warm tuning's sampling by a third on the H100 and the H200, with winners
+#: agreeing between runs as often (``benchmarks/results/tune-agreement-h100``).
 MIN_CALLS: int = settings.GPU_BATCH_CALLS.default
 #: Calls of the eager warm-up before a capture (the first input sets).
 WARM_CALLS = 3

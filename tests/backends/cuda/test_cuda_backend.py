@@ -155,4 +155,4 @@ def test_timer_batch_size() -> None:
 
 def test_a_timer_of_another_batch_size_says_so_in_its_name() -> None:
     assert _named("torch-cuda-graph", MIN_CALLS) == "torch-cuda-graph"
-    assert _named("cupy-events", 10) == "cupy-events (10 calls a batch)"
+    assert _named("cupy-events", 7) == "cupy-events (7 calls a batch)"
