@@ -339,3 +339,58 @@ def test_backends_hear_of_the_problems_ahead_and_that_the_run_is_over(
     assert len(listening.told) == len(keys)
     assert listening.threads == {"unimatmul-ahead"}
     assert listening.over == 1
+
+
+def test_without_torch_a_model_says_what_to_install_and_tunes_against_numpy(tmp_path: Path) -> None:
+    """``--model`` defaults to torch's baseline: where torch is missing (here: hidden from the
+    child process as an environment without it has it), one line says what to do, and
+    ``--array numpy`` tunes the model's f32 products for real."""
+    import os
+    import subprocess
+    import sys
+
+    config = tiny_config(tmp_path)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from unimatmul.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        "UNIMATMUL_CACHE": str(tmp_path / "c.msgpack"),
+    }
+    refused = subprocess.run(
+        [sys.executable, "-c", code, "tune", "--model", str(config), "--tokens", "4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert refused.returncode == EXIT_UNAVAILABLE
+    assert "torch is not installed" in refused.stderr and "--array numpy" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "c.msgpack").exists()
+    tuned = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "tune",
+            "--model",
+            str(config),
+            "--tokens",
+            "4",
+            "--array",
+            "numpy",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert tuned.returncode == EXIT_OK, tuned.stderr
+    rows = _rows(tuned.stdout)
+    assert rows and all(row[1] == "numpy" for row in rows)
+    assert (tmp_path / "c.msgpack").exists()

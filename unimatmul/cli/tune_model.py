@@ -12,6 +12,7 @@ command of :mod:`unimatmul.cli.tune` and builds what that command runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from pathlib import Path
 from typing import TextIO
@@ -114,6 +115,13 @@ def gemms(args: argparse.Namespace) -> tuple[list[ModelGemm], str]:
 
 def model_target(args: argparse.Namespace) -> Target:
     """A model's products run in PyTorch: ``--array`` defaults to torch."""
+    if args.array is None and importlib.util.find_spec("torch") is None:
+        raise CliError(
+            "--model tunes against torch.matmul (a model runs in PyTorch), and torch is not "
+            "installed: pip install torch, or tune against numpy.matmul with --array numpy "
+            "(and --dtype f32 for a model whose weights are bf16, which NumPy cannot hold)",
+            EXIT_UNAVAILABLE,
+        )
     return output.target(args.array or "torch", args.device)
 
 
