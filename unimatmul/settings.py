@@ -382,6 +382,16 @@ TORCH_NATIVE_BUILD = declare(
     "(Python kernels; only a build made before is loaded); see `docs/torch.md`",
     owner="torch",
 )
+HF_DECODE = declare(
+    "UNIMATMUL_HF_DECODE",
+    "choice",
+    "grouped",
+    parse_choice("grouped", "transformers"),
+    "MoE experts in Hugging Face `generate()` on a GPU while routing is on: `grouped` (default: "
+    "decode keeps the routed grouped products, as prefill runs them), `transformers` (its "
+    "switch to gathered `batched_mm` for decode stays); see `docs/torch.md`",
+    owner="torch",
+)
 
 # oneDNN (backends/onednn)
 DNNL_LIB = declare(

@@ -37,6 +37,7 @@ from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
 from unimatmul.core.grouped import call_lending, grouped_problem_of, grouped_shapes, serve_default
 from unimatmul.core.problem import EmptyProduct
+from unimatmul.torch import hf_decode
 from unimatmul.torch.router import Router
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import Decision
@@ -147,6 +148,7 @@ def _resolve(
     out_dtype: torch.dtype | None,
     mode: str,
 ) -> Plan:
+    hf_decode.install(routes)  # transformers' decode switch, where transformers is imported by now
     plan = Plan("grouped_mm")
     decision = routed_decision(plan, _fill, a, b, offs, bias, out_dtype, mode)
     return TABLE.insert(key, plan, decision)
@@ -186,6 +188,14 @@ def _fill(
     return decide_into(plan, problem, target, mode, _TORCH)
 
 
+def routes(device: Any, dtype: Any) -> bool:
+    """Whether a call on ``device`` in ``dtype`` comes to this door now: installed, the
+    mode not ``off``, a device and dtype it serves (what ``_fill`` turns away otherwise)."""
+    if _router.library is None or (_mode_var.get() or _router.env_mode) == "off":
+        return False
+    return getattr(device, "type", None) in ("cpu", "cuda") and dtype in DTYPES
+
+
 def clear_plans() -> None:
     """Forget every plan (after tuning elsewhere, a new Selector, a new cache)."""
     TABLE.clear()
@@ -198,10 +208,12 @@ def install() -> None:
         library.impl("_grouped_mm", _grouped_mm, DISPATCH_KEY, with_keyset=True)
 
     _router.install(register)
+    hf_decode.install(routes)
 
 
 def uninstall() -> None:
     _router.uninstall()
+    hf_decode.uninstall()
 
 
 def stats() -> dict[str, Any]:
