@@ -1,17 +1,36 @@
-"""OneDNNBackend: Candidates are oneDNN matmul implementations, named as oneDNN names them."""
+"""OneDNNBackend: Candidates are oneDNN matmul implementations, named as oneDNN names them.
+
+Grouped GEMMs of the MoE form (``jagged == "m"``: 2-D ``a`` x 3-D ``b`` with ``offs`` over
+a's rows, torch tensors on the CPU) get the same implementations as loops, ``loop:<impl>``:
+one oneDNN primitive per group, on the caller's memory, built once per group height (rows)
+and kept (:class:`GroupedOneDNNRunner`). On the CPU ``offs`` is read where it lies, at no
+cost; torch's own CPU grouped GEMM is a loop of its dense kernel too.
+"""
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimatmul import settings
-from unimatmul.backend import Backend, Candidate, NativeCall, Problem, Target, UnsupportedProblem
+from unimatmul.backend import (
+    Backend,
+    Candidate,
+    NativeCall,
+    Problem,
+    Target,
+    UnsupportedProblem,
+    group_bounds,
+    plain_grouped_call,
+)
 
 if TYPE_CHECKING:
     from unimatmul_backends.onednn._dnnl import Dnnl, MatmulPrimitive, MatmulSpec
 
 _DTYPES = {"f32", "bf16"}
+#: A grouped candidate's name: ``loop:`` and the implementation each group's primitive asks for.
+LOOP = "loop:"
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}
 
 
@@ -26,6 +45,7 @@ class OneDNNBackend(Backend):
     name = "onednn"
     device_kinds = frozenset({"cpu"})
     array_kinds = frozenset({"numpy", "torch"})
+    ops: ClassVar[frozenset[str]] = frozenset({"gemm", "scaled_gemm", "grouped_gemm"})
 
     def __init__(self) -> None:
         self._dnnl: Dnnl | None = None
@@ -116,10 +136,16 @@ class OneDNNBackend(Backend):
                 # oneDNN refuses some layouts outright (e.g. overlapping batch strides):
                 # that is the protocol's "unsupported", not a failure of the backend.
                 raise UnsupportedProblem(f"oneDNN refuses {problem.key}: {exc}", problem=problem) from exc
+            # oneDNN can list one name twice (two variants of one implementation, seen once
+            # its primitive cache holds others); a name is one candidate, and a primitive
+            # asked for by name gets the first.
+            found = list(dict.fromkeys(found))
             self._impls[key] = found
         return found
 
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
+        if problem.is_grouped:
+            return [Candidate.make(self.name, LOOP + impl) for impl in self.grouped_impls(problem, target)]
         # oneDNN's reference implementations ("ref:...") exist to check the others and
         # run orders of magnitude slower; measuring them only burns the tuning budget.
         with_ref = settings.ONEDNN_REF.get()
@@ -129,15 +155,55 @@ class OneDNNBackend(Backend):
             if with_ref or not impl.startswith("ref:")
         ]
 
+    def grouped_impls(self, problem: Problem, target: Target) -> list[str]:
+        """The implementations a grouped loop may ask for: those oneDNN offers one group of
+        the bucket's mean height (the problem's rows over its groups), in its order."""
+        if problem.jagged != "m":
+            raise UnsupportedProblem(
+                f"oneDNN loops over the groups of the MoE form (jagged m), not jagged={problem.jagged}",
+                problem=problem,
+                backend=self.name,
+            )
+        if target.array_kind != "torch":
+            raise UnsupportedProblem(
+                "grouped GEMMs come as torch tensors", problem=problem, backend=self.name
+            )
+        dense = Problem(
+            max(1, problem.m // problem.batch),
+            problem.n,
+            problem.k,
+            dtype_a=problem.dtype_a,
+            dtype_b=problem.dtype_b,
+            dtype_c=problem.dtype_c,
+            compute=problem.compute,
+            trans_a=problem.trans_a,
+            trans_b=problem.trans_b,
+            lda=problem.lda,
+            ldb=problem.ldb,
+        )
+        with_ref = settings.ONEDNN_REF.get()
+        return [impl for impl in self.impls(dense) if with_ref or not impl.startswith("ref:")]
+
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         try:
+            if problem.is_grouped:
+                return candidate.name.removeprefix(LOOP) in self.grouped_impls(problem, target)
             return candidate.name in self.impls(problem)
         except UnsupportedProblem:
             return False
 
-    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> OneDNNRunner:
+    def prepare(self, problem: Problem, candidate: Candidate, target: Target) -> Any:
         if candidate.backend != self.name:
             raise UnsupportedProblem(f"{candidate.identity} is not a oneDNN candidate", problem=problem)
+        if problem.is_grouped:
+            impl = candidate.name.removeprefix(LOOP)
+            if not candidate.name.startswith(LOOP) or impl not in self.grouped_impls(problem, target):
+                raise UnsupportedProblem(
+                    f"{candidate.name!r} is not a oneDNN loop for {problem.key}",
+                    problem=problem,
+                    backend=self.name,
+                )
+            return GroupedOneDNNRunner(self, problem, candidate)
         if candidate.name not in self.impls(problem):
             raise UnsupportedProblem(
                 f"oneDNN {self.versions()['onednn']} does not offer {candidate.name!r} for "
@@ -205,3 +271,84 @@ class OneDNNRunner:
         if self._native is not None:
             self._native.close()
             self._native = None
+
+
+class GroupedOneDNNRunner:
+    """``runner(a, b, out, alpha, beta, bias, offs)`` for the MoE form: one oneDNN
+    primitive per non-empty group, on views of the caller's memory.
+
+    A group's primitive depends on its height (its rows) and the operands' strides; one is
+    built the first time a height is met and kept, the least recently used dropped past
+    :attr:`MAX_PRIMITIVES`. Each asks for the candidate's implementation where oneDNN
+    offers it for that height, and takes oneDNN's first otherwise (a 1-row group may have
+    other implementations than the bucket's mean height). One call at a time (the
+    primitives share oneDNN's stream).
+    """
+
+    MAX_PRIMITIVES: ClassVar[int] = 128
+
+    def __init__(self, backend: OneDNNBackend, problem: Problem, candidate: Candidate) -> None:
+        self.backend = backend
+        self.problem = problem
+        self.candidate = candidate
+        self.impl = candidate.name.removeprefix(LOOP)
+        self._prims: OrderedDict[tuple[int, ...], MatmulPrimitive] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _primitive(self, key: tuple[int, ...]) -> MatmulPrimitive:
+        prim = self._prims.get(key)
+        if prim is not None:
+            self._prims.move_to_end(key)
+            return prim
+        from unimatmul_backends.onednn._dnnl import MatmulSpec
+
+        rows, sa0, sa1, sb1, sb2, so0, so1 = key
+        p = self.problem
+        spec = MatmulSpec(
+            batch=1,
+            m=rows,
+            k=p.k,
+            n=p.n,
+            src_dtype=p.dtype_a,
+            wei_dtype=p.dtype_b,
+            dst_dtype=p.dtype_c,
+            src_strides=(sa0, sa1),
+            wei_strides=(sb1, sb2),
+            dst_strides=(so0, so1),
+        )
+        dnnl = self.backend._library()
+        prim = dnnl.matmul(spec, self.impl if self.impl in dnnl.list_impls(spec) else None)
+        self._prims[key] = prim
+        if len(self._prims) > self.MAX_PRIMITIVES:
+            self._prims.popitem(last=False)[1].close()
+        return prim
+
+    def __call__(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: Any = None,
+        offs: Any = None,
+    ) -> None:
+        plain_grouped_call(alpha, beta, bias)
+        if offs is None:
+            raise ValueError("a oneDNN grouped loop needs offs (the MoE form)")
+        size = a.element_size()
+        sa0, sa1 = a.stride()
+        sb0, sb1, sb2 = b.stride()
+        so0, so1 = out.stride()
+        pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
+        with self._lock:
+            for g, (start, end) in enumerate(group_bounds(offs, a.shape[0])):
+                if end > start:
+                    prim = self._primitive((end - start, sa0, sa1, sb1, sb2, so0, so1))
+                    prim.execute(pa + start * sa0 * size, pb + g * sb0 * size, po + start * so0 * size)
+
+    def close(self) -> None:
+        with self._lock:
+            for prim in self._prims.values():
+                prim.close()
+            self._prims.clear()

@@ -249,7 +249,8 @@ def test_a_kernel_wrong_in_one_group_is_rejected(isolated: Any, jagged: str, beh
         record = Tuner(plugins=isolated.plugins, settings=settings).tune(problem, TARGET)
     result = record.result(f"{fake.name}/kernel")
     assert result is not None and result.status == REJECTED, result
-    assert record.winner == DEFAULT.identity
+    # Default, or a right kernel of another backend (oneDNN's loops on the m form)
+    assert record.winner == DEFAULT.identity or record.winner.startswith("onednn/loop:")
     said = {"off": "over the error bound", "unwritten": "NaN/inf", "outside": "outside the output"}
     assert said.get(behaviour, "over the error bound") in result.note, result.note
     if jagged != "none" and behaviour == "off":
