@@ -174,10 +174,13 @@ class _nothing:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(routing: None) -> None:
-    """Decode steps reach the grouped door (two products a layer a step) and give
-    transformers' own logits: routing off with its batched_mm decode, in float32."""
-    model = _model("cuda", torch.float32)
+def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(
+    routing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode steps reach the grouped door (two products a layer a step) and give what
+    transformers gives with routing off (its batched_mm decode), in bf16: the logits of
+    every step whose tokens so far agree, within bf16's rounding."""
+    model = _model("cuda", torch.bfloat16)
     prompt = torch.randint(0, CONFIG["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(1)).cuda()
     kwargs = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "output_logits": True}
     kwargs |= {"return_dict_in_generate": True, "attention_mask": torch.ones_like(prompt)}
@@ -186,9 +189,17 @@ def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(routing: None) 
     ut.reset_stats()
     with unimatmul.mode("cached"):
         got = model.generate(prompt, **kwargs)
-    calls = ut.grouped_stats()["routed"]
-    layers = CONFIG["num_hidden_layers"]
-    assert calls >= 2 * layers * 4  # prefill and three decode steps, two products a layer
-    assert torch.equal(got.sequences, ref.sequences)
-    for g, r in zip(got.logits, ref.logits, strict=True):
-        assert float((g.double() - r.double()).norm() / r.double().norm()) < 1e-4
+    routed = ut.grouped_stats()["routed"]
+    assert routed >= 2 * CONFIG["num_hidden_layers"] * 4  # prefill and three decode steps
+    steps = 0
+    for step, (g, r) in enumerate(zip(got.logits, ref.logits, strict=True)):
+        if not torch.equal(got.sequences[:, : 5 + step], ref.sequences[:, : 5 + step]):
+            break
+        assert float((g.double() - r.double()).norm() / r.double().norm()) < 2e-2
+        steps += 1
+    assert steps >= 2  # the prefill's logits and at least one decode step's compared
+    ut.reset_stats()
+    monkeypatch.setenv("UNIMATMUL_HF_DECODE", "transformers")
+    with unimatmul.mode("cached"):
+        model.generate(prompt, **kwargs)
+    assert ut.grouped_stats()["routed"] == 2 * CONFIG["num_hidden_layers"]  # the prefill only
