@@ -385,11 +385,11 @@ TORCH_NATIVE_BUILD = declare(
 HF_DECODE = declare(
     "UNIMATMUL_HF_DECODE",
     "choice",
-    "grouped",
-    parse_choice("grouped", "transformers"),
-    "MoE experts in Hugging Face `generate()` on a GPU while routing is on: `grouped` (default: "
-    "decode keeps the routed grouped products, as prefill runs them), `transformers` (its "
-    "switch to gathered `batched_mm` for decode stays); see `docs/torch.md`",
+    "transformers",
+    parse_choice("transformers", "grouped"),
+    "MoE experts in Hugging Face `generate()` on a GPU while routing is on: `transformers` "
+    "(default: its switch to gathered `batched_mm` for decode stays), `grouped` (decode keeps the "
+    "routed grouped products: less GPU time, more host work a step); see `docs/torch.md`",
     owner="torch",
 )
 

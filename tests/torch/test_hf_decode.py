@@ -61,7 +61,8 @@ def _implementation_in_decode(model: Any) -> str:
 
 @pytest.fixture
 def routing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("UNIMATMUL_HF_DECODE", raising=False)
+    """Routing on, with ``UNIMATMUL_HF_DECODE=grouped`` (the default leaves transformers' switch)."""
+    monkeypatch.setenv("UNIMATMUL_HF_DECODE", "grouped")
     was = ut.is_enabled()
     ut.enable()
     try:
@@ -100,13 +101,15 @@ def test_a_gpu_model_keeps_its_grouped_experts_in_decode_while_routed(routing: N
     assert model.get_experts_implementation()[""] == "grouped_mm"
 
 
-@pytest.mark.parametrize("why", ["setting", "mode off", "float64", "routing off"])
+@pytest.mark.parametrize("why", ["default", "setting", "mode off", "float64", "routing off"])
 def test_otherwise_transformers_switches_to_batched_mm_and_back(
     routing: None, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
     model = _reporting_cuda(_model(dtype=torch.float64 if why == "float64" else torch.bfloat16))
     if why == "setting":
         monkeypatch.setenv("UNIMATMUL_HF_DECODE", "transformers")
+    if why == "default":
+        monkeypatch.delenv("UNIMATMUL_HF_DECODE")
     if why == "routing off":
         ut.disable()
     with unimatmul.mode("off") if why == "mode off" else _nothing():
@@ -177,9 +180,10 @@ class _nothing:
 def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(
     routing: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Decode steps reach the grouped door (two products a layer a step) and give what
-    transformers gives with routing off (its batched_mm decode), in bf16: the logits of
-    every step whose tokens so far agree, within bf16's rounding."""
+    """With UNIMATMUL_HF_DECODE=grouped, decode steps reach the grouped door (two products
+    a layer a step) and give what transformers gives with routing off (its batched_mm
+    decode), in bf16: the logits of every step whose tokens so far agree, within bf16's
+    rounding. By default decode is transformers' again: only the prefill reaches the door."""
     model = _model("cuda", torch.bfloat16)
     prompt = torch.randint(0, CONFIG["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(1)).cuda()
     kwargs = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "output_logits": True}
@@ -199,7 +203,7 @@ def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(
         steps += 1
     assert steps >= 2  # the prefill's logits and at least one decode step's compared
     ut.reset_stats()
-    monkeypatch.setenv("UNIMATMUL_HF_DECODE", "transformers")
+    monkeypatch.delenv("UNIMATMUL_HF_DECODE")  # the default: transformers' switch
     with unimatmul.mode("cached"):
         model.generate(prompt, **kwargs)
     assert ut.grouped_stats()["routed"] == 2 * CONFIG["num_hidden_layers"]  # the prefill only

@@ -8,11 +8,15 @@ are gathered into a copy, then multiplied by ``torch.bmm``. That copy writes and
 again the weights of every (token, expert) pair, so decode moves several times the bytes
 the grouped product reads, and routing's grouped kernels never see decode's experts.
 
-While routing is on (mode not ``off``) and the grouped door takes the model's device and
-dtype, that switch is left out: decode runs the experts as prefill does, through the
-routed grouped door. ``UNIMATMUL_HF_DECODE=transformers`` keeps transformers' switch.
-Only the automatic switch changes: a model set to ``batched_mm`` (or any other
-implementation) by its user keeps it. docs/torch.md says more.
+With ``UNIMATMUL_HF_DECODE=grouped``, while routing is on (mode not ``off``) and the
+grouped door takes the model's device and dtype, that switch is left out: decode runs the
+experts as prefill does, through the routed grouped door. That takes much less GPU time
+(on the H200, Qwen3-30B-A3B's first 4 layers at batch 16: 118 ms of GPU time a 64-token
+generate against 269 ms), but transformers' grouped path launches about twice the ops a
+layer, and eager decode is bound by the host: there it lost (0.85x tokens/s at batch 1
+and 16), so the default (``transformers``) keeps transformers' switch. Only the automatic
+switch changes: a model set to ``batched_mm`` (or any other implementation) by its user
+keeps it. ``benchmarks/results/moe-h200/`` has the figures; docs/torch.md says more.
 
 The switch is wrapped on ``GenerationMixin`` (a class attribute; :func:`uninstall` puts
 the original back) when routing is enabled with transformers imported, or at the grouped
@@ -74,7 +78,7 @@ def keeps_grouped(model: Any) -> bool:
     """Whether ``model``'s decode keeps its grouped experts: the setting allows it, the
     grouped door is installed, the mode routes, and the door serves the model's device
     and dtype."""
-    if settings.HF_DECODE.get() != "grouped":
+    if settings.HF_DECODE.get() != "grouped":  # the default: transformers decides
         return False
     device, dtype = getattr(model, "device", None), getattr(model, "dtype", None)
     return getattr(device, "type", "cpu") != "cpu" and _routes(device, dtype)
