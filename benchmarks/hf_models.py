@@ -213,6 +213,27 @@ CPU_SMALL_MODELS = (
         },
         "Llama layout, width 512, MLP 1792, 8 heads (2 KV), vocabulary 32000, 2 layers",
     ),
+    # An MoE layer at full width: Qwen3-30B-A3B's experts as they are (transformers' default
+    # grouped_mm, which on the CPU it keeps for decode too), one layer, a 32000 vocabulary.
+    ModelSpec(
+        "qwen3-moe-1l",
+        "qwen3_moe",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "vocab_size": 32000,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+            "num_hidden_layers": 1,
+        },
+        "Qwen3-30B-A3B's widths (2048; 128 experts of 768, top 8) and heads (32, 4 KV); 1 layer, vocabulary 32000",
+    ),
     ModelSpec(
         "bert-small",
         "bert",
