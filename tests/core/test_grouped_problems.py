@@ -201,7 +201,8 @@ def test_a_grouped_kernel_wrong_for_some_offs_is_rejected(
         record = Tuner(plugins=isolated.plugins, settings=settings).tune(problem, TARGET)
     result = record.result(f"{fake.name}/kernel")
     assert result is not None and result.status == REJECTED, result
-    assert record.winner == DEFAULT.identity
+    # Default, or a right kernel of another backend (oneDNN's loops on the m form)
+    assert record.winner == DEFAULT.identity or record.winner.startswith("onednn/loop:")
     if when == "after timing":  # right on the timed distributions; one group holding all rows is not
         assert "after timing" in result.note or "new inputs" in result.note, result.note
 
