@@ -40,24 +40,33 @@ from hf_models import GPU_MODELS, build_model, ratio_interval
 STATES = ("off", "off, grouped decode", "routed, batched decode", "routed")
 
 
-def _generate(model: Any, prompt: torch.Tensor, new: int, state: str) -> tuple[float, torch.Tensor]:
-    import unimatmul
-
+def _set_state(model: Any, state: str) -> None:
+    """The decode path of ``state``: the setting, and the switch left out by hand for
+    ``off, grouped decode``."""
     model.__dict__.pop("_optimize_model_for_decode", None)
     os.environ["UNIMATMUL_HF_DECODE"] = "transformers" if state == "routed, batched decode" else "grouped"
     if state == "off, grouped decode":
         model._optimize_model_for_decode = contextlib.nullcontext  # the switch left out by hand
-    mode = "off" if state.startswith("off") else "cached"
-    with unimatmul.mode(mode):
+
+
+def _call(model: Any, prompt: torch.Tensor, new: int) -> torch.Tensor:
+    return model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+    )
+
+
+def _generate(model: Any, prompt: torch.Tensor, new: int, state: str) -> tuple[float, torch.Tensor]:
+    import unimatmul
+
+    _set_state(model, state)
+    with unimatmul.mode("off" if state.startswith("off") else "cached"):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = model.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-        )
+        out = _call(model, prompt, new)
         torch.cuda.synchronize()
     return time.perf_counter() - start, out
 
@@ -65,19 +74,10 @@ def _generate(model: Any, prompt: torch.Tensor, new: int, state: str) -> tuple[f
 def _tune(model: Any, prompt: torch.Tensor, new: int, state: str) -> None:
     import unimatmul
 
+    _set_state(model, state)
     with unimatmul.mode("tune"):
         for _ in range(2):
-            model.__dict__.pop("_optimize_model_for_decode", None)
-            os.environ["UNIMATMUL_HF_DECODE"] = (
-                "transformers" if state == "routed, batched decode" else "grouped"
-            )
-            model.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-            )
+            _call(model, prompt, new)
     torch.cuda.synchronize()
 
 

@@ -177,6 +177,8 @@ GPU_MODELS = (
     ),
 )
 
+_QWEN3_MOE = next(s for s in GPU_MODELS if s.name == "qwen3-30b-a3b")
+
 # Shaped like the GPU models, small enough for a 2-core CPU.
 CPU_SMALL_MODELS = (
     ModelSpec(
@@ -218,20 +220,7 @@ CPU_SMALL_MODELS = (
     ModelSpec(
         "qwen3-moe-1l",
         "qwen3_moe",
-        {
-            "hidden_size": 2048,
-            "intermediate_size": 6144,
-            "moe_intermediate_size": 768,
-            "num_experts": 128,
-            "num_experts_per_tok": 8,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 4,
-            "head_dim": 128,
-            "vocab_size": 32000,
-            "max_position_embeddings": 32768,
-            "tie_word_embeddings": False,
-            "num_hidden_layers": 1,
-        },
+        _QWEN3_MOE.config | {"vocab_size": 32000, "num_hidden_layers": 1},
         "Qwen3-30B-A3B's widths (2048; 128 experts of 768, top 8) and heads (32, 4 KV); 1 layer, vocabulary 32000",
     ),
     ModelSpec(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimatmul import settings
@@ -143,17 +144,17 @@ class OneDNNBackend(Backend):
             self._impls[key] = found
         return found
 
+    def offered(self, problem: Problem) -> list[str]:
+        """The implementations offered as candidates: oneDNN's reference ones ("ref:...")
+        exist to check the others and run orders of magnitude slower, so measuring them
+        only burns the tuning budget (``UNIMATMUL_ONEDNN_REF=1`` offers them too)."""
+        with_ref = settings.ONEDNN_REF.get()
+        return [impl for impl in self.impls(problem) if with_ref or not impl.startswith("ref:")]
+
     def candidates(self, problem: Problem, target: Target) -> list[Candidate]:
         if problem.is_grouped:
             return [Candidate.make(self.name, LOOP + impl) for impl in self.grouped_impls(problem, target)]
-        # oneDNN's reference implementations ("ref:...") exist to check the others and
-        # run orders of magnitude slower; measuring them only burns the tuning budget.
-        with_ref = settings.ONEDNN_REF.get()
-        return [
-            Candidate.make(self.name, impl)
-            for impl in self.impls(problem)
-            if with_ref or not impl.startswith("ref:")
-        ]
+        return [Candidate.make(self.name, impl) for impl in self.offered(problem)]
 
     def grouped_impls(self, problem: Problem, target: Target) -> list[str]:
         """The implementations a grouped loop may ask for: those oneDNN offers one group of
@@ -168,21 +169,10 @@ class OneDNNBackend(Backend):
             raise UnsupportedProblem(
                 "grouped GEMMs come as torch tensors", problem=problem, backend=self.name
             )
-        dense = Problem(
-            max(1, problem.m // problem.batch),
-            problem.n,
-            problem.k,
-            dtype_a=problem.dtype_a,
-            dtype_b=problem.dtype_b,
-            dtype_c=problem.dtype_c,
-            compute=problem.compute,
-            trans_a=problem.trans_a,
-            trans_b=problem.trans_b,
-            lda=problem.lda,
-            ldb=problem.ldb,
-        )
-        with_ref = settings.ONEDNN_REF.get()
-        return [impl for impl in self.impls(dense) if with_ref or not impl.startswith("ref:")]
+        # One group as a dense product: the same operands, one matrix of b, the mean rows.
+        rows = max(1, problem.m // problem.batch)
+        dense = replace(problem, op="gemm", jagged="", batch=1, m=rows, stride_a=0, stride_b=0, stride_c=0)
+        return self.offered(dense)
 
     def check(self, problem: Problem, candidate: Candidate, target: Target) -> bool:
         try:

@@ -8,6 +8,8 @@ experts implementation). The GPU test runs a real ``generate()``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -112,7 +114,7 @@ def test_otherwise_transformers_switches_to_batched_mm_and_back(
         monkeypatch.delenv("UNIMATMUL_HF_DECODE")
     if why == "routing off":
         ut.disable()
-    with unimatmul.mode("off") if why == "mode off" else _nothing():
+    with unimatmul.mode("off") if why == "mode off" else contextlib.nullcontext():
         assert _implementation_in_decode(model) == "batched_mm"
     assert model.get_experts_implementation()[""] == "grouped_mm"
 
@@ -161,18 +163,8 @@ def test_transformers_imported_after_enable_is_wrapped_at_the_first_grouped_call
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    import os
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
     return env | extra
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @pytest.mark.gpu

@@ -45,6 +45,7 @@ from unimatmul.tuning.selector import Decision
 DISPATCH_KEY = "ADInplaceOrView"
 MAX_PLANS = 4096
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # what this door serves
+DEVICES = ("cpu", "cuda")  # device types it serves (CUDA also serves ROCm builds)
 _OP = torch.ops.aten._grouped_mm.default
 _BELOW = torch._C._after_ADInplaceOrView_keyset
 _Below = torch._C._AutoDispatchBelowADInplaceOrView
@@ -168,7 +169,7 @@ def _fill(
     if bias is not None:
         plan.reason = "a bias (torch's own kernel takes or refuses it)"
         return None
-    if a.dtype not in DTYPES or a.device.type not in ("cpu", "cuda") or a.device != b.device:
+    if a.dtype not in DTYPES or a.device.type not in DEVICES or a.device != b.device:
         plan.reason = f"dtype {a.dtype} on {a.device}"
         return None
     adapter = adapter_of(a)
@@ -193,7 +194,7 @@ def routes(device: Any, dtype: Any) -> bool:
     mode not ``off``, a device and dtype it serves (what ``_fill`` turns away otherwise)."""
     if _router.library is None or (_mode_var.get() or _router.env_mode) == "off":
         return False
-    return getattr(device, "type", None) in ("cpu", "cuda") and dtype in DTYPES
+    return getattr(device, "type", None) in DEVICES and dtype in DTYPES
 
 
 def clear_plans() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from unimatmul.backend import Target  # noqa: E402
+from unimatmul.backend import Candidate, Target  # noqa: E402
 from unimatmul.core.arrays import CPU, adapter_for_kind, adapter_of  # noqa: E402
 from unimatmul.core.dtypes import tolerance  # noqa: E402
 from unimatmul.core.errors import UnsupportedProblem  # noqa: E402
@@ -104,7 +104,7 @@ def test_only_the_moe_form_on_torch_tensors_gets_loops() -> None:
         BACKEND.candidates(k_form, TORCH)
     assert not BACKEND.check(k_form, _candidates(m_form)[0], TORCH)
     with pytest.raises(UnsupportedProblem, match="not a oneDNN loop"):
-        BACKEND.prepare(m_form, type(_candidates(m_form)[0]).make("onednn", "loop:no-such-impl"), TORCH)
+        BACKEND.prepare(m_form, Candidate.make("onednn", "loop:no-such-impl"), TORCH)
 
 
 def test_primitives_are_kept_per_height_and_the_oldest_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
