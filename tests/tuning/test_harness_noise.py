@@ -122,7 +122,9 @@ def test_large_cpu_products_are_measured_and_confirmed_after_a_pause(monkeypatch
     record = measure([lambda i: 1e-3, lambda i: 0.5e-3], cfg)
     assert record.winner == "t/fast"
     assert record.settings["settled"] is True
-    assert pauses == [1e-3] * (2 + 2)  # before each backend (Default's, t's), then the repeat's blocks
+    # before each backend (Default's, t's), then each block of the repeat's rounds (at least
+    # confirm_rounds of them: a slow moment outlasts a block)
+    assert pauses == [1e-3] * (2 + 2 * cfg.confirm_rounds)
 
 
 class SlowMoment:
@@ -361,3 +363,68 @@ def test_tuning_a_call_in_tune_mode_stores_the_bound_and_cache_show_prints_it(tm
     assert cli_main(["cache", "show", "--cache", str(cache)], out) == 0
     [line] = [line for line in out.getvalue().splitlines() if line.startswith(key)]
     assert shown in line.split()
+
+
+def settled(monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> HarnessConfig:
+    """Settings of a product large enough for the settling pause (which takes no time here)."""
+    monkeypatch.setattr(harness_module, "wait_quiet", lambda most: 0.0)
+    return settings(settle_s=1e-3, settle_min_macs=1, **overrides)
+
+
+def slow_first(samples: int, slow_s: float, fast_s: float) -> Script:
+    return lambda i: slow_s if i < samples else fast_s
+
+
+def test_a_slow_moment_in_the_kernels_turns_after_a_pause_neither_prunes_them_nor_keeps_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two kernels twice as fast as Default, but their whole first measurement (warm-ups
+    # and turns) fell in a slow moment of the machine: 1.6x Default's time. Against
+    # Default's block, taken at another moment, that pruned both and kept Default; their
+    # own turns prune neither, and the repeat, block by block, finds the 2x.
+    cfg = settled(monkeypatch)
+    first = 1 + cfg.max_samples
+    record = measure_kernels(
+        lambda i: 1e-3,
+        [("a", slow_first(first, 1.6e-3, 0.5e-3)), ("b", slow_first(first, 1.6e-3, 0.5e-3))],
+        cfg,
+    )
+    assert record.winner == "t/a"
+    assert record.speedup == pytest.approx(2.0)
+    repeat = record.settings["repeat"]
+    assert repeat["verdict"] == "confirmed" and repeat["main_speedup"] == pytest.approx(1 / 1.6)
+    assert record.settings["confidence"] == LOW  # the two measurements disagree: the machine moved
+    assert record.result("t/b").status == OK  # not pruned against Default's block
+
+
+def test_a_slow_block_in_the_repeat_does_not_undo_a_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel is 1.5x faster, but the repeat's first block of it fell in a slow moment
+    # (2x: a vCPU descheduled): pooled, its samples spread too wide for a win; the faster
+    # half of each side's samples is its speed.
+    cfg = settled(monkeypatch)
+    first = 1 + cfg.max_samples
+    slow = range(first + 1, first + 1 + cfg.confirm_pairs)  # after the block's warm-up
+
+    def kernel(i: int) -> float:
+        return 2 / 1.5e3 if i in slow else 1 / 1.5e3
+
+    record = measure_kernels(lambda i: 1e-3, [("fast", kernel)], cfg)
+    assert record.winner == "t/fast"
+    assert record.speedup == pytest.approx(1.5)
+    assert record.settings["win"]["low"] == pytest.approx(1.5)
+
+
+def test_a_kernel_slower_than_default_in_every_block_stays_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Behind Default in its turns (within what a slow moment could explain), so measured
+    # again: behind in the repeat too, Default stays and the record says why.
+    cfg = settled(monkeypatch)
+    record = measure_kernels(lambda i: 1e-3, [("slow", lambda i: 1.2e-3)], cfg)
+    assert record.winner == DEFAULT.identity
+    assert record.settings["repeat"]["verdict"] == "within noise"
+    assert "Default kept" in record.result("t/slow").note
+
+
+def test_the_faster_half_of_blocks_drops_a_slow_moment() -> None:
+    blocks = [[1.0, 1.1, 0.9], [2.0, 2.1, 1.9], [1.0, 1.05, 0.95]]
+    assert harness_module._faster_half(blocks) == [0.9, 0.95, 1.0, 1.0]
+    assert harness_module._faster_half([[3.0, 1.0]]) == [1.0, 3.0]  # one block: all of it

@@ -175,7 +175,7 @@ class HarnessConfig:
 
     warmup: int = 2
     min_samples: int = 5
-    max_samples: int = 20
+    max_samples: int = 40
     budget_s: float = 0.25  # measuring time per candidate, after the numeric check
     prune_ratio: float = 1.3  # a candidate this much slower than the best stops early
     first_prune_ratio: float = 5.0  # ... and this much slower on its first timed call, at once
@@ -191,7 +191,10 @@ class HarnessConfig:
     # ... and its samples must say so at this confidence (unimatmul.tuning.bounds); the
     # same level decides which candidates are within noise of the fastest.
     confidence_level: float = 0.95
-    tie_ratio: float = 1.05  # never within noise of the fastest: a median this much slower
+    # Within noise of the fastest: not clearly slower than it by more than tie_gain (at
+    # confidence_level), and a median at most tie_ratio times its.
+    tie_gain: float = 0.01
+    tie_ratio: float = 1.02
     confirm_pairs: int = 5  # samples of the winner and of Default, taken in turns, to confirm a win
     confirm_rounds: int = 2  # confirmations before an unconfirmed win is called noise
     max_confirm_rounds: int = 6  # ... and at most, while it holds but its bound is not clear yet
@@ -575,7 +578,11 @@ class Harness:
         if ok:
             best, win = self._pick(ok)
             if default_entry is not None and best is not default_entry:
-                if best.median() > default_entry.median() * (1.0 - settings.min_gain):
+                # After a settling pause Default's block and the kernels' turns were taken
+                # at different moments of the machine: unless the pick is further behind
+                # than a slow moment can explain, the repeat decides, in blocks of each.
+                behind = settings.first_prune_ratio if settle > 0 else 1.0 - settings.min_gain
+                if best.median() > default_entry.median() * behind:
                     low, high = speedup_bounds(default_entry.times, best.times, settings.confidence_level)
                     win.update(_win_bounds(low, high))
                     best = default_entry  # not a win: keep what the user would have had
@@ -1116,13 +1123,18 @@ class Harness:
                 if settle > 0:
                     wait_quiet(settle)
                 warmed = [e for e in pool if self._warmed_up(e, entries, firsts, sets, alpha, beta, renew)]
+                # After a pause, another backend's samples were taken at other moments of
+                # the machine: a slow moment (twice a two-thread kernel's time) in one of
+                # them would prune the other's candidates, so each backend's are pruned
+                # against its own alone (the repeat against Default judges the rest).
+                peers = warmed if settle > 0 else entries
                 if len(warmed) > 1:
-                    self._sample_turns(warmed, entries, sets, late, renew)
+                    self._sample_turns(warmed, peers, sets, late, renew)
                     continue
                 for entry in warmed:
 
-                    def block(entry: _Entry = entry) -> None:
-                        self._sample_block(entry, entries)
+                    def block(entry: _Entry = entry, peers: list[_Entry] = peers) -> None:
+                        self._sample_block(entry, peers)
 
                     try:
                         self._step(entry, block, "while timed")
@@ -1195,7 +1207,8 @@ class Harness:
         sample a step of its own on the worker thread (a candidate's time limit holds as
         in a block). After the first turn each is checked on new inputs (before its times
         can prune anyone); once every one has ``min_samples``, those further than
-        ``prune_ratio`` from the best median of all timed so far stop; each stops at its
+        ``prune_ratio`` from the best median of ``entries`` timed so far (every candidate,
+        or after a settling pause this backend's alone) stop; each stops at its
         budget (once it has ``min_samples``) or at ``max_samples``, all at the problem's cap
         once each has two samples."""
         settings = self.settings
@@ -1414,7 +1427,7 @@ class Harness:
         ties = within_noise(
             {e.candidate.identity: e.times for e in contenders},
             settings.confidence_level,
-            settings.min_gain,
+            settings.tie_gain,
             settings.tie_ratio,
         )
         pick = next(e for e in contenders if e.candidate.identity == ties.pick)
@@ -1491,6 +1504,7 @@ class Harness:
         ratios: list[float] = []
         speedup, noise, rounds = 1.0, 0.0, 0
         paired = settle <= 0
+        d_blocks, w_blocks = [main_d], [main_w]  # blocks: each side's measurements
         part_ratios: list[list[float]] = [[] for _ in parts or ()]
         # As many samples as fit the per-candidate budget, between 2 and confirm_pairs:
         # a product whose call takes a second gets 2, a small one confirm_pairs.
@@ -1527,20 +1541,33 @@ class Harness:
                     speedup = statistics.median(ratios)
                     noise = spread(ratios) / 2
                 else:
-                    for entry, times in ((default, d_times), (best, w_times)):
+                    for entry, blocks in ((default, d_blocks), (best, w_blocks)):
                         assert entry.sample is not None
                         wait_quiet(settle)
                         entry.sample()  # warm-up after the pause
-                        times.extend(entry.sample() for _ in range(pairs))
+                        blocks.append([entry.sample() for _ in range(pairs)])
+                    # A slow moment of the machine (a vCPU descheduled) only adds time, to
+                    # a sample or to a whole block: each side is the faster half of its
+                    # samples, of its first measurement and the repeat alike.
+                    d_times[:] = _faster_half(d_blocks)
+                    w_times[:] = _faster_half(w_blocks)
                     speedup = statistics.median(d_times) / statistics.median(w_times)
                     noise = (spread(d_times) + spread(w_times)) / 2
                 # Paired samples: the bound of their ratios, once there are enough of them
-                # for one; blocks (or too few pairs): of both measurements' samples together.
-                bounds = ratio_bounds(ratios, settings.confidence_level) if paired else (0.0, math.inf)
-                if bounds == (0.0, math.inf):
-                    bounds = speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
+                # for one; too few pairs: of both measurements' samples together; blocks:
+                # of the two fastest blocks' samples.
+                if paired:
+                    bounds = ratio_bounds(ratios, settings.confidence_level)
+                    if bounds == (0.0, math.inf):
+                        bounds = speedup_bounds(main_d + d_times, main_w + w_times, settings.confidence_level)
+                else:
+                    bounds = speedup_bounds(d_times, w_times, settings.confidence_level)
                 holds = speedup - 1.0 >= max(settings.min_gain, noise)
-                if holds and bounds[0] >= 1.0 + settings.min_gain:
+                if (
+                    holds
+                    and bounds[0] >= 1.0 + settings.min_gain
+                    and (paired or rounds >= settings.confirm_rounds)
+                ):
                     break
                 # A win that does not hold after confirm_rounds is noise; one that holds
                 # but whose samples do not yet bound it clearly gets more of them (a busy
@@ -1562,7 +1589,8 @@ class Harness:
         # The confirmation measured both close together in time: its times are kept,
         # unless the two measurements disagree and the first claimed less; then the
         # record keeps the smaller claim (a busy moment must not become a speedup).
-        if agree or speedup <= main_ratio or not confirmed:
+        if not paired or agree or speedup <= main_ratio or not confirmed:
+            # (blocks: the fastest of both measurements' already, the smaller claim)
             best.times, default.times = w_times, d_times
         verdict = {
             "candidate": best.candidate.identity,
@@ -1585,12 +1613,23 @@ class Harness:
                 f"its {speedup:.3g}x over Default is not clear from its samples (at least "
                 f"{bounds[0]:.3g}x at {settings.confidence_level:.0%} confidence): Default kept"
             )
+        elif not confirmed and main_ratio < 1.0 + settings.min_gain:
+            best.result.note = (
+                f"{main_ratio:.3g}x Default's speed, and {speedup:.3g}x measured again "
+                f"(noise {noise:.1%}): Default kept"
+            )
         elif not confirmed:
             best.result.note = (
                 f"its {main_ratio:.3g}x over Default did not hold when measured again "
                 f"({speedup:.3g}x, noise {noise:.1%}): Default kept"
             )
         return (best if confirmed else default), verdict, bounds
+
+
+def _faster_half(blocks: Sequence[Sequence[float]]) -> list[float]:
+    """The faster half of the samples of ``blocks`` (at least the fastest block's count)."""
+    samples = sorted(t for block in blocks for t in block)
+    return samples[: max(len(samples) // 2, min(len(b) for b in blocks))]
 
 
 def _cpu_load() -> tuple[float, int] | None:

@@ -268,6 +268,8 @@ def device_settings(target: Target) -> HarnessConfig:
         interleave=True,
         settle_s=0.0,
         min_gain=0.01,
+        tie_gain=0.01,
+        tie_ratio=1.05,
         rotate_bytes=2 * l2_cache_bytes(target),
         max_rotation_bytes=1 << 30,
         max_sets=32,
