@@ -428,3 +428,16 @@ def test_the_faster_half_of_blocks_drops_a_slow_moment() -> None:
     blocks = [[1.0, 1.1, 0.9], [2.0, 2.1, 1.9], [1.0, 1.05, 0.95]]
     assert harness_module._faster_half(blocks) == [0.9, 0.95, 1.0, 1.0]
     assert harness_module._faster_half([[3.0, 1.0]]) == [1.0, 3.0]  # one block: all of it
+
+
+def test_a_kernel_slow_in_its_first_turns_is_not_pruned_before_it_settles() -> None:
+    # b's first three samples (after its warm-up) take 1.6x a's; then it is the faster.
+    # Pruned after min_samples, it lost to a in a run where it was slow to start and won
+    # in the next; judged after twice min_samples, it wins both.
+    cfg = settings(max_samples=12)
+    record = measure_kernels(
+        lambda i: 2e-3, [("a", lambda i: 1e-3), ("b", slow_first(4, 1.6e-3, 0.8e-3))], cfg
+    )
+    b = record.result("t/b")
+    assert b is not None and b.status == OK
+    assert record.winner == "t/b"
