@@ -75,3 +75,19 @@ def test_cpu_timer_rotates_through_every_set() -> None:
     for _ in range(5):
         sample()
     assert seen == [0, 1, 2, 0, 1, 2]  # the untimed first call, then one call a sample
+
+
+def test_candidates_in_turns_never_run_on_the_set_the_one_before_just_used() -> None:
+    # Two candidates over the same three sets, taking turns: each call goes to the set
+    # after the last call of either, so no candidate finds its inputs in the caches the
+    # other just filled (with a position each, both used set 1, then set 2, ...).
+    seen: list[tuple[str, int]] = []
+    timer = CpuTimer(min_sample_s=0.0)
+    a = timer.prepare([lambda i=i: seen.append(("a", i)) for i in range(3)])
+    b = timer.prepare([lambda i=i: seen.append(("b", i)) for i in range(3)])
+    del seen[:2]  # the untimed first calls
+    for _ in range(3):
+        a()
+        b()
+    sets = [i for _, i in seen]
+    assert sets == [1, 2, 0, 1, 2, 0]

@@ -136,22 +136,29 @@ class CpuTimer:
         # small product's 20 samples cost 2 ms; a sample is the median's unit, and the
         # median of 20 shrugs off the one a timer interrupt lands in.
         self.min_sample_s = min_sample_s
+        # Calls of every sampler so far: the set a call uses follows the last call of any
+        # candidate, never the set the candidate before it just used.
+        self._calls = 1
 
     def prepare(self, calls: Sequence[Callable[[], None]]) -> Callable[[], float]:
         # The first call pays for first touches and lazy set-up: it is not timed. A
-        # sample runs calls, cycling through the sets where the last one stopped, until
-        # it has lasted min_sample_s (one call at least). Reading the clock after every
-        # call costs ~0.1 us, the same for every candidate; a count calibrated from one
-        # call instead overshoots badly when that call happened to be quick (a thread
-        # pool on a busy machine: 5 us once, 130 us after).
+        # sample runs calls, cycling through the sets, until it has lasted min_sample_s
+        # (one call at least). Reading the clock after every call costs ~0.1 us, the same
+        # for every candidate; a count calibrated from one call instead overshoots badly
+        # when that call happened to be quick (a thread pool on a busy machine: 5 us
+        # once, 130 us after). The sets rotate across samplers (candidates taking turns):
+        # with a position of its own, a candidate measured right after another ran on
+        # the set that one had just brought into the caches whenever their positions
+        # matched, which they did in some processes and not in others (oneDNN's brgemm
+        # kernel for 12x128x64x128 on a 2-vCPU VM: 123-185 us, or 187-235 us).
         count = len(calls)
         calls[0]()
-        position = [1 % count]
         min_sample_s = self.min_sample_s
         clock = time.perf_counter
 
         def sample() -> float:
-            i = position[0]
+            start = self._calls
+            i = start % count
             done = 0
             t0 = clock()
             while True:
@@ -161,7 +168,7 @@ class CpuTimer:
                 elapsed = clock() - t0
                 if elapsed >= min_sample_s:
                     break
-            position[0] = i
+            self._calls = start + done
             return elapsed / done
 
         return sample
