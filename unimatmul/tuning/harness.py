@@ -1491,16 +1491,19 @@ class Harness:
 
         Where no pool may be left spinning (small products, GPUs) the two take turns
         sample by sample and each pair gives one ratio; on a CPU product large enough
-        to need the settling pause, each is measured again in one block after it. The
-        win stands if the ratio beats Default by ``min_gain`` and by more than the
-        noise (half the relative interquartile range), and if the lower confidence
-        bound on the speedup beats Default by ``min_gain`` too (``unimatmul.tuning.bounds``:
-        of the paired ratios, or of both measurements' samples together for blocks or
-        fewer than 5 pairs); else it is measured once more (``confirm_rounds``), with all
-        samples pooled, and again while the ratio holds but the bound is not clear (up
-        to ``max_confirm_rounds``); if it still does not stand, Default is kept. Both
-        entries' times become those of the confirmation. Also returns the bounds (at
-        least, at most) on the speedup that the samples give.
+        to need the settling pause, each is measured again in one block after it, for
+        at least ``confirm_rounds`` rounds, and each side counts as the faster half of
+        all its samples (its first measurement's and the repeat's blocks: a slow moment
+        of the machine only adds time). The win stands if the ratio beats Default by
+        ``min_gain`` and by more than the noise (half the relative interquartile range),
+        and if the lower confidence bound on the speedup beats Default by ``min_gain``
+        too (``unimatmul.tuning.bounds``: of the paired ratios, of both measurements'
+        samples together for fewer than 5 pairs, of the faster halves for blocks); else
+        it is measured once more (``confirm_rounds``), with all samples pooled, and again
+        while the ratio holds but the bound is not clear (up to ``max_confirm_rounds``);
+        if it still does not stand, Default is kept. Both entries' times become those of
+        the confirmation. Also returns the bounds (at least, at most) on the speedup
+        that the samples give.
 
         With ``parts`` (a grouped problem: one sampler pair per part of its timed sets, a
         distribution over all rows or fewer) the pairs are taken on each part and the win
@@ -1566,7 +1569,7 @@ class Harness:
                     noise = (spread(d_times) + spread(w_times)) / 2
                 # Paired samples: the bound of their ratios, once there are enough of them
                 # for one; too few pairs: of both measurements' samples together; blocks:
-                # of the two fastest blocks' samples.
+                # of each side's faster half.
                 if paired:
                     bounds = ratio_bounds(ratios, settings.confidence_level)
                     if bounds == (0.0, math.inf):
@@ -1601,7 +1604,7 @@ class Harness:
         # unless the two measurements disagree and the first claimed less; then the
         # record keeps the smaller claim (a busy moment must not become a speedup).
         if not paired or agree or speedup <= main_ratio or not confirmed:
-            # (blocks: the fastest of both measurements' already, the smaller claim)
+            # (blocks: each side's faster half of both measurements already)
             best.times, default.times = w_times, d_times
         verdict = {
             "candidate": best.candidate.identity,
@@ -1638,7 +1641,8 @@ class Harness:
 
 
 def _faster_half(blocks: Sequence[Sequence[float]]) -> list[float]:
-    """The faster half of the samples of ``blocks`` (at least the fastest block's count)."""
+    """The faster half of the samples of ``blocks``, and at least as many as the smallest
+    block holds."""
     samples = sorted(t for block in blocks for t in block)
     return samples[: max(len(samples) // 2, min(len(b) for b in blocks))]
 
