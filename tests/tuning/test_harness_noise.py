@@ -371,10 +371,6 @@ def settled(monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> HarnessConfig:
     return settings(settle_s=1e-3, settle_min_macs=1, **overrides)
 
 
-def slow_first(samples: int, slow_s: float, fast_s: float) -> Script:
-    return lambda i: slow_s if i < samples else fast_s
-
-
 def test_a_slow_moment_in_the_kernels_turns_after_a_pause_neither_prunes_them_nor_keeps_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -386,7 +382,7 @@ def test_a_slow_moment_in_the_kernels_turns_after_a_pause_neither_prunes_them_no
     first = 1 + cfg.max_samples
     record = measure_kernels(
         lambda i: 1e-3,
-        [("a", slow_first(first, 1.6e-3, 0.5e-3)), ("b", slow_first(first, 1.6e-3, 0.5e-3))],
+        [("a", busy_then_quiet(1.6e-3, 0.5e-3, first)), ("b", busy_then_quiet(1.6e-3, 0.5e-3, first))],
         cfg,
     )
     assert record.winner == "t/a"
@@ -436,7 +432,7 @@ def test_a_kernel_slow_in_its_first_turns_is_not_pruned_before_it_settles() -> N
     # in the next; judged after twice min_samples, it wins both.
     cfg = settings(max_samples=12)
     record = measure_kernels(
-        lambda i: 2e-3, [("a", lambda i: 1e-3), ("b", slow_first(4, 1.6e-3, 0.8e-3))], cfg
+        lambda i: 2e-3, [("a", lambda i: 1e-3), ("b", busy_then_quiet(1.6e-3, 0.8e-3, 4))], cfg
     )
     b = record.result("t/b")
     assert b is not None and b.status == OK

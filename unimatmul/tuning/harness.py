@@ -1243,11 +1243,8 @@ class Harness:
                     self._late_check(entry, late, renew=renew)
                 live = [e for e in live if e.result.status == OK]
             if live and min(len(e.times) for e in live) >= 2 * settings.min_samples:
-                live = [
-                    e for e in self._unpruned(live, [e for e in entries if e.times]) if self._wants_more(e)
-                ]
-            elif live:
-                live = [e for e in live if self._wants_more(e)]
+                live = self._unpruned(live, [e for e in entries if e.times])
+            live = [e for e in live if self._wants_more(e)]
             if live and min(len(e.times) for e in live) >= 2 and time.perf_counter() > self._deadline:
                 return  # the problem's cap: two samples give a median to compare
 
