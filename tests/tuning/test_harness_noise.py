@@ -22,7 +22,7 @@ from harness_fakes import KernelBackend, right
 
 from unimatmul.backend import DEFAULT, Candidate, Runner, Target
 from unimatmul.cache.protocol import open_store
-from unimatmul.cache.record import OK, TuningRecord
+from unimatmul.cache.record import OK, PRUNED, TuningRecord
 from unimatmul.cli import main as cli_main
 from unimatmul.core.arrays import CPU, adapter_for_kind
 from unimatmul.core.plugins import PluginManager
@@ -437,3 +437,21 @@ def test_a_kernel_slow_in_its_first_turns_is_not_pruned_before_it_settles() -> N
     b = record.result("t/b")
     assert b is not None and b.status == OK
     assert record.winner == "t/b"
+
+
+def test_a_stall_through_a_kernels_warm_up_is_sampled_again_before_it_prunes() -> None:
+    # Its warm-up samples fell in a stall (8x Default's call; on a 2-vCPU VM 3-9 ms where
+    # the kernel takes 0.4, and the calls right after as slow), which pruned it on its first
+    # call. One more sample after a pause longer than the stall is its speed; a kernel
+    # slow in that one too is still pruned at once.
+    cfg = settings()
+    record = measure_kernels(
+        lambda i: 1e-3,
+        [("stalled", busy_then_quiet(8e-3, 0.5e-3, cfg.warmup)), ("slow", lambda i: 8e-3)],
+        cfg,
+    )
+    assert record.winner == "t/stalled"
+    assert record.speedup == pytest.approx(2.0)
+    slow = record.result("t/slow")
+    assert slow is not None and slow.status == PRUNED and "on its first timed call" in slow.note
+    assert slow.samples == 1  # no turns: judged on its first calls
