@@ -1006,6 +1006,23 @@ def profile_table(profile: dict[str, dict[str, dict[str, float]]]) -> list[str]:
 # --- main -----------------------------------------------------------------------------------------
 
 
+def _set_layers(layers: int) -> None:
+    """Every model spec with ``layers`` decoder layers (``--layers``), its description saying so."""
+    global GPU_MODELS, CPU_SMALL_MODELS
+
+    def spec(s: ModelSpec) -> ModelSpec:
+        about = re.sub(r"\b\d+ of its", f"{layers} of its", s.about, count=1)
+        if about == s.about:
+            about = re.sub(r"\b\d+ layers?\b", f"{layers} layer{'s' if layers > 1 else ''}", s.about, count=1)
+            about = about.replace("as published: ", "as published but ")
+        if about == s.about:
+            about = f"{s.about}; {layers} layer{'s' if layers > 1 else ''}"
+        return replace(s, config=s.config | {"num_hidden_layers": layers}, about=about)
+
+    GPU_MODELS = tuple(spec(s) for s in GPU_MODELS)
+    CPU_SMALL_MODELS = tuple(spec(s) for s in CPU_SMALL_MODELS)
+
+
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -1076,6 +1093,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--threads", type=int, default=None, help="torch.set_num_threads (CPU; also OMP_NUM_THREADS)"
     )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="decoder layers of every model (default: each spec's few; the report names them)",
+    )
     p.add_argument("--note", default="", help="a line for the report (conditions of the run)")
     p.add_argument(
         "--tree-history",
@@ -1089,6 +1112,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.out is None:
         base = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "results"
         args.out = base / f"hf-{args.name}"
+    if args.layers is not None:
+        if args.layers < 1:
+            p.error("--layers takes a positive count")
+        _set_layers(args.layers)
     specs = GPU_MODELS if gpu else CPU_SMALL_MODELS
     args.models = args.models or [s.name for s in specs]
     known = {s.name for s in specs} | {s.family for s in specs}
