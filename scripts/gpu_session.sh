@@ -11,6 +11,9 @@
 #            (benchmarks/moe_bench.py, MOE_BENCH_ARGS), and two HF MoE models routing off vs on (MOE_S;
 #            MOE_HF=0 leaves them out; MOE_HF_ARGS, default --max-rounds 31: rounds until each
 #            row's ratio is resolved)
+#   moedeep  the HF MoE model (Qwen3-30B-A3B's config) with more of its layers (MOEDEEP_LAYERS, default
+#            16 of 48), compiled generate at batch 1 and 16, routing off vs on (benchmarks/hf_models.py
+#            --layers): the same rows with the layers' GEMMs a larger part of a step than at 4 layers
 #   fill     a grouped bucket's best candidates against torch._grouped_mm across the bucket's fill
 #            (benchmarks/grouped_fill.py, FILL_S, FILL_ARGS)
 #   hf       the Hugging Face model benchmark (routing off vs on)
@@ -75,6 +78,10 @@ for name in "$@"; do
             python3 benchmarks/moe_bench.py --out "$OUT/moe-h200" --budget-s $(( MOE_S / 2 )) ${MOE_BENCH_ARGS:-}
             [ "${MOE_HF:-1}" = 0 ] || python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
                 --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:---max-rounds 31}' ;;
+    moedeep)
+        part moedeep "${MOEDEEP_S:-440}" python3 benchmarks/hf_models.py --gpu --name moe-deep --out "$SESSION/moedeep" \
+            --models qwen3-30b-a3b --variants compiled --phases generate --layers "${MOEDEEP_LAYERS:-16}" \
+            --max-rounds 11 --time-limit $(( ${MOEDEEP_S:-440} - 20 )) ;;
     fill)
         part fill "${FILL_S:-200}" python3 benchmarks/grouped_fill.py --out "$SESSION/fill" \
             --budget-s $(( ${FILL_S:-200} - 60 )) ${FILL_ARGS:-} ;;
