@@ -740,7 +740,7 @@ def run(
 ) -> None:
     # No round starts after the deadline; a few seconds are kept for the plot and the table.
     deadline = start + args.time_limit - 10 if args.time_limit else math.inf
-    specs = CPU_SMALL_MODELS if args.cpu_small else GPU_MODELS
+    specs = model_specs(args)
     rows = plan_rows(args, specs)
     models = Models(device, dtype)
     estimates = Estimates(device.type == "cuda")
@@ -808,7 +808,7 @@ class Report:
         self.out = out
         facts = machine(device)
         facts["transformers"] = transformers.__version__
-        specs = CPU_SMALL_MODELS if args.cpu_small else GPU_MODELS
+        specs = model_specs(args)
         self.data: dict[str, Any] = {
             "machine": facts,
             "settings": {k: (_portable(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -1006,21 +1006,21 @@ def profile_table(profile: dict[str, dict[str, dict[str, float]]]) -> list[str]:
 # --- main -----------------------------------------------------------------------------------------
 
 
-def _set_layers(layers: int) -> None:
-    """Every model spec with ``layers`` decoder layers (``--layers``), its description saying so."""
-    global GPU_MODELS, CPU_SMALL_MODELS
+def model_specs(args: argparse.Namespace) -> tuple[ModelSpec, ...]:
+    """The model specs of this run (GPU or CPU-small), with ``--layers`` decoder layers where
+    given, their descriptions saying so."""
+    specs = CPU_SMALL_MODELS if args.cpu_small else GPU_MODELS
+    layers = args.layers
+    if layers is None:
+        return specs
 
     def spec(s: ModelSpec) -> ModelSpec:
         about = re.sub(r"\b\d+ of its", f"{layers} of its", s.about, count=1)
         if about == s.about:
-            about = re.sub(r"\b\d+ layers?\b", f"{layers} layer{'s' if layers > 1 else ''}", s.about, count=1)
-            about = about.replace("as published: ", "as published but ")
-        if about == s.about:
-            about = f"{s.about}; {layers} layer{'s' if layers > 1 else ''}"
+            about = f"{s.about}; {layers} layers here"
         return replace(s, config=s.config | {"num_hidden_layers": layers}, about=about)
 
-    GPU_MODELS = tuple(spec(s) for s in GPU_MODELS)
-    CPU_SMALL_MODELS = tuple(spec(s) for s in CPU_SMALL_MODELS)
+    return tuple(spec(s) for s in specs)
 
 
 def _csv(text: str) -> list[str]:
@@ -1112,11 +1112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.out is None:
         base = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "results"
         args.out = base / f"hf-{args.name}"
-    if args.layers is not None:
-        if args.layers < 1:
-            p.error("--layers takes a positive count")
-        _set_layers(args.layers)
-    specs = GPU_MODELS if gpu else CPU_SMALL_MODELS
+    if args.layers is not None and args.layers < 1:
+        p.error("--layers takes a positive count")
+    specs = model_specs(args)
     args.models = args.models or [s.name for s in specs]
     known = {s.name for s in specs} | {s.family for s in specs}
     if set(args.models) - known:
