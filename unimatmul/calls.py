@@ -25,7 +25,15 @@ from unimatmul.core._backend import DEFAULT, Runner, Target
 from unimatmul.core.modes import _mode as _mode_var
 from unimatmul.core.modes import env_mode
 from unimatmul.core.problem import Problem
-from unimatmul.tuning.confirm import UNJUDGED, Confirmation, ConfirmingRunner, Outcome, TieRunner, clock_for
+from unimatmul.tuning.confirm import (
+    UNJUDGED,
+    Confirmation,
+    ConfirmingRunner,
+    Outcome,
+    TieRunner,
+    clock_for,
+    drop_turn,
+)
 from unimatmul.tuning.selector import Decision, forget_prepared, get_selector, on_forget
 from unimatmul.tuning.time_limit import carry_thread_state
 from unimatmul.tuning.trust import CheckingRunner, unwrapped
@@ -358,6 +366,7 @@ class CallTable:
 
     def _retire(self) -> None:
         self._sync_native(clear=True)
+        drop_turn({plan.confirmation for plan in self.plans.values() if plan.confirmation is not None})
         for plan in self.plans.values():
             if plan.calls:
                 self.retired[(plan.op, plan.source, plan.label)] += plan.calls

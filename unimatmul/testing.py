@@ -151,7 +151,27 @@ class ScriptedTimer:
         return sample
 
 
-BEHAVIOURS = ("correct", "slow", "wrong", "almost", "raise_prepare", "raise_run", "raise_candidates")
+BEHAVIOURS = (
+    "correct",
+    "slow",
+    "wrong",
+    "almost",
+    "raise_prepare",
+    "raise_run",
+    "raise_candidates",
+    "hangover",
+)
+
+
+class _Pool:
+    """What fake kernels share, as the kernels of one thread pool do: a "hangover" kernel
+    returns at once but leaves the pool busy for its ``delay_s`` (workers still spinning),
+    and the next fake kernel call waits for it first."""
+
+    busy_until = 0.0
+
+
+POOL = _Pool()
 
 
 class FakeRunner:
@@ -171,6 +191,8 @@ class FakeRunner:
         behaviour = self.backend.behaviour
         with self.backend.lock:
             self.backend.calls += 1
+        while time.perf_counter() < POOL.busy_until:  # a hangover's pool still busy
+            time.sleep(1e-4)
         if behaviour == "raise_run":
             msg = f"{self.candidate.identity} crashed on purpose"
             raise RuntimeError(msg)
@@ -184,6 +206,8 @@ class FakeRunner:
             self.adapter.copy_(out, out * 1.01)
         elif behaviour == "slow":
             time.sleep(self.backend.delay_s)
+        elif behaviour == "hangover":
+            POOL.busy_until = time.perf_counter() + self.backend.delay_s
 
 
 class FakeBackend(Backend):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import unimatmul
+from unimatmul import testing
 from unimatmul.backend import DEFAULT, Candidate, Target
 from unimatmul.cache.record import OK, PRUNED, CandidateResult, TuningRecord, mark_checked
 from unimatmul.cli import main
@@ -98,7 +100,10 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
         _check(out, a, b)
         if i == 0:
             assert fake.calls == 1  # the window starts with the choice
-    # Warm-up once, then K D D K twice: the choice ran 1 + CALLS times, never more.
+    # Warm-up once, then K D D K twice: the choice ran 1 + CALLS times, never more. The
+    # key's call after the window ends its last span (each runs to the key's next call): the
+    # verdict comes with it, and what it keeps serves it.
+    _check(unimatmul.matmul(a, b), a, b)
     assert fake.calls == 1 + CALLS
     assert isolated.selector.settle(timeout=10)  # verdicts are written by a thread of their own
     record = isolated.selector.store.get(namespace, problem.key)
@@ -106,6 +111,8 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
     assert found["verdict"] == "reverted" and found["kernel"] == "sleepy/k0"
     assert found["calls"] == CALLS and found["clock"] == "host"
     assert found["kernel_s"] >= 2e-3 > found["default_s"] > 0
+    # A host clock's spans: each call to the key's next call (the time between them in).
+    assert found["kernel_span_s"] > found["kernel_s"] and found["default_span_s"] > found["default_s"]
     assert isolated.selector.stats.reverted == 1
     for _ in range(3):
         _check(unimatmul.matmul(a, b), a, b)
@@ -121,7 +128,8 @@ def test_a_slow_choice_is_reverted_where_it_runs_and_the_cache_learns_it(
     assert main(["cache", "show", "--cache", str(isolated.cache_path)], out=text) == 0
     (row,) = [line for line in text.getvalue().splitlines() if "sleepy/k0" in line]
     ratio = found["default_s"] / found["kernel_s"]
-    assert row.split()[-2:] == ["reverted", f"{ratio:.2f}x"]
+    span = found["default_span_s"] / found["kernel_span_s"]
+    assert row.split()[-4:] == ["reverted", f"{ratio:.2f}x,", "spans", f"{span:.2f}x"]
     # The column is there because an entry has a verdict (an empty one would say nothing).
     header = next(line for line in text.getvalue().splitlines() if line.startswith("problem"))
     assert header.split()[-3:] == ["confidence", "in", "situ"]
@@ -144,6 +152,84 @@ def test_a_winning_choice_is_confirmed_and_kept(isolated: Any, fake_backend: Any
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
     assert decision.confirmation is None
+
+
+def _two_keys(selector: Selector, min_gain: float) -> list[tuple[np.ndarray, np.ndarray, Problem]]:
+    """Two problems' operands (a program's two products), with windows of CALLS calls a side
+    judged by ``min_gain``."""
+    selector.confirm_calls = CALLS
+    selector.settings = replace(fast_config(), min_gain=min_gain)
+    a, b = _operands()
+    c, d = RNG.standard_normal((8, 40)).astype(np.float32), RNG.standard_normal((40, 24)).astype(np.float32)
+    return [(a, b, _problem(a, b)), (c, d, _problem(c, d))]
+
+
+def test_a_choice_whose_cost_lands_on_the_next_call_is_reverted(isolated: Any, fake_backend: Any) -> None:
+    # A "hangover" kernel returns at once and leaves its pool busy for 5 ms, as oneDNN's
+    # spinning workers leave the cores to NumPy's next call; here the next call is another
+    # product's kept choice on the same (fake) pool, which waits. Call by call the choice
+    # wins (min_gain -20: anything within 21x of Default does); over its spans, each call to
+    # the key's next call, it loses by the 5 ms the other call waits, and is reverted.
+    fake_backend("spinner", "hangover", delay_s=5e-3)
+    victim = fake_backend("victim", "correct")
+    (a, b, first), (c, d, second) = _two_keys(isolated.selector, min_gain=-20.0)
+    namespace = _store_winner(isolated.selector, first, "spinner/k0")
+    kept = TuningRecord(
+        second.key,
+        "victim/k0",
+        1e-6,
+        2e-6,
+        versions=dict(isolated.selector.platform(_target()).versions),
+        settings={
+            "confirm": {"verdict": "confirmed", "kernel": "victim/k0", "kernel_s": 1e-6, "default_s": 2e-6}
+        },
+    )
+    isolated.selector.store.put(namespace, second.key, kept)
+    for _ in range(WINDOW + 1):  # the call after the window ends its last span: the verdict
+        _check(unimatmul.matmul(a, b), a, b)
+        _check(unimatmul.matmul(c, d), c, d)
+    assert isolated.selector.settle(timeout=10)
+    found = isolated.selector.store.get(namespace, first.key).settings["confirm"]
+    assert found["verdict"] == "reverted" and found["kernel"] == "spinner/k0"
+    assert found["kernel_s"] <= 21 * found["default_s"]  # it won call by call
+    assert found["kernel_span_s"] >= 5e-3  # its spans hold the next call's wait
+    calls = victim.calls
+    for _ in range(3):
+        _check(unimatmul.matmul(a, b), a, b)  # Default now: the pool is left idle
+        assert testing.POOL.busy_until < time.perf_counter()
+        _check(unimatmul.matmul(c, d), c, d)
+    assert victim.calls == calls + 3
+
+
+def test_windows_opened_together_time_their_calls_one_after_another(isolated: Any, fake_backend: Any) -> None:
+    # Two tuned choices met in one step: a quick one and a slow one (20 ms a call). Timed at
+    # once, the quick one's spans would hold the slow one's calls in its own arm (both
+    # windows alternate in step) and lose; one window at a time, the slow key runs Default
+    # while the quick one is judged, then takes its turn and is reverted.
+    quick = fake_backend("quick", "correct")
+    slow = fake_backend("sleepy", "slow", delay_s=20e-3)
+    # Anything within 101x of Default wins (the quick one, by a wide margin), not 20 ms.
+    (a, b, first), (c, d, second) = _two_keys(isolated.selector, min_gain=-100.0)
+    namespace = _store_winner(isolated.selector, first, "quick/k0")
+    _store_winner(isolated.selector, second, "sleepy/k0")
+    for step in range(WINDOW + 1):  # the first window, and the call that ends its last span
+        _check(unimatmul.matmul(a, b), a, b)
+        _check(unimatmul.matmul(c, d), c, d)
+        if step == 0:
+            assert slow.calls == 1  # each window's first call runs its choice (a first-call check's)
+    # Default served the second key meanwhile; its window goes on after the first's verdict.
+    assert slow.calls == 1
+    assert quick.calls == 1 + CALLS + 1  # the window, then the kept choice
+    for _ in range(WINDOW + 1):
+        _check(unimatmul.matmul(a, b), a, b)
+        _check(unimatmul.matmul(c, d), c, d)
+    assert slow.calls == 1 + CALLS  # its own window, then Default
+    assert isolated.selector.settle(timeout=10)
+    verdicts = {
+        problem.key: isolated.selector.store.get(namespace, problem.key).settings["confirm"]["verdict"]
+        for problem in (first, second)
+    }
+    assert verdicts == {first.key: "confirmed", second.key: "reverted"}
 
 
 def test_no_window_with_confirmation_off(isolated: Any, fake_backend: Any, monkeypatch: Any) -> None:
@@ -185,7 +271,7 @@ def test_a_bucket_choice_that_loses_stores_default_for_its_m_only(
     )
     isolated.selector.store.put(namespace, rep.key, bucket)
     assert isolated.selector.decide(problem, _target(), "cached").source == "bucket"
-    for _ in range(WINDOW):
+    for _ in range(WINDOW + 1):  # the call after the window ends its last span: the verdict
         _check(unimatmul.matmul(a, b), a, b)
     assert isolated.selector.settle(timeout=10)
     exact = isolated.selector.store.get(namespace, problem.key)
@@ -319,7 +405,7 @@ def test_a_tie_runs_in_a_window_and_is_kept_where_it_wins(isolated: Any, fake_ba
     text = io.StringIO()
     assert main(["cache", "show", "--cache", str(isolated.cache_path)], out=text) == 0
     (row,) = [line for line in text.getvalue().splitlines() if "tie quick/k0" in line]
-    assert row.split()[1] == DEFAULT.identity and row.split()[-3:-1] == ["quick/k0", "confirmed"]
+    assert row.split()[1] == DEFAULT.identity and row.split()[-5:-3] == ["quick/k0", "confirmed"]
     other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
     assert decision.source == "confirmed" and decision.runner.candidate.identity == "quick/k0"
@@ -384,12 +470,13 @@ def test_a_tie_runs_default_while_the_stream_is_captured(
     capturing[0] = False
     for _ in range(WINDOW):
         _check(unimatmul.matmul(a, b), a, b)
-    assert fake.calls == 1 + CALLS  # the whole window ran, and kept the tie
-    assert isolated.selector.settle(timeout=10)
+    assert fake.calls == 1 + CALLS  # the whole window ran
+    # The next call ends the last span: the verdict keeps the tie, which serves the call.
     for flag, expected in ((False, 2 + CALLS), (True, 2 + CALLS), (False, 3 + CALLS)):
         capturing[0] = flag
         _check(unimatmul.matmul(a, b), a, b)
         assert fake.calls == expected
+    assert isolated.selector.settle(timeout=10)
     # Another process reads the verdict: the kept tie, again Default under capture.
     other = Selector(plugins=isolated.plugins, settings=fast_config())
     decision = other.decide(problem, _target(), "cached")
@@ -448,6 +535,12 @@ class _CapturingClock:
 
     def seconds(self) -> list[float]:
         return [1e-3] * self.samples
+
+    def between(self) -> None:
+        pass
+
+    def spans(self) -> list[float] | None:
+        return None  # an event clock's: no spans
 
 
 def test_a_full_window_met_under_graph_capture_runs_the_choice_and_judges_later() -> None:

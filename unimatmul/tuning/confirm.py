@@ -45,6 +45,28 @@ verdict that kept it (:class:`TieRunner`; the native entries do the same): a cap
 graph holds what it would hold unrouted. A scaled choice with a slim tuning margin is
 treated the same way (:func:`default_in_graphs`).
 
+On a CPU (a host clock) a call's cost can also land on the calls after it: NumPy's
+Default runs on OpenBLAS's worker threads and a oneDNN kernel on GNU OpenMP's, and each
+pool's threads spin for a while after a call. The other pool's calls after it share
+their cores with them and now and then wait for a scheduler tick (4 ms). On the 2-core CI
+machine a BERT layer's products in NumPy ran 0.72-0.74x as fast as NumPy's own in 3 of 14
+runs, with kernels that had won their windows call by call by 1.06-1.14x
+(``benchmarks/results/cpu-mixed/``). So a host clock's window differs in three ways:
+
+- each timed call also has a *span*, from its start to the start of the key's next
+  call (everything the program did in between), and the choice is kept only if it also
+  saves ``min_gain`` of Default's call on the spans, by their *mean*: the ticks that
+  the calls after it wait are a few large samples, which a median would leave out (with
+  medians, kept choices still ran their layers at 0.88-0.93x);
+- the two sides alternate in blocks of ``HOST_BLOCK`` calls (K D D K by block), so
+  that each runs as the program would, its pool's threads in the state its own calls
+  leave them;
+- one window times at a time in a process (:class:`_Turn`): windows that open together
+  (a model's products, met in one step) would judge each other's choices along with
+  their own; the keys waiting run Default, what they ran before tuning.
+
+A host window's verdict comes with the key's call after it, which ends its last span.
+
 Outside the window a call costs nothing more: the caller swaps the wrapper for the
 winner (``ConfirmingRunner.on_final``), and the native torch kernels switch their
 table entry (``_native.cpp`` keeps its own window with the same order and hands the
@@ -82,15 +104,22 @@ def calls_per_candidate() -> int:
     return settings.CONFIRM_CALLS.get()
 
 
-def uses_kernel(index: int) -> bool:
-    """Whether timed call ``index`` of a window runs the choice (K D D K order)."""
-    return index % 4 in (0, 3)
+#: Calls in a row of one side in a host clock's window (a CPU's): a thread pool's state
+#: (its workers spinning or asleep) depends on the calls before, so each side runs as the
+#: program would run it, for this many calls, before the other.
+HOST_BLOCK = 4
 
 
-def split(samples: Sequence[float]) -> tuple[list[float], list[float]]:
+def uses_kernel(index: int, block: int = 1) -> bool:
+    """Whether timed call ``index`` of a window runs the choice (K D D K order, in blocks
+    of ``block`` calls)."""
+    return (index // block) % 4 in (0, 3)
+
+
+def split(samples: Sequence[float], block: int = 1) -> tuple[list[float], list[float]]:
     """Timed samples in call order -> (the choice's, Default's)."""
-    kernel = [s for i, s in enumerate(samples) if uses_kernel(i)]
-    default = [s for i, s in enumerate(samples) if not uses_kernel(i)]
+    kernel = [s for i, s in enumerate(samples) if uses_kernel(i, block)]
+    default = [s for i, s in enumerate(samples) if not uses_kernel(i, block)]
     return kernel, default
 
 
@@ -173,11 +202,19 @@ def describe(record: TuningRecord) -> str:
     prefix = f"tie {kernel} " if tie else ""
     if found.get("reason"):
         return prefix + verdict + " (wrong result)"  # the first-call check (tuning/trust.py)
-    try:
-        ratio = float(found["default_s"]) / float(found["kernel_s"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+    ratio, span = _ratio(found, "default_s", "kernel_s"), _ratio(found, "default_span_s", "kernel_span_s")
+    if ratio is None:
         return prefix + verdict
-    return prefix + (f"{verdict} {ratio:.2f}x" if math.isfinite(ratio) else verdict)
+    # A host clock's spans (each call to the key's next call): "spans 0.52x".
+    return prefix + f"{verdict} {ratio:.2f}x" + (f", spans {span:.2f}x" if span is not None else "")
+
+
+def _ratio(found: dict[str, Any], default: str, kernel: str) -> float | None:
+    try:
+        ratio = float(found[default]) / float(found[kernel])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return ratio if math.isfinite(ratio) else None
 
 
 @dataclass(frozen=True)
@@ -193,6 +230,9 @@ class Outcome:
     at: float
     # Set when the choice's output was wrong on a real call (unimatmul.tuning.trust): why.
     reason: str = ""
+    # A host clock's medians of each call's span, to the key's next call (NaN: none).
+    kernel_span_s: float = math.nan
+    default_span_s: float = math.nan
 
     @property
     def verdict(self) -> str:
@@ -218,19 +258,43 @@ class Outcome:
             "statistic": "median",
             "at": self.at,
             **({"reason": self.reason} if self.reason else {}),
+            **(
+                {"kernel_span_s": self.kernel_span_s, "default_span_s": self.default_span_s}
+                if math.isfinite(self.kernel_span_s) and math.isfinite(self.default_span_s)
+                else {}
+            ),
         }
 
 
+def _usable(samples: Sequence[float]) -> list[float]:
+    return [s for s in samples if math.isfinite(s) and s >= 0]
+
+
 def judge(
-    kernel: str, kernel_s: Sequence[float], default_s: Sequence[float], min_gain: float, clock: str
+    kernel: str,
+    kernel_s: Sequence[float],
+    default_s: Sequence[float],
+    min_gain: float,
+    clock: str,
+    spans: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> Outcome:
-    """The verdict on a full window (see the module docstring)."""
-    k = [s for s in kernel_s if math.isfinite(s) and s >= 0]
-    d = [s for s in default_s if math.isfinite(s) and s >= 0]
+    """The verdict on a full window (see the module docstring). ``spans``: the choice's
+    and Default's spans (a host clock's), each call to the key's next call; where
+    given, the choice must save ``min_gain`` of Default's call on them too, by median."""
+    k, d = _usable(kernel_s), _usable(default_s)
     if not k or not d:  # nothing usable was measured: keep what the harness chose
         return Outcome(True, kernel, math.nan, math.nan, 0, clock, time.time())
     km, dm = statistics.median(k), statistics.median(d)
-    return Outcome(km <= (1.0 - min_gain) * dm, kernel, km, dm, min(len(k), len(d)), clock, time.time())
+    keep = km <= (1.0 - min_gain) * dm
+    ks = ds = math.nan
+    if spans is not None:
+        k_span, d_span = _usable(spans[0]), _usable(spans[1])
+        if k_span and d_span:
+            ks, ds = statistics.fmean(k_span), statistics.fmean(d_span)
+            keep = keep and ks <= ds - min_gain * dm
+    return Outcome(
+        keep, kernel, km, dm, min(len(k), len(d)), clock, time.time(), kernel_span_s=ks, default_span_s=ds
+    )
 
 
 class Confirmation:
@@ -254,12 +318,18 @@ class Confirmation:
         with self._lock:
             self._listeners.append(listener)
 
-    def conclude(self, kernel_s: Sequence[float], default_s: Sequence[float], clock: str) -> bool:
+    def conclude(
+        self,
+        kernel_s: Sequence[float],
+        default_s: Sequence[float],
+        clock: str,
+        spans: tuple[Sequence[float], Sequence[float]] | None = None,
+    ) -> bool:
         """Judge the samples (the first window to finish decides); True: keep the choice."""
         with self._lock:
             if self.outcome is not None:
                 return self.outcome.keep
-            outcome = judge(self.kernel, kernel_s, default_s, self.min_gain, clock)
+            outcome = judge(self.kernel, kernel_s, default_s, self.min_gain, clock, spans)
             self.outcome = outcome
             listeners = list(self._listeners)
         if self._report is not None and outcome.verdict != UNJUDGED:
@@ -307,30 +377,53 @@ class Clock(Protocol):
 
     def seconds(self) -> list[float]: ...
 
+    def between(self) -> None:
+        """The start of a call of the window's key (every one, timed or not): it ends the
+        span of the timed call before it."""
+
+    def spans(self) -> list[float] | None:
+        """Each timed call's span, its start to the key's next call (a host clock's), or None."""
+
 
 class HostClock:
-    """A monotonic clock around each call: CPU kernels return when their work is done."""
+    """A monotonic clock around each call: CPU kernels return when their work is done.
+
+    Each timed call also has a *span*: from its start to the start of the key's next call
+    (module docstring), so that what a call leaves to the calls after it (another thread
+    pool's workers still spinning on the cores they need) is in its span."""
 
     name = "host"
 
     def __init__(self, samples: int) -> None:
         self._t = [0.0] * samples
+        self._span = [math.nan] * samples
         self._start = 0.0
+        self._open = -1  # the sample whose span runs until the key's next call
 
     def capturing(self) -> bool:
         return False
 
     def begin(self, index: int) -> None:
+        self.between()
         self._start = time.perf_counter()
 
     def end(self, index: int) -> None:
         self._t[index] = time.perf_counter() - self._start
+        self._open = index
+
+    def between(self) -> None:
+        if self._open >= 0:
+            self._span[self._open] = time.perf_counter() - self._start
+            self._open = -1
 
     def ready(self) -> bool:
-        return True
+        return self._open < 0
 
     def seconds(self) -> list[float]:
         return list(self._t)
+
+    def spans(self) -> list[float] | None:
+        return list(self._span)
 
 
 class TorchEventClock:
@@ -370,6 +463,12 @@ class TorchEventClock:
         ev = self._events
         return [ev[2 * i].elapsed_time(ev[2 * i + 1]) * 1e-3 for i in range(self._samples)]
 
+    def between(self) -> None:
+        pass
+
+    def spans(self) -> list[float] | None:
+        return None
+
 
 class CupyEventClock:
     """CUDA/HIP events on CuPy's current stream around each call."""
@@ -405,6 +504,12 @@ class CupyEventClock:
         ev, elapsed = self._events, self._cupy.cuda.get_elapsed_time
         return [float(elapsed(ev[2 * i], ev[2 * i + 1])) * 1e-3 for i in range(self._samples)]
 
+    def between(self) -> None:
+        pass
+
+    def spans(self) -> list[float] | None:
+        return None
+
 
 def clock_for(target: Target, samples: int) -> Clock:
     """The clock that times calls on ``target`` where they run."""
@@ -415,6 +520,36 @@ def clock_for(target: Target, samples: int) -> Clock:
     if target.array_kind == "cupy":
         return CupyEventClock(target.device.index, samples)
     return HostClock(samples)
+
+
+class _Turn:
+    """The host-clock window whose turn it is to time its calls (one at a time in a process).
+
+    Windows that open together (a model's products, met in one step) would each be judged
+    with the others alternating as well: in the choice's arm its neighbours often ran
+    their choices too, so the spans compared "all choices" against "all Default", not the
+    program each verdict leaves (three kernels kept that way ran a NumPy layer at 0.93x,
+    ``benchmarks/results/cpu-mixed/README.md``). So on a host clock one window times at a
+    time; the keys waiting run Default meanwhile (what they ran before tuning) and take
+    their turn after it."""
+
+    def __init__(self) -> None:
+        self.holder: ConfirmingRunner | None = None
+        self.last = 0.0  # the holder's last call
+        self.lock = threading.Lock()
+
+
+TURN = _Turn()
+#: A window whose key made no call for this long gives up its turn (its samples are void).
+TURN_IDLE_S = 1.0
+
+
+def drop_turn(confirmations: set[Confirmation]) -> None:
+    """Give the turn up if its window judges one of ``confirmations`` (their plans are
+    forgotten: the window's key may never be called again)."""
+    holder = TURN.holder
+    if holder is not None and holder.confirmation in confirmations:
+        TURN.holder = None
 
 
 class ConfirmingRunner:
@@ -444,6 +579,9 @@ class ConfirmingRunner:
         self.final: Runner | None = None
         self.on_final: list[Callable[[Runner], None]] = []
         self._clock = clock
+        # Host clocks time one window at a time (_Turn); events on a device, all at once.
+        self._sequential = isinstance(clock, HostClock)
+        self._block = HOST_BLOCK if self._sequential else 1
         self._timed = 2 * confirmation.calls
         self._next = 0
         self._lock = threading.Lock()
@@ -459,8 +597,25 @@ class ConfirmingRunner:
     def _settle(self, outcome: Outcome) -> None:
         final = self.kept() if outcome.keep else self.default
         self.final = final
+        if TURN.holder is self:
+            TURN.holder = None
         for hook in self.on_final:
             hook(final)
+
+    def _my_turn(self) -> bool:
+        """Whether this (host-clock) window may time its calls now (:class:`_Turn`)."""
+        turn, now = TURN, time.perf_counter()
+        if turn.holder is self:
+            turn.last = now
+            return True
+        with turn.lock:
+            holder = turn.holder
+            if holder is not None and holder.final is None and now - turn.last <= TURN_IDLE_S:
+                return False
+            if holder is not None and holder.final is None:
+                holder._next = 0  # its key went quiet: its window starts again on its turn
+            turn.holder, turn.last = self, now
+            return True
 
     def __call__(
         self, a: Any, b: Any, out: Any, alpha: float = 1.0, beta: float = 0.0, bias: Any = None, *extra: Any
@@ -475,6 +630,10 @@ class ConfirmingRunner:
         if not self._lock.acquire(blocking=False):
             return self.kernel(a, b, out, alpha, beta, bias, *extra)
         try:
+            # The window's first call runs the choice whoever's turn it is (a first-call
+            # check around the window compares that call); the rest wait for its turn.
+            if self._sequential and self._next > 0 and not self._my_turn():
+                return self._default(a, b, out, alpha, beta, bias, extra)  # another window times
             return self._window_call(a, b, out, alpha, beta, bias, extra)
         finally:
             self._lock.release()
@@ -496,28 +655,42 @@ class ConfirmingRunner:
         i = self._next
         capturing = clock.capturing()
         if i >= WARMUP + self._timed or capturing:
-            # The window is full and its last events may still be running (or the stream
-            # is being captured): the choice, untimed; the verdict once the clock can be read
-            # (never during a capture, where an event may not even be queried).
-            got = self.kernel(a, b, out, alpha, beta, bias, *extra)
+            # The window is full and its last events may still be running, or its last span
+            # open (or the stream is being captured): the verdict once the clock can be read
+            # (never during a capture, where an event may not even be queried), and what it
+            # keeps serves this call; until then the choice, untimed.
+            clock.between()
             if i >= WARMUP + self._timed and not capturing and clock.ready():
-                self.confirmation.conclude(*split(clock.seconds()), clock.name)
-            return got
+                self._conclude()
+                final = self.final
+                if final is not None:
+                    return final(a, b, out, alpha, beta, bias, *extra)
+            return self.kernel(a, b, out, alpha, beta, bias, *extra)
         self._next = i + 1
         if i < WARMUP:
+            clock.between()
             if i == 0:
                 return self.kernel(a, b, out, alpha, beta, bias, *extra)
             return self._default(a, b, out, alpha, beta, bias, extra)
         j = i - WARMUP
         clock.begin(j)
-        if uses_kernel(j):
+        if uses_kernel(j, self._block):
             got = self.kernel(a, b, out, alpha, beta, bias, *extra)
         else:
             got = self._default(a, b, out, alpha, beta, bias, extra)
         clock.end(j)
         if j + 1 == self._timed and clock.ready():
-            self.confirmation.conclude(*split(clock.seconds()), clock.name)
+            self._conclude()
         return got
+
+    def _conclude(self) -> None:
+        clock = self._clock
+        spans = clock.spans()
+        self.confirmation.conclude(
+            *split(clock.seconds(), self._block),
+            clock.name,
+            None if spans is None else split(spans, self._block),
+        )
 
 
 class TieRunner:
