@@ -230,7 +230,7 @@ class Outcome:
     at: float
     # Set when the choice's output was wrong on a real call (unimatmul.tuning.trust): why.
     reason: str = ""
-    # A host clock's medians of each call's span, to the key's next call (NaN: none).
+    # A host clock's means of each call's span, to the key's next call (NaN: none).
     kernel_span_s: float = math.nan
     default_span_s: float = math.nan
 
@@ -259,7 +259,11 @@ class Outcome:
             "at": self.at,
             **({"reason": self.reason} if self.reason else {}),
             **(
-                {"kernel_span_s": self.kernel_span_s, "default_span_s": self.default_span_s}
+                {
+                    "kernel_span_s": self.kernel_span_s,
+                    "default_span_s": self.default_span_s,
+                    "span_statistic": "mean",
+                }
                 if math.isfinite(self.kernel_span_s) and math.isfinite(self.default_span_s)
                 else {}
             ),
@@ -280,7 +284,7 @@ def judge(
 ) -> Outcome:
     """The verdict on a full window (see the module docstring). ``spans``: the choice's
     and Default's spans (a host clock's), each call to the key's next call; where
-    given, the choice must save ``min_gain`` of Default's call on them too, by median."""
+    given, the choice must save ``min_gain`` of Default's call on them too, by their mean."""
     k, d = _usable(kernel_s), _usable(default_s)
     if not k or not d:  # nothing usable was measured: keep what the harness chose
         return Outcome(True, kernel, math.nan, math.nan, 0, clock, time.time())

@@ -694,7 +694,6 @@ class SelectionState:
         """Make every caller forget its prepared runners (the selector, cache or mode changed)."""
         for hook in list(self.forget_hooks):
             hook()
-        confirm.TURN.holder = None  # a forgotten window's key may never be called again
 
     def settle_at_exit(self) -> None:
         for selector in list(self.live):
