@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -65,15 +64,25 @@ def _layer(mm: Any, p: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     return norm(h + mm(up.astype(np.float32), p["w2"]) + p["b2"]).astype(np.float32)
 
 
+def _pairs(p: dict[str, np.ndarray], x: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The operands of the layer's six products, in the layer's order (``CHAIN_NAMES``)."""
+    return [
+        (x, p["wqkv"]),
+        (p["q"], p["kt"]),
+        (p["probs"], p["v"]),
+        (x, p["wo"]),
+        (x, p["w1"]),
+        (p["up"], p["w2"]),
+    ]
+
+
 def _products(mm: Any, p: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """The layer's six products alone, back to back, on the same operand shapes (a chain of
     products with no NumPy work between them: no pause in which a pool's threads stop)."""
-    mm(x, p["wqkv"])
-    mm(p["q"], p["kt"])
-    mm(p["probs"], p["v"])
-    mm(x, p["wo"])
-    mm(x, p["w1"])
-    return mm(p["up"], p["w2"])
+    out = x
+    for a, b in _pairs(p, x):
+        out = mm(a, b)
+    return out
 
 
 LAYERS = {"full": _layer, "products": _products}
@@ -121,7 +130,9 @@ def worker(rounds: int, layers: int, kind: str) -> dict[str, Any]:
     while judged < 300:  # until every window has judged (a window: 2 + 32 calls, then one more)
         _layer(unimatmul.matmul, p, x)
         judged += 1
-        if judged % 20 == 0 and not any(p.confirming for key, p in TABLE.plans.items() if key[0] == "cached"):
+        if judged % 20 == 0 and not any(
+            plan.confirming for key, plan in TABLE.plans.items() if key[0] == "cached"
+        ):
             break
     samples: dict[str, list[float]] = {"numpy": [], "unimatmul": []}
     fns = {"numpy": np.matmul, "unimatmul": unimatmul.matmul}
@@ -179,14 +190,7 @@ def chain_worker(rounds: int) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     p = _params(rng)
     x = rng.standard_normal((TOKENS, HIDDEN), dtype=np.float32)
-    pairs = [
-        (x, p["wqkv"]),
-        (p["q"], p["kt"]),
-        (p["probs"], p["v"]),
-        (x, p["wo"]),
-        (x, p["w1"]),
-        (p["up"], p["w2"]),
-    ]
+    pairs = _pairs(p, x)
     outs = [np.empty(np.matmul(a, b).shape, np.float32) for a, b in pairs]
     adapter = adapter_for_kind("numpy")
     target = Target(adapter, CPU)
@@ -239,6 +243,16 @@ def chain_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spawn(what: str, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """This script with ``argv`` in a fresh process; the JSON its last line prints."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"a {what} run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def _chain(rounds: int, repeats: int) -> list[dict[str, Any]]:
     runs = []
     for _ in range(repeats):
@@ -246,11 +260,7 @@ def _chain(rounds: int, repeats: int) -> list[dict[str, Any]]:
             env = dict(os.environ)
             if policy is not None:
                 env["OMP_WAIT_POLICY"] = policy
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--chain-worker", "--rounds", str(rounds)]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SystemExit(f"a chain run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            runs.append(_spawn("chain", ["--chain-worker", "--rounds", str(rounds)], env))
             print(chain_table(runs[-1:]).splitlines()[-3:], flush=True)
     return runs
 
@@ -263,24 +273,9 @@ def _run(
     env.pop("UNIMATMUL_MODE", None)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        "--rounds",
-        str(rounds),
-        "--layers",
-        str(layers),
-        "--layer",
-        kind,
-    ]
+    argv = ["--worker", "--rounds", str(rounds), "--layers", str(layers), "--layer", kind]
     # From the temporary folder: a checkout in the working directory would shadow --pythonpath.
-    done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"a {code} run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    result["code"] = code
-    return result
+    return _spawn(code, argv, env, cwd=tmp) | {"code": code}
 
 
 def table(runs: list[dict[str, Any]]) -> str:
@@ -324,6 +319,21 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("NumPy BERT-base layer, tuned then cached, 2-core CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU, its libraries and NumPy's BLAS, as the CPU presets' benchmark states them."""
+    from cpu_presets import machine_facts
+
+    from unimatmul.backend import Target
+    from unimatmul.cache.protocol import open_store
+    from unimatmul.core.arrays import CPU, adapter_for_kind
+    from unimatmul.core.plugins import PluginManager
+    from unimatmul.tuning.selector import Selector
+
+    with tempfile.TemporaryDirectory() as tmp:  # a Selector over no user's cache file
+        selector = Selector(plugins=PluginManager(), store=open_store(Path(tmp) / "facts.msgpack"))
+        return machine_facts(selector, Target(adapter_for_kind("numpy"), CPU))
 
 
 def main() -> int:
@@ -378,16 +388,9 @@ def main() -> int:
                     flush=True,
                 )
                 runs.append(r)
-    import numpy
-
     data = {
         "what": "NumPy BERT-base layer through unimatmul.matmul (tuned, then cached) against numpy.matmul",
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "numpy": numpy.__version__,
-        },
+        "machine": _machine(),
         "settings": {
             "runs": args.runs,
             "rounds": args.rounds,
