@@ -3,12 +3,13 @@
 transformers 5 switches a model's ``grouped_mm`` experts to ``batched_mm`` (gathered weights
 and ``torch.bmm``) for generate's decode steps on a GPU; with ``UNIMATMUL_HF_DECODE=grouped``,
 while routing is on, unimatmul leaves that switch out (``unimatmul/torch/hf_decode.py``; the
-default keeps it). Four states of one model, timed in turns:
+default, ``auto``, does so only where generate() compiles its decode step, and these calls are
+eager). Four states of one model, timed in turns:
 
 - ``off``: routing off, transformers as it is (decode on ``batched_mm``): what a user runs;
 - ``off, grouped decode``: routing off, the switch left out by hand (torch's grouped kernel in
   decode): what the switch costs or saves by itself;
-- ``routed, batched decode``: routing on with ``UNIMATMUL_HF_DECODE=transformers`` (the default);
+- ``routed, batched decode``: routing on with ``UNIMATMUL_HF_DECODE=transformers`` (as ``auto`` in eager decode);
 - ``routed``: routing on with ``UNIMATMUL_HF_DECODE=grouped`` (decode on the routed grouped door).
 
 Each routed state tunes what it meets in two generate calls (``unimatmul.mode("tune")``),

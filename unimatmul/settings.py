@@ -385,11 +385,12 @@ TORCH_NATIVE_BUILD = declare(
 HF_DECODE = declare(
     "UNIMATMUL_HF_DECODE",
     "choice",
-    "transformers",
-    parse_choice("transformers", "grouped"),
-    "MoE experts in Hugging Face `generate()` on a GPU while routing is on: `transformers` "
-    "(default: its switch to gathered `batched_mm` for decode stays), `grouped` (decode keeps the "
-    "routed grouped products: less GPU time, more host work a step); see `docs/torch.md`",
+    "auto",
+    parse_choice("auto", "transformers", "grouped"),
+    "MoE experts in Hugging Face `generate()` on a GPU while routing is on: `auto` (default: decode "
+    "keeps the routed grouped products where generate() compiles its decode step, else transformers' "
+    "switch to gathered `batched_mm` stays), `grouped` (always kept: less GPU time, more host work a "
+    "step), `transformers` (its switch always stays); see `docs/torch.md`",
     owner="torch",
 )
 

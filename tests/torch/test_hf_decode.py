@@ -27,6 +27,7 @@ import unimatmul.torch as ut  # noqa: E402
 from unimatmul.torch import hf_decode  # noqa: E402
 
 NAME = "_optimize_model_for_decode"
+TEST = "_valid_auto_compile_criteria"  # transformers' test: does generate() compile decode?
 CONFIG = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -61,10 +62,25 @@ def _implementation_in_decode(model: Any) -> str:
         return str(model.get_experts_implementation()[""])
 
 
+def _compile_test(model: Any, cache: str = "static", **config: Any) -> bool:
+    """transformers' own test of whether generate() compiles the decode step, as generate()
+    asks it (a static or dynamic cache in the model's kwargs)."""
+    if cache == "static":
+        kept = transformers.StaticCache(config=model.config, max_cache_len=16)
+    else:
+        kept = transformers.DynamicCache(config=model.config)
+    generation_config = transformers.GenerationConfig(**config)
+    # The cache's key in generate()'s kwargs: past_key_values (transformers 5.17), cache (5.25).
+    kwargs = {"past_key_values": kept, "cache": kept}
+    return bool(model._valid_auto_compile_criteria(kwargs, generation_config))
+
+
 @pytest.fixture
 def routing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Routing on, with ``UNIMATMUL_HF_DECODE=grouped`` (the default leaves transformers' switch)."""
+    """Routing on, with ``UNIMATMUL_HF_DECODE=grouped`` (the default, ``auto``, leaves
+    transformers' switch where generate() does not compile the decode step)."""
     monkeypatch.setenv("UNIMATMUL_HF_DECODE", "grouped")
+    monkeypatch.setattr(hf_decode, "_seen", type(hf_decode._seen)())  # no answer of another test
     was = ut.is_enabled()
     ut.enable()
     try:
@@ -78,20 +94,21 @@ def test_the_model_runs_grouped_mm_by_default() -> None:
     assert _model().get_experts_implementation()[""] == "grouped_mm"
 
 
-def test_routing_wraps_the_switch_and_disable_puts_transformers_own_back() -> None:
-    original = generation.GenerationMixin.__dict__[NAME]
+@pytest.mark.parametrize("name", [NAME, TEST])
+def test_routing_wraps_the_switch_and_disable_puts_transformers_own_back(name: str) -> None:
     was = ut.is_enabled()
     ut.disable()
+    original = generation.GenerationMixin.__dict__[name]
     try:
-        assert generation.GenerationMixin.__dict__[NAME] is original
+        assert not hasattr(original, "__unimatmul_original__")
         ut.enable()
-        wrapped = generation.GenerationMixin.__dict__[NAME]
+        wrapped = generation.GenerationMixin.__dict__[name]
         assert wrapped is not original
         assert wrapped.__unimatmul_original__ is original
         ut.enable()  # idempotent: not wrapped twice
-        assert generation.GenerationMixin.__dict__[NAME] is wrapped
+        assert generation.GenerationMixin.__dict__[name] is wrapped
         ut.disable()
-        assert generation.GenerationMixin.__dict__[NAME] is original
+        assert generation.GenerationMixin.__dict__[name] is original
     finally:
         if was:
             ut.enable()
@@ -103,15 +120,47 @@ def test_a_gpu_model_keeps_its_grouped_experts_in_decode_while_routed(routing: N
     assert model.get_experts_implementation()[""] == "grouped_mm"
 
 
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_by_default_decode_keeps_grouped_where_generate_compiles_it(
+    routing: None, monkeypatch: pytest.MonkeyPatch, cache: str
+) -> None:
+    """``auto``: transformers' own compile test, asked as generate() asks it just before the
+    switch, decides: a static cache on a GPU is compiled (grouped kept), a dynamic one not."""
+    monkeypatch.delenv("UNIMATMUL_HF_DECODE")
+    model = _reporting_cuda(_model(dtype=torch.bfloat16))
+    compiled = _compile_test(model, cache)
+    assert compiled == (cache == "static")
+    assert _implementation_in_decode(model) == ("grouped_mm" if compiled else "batched_mm")
+    assert model.get_experts_implementation()[""] == "grouped_mm"
+
+
+def test_by_default_a_compile_answer_for_another_model_or_turned_off_leaves_the_switch(
+    routing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("UNIMATMUL_HF_DECODE")
+    model, other = (
+        _reporting_cuda(_model(dtype=torch.bfloat16)),
+        _reporting_cuda(_model(dtype=torch.bfloat16)),
+    )
+    assert _compile_test(other)
+    assert _implementation_in_decode(model) == "batched_mm"  # the answer was another model's
+    assert _compile_test(model)
+    assert _implementation_in_decode(model) == "grouped_mm"
+    assert not _compile_test(model, disable_compile=True)  # the user turned compiling off
+    assert _implementation_in_decode(model) == "batched_mm"
+
+
 @pytest.mark.parametrize("why", ["default", "setting", "mode off", "float64", "routing off"])
 def test_otherwise_transformers_switches_to_batched_mm_and_back(
     routing: None, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
     model = _reporting_cuda(_model(dtype=torch.float64 if why == "float64" else torch.bfloat16))
+    if why != "default":
+        assert _compile_test(model)  # compiled decode: only the reason under test is left
     if why == "setting":
         monkeypatch.setenv("UNIMATMUL_HF_DECODE", "transformers")
     if why == "default":
-        monkeypatch.delenv("UNIMATMUL_HF_DECODE")
+        monkeypatch.delenv("UNIMATMUL_HF_DECODE")  # auto, and generate() does not compile decode
     if why == "routing off":
         ut.disable()
     with unimatmul.mode("off") if why == "mode off" else contextlib.nullcontext():
@@ -195,7 +244,45 @@ def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(
         steps += 1
     assert steps >= 2  # the prefill's logits and at least one decode step's compared
     ut.reset_stats()
-    monkeypatch.delenv("UNIMATMUL_HF_DECODE")  # the default: transformers' switch
+    monkeypatch.delenv("UNIMATMUL_HF_DECODE")  # the default: eager decode keeps transformers' switch
     with unimatmul.mode("cached"):
         model.generate(prompt, **kwargs)
     assert ut.grouped_stats()["routed"] == 2 * CONFIG["num_hidden_layers"]  # the prefill only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_compiled_generate_keeps_grouped_decode_by_default(
+    routing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default (``auto``) with generate() compiling its decode step (a static cache and a
+    CompileConfig): transformers' switch to batched_mm is never made, and the tokens and
+    logits are transformers' with routing off (eager, its batched_mm decode), within bf16's
+    rounding, for every step whose tokens so far agree."""
+    monkeypatch.delenv("UNIMATMUL_HF_DECODE")
+    model = _model("cuda", torch.bfloat16)
+    prompt = torch.randint(0, CONFIG["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(2)).cuda()
+    kwargs = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "output_logits": True}
+    kwargs |= {"return_dict_in_generate": True, "attention_mask": torch.ones_like(prompt)}
+    with unimatmul.mode("off"):
+        ref = model.generate(prompt, disable_compile=True, **kwargs)
+    switched: list[Any] = []
+    set_implementation = model.set_experts_implementation
+    monkeypatch.setattr(
+        model,
+        "set_experts_implementation",
+        lambda value: (switched.append(value), set_implementation(value))[1],
+    )
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    compile_config = transformers.CompileConfig(fullgraph=False, dynamic=False)
+    with unimatmul.mode("cached"):
+        got = model.generate(prompt, past_key_values=cache, compile_config=compile_config, **kwargs)
+    assert hf_decode._seen.compiled == (id(model), True)  # generate() compiled the decode step
+    assert switched == []  # and never switched to batched_mm
+    steps = 0
+    for step, (g, r) in enumerate(zip(got.logits, ref.logits, strict=True)):
+        if not torch.equal(got.sequences[:, : 5 + step], ref.sequences[:, : 5 + step]):
+            break
+        assert float((g.double() - r.double()).norm() / r.double().norm()) < 2e-2
+        steps += 1
+    assert steps >= 2

@@ -8,20 +8,29 @@ are gathered into a copy, then multiplied by ``torch.bmm``. That copy writes and
 again the weights of every (token, expert) pair, so decode moves several times the bytes
 the grouped product reads, and routing's grouped kernels never see decode's experts.
 
-With ``UNIMATMUL_HF_DECODE=grouped``, while routing is on (mode not ``off``) and the
-grouped door takes the model's device and dtype, that switch is left out: decode runs the
-experts as prefill does, through the routed grouped door. That takes much less GPU time
-(on the H200, Qwen3-30B-A3B's first 4 layers at batch 16: 118 ms of GPU time a 64-token
-generate against 269 ms), but transformers' grouped path launches about twice the ops a
-layer, and eager decode is bound by the host: there it lost (0.85x tokens/s at batch 1
-and 16), so the default (``transformers``) keeps transformers' switch. Only the automatic
-switch changes: a model set to ``batched_mm`` (or any other implementation) by its user
-keeps it. ``benchmarks/results/moe-h200/`` has the figures; docs/torch.md says more.
+While routing is on (mode not ``off``) and the grouped door takes the model's device and
+dtype, ``UNIMATMUL_HF_DECODE`` says whether that switch is left out, so that decode runs the
+experts as prefill does, through the routed grouped door:
 
-The switch is wrapped on ``GenerationMixin`` (a class attribute; :func:`uninstall` puts
-the original back) when routing is enabled with transformers imported, or at the grouped
-door's first call otherwise (a model's prefill always comes before its decode). Where a
-transformers version has no such method, nothing is wrapped.
+- ``auto`` (the default): left out where ``generate()`` compiles its decode step (a static
+  cache and a ``CompileConfig``, transformers' own test ``_valid_auto_compile_criteria``);
+  kept otherwise. Compiled (CUDA graphs), the grouped door's decode is far ahead: on an
+  H100, Qwen3-30B-A3B's first 16 layers generated 1.27x (batch 1) and 2.97x (batch 16) the
+  tokens/s of routing off, where transformers' switch left 1.09x and 1.02x. Eager, it lost
+  (0.85x tokens/s at batch 1 and 16, for 2.3x less GPU time: transformers' grouped path
+  launches about twice the ops a layer, and eager decode is bound by the host);
+- ``grouped``: always left out; ``transformers``: never.
+
+Only the automatic switch changes: a model set to ``batched_mm`` (or any other
+implementation) by its user keeps it. ``benchmarks/results/moe-h200/`` has the figures;
+docs/torch.md says more.
+
+The switch and the compile test are wrapped on ``GenerationMixin`` (class attributes;
+:func:`uninstall` puts the originals back; the test's answer is kept per thread for the
+switch that follows it in the same ``generate()``) when routing is enabled with
+transformers imported, or at the grouped door's first call otherwise (a model's prefill
+always comes before its decode). Where a transformers version has no such switch, nothing
+is wrapped; where it has no such test, ``auto`` keeps transformers' switch.
 """
 
 from __future__ import annotations
@@ -36,49 +45,61 @@ from unimatmul import settings
 
 _MODULE = "transformers.generation.utils"
 _NAME = "_optimize_model_for_decode"
+_COMPILE_TEST = "_valid_auto_compile_criteria"
 _MARK = "__unimatmul_original__"
 _lock = threading.Lock()
 _routes: Callable[[Any, Any], bool] = lambda device, dtype: False  # noqa: E731 - set by install()
+# The compile test's last answer in this thread: (the model's id, compiled). generate()
+# asks it just before it enters the switch, in the same thread.
+_seen = threading.local()
+
+
+def _mixin() -> Any:
+    module = sys.modules.get(_MODULE)
+    return getattr(module, "GenerationMixin", None) if module is not None else None
 
 
 def install(routes: Callable[[Any, Any], bool]) -> bool:
-    """Wrap transformers' decode switch where transformers is imported (idempotent);
-    True when the wrapper is in place. ``routes(device, dtype)``: whether the grouped door
-    takes a call there now (``grouped_routing.routes``)."""
+    """Wrap transformers' decode switch (and its compile test) where transformers is
+    imported (idempotent); True when the switch's wrapper is in place. ``routes(device,
+    dtype)``: whether the grouped door takes a call there now (``grouped_routing.routes``)."""
     global _routes
     _routes = routes
-    module = sys.modules.get(_MODULE)
-    mixin = getattr(module, "GenerationMixin", None) if module is not None else None
+    mixin = _mixin()
     if mixin is None:
         return False
     with _lock:
         current = mixin.__dict__.get(_NAME)
         if current is None:
             return False
-        if getattr(current, _MARK, None) is not None:
-            return True
-        setattr(mixin, _NAME, _wrap(current))
+        if getattr(current, _MARK, None) is None:
+            setattr(mixin, _NAME, _wrap(current))
+        test = mixin.__dict__.get(_COMPILE_TEST)
+        if test is not None and getattr(test, _MARK, None) is None:
+            setattr(mixin, _COMPILE_TEST, _wrap_test(test))
     return True
 
 
 def uninstall() -> None:
-    """Put transformers' own switch back (nothing where it was never wrapped)."""
-    module = sys.modules.get(_MODULE)
-    mixin = getattr(module, "GenerationMixin", None) if module is not None else None
+    """Put transformers' own switch and test back (nothing where they were never wrapped)."""
+    mixin = _mixin()
     if mixin is None:
         return
     with _lock:
-        current = mixin.__dict__.get(_NAME)
-        original = getattr(current, _MARK, None)
-        if original is not None:
-            setattr(mixin, _NAME, original)
+        for name in (_NAME, _COMPILE_TEST):
+            original = getattr(mixin.__dict__.get(name), _MARK, None)
+            if original is not None:
+                setattr(mixin, name, original)
 
 
 def keeps_grouped(model: Any) -> bool:
-    """Whether ``model``'s decode keeps its grouped experts: the setting allows it, the
-    grouped door is installed, the mode routes, and the door serves the model's device
-    and dtype."""
-    if settings.HF_DECODE.get() != "grouped":  # the default: transformers decides
+    """Whether ``model``'s decode keeps its grouped experts: the setting allows it
+    (``auto``: where generate() compiles the decode step), the grouped door is installed,
+    the mode routes, and the door serves the model's device and dtype."""
+    choice = settings.HF_DECODE.get()
+    if choice == "transformers":
+        return False
+    if choice == "auto" and getattr(_seen, "compiled", None) != (id(model), True):
         return False
     device, dtype = getattr(model, "device", None), getattr(model, "dtype", None)
     return getattr(device, "type", "cpu") != "cpu" and _routes(device, dtype)
@@ -96,3 +117,14 @@ def _wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     optimize_model_for_decode.__doc__ = original.__doc__
     setattr(optimize_model_for_decode, _MARK, original)
     return optimize_model_for_decode
+
+
+def _wrap_test(original: Callable[..., bool]) -> Callable[..., bool]:
+    def valid_auto_compile_criteria(self: Any, *args: Any, **kwargs: Any) -> bool:
+        answer = original(self, *args, **kwargs)
+        _seen.compiled = (id(self), bool(answer))
+        return answer
+
+    valid_auto_compile_criteria.__doc__ = original.__doc__
+    setattr(valid_auto_compile_criteria, _MARK, original)
+    return valid_auto_compile_criteria
