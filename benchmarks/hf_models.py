@@ -394,11 +394,22 @@ def make_calls(
     made = [0]  # calls so far, for the errors below
     state = "on" if routed else "off"
 
+    # --off-decode grouped: routing off with transformers' decode switch left out (torch's
+    # grouped kernel in decode), to tell what leaving the switch out gives from what the
+    # routed kernels give.
+    switch_left_out = not routed and args.off_decode == "grouped"
+
     def generate(count: int = new) -> Any:
         if cache is not None:
             cache.reset()
         made[0] += 1
-        tokens = model.generate(ids, max_new_tokens=count, min_new_tokens=count, **base)
+        if switch_left_out:
+            model._optimize_model_for_decode = contextlib.nullcontext
+        try:
+            tokens = model.generate(ids, max_new_tokens=count, min_new_tokens=count, **base)
+        finally:
+            if switch_left_out:
+                del model._optimize_model_for_decode
         if tokens.shape != (row.batch, length + count):
             msg = (
                 f"generate returned shape {tuple(tokens.shape)}, not {(row.batch, length + count)} "
@@ -909,6 +920,11 @@ def markdown(data: dict[str, Any]) -> str:
         f"prefill {s['seq']} tokens a sequence, generate {s['prompt']} + {s['new_tokens']} new tokens, "
         f"up to {s['rounds']} rounds, {s['min_time']} s a sample"
         + (f"; compile mode {s['compile_mode']}" if s["compile"] else "; no compiled rows")
+        + (
+            "; routing off with transformers' decode switch left out"
+            if s.get("off_decode") == "grouped"
+            else ""
+        )
         + (f"; time limit {s['time_limit']} s" if s["time_limit"] else "")
         + (f"; the run took {data['seconds']:.0f} s" if "seconds" in data else "")
         + ").",
@@ -1049,6 +1065,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (reduce-overhead GPU / default CPU)"
+    )
+    p.add_argument(
+        "--off-decode",
+        choices=["transformers", "grouped"],
+        default="transformers",
+        help="MoE generate with routing off: transformers' decode switch to batched_mm (default, "
+        "what a user runs) or left out (torch's grouped kernel in decode)",
     )
     p.add_argument("--seq", type=int, default=None, help="prefill tokens a sequence (512 GPU / 64 CPU)")
     p.add_argument("--prompt", type=int, default=None, help="generate: prompt tokens (128 GPU / 32 CPU)")

@@ -13,7 +13,8 @@
 #            row's ratio is resolved)
 #   moedeep  the HF MoE model (Qwen3-30B-A3B's config) with more of its layers (MOEDEEP_LAYERS, default
 #            16 of 48), compiled generate at batch 1 and 16, routing off vs on (benchmarks/hf_models.py
-#            --layers): the same rows with the layers' GEMMs a larger part of a step than at 4 layers
+#            --layers): the same rows with the layers' GEMMs a larger part of a step than at 4 layers;
+#            MOEDEEP_ARGS go to hf_models.py (e.g. --off-decode grouped), its folder is moedeep$MOEDEEP_TAG
 #   fill     a grouped bucket's best candidates against torch._grouped_mm across the bucket's fill
 #            (benchmarks/grouped_fill.py, FILL_S, FILL_ARGS)
 #   hf       the Hugging Face model benchmark (routing off vs on)
@@ -79,9 +80,9 @@ for name in "$@"; do
             [ "${MOE_HF:-1}" = 0 ] || python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/hf-moe" --models ${MOE_MODELS:-qwen3-30b-a3b,mixtral-8x7b} \
                 --variants eager --time-limit $(( MOE_S / 3 )) ${MOE_HF_ARGS:---max-rounds 31}' ;;
     moedeep)
-        part moedeep "${MOEDEEP_S:-440}" python3 benchmarks/hf_models.py --gpu --name moe-deep --out "$SESSION/moedeep" \
-            --models qwen3-30b-a3b --variants compiled --phases generate --layers "${MOEDEEP_LAYERS:-16}" \
-            --max-rounds 11 --time-limit $(( ${MOEDEEP_S:-440} - 20 )) ;;
+        part "moedeep${MOEDEEP_TAG:-}" "${MOEDEEP_S:-440}" python3 benchmarks/hf_models.py --gpu --name moe-deep \
+            --out "$SESSION/moedeep${MOEDEEP_TAG:-}" --models qwen3-30b-a3b --variants compiled --phases generate \
+            --layers "${MOEDEEP_LAYERS:-16}" --max-rounds 11 --time-limit $(( ${MOEDEEP_S:-440} - 20 )) ${MOEDEEP_ARGS:-} ;;
     fill)
         part fill "${FILL_S:-200}" python3 benchmarks/grouped_fill.py --out "$SESSION/fill" \
             --budget-s $(( ${FILL_S:-200} - 60 )) ${FILL_ARGS:-} ;;
