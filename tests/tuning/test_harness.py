@@ -286,6 +286,20 @@ def test_inputs_rotate_through_more_memory_than_the_cache() -> None:
     assert all(np.isfinite(s.a).all() and np.abs(s.a).sum() > 0 for s in sets)  # never zeros
 
 
+def test_by_default_a_small_product_rotates_through_twice_the_last_level_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bert-base's per-head product on a 32 MiB cache: 1.5 MiB a set, so 43 sets span 64 MiB
+    # (16, the cap before, held the rotation at 24 MiB: inside the cache).
+    from unimatmul.tuning import harness as harness_module
+
+    monkeypatch.setattr(harness_module, "last_level_cache_bytes", lambda: 32 << 20)
+    problem = Problem.parse_shape("12x128x64x128")
+    sets = Harness(CpuTimer(), HarnessConfig())._operand_sets(problem, NUMPY, np.random.default_rng(0))
+    assert len(sets) * problem.min_bytes >= 2 * (32 << 20)
+    assert len(sets) == -(-(64 << 20) // problem.min_bytes)
+
+
 def test_sets_that_all_fit_in_l2_are_not_rotated() -> None:
     # 16 sets of 6x4x3 take 2 KiB: cached whatever their order, so two serve as well.
     settings = HarnessConfig(rotate_bytes=64 << 20, max_sets=16)
