@@ -211,6 +211,18 @@ def test_transformers_imported_after_enable_is_wrapped_at_the_first_grouped_call
     assert proc.stdout.strip().endswith("ok")
 
 
+def _steps_within_bf16(got: Any, ref: Any, prompt: int) -> int:
+    """The steps of two generate() outputs (with logits) compared: every step whose tokens
+    so far agree, its logits within bf16's rounding of the reference's."""
+    steps = 0
+    for step, (g, r) in enumerate(zip(got.logits, ref.logits, strict=True)):
+        if not torch.equal(got.sequences[:, : prompt + step], ref.sequences[:, : prompt + step]):
+            break
+        assert float((g.double() - r.double()).norm() / r.double().norm()) < 2e-2
+        steps += 1
+    return steps
+
+
 def _env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNIMATMUL_")}
     return env | extra
@@ -236,13 +248,7 @@ def test_on_a_gpu_generate_s_decode_runs_the_routed_grouped_door(
         got = model.generate(prompt, **kwargs)
     routed = ut.grouped_stats()["routed"]
     assert routed >= 2 * CONFIG["num_hidden_layers"] * 4  # prefill and three decode steps
-    steps = 0
-    for step, (g, r) in enumerate(zip(got.logits, ref.logits, strict=True)):
-        if not torch.equal(got.sequences[:, : 5 + step], ref.sequences[:, : 5 + step]):
-            break
-        assert float((g.double() - r.double()).norm() / r.double().norm()) < 2e-2
-        steps += 1
-    assert steps >= 2  # the prefill's logits and at least one decode step's compared
+    assert _steps_within_bf16(got, ref, 5) >= 2  # the prefill's logits and at least one decode step's
     ut.reset_stats()
     monkeypatch.delenv("UNIMATMUL_HF_DECODE")  # the default: eager decode keeps transformers' switch
     with unimatmul.mode("cached"):
@@ -279,10 +285,4 @@ def test_on_a_gpu_compiled_generate_keeps_grouped_decode_by_default(
         got = model.generate(prompt, past_key_values=cache, compile_config=compile_config, **kwargs)
     assert hf_decode._seen.compiled == (id(model), True)  # generate() compiled the decode step
     assert switched == []  # and never switched to batched_mm
-    steps = 0
-    for step, (g, r) in enumerate(zip(got.logits, ref.logits, strict=True)):
-        if not torch.equal(got.sequences[:, : 5 + step], ref.sequences[:, : 5 + step]):
-            break
-        assert float((g.double() - r.double()).norm() / r.double().norm()) < 2e-2
-        steps += 1
-    assert steps >= 2
+    assert _steps_within_bf16(got, ref, 5) >= 2
