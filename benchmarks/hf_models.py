@@ -36,7 +36,11 @@ a GPU counts the CUDA graph re-recordings during its timed calls, per state (``R
 the report lists the rows that had any: they time recording, not graph replays. The
 native routing kernels are built before the first row where they are not yet
 (``UNIMATMUL_TORCH_NATIVE_BUILD=wait`` unless the environment says otherwise): every row
-times the steady state, not the Python kernels that serve while a build runs.
+times the steady state, not the Python kernels that serve while a build runs. For MoE
+models, ``--off-decode grouped`` leaves transformers' decode switch to ``batched_mm`` out
+with routing off too (torch's grouped kernel in decode): routed against that, a row tells
+what the routed grouped kernels give apart from the switch left out (routing's default,
+``UNIMATMUL_HF_DECODE=auto``, leaves it out where generate() compiles the decode step).
 
     # CPU (f32, oneDNN, small configs; a few minutes on 2 cores):
     python benchmarks/hf_models.py --cpu-small
