@@ -69,14 +69,12 @@ def install(routes: Callable[[Any, Any], bool]) -> bool:
     if mixin is None:
         return False
     with _lock:
-        current = mixin.__dict__.get(_NAME)
-        if current is None:
+        if _NAME not in mixin.__dict__:
             return False
-        if getattr(current, _MARK, None) is None:
-            setattr(mixin, _NAME, _wrap(current))
-        test = mixin.__dict__.get(_COMPILE_TEST)
-        if test is not None and getattr(test, _MARK, None) is None:
-            setattr(mixin, _COMPILE_TEST, _wrap_test(test))
+        for name, wrap in ((_NAME, _wrap), (_COMPILE_TEST, _wrap_test)):
+            current = mixin.__dict__.get(name)
+            if current is not None and getattr(current, _MARK, None) is None:
+                setattr(mixin, name, wrap(current))
     return True
 
 
@@ -114,9 +112,7 @@ def _wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         with original(self):
             yield
 
-    optimize_model_for_decode.__doc__ = original.__doc__
-    setattr(optimize_model_for_decode, _MARK, original)
-    return optimize_model_for_decode
+    return _marked(optimize_model_for_decode, original)
 
 
 def _wrap_test(original: Callable[..., bool]) -> Callable[..., bool]:
@@ -125,6 +121,12 @@ def _wrap_test(original: Callable[..., bool]) -> Callable[..., bool]:
         _seen.compiled = (id(self), bool(answer))
         return answer
 
-    valid_auto_compile_criteria.__doc__ = original.__doc__
-    setattr(valid_auto_compile_criteria, _MARK, original)
-    return valid_auto_compile_criteria
+    return _marked(valid_auto_compile_criteria, original)
+
+
+def _marked(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper`` with ``original``'s doc, marked as wrapping it (for idempotence and
+    :func:`uninstall`)."""
+    wrapper.__doc__ = original.__doc__
+    setattr(wrapper, _MARK, original)
+    return wrapper
