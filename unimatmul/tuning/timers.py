@@ -56,6 +56,40 @@ def _named(name: str, min_calls: int) -> str:
     return name if min_calls == MIN_CALLS else f"{name} ({min_calls} calls a batch)"
 
 
+class _OnStream:
+    """``with torch.cuda.stream(stream)`` for a timer's samples, without torch's lookups:
+    its context finds the current device through ``torch.cuda.is_available()`` as it is
+    made and entered, and so does an event recorded without a stream (torch 2.11: four
+    device counts a sample, each a driver call). Where the current device is not the
+    stream's, torch's own context serves (it also switches the device). Not re-entrant:
+    one per sampler, entered by one thread at a time."""
+
+    __slots__ = ("_context", "_index", "_prev", "_stream", "_torch")
+
+    def __init__(self, torch: Any, stream: Any, index: int) -> None:
+        self._torch, self._stream, self._index = torch, stream, index
+        self._prev: Any = None
+        self._context: Any = None
+
+    def __enter__(self) -> None:
+        cuda = self._torch.cuda
+        if cuda.current_device() != self._index:
+            self._context = cuda.stream(self._stream)
+            self._context.__enter__()
+            return
+        self._context = None
+        self._prev = cuda.current_stream(self._index)
+        cuda.set_stream(self._stream)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._context is not None:
+            self._context.__exit__(*exc)
+            self._context = None
+            return
+        self._torch.cuda.set_stream(self._prev)
+        self._prev = None
+
+
 class TorchGraphTimer:
     """CUDA/HIP-graph replays of back-to-back calls, timed with torch events."""
 
@@ -99,11 +133,11 @@ class TorchGraphTimer:
         # stream), timed to size the batch: that only matters for calls long enough that
         # launches queue up behind them, where a few calls time them as well as many.
         warm = calls[:WARM_CALLS]
-        with torch.cuda.stream(stream):
-            start.record()
+        with _OnStream(torch, stream, self.index):
+            start.record(stream)
             for call in warm:
                 call()
-            end.record()
+            end.record(stream)
         end.synchronize()
         per_call = start.elapsed_time(end) * 1e-3 / len(warm)
         return self.capture(calls, batch_size(len(calls), per_call, self.min_calls, self.max_batch_s))
@@ -133,7 +167,7 @@ class TorchGraphTimer:
         self.last_mode = "graph"
         if self.upload:
             # The first launch of a graph also uploads it: replay once before any sample.
-            with torch.cuda.stream(stream):
+            with _OnStream(torch, stream, self.index):
                 graph.replay()
             stream.synchronize()
 
@@ -157,12 +191,13 @@ class TorchGraphTimer:
         torch = self.torch
         stream = self.stream
         start, end = self._events()
+        on_stream = _OnStream(torch, stream, self.index)
 
         def launch() -> Callable[[], float]:
-            with torch.cuda.stream(stream):
-                start.record()
+            with on_stream:
+                start.record(stream)
                 run()
-                end.record()
+                end.record(stream)
             return read
 
         def read() -> float:

@@ -265,6 +265,37 @@ def test_graph_timer_times_lt_and_default(backend: Any, target: Target) -> None:
             assert adapter.rel_error(s.out, ref) <= tolerance("bf16")
 
 
+def test_graph_timer_runs_on_its_stream_and_puts_the_callers_back(backend: Any, target: Target) -> None:
+    from unimatmul.tuning.timers import TorchGraphTimer
+
+    problem = _problem(256, 256, 256)
+    adapter = target.adapter
+    sets = [make_operands(problem, adapter, target.device, np.random.default_rng(i)) for i in range(3)]
+    index = target.device.index
+    timer = TorchGraphTimer(index, upload=False)
+    seen: list[int] = []
+    runner = backend.prepare(problem, backend.candidates(problem, target)[0], target)
+
+    def call(s: Any) -> None:
+        seen.append(torch.cuda.current_stream(index).stream_id)
+        runner(s.a, s.b, s.out, 1.0, 0.0, None)
+
+    mine = torch.cuda.Stream(device=index)
+    with torch.cuda.stream(mine):
+        sample = timer.prepare([lambda s=s: call(s) for s in sets])  # warm-up and capture
+        assert timer.last_mode == "graph"
+        assert torch.cuda.current_stream(index).stream_id == mine.stream_id
+        times = [sample.launch()() for _ in range(3)]  # type: ignore[attr-defined]
+        assert torch.cuda.current_stream(index).stream_id == mine.stream_id
+    assert torch.cuda.current_stream(index).stream_id == torch.cuda.default_stream(index).stream_id
+    assert all(0 < t < 1e-2 for t in times), times
+    # The warm-up and the capture ran on the timer's stream, never on the caller's.
+    assert seen and set(seen) == {timer.stream.stream_id}
+    for s in sets:
+        ref = adapter.reference(s.a, s.b, s.out, 1.0, 0.0, None, None)
+        assert adapter.rel_error(s.out, ref) <= tolerance("bf16")
+
+
 # --- the front door, CuPy, bad input ----------------------------------------------------
 
 
