@@ -28,6 +28,8 @@
 #            (benchmarks/tune_model_budget.py, TUNEMODEL_S)
 #   tuneprofile  where tune --model's time goes: cProfile, empty then warm Triton cache
 #            (benchmarks/tune_profile.py, TUNEPROFILE_S, TUNEPROFILE_ARGS)
+#   phaseturns  tune_phases.py (a warm tune's time, phase by phase) of the copy at PHASETURNS_BEFORE
+#            (a package folder for PYTHONPATH) and of this checkout, in turns (PHASETURNS_TURNS, default 2)
 #   agreement  do two tuning runs agree? 16 model products, AGREEMENT_RUNS runs (benchmarks/tune_agreement.py)
 #   models   PyTorch decoder stacks off vs routed, per-call overhead, buckets and TunableOp
 #            (benchmarks/torch_models.py, MODEL_ARGS)
@@ -116,6 +118,16 @@ for name in "$@"; do
     tuneprofile)
         part tuneprofile "${TUNEPROFILE_S:-150}" python3 benchmarks/tune_profile.py --device cuda \
             --out "$SESSION/tuneprofile" ${TUNEPROFILE_ARGS:-} ;;
+    phaseturns)
+        part phaseturns "${PHASETURNS_S:-240}" env BEFORE="${PHASETURNS_BEFORE:-}" TURNS="${PHASETURNS_TURNS:-2}" ARGS="${PHASETURNS_ARGS:-}" bash -c '
+            # the Triton cache filled once, then the copy at $BEFORE and this checkout in turns
+            python3 benchmarks/tune_phases.py --device cuda --out "$OUT/warm-up" $ARGS >/dev/null
+            for turn in $(seq "$TURNS"); do
+                [ -z "$BEFORE" ] || PYTHONPATH="$BEFORE" python3 -c "import unimatmul; print(\"before:\", unimatmul.__file__)"
+                [ -z "$BEFORE" ] || PYTHONPATH="$BEFORE" python3 benchmarks/tune_phases.py --device cuda \
+                    --out "$OUT/before-$turn" $ARGS | tail -n 30
+                python3 benchmarks/tune_phases.py --device cuda --out "$OUT/now-$turn" $ARGS | tail -n 30
+            done' ;;
     agreement)
         part agreement "${AGREEMENT_S:-240}" python3 benchmarks/tune_agreement.py --device cuda \
             --runs "${AGREEMENT_RUNS:-4}" --out "$SESSION/agreement" ;;
