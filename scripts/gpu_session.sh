@@ -123,7 +123,7 @@ for name in "$@"; do
             # the Triton cache filled once, then the copy at $BEFORE and this checkout in turns
             python3 benchmarks/tune_phases.py --device cuda --out "$OUT/warm-up" $ARGS >/dev/null
             for turn in $(seq "$TURNS"); do
-                [ -z "$BEFORE" ] || PYTHONPATH="$BEFORE" python3 -c "import unimatmul; print(\"before:\", unimatmul.__file__)"
+                [ -z "$BEFORE" ] || (cd benchmarks && PYTHONPATH="$BEFORE" python3 -c "import unimatmul; print(\"before:\", unimatmul.__file__)")
                 [ -z "$BEFORE" ] || PYTHONPATH="$BEFORE" python3 benchmarks/tune_phases.py --device cuda \
                     --out "$OUT/before-$turn" $ARGS | tail -n 30
                 python3 benchmarks/tune_phases.py --device cuda --out "$OUT/now-$turn" $ARGS | tail -n 30
