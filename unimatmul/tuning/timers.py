@@ -60,7 +60,7 @@ class _OnStream:
     """``with torch.cuda.stream(stream)`` for a timer's samples, without torch's lookups:
     its context finds the current device through ``torch.cuda.is_available()`` as it is
     made and entered, and so does an event recorded without a stream (torch 2.11: four
-    device counts a sample, each a driver call). Where the current device is not the
+    device counts a sample). Where the current device is not the
     stream's, torch's own context serves (it also switches the device). Not re-entrant:
     one per sampler, entered by one thread at a time."""
 
