@@ -34,16 +34,9 @@ from unimatmul.core.grouped import grouped_problem_of
 
 
 def _backend() -> Any:
-    from unimatmul_triton import TritonInterpreterBackend, make_backend
-    from unimatmul_triton.grouped import TritonGroupedBackend, TritonGroupedInterpreterBackend
+    from unimatmul_triton import make_backend, make_grouped_backend
 
-    dense = make_backend()
-    kind = (
-        TritonGroupedInterpreterBackend
-        if isinstance(dense, TritonInterpreterBackend)
-        else TritonGroupedBackend
-    )
-    found = kind(dense)
+    found = make_grouped_backend(make_backend())
     why = found.availability()
     if why is not None:
         raise SystemExit(f"triton grouped backend unavailable: {why}")

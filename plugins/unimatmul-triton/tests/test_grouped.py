@@ -21,6 +21,7 @@ from unimatmul_triton.grouped import (  # noqa: E402
     TritonGroupedBackend,
     TritonGroupedInterpreterBackend,
     jit_signature,
+    make_grouped_backend,
     offered,
     rows_slots,
     rows_warmup_args,
@@ -44,13 +45,7 @@ SIZES = {"skewed": [13, 0, 7, 4], "one": [0, 24, 0, 0], "odd": [1, 3, 5, 15], "e
 
 @pytest.fixture(scope="module")
 def backend() -> TritonGroupedBackend:
-    dense = make_backend()
-    kind = (
-        TritonGroupedInterpreterBackend
-        if isinstance(dense, TritonInterpreterBackend)
-        else TritonGroupedBackend
-    )
-    found = kind(dense)
+    found = make_grouped_backend(make_backend())
     if found.availability() is not None:
         pytest.skip(f"triton unavailable: {found.availability()}")
     return found

@@ -17,7 +17,11 @@ from unimatmul import hookimpl
 
 if TYPE_CHECKING:
     from unimatmul_triton.backend import TritonBackend, TritonInterpreterBackend, __version__, make_backend
-    from unimatmul_triton.grouped import TritonGroupedBackend, TritonGroupedInterpreterBackend
+    from unimatmul_triton.grouped import (
+        TritonGroupedBackend,
+        TritonGroupedInterpreterBackend,
+        make_grouped_backend,
+    )
 
 _EXPORTS: dict[str, str] = {
     "TritonBackend": "unimatmul_triton.backend",
@@ -26,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "make_backend": "unimatmul_triton.backend",
     "TritonGroupedBackend": "unimatmul_triton.grouped",
     "TritonGroupedInterpreterBackend": "unimatmul_triton.grouped",
+    "make_grouped_backend": "unimatmul_triton.grouped",
 }
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "TritonInterpreterBackend",
     "__version__",
     "make_backend",
+    "make_grouped_backend",
     "unimatmul_register_backends",
 ]
 
@@ -52,15 +58,10 @@ def __getattr__(name: str) -> Any:
 @hookimpl
 def unimatmul_register_backends(register: Callable[[Any], None]) -> None:
     from unimatmul_triton.backend import TritonInterpreterBackend, make_backend
-    from unimatmul_triton.grouped import TritonGroupedBackend, TritonGroupedInterpreterBackend
+    from unimatmul_triton.grouped import make_grouped_backend
 
     dense = make_backend()
     register(dense)
-    kind = (
-        TritonGroupedInterpreterBackend
-        if isinstance(dense, TritonInterpreterBackend)
-        else TritonGroupedBackend
-    )
-    register(kind(dense))
+    register(make_grouped_backend(dense))
     if not isinstance(dense, TritonInterpreterBackend):
         dense.check_soon()

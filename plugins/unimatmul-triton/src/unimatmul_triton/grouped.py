@@ -483,3 +483,16 @@ class TritonGroupedInterpreterBackend(TritonGroupedBackend):
 
     def _limit(self) -> int | None:
         return 2  # the interpreter is slow: the bucket's two likeliest configs
+
+
+def make_grouped_backend(dense: Any) -> TritonGroupedBackend:
+    """The grouped backend beside ``dense`` (``make_backend()``'s): the same kernels in
+    Triton's interpreter where ``dense`` interprets, compiled otherwise."""
+    from unimatmul_triton.backend import TritonInterpreterBackend
+
+    kind = (
+        TritonGroupedInterpreterBackend
+        if isinstance(dense, TritonInterpreterBackend)
+        else TritonGroupedBackend
+    )
+    return kind(dense)
