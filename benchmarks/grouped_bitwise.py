@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # moe_bench, beside this file
-from moe_bench import CONFIGS, counts_of, offs_of
+from moe_bench import CONFIGS, ROUTINGS, config_named, counts_of, expert_weights, offs_of, operands_of
 
 from unimatmul.backend import Device, Target, adapter_for_kind
 from unimatmul.core.grouped import grouped_problem_of
@@ -43,41 +43,31 @@ def _backend() -> Any:
     return found
 
 
-def compare(
-    name: str, n: int, k: int, experts: int, top: int, tokens: int, routing: str, device: str
-) -> list[dict]:
-    torch.manual_seed(tokens * 7 + n)
-    counts = counts_of(tokens, experts, top, routing, seed=tokens)
-    rows = sum(counts)
-    a = torch.randn(rows, k, device=device).to(torch.bfloat16)
-    # b: the [E, K, N] view of [E, N, K] weights, as transformers keeps them.
-    b = (torch.randn(experts, n, k, device=device) * 0.02).to(torch.bfloat16).transpose(-2, -1)
+def compare(name: str, weight: Any, counts: list[int], backend: Any, device: str) -> list[dict]:
+    """Every candidate of ``backend`` for one expert weight's product with groups of
+    ``counts`` rows, against ``torch._grouped_mm`` and the float64 product."""
+    a, b = operands_of(torch, weight, counts)
     offs = offs_of(torch, counts, device)
     want = torch._grouped_mm(a, b, offs=offs)
-    ends = [0, *offs.tolist()]
-    exact = torch.empty(rows, n, dtype=torch.float64, device=device)
-    for g in range(experts):
-        s, e = ends[g], ends[g + 1]
-        if e > s:
-            exact[s:e] = a[s:e].double() @ b[g].double()
+    exact = torch.empty(a.shape[0], b.shape[-1], dtype=torch.float64, device=device)
+    start = 0
+    for g, rows in enumerate(counts):  # the groups' bounds from the host's counts
+        if rows:
+            exact[start : start + rows] = a[start : start + rows].double() @ b[g].double()
+        start += rows
     scale = float(exact.abs().max())
     target = Target(adapter_for_kind("torch"), Device(device, 0))
     problem = grouped_problem_of(target.adapter, a, b, offs)
-    backend = _backend()
     found = []
     torch_error = float((want.double() - exact).abs().max()) / scale
     for candidate in backend.candidates(problem, target):
         runner = backend.prepare(problem, candidate, target)
         out = torch.full_like(want, float("nan"))
         runner(a, b, out, 1.0, 0.0, None, offs)
-        if device == "cuda":
-            torch.cuda.synchronize()
         same = float((out.view(torch.int16) == want.view(torch.int16)).double().mean())
         found.append(
             {
                 "product": name,
-                "tokens": tokens,
-                "routing": routing,
                 "candidate": candidate.identity,
                 "bitwise_equal": round(same, 6),
                 "max_diff_vs_torch": float((out.double() - want.double()).abs().max()) / scale,
@@ -97,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ.setdefault("UNIMATMUL_TRITON_INTERPRET", "1")
-    _, experts, hidden, inter, top, _ = next(c for c in CONFIGS if c[0] == args.config)
+    _, experts, hidden, inter, top, _ = config_named(args.config)
+    weights = expert_weights(torch, device, experts, hidden, inter)
+    backend = _backend()
     rows: list[dict] = []
-    for name, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
-        for routing in ("uniform", "skewed"):
-            rows += compare(f"{args.config} {name}", n, k, experts, top, args.tokens, routing, device)
+    for name, weight in weights.items():
+        for routing in ROUTINGS:
+            counts = counts_of(args.tokens, experts, top, routing, seed=args.tokens)
+            for row in compare(f"{args.config} {name}", weight, counts, backend, device):
+                rows.append({**row, "tokens": args.tokens, "routing": routing})
     args.out.mkdir(parents=True, exist_ok=True)
     what = {
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none (CPU, interpreter)",
