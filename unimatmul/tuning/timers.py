@@ -57,12 +57,12 @@ def _named(name: str, min_calls: int) -> str:
 
 
 class _OnStream:
-    """``with torch.cuda.stream(stream)`` for the timer's warm-ups, captures and samples,
-    without torch's lookups: its context finds the current device through
-    ``torch.cuda.is_available()`` as it is made and entered, and so does an event recorded
-    without a stream (torch 2.11: four device counts a sample). Where the current device is
-    not the stream's, torch's own context serves (it also switches the device). Not
-    re-entrant: one per use, entered by one thread at a time."""
+    """``with torch.cuda.stream(stream)`` for a timer's samples, without torch's lookups:
+    its context finds the current device through ``torch.cuda.is_available()`` as it is
+    made and entered, and so does an event recorded without a stream (torch 2.11: four
+    device counts a sample). Where the current device is not the
+    stream's, torch's own context serves (it also switches the device). Not re-entrant:
+    one per sampler, entered by one thread at a time."""
 
     __slots__ = ("_context", "_index", "_prev", "_stream", "_torch")
 
@@ -153,7 +153,7 @@ class TorchGraphTimer:
         stream = self.stream
         graph = torch.cuda.CUDAGraph()
         try:
-            with _OnStream(torch, stream, self.index):
+            with torch.cuda.stream(stream):
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
                     for i in range(count):
