@@ -15,7 +15,11 @@ they spend comparing the output (``compare``), poisoning and reading the guard b
 (``check_read``: their calls' and comparisons' device time). Each phase counts its own time (a phase inside another is taken out of the
 outer one). ``candidates`` is the tuner's list of candidates (the backends' offers and
 rankings); what is left of a problem's time (``other``) is the rest of the tuner's and
-the harness's own work (records, pruning, bookkeeping).
+the harness's own work (records, pruning, bookkeeping). Apart from it: a warm-up's own
+time outside its timer's preparation (``warm_up``: its first timed sample's wait), the
+tuner's timer and settings for the target (``setup``), the device's state read after the
+samples (``device_state``), the choice among those within noise (``pick``) and the
+retirement of candidate families (``retire``).
 
 Writes ``tune-phases.json`` (per problem: candidates, phase seconds, the calls of each timed
 function by name, the candidates' statuses and notes, each candidate's result in the tuner's
@@ -62,6 +66,11 @@ PHASES = (
     "replay",
     "sample",
     "confirm",
+    "warm_up",
+    "setup",
+    "device_state",
+    "pick",
+    "retire",
     "other",
 )
 
@@ -139,7 +148,7 @@ def main() -> int:
 
     from unimatmul.cli import main as cli_main
     from unimatmul.tuning import harness as harness_mod
-    from unimatmul.tuning import numeric_check, timers, tuner
+    from unimatmul.tuning import numeric_check, retire, timers, tuner
 
     clock = Clock()
     H = harness_mod.Harness
@@ -186,6 +195,14 @@ def main() -> int:
         ("_confirm", "confirm"),
     ):
         clock.wrap(H, name, phase)
+    clock.wrap(H, "_warmed_up", "warm_up")
+    clock.wrap(H, "_pick", "pick")
+    clock.wrap(H, "_parts_by_distribution", "confirm")
+    clock.wrap(harness_mod, "read_device_state", "device_state")
+    clock.wrap(tuner.Tuner, "timer_for", "setup")
+    clock.wrap(tuner.Tuner, "settings_for", "setup")
+    clock.wrap(retire.Retirement, "split", "retire")
+    clock.wrap(retire.Retirement, "learn", "retire")
     clock.wrap(harness_mod, "reference_of", "reference")
     clock.wrap(tuner.Tuner, "prepare", "prepare")
     clock.wrap(timers.TorchGraphTimer, "prepare", "warm")
