@@ -89,6 +89,47 @@ def test_in_rounds_only_right_kernels_are_timed_to_the_end(device: str) -> None:
     assert record.settings["check"]["calls"] == 3  # in rounds: one before timing, two after
 
 
+def past_the_end_once_timed(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
+    """Right on its first call (the check before timing), then one element written past
+    the output's end on every call."""
+    (right if k.calls == 1 else writes_past_the_end)(k, a, b, out, alpha, beta, bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_rounds_a_batch_of_checks_poisons_and_counts_its_guards_once(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks read back together (before timing, after the first round, after all
+    timing) poison each output's guard bands before the batch and count them once after
+    it, not once a call; a write outside by one call of a batch sends each of its calls
+    to a check of its own, which names the writer and clears the others."""
+    from unimatmul.tuning import numeric_check
+
+    seen = {"poison_guard": 0, "guard_count": 0}
+    for name in seen:
+        original = getattr(numeric_check, name)
+
+        def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
+            seen[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(numeric_check, name, counted)
+    record = _measure(device, {f"right{i}": right for i in range(4)})
+    assert all(r.status == OK for r in record.results), [(r.identity, r.note) for r in record.results]
+    assert seen == {"poison_guard": 3, "guard_count": 3}  # five candidates, three batches
+
+    seen.update(poison_guard=0, guard_count=0)
+    record = _measure(device, {f"right{i}": right for i in range(3)} | {"late": past_the_end_once_timed})
+    late = record.result("fake/late")
+    assert late.status == REJECTED and late.note.startswith("wrong after timing"), late.note
+    assert "1 element(s) outside the output" in late.note, late.note
+    for i in range(3):
+        assert record.result(f"fake/right{i}").status == OK
+    # The batch after the first round: one poison and count for the batch, then one for
+    # each of its five calls checked again alone; the batch after all timing: one.
+    assert seen == {"poison_guard": 8, "guard_count": 8}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or HIP device")
 def test_the_batch_size_setting_sets_the_calls_a_sample_replays(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -282,6 +282,31 @@ class _Pending:
 
 
 @dataclass
+class _GuardBatch:
+    """The guard bands of checks launched one after another and read back at once
+    (:meth:`Harness._read_checks`), all with one poison value: each guard is poisoned
+    before the batch's first call on its output and counted once, after the batch's last
+    call, instead of once a call. Where a count is not zero, every check of the batch is
+    made again on its own (poisoned and counted for its call alone), which says whose
+    write it was. A guard replaced during the batch (an output renewed after an abandoned
+    call) is poisoned at its first use and counted too, as is the one it replaced."""
+
+    poison: int
+    guards: list[Guard] = field(default_factory=list)
+    launched: int = 0  # checks launched since the guards were poisoned
+
+    def poisoned(self, guard: Guard) -> None:
+        if not any(g is guard for g in self.guards):
+            numeric_check.poison_guard(guard, GUARD_VALUES[self.poison])
+            self.guards.append(guard)
+
+    def counts(self, adapter: Any) -> list[Any]:
+        """Each guard's count of changed elements, launched and not read."""
+        value = GUARD_VALUES[self.poison]
+        return [numeric_check.guard_count(adapter, g, value) for g in self.guards] if self.launched else []
+
+
+@dataclass
 class _LateCheck:
     """The check made after timing: a rotated set whose inputs got new values in place."""
 
@@ -442,6 +467,7 @@ class Harness:
         tried: list[_Entry] = []
         results: list[CandidateResult] = []
         pending: list[tuple[_Entry, _Pending]] = []
+        batch = _GuardBatch(0)
 
         def checks(
             entry: _Entry, c0: Any = c0, reference: Reference | PartsReference = reference, *, launch: bool
@@ -449,7 +475,7 @@ class Harness:
             assert entry.runner is not None
             if launch:
                 found = self._check_launch(
-                    entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], 0
+                    entry.runner, first, c0, reference, alpha, beta, target, guards[id(first)], 0, batch
                 )
                 if isinstance(found, _Pending):
                     pending.append((entry, found))
@@ -509,7 +535,7 @@ class Harness:
 
         # The launched checks read back at once; one that the quick pass cannot clear (an
         # element out of bounds, a write outside) is checked again whole, on its own.
-        found_all = self._read_checks(target, [p for _, p in pending])
+        found_all = self._read_checks(target, [p for _, p in pending], batch)
         for (entry, _), found in zip(pending, found_all, strict=True):
             if found is None:
                 checked_once(entry, functools.partial(checks, entry, launch=False), None)
@@ -837,27 +863,49 @@ class Harness:
         target: Target,
         guard: Guard | None = None,
         poison: int = 0,
+        batch: _GuardBatch | None = None,
     ) -> _Pending | Check:
         """The work of :meth:`_check_call` (``full``) launched, with the comparison's one
         pass and the guard bands' count left unread (:meth:`_read_checks` reads those of
         several calls at once, one wait for all); the :class:`Check` itself where that
         pass cannot decide alone (``numeric_check.compare_launch``: a screened output, a
         reference on the host). Later calls on the same output run after this one's
-        comparison: the device's stream orders them."""
-        count = self._poisoned_call(runner, ops, c0, alpha, beta, target, guard, poison)
+        comparison: the device's stream orders them. With a ``batch`` (of ``poison``'s
+        value) the guard is poisoned and counted for the batch, not for this call alone."""
+        if batch is None or guard is None:
+            count = self._poisoned_call(runner, ops, c0, alpha, beta, target, guard, poison)
+            launched = numeric_check.compare_launch(target.adapter, ops.out, reference, target.device)
+            if launched is not None:
+                return _Pending(launched, count)
+            return self._with_writes(
+                compare_output(target, ops, ops.out, reference), target, guard, poison, count
+            )
+        batch.poisoned(guard)
+        self._poisoned_call(runner, ops, c0, alpha, beta, target, None, poison)
         launched = numeric_check.compare_launch(target.adapter, ops.out, reference, target.device)
         if launched is not None:
-            return _Pending(launched, count)
+            batch.launched += 1
+            return _Pending(launched, None)
+        if batch.launched:
+            # Launched calls of the batch may have written these bands: this one again alone.
+            return self._check_call(runner, ops, c0, reference, alpha, beta, target, guard, poison)
+        # Compared now: the bands, poisoned just before this call, counted for it alone,
+        # and poisoned again before the next.
+        count = numeric_check.guard_count(target.adapter, guard, GUARD_VALUES[poison])
+        batch.guards = [g for g in batch.guards if g is not guard]
         return self._with_writes(
             compare_output(target, ops, ops.out, reference), target, guard, poison, count
         )
 
-    def _read_checks(self, target: Target, pending: Sequence[_Pending]) -> list[Check | None]:
+    def _read_checks(
+        self, target: Target, pending: Sequence[_Pending], batch: _GuardBatch | None = None
+    ) -> list[Check | None]:
         """The checks of ``pending`` (:meth:`_check_launch`), read back in one transfer: a
         :class:`Check` for each whose every element is within its bound and that wrote
         nothing outside its output; None for the others (and for every one if the read
-        fails: an error of one call surfaces there), which the caller checks again whole,
-        one by one, to say how far off and where."""
+        fails: an error of one call surfaces there; or if the guards of their ``batch``
+        count a write outside), which the caller checks again whole, one by one, to say
+        how far off and where."""
         if not pending:
             return []
         scalars: list[Any] = []
@@ -865,9 +913,12 @@ class Harness:
             scalars += p.launched.scalars
             if p.guard_count is not None:
                 scalars.append(p.guard_count)
+        shared = batch.counts(target.adapter) if batch is not None else []
         try:
-            values = target.adapter.scalars(scalars)
+            values = target.adapter.scalars(scalars + shared)
         except PLUGIN_FAILURES:
+            return [None] * len(pending)
+        if any(v != 0 for v in values[len(scalars) :]):
             return [None] * len(pending)
         found: list[Check | None] = []
         start = 0
@@ -1018,7 +1069,7 @@ class Harness:
         renew: Callable[[Sequence[Operands]], None] | None = None,
     ) -> bool:
         """Check ``entry`` on the late set; False (and REJECTED, FAILED or ABANDONED) if it fails."""
-        found = self._late_call(entry, late, when, renew, launch=False)
+        found = self._late_call(entry, late, when, renew)
         assert not isinstance(found, _Pending)
         return found is not None and self._late_verdict(entry, found, late, when)
 
@@ -1033,13 +1084,14 @@ class Harness:
         back at once (:meth:`_read_checks`); one the quick pass cannot clear is checked
         again whole, on its own."""
         pending: list[tuple[_Entry, _Pending]] = []
+        batch = _GuardBatch(1)
         for entry in entries:
-            found = self._late_call(entry, late, when, renew, launch=True)
+            found = self._late_call(entry, late, when, renew, batch=batch)
             if isinstance(found, _Pending):
                 pending.append((entry, found))
             elif found is not None:
                 self._late_verdict(entry, found, late, when)
-        read = self._read_checks(late.target, [p for _, p in pending])
+        read = self._read_checks(late.target, [p for _, p in pending], batch)
         for (entry, _), check in zip(pending, read, strict=True):
             if check is None or not (check.ok(late.widen) or check.counted):
                 # NaN, inf or a write outside; or out of bounds in one pass: checked again
@@ -1055,10 +1107,11 @@ class Harness:
         when: str,
         renew: Callable[[Sequence[Operands]], None] | None,
         *,
-        launch: bool,
+        batch: _GuardBatch | None = None,
     ) -> Check | _Pending | None:
-        """``entry``'s call on the late set, checked (or only launched: ``launch``) within
-        its time limit; None (and ABANDONED or FAILED) where it did not finish."""
+        """``entry``'s call on the late set, checked (or only launched, its guard poisoned
+        and counted for a ``batch`` of them) within its time limit; None (and ABANDONED or
+        FAILED) where it did not finish."""
         runner = entry.runner
         assert runner is not None
 
@@ -1069,7 +1122,7 @@ class Harness:
                 copy_(late.ops.offs, swap[0])  # type: ignore[attr-defined]  # a grouped set's
             args = (runner, late.ops, late.c0, late.reference, late.alpha, late.beta, late.target, guard, 1)
             try:
-                return self._check_launch(*args) if launch else self._check_call(*args)
+                return self._check_launch(*args, batch) if batch is not None else self._check_call(*args)
             finally:
                 if swap is not None:
                     copy_(late.ops.offs, swap[1])  # type: ignore[attr-defined]
