@@ -467,6 +467,71 @@ def test_a_first_call_far_behind_is_pruned_after_the_first_round_check(kind: str
     assert record.winner == "fake/fast"
 
 
+class _WithinTimer(LaunchCostTimer):
+    """A :class:`LaunchCostTimer` with ``prepare_within`` (None where ``fits`` is False),
+    noting what happened in order: ``prepare``, ``within`` (with its ``call_s``),
+    ``launch`` and ``read``, each with the sample's cost."""
+
+    def __init__(self, clock: CostClock, fits: bool = True) -> None:
+        super().__init__(clock)
+        self.fits = fits
+        self.events: list[tuple[str, float]] = []
+
+    def _noted(self, calls: Any) -> Callable[[], float]:
+        sample = super().prepare(calls)
+        launch = sample.launch  # type: ignore[attr-defined]
+
+        def noted() -> Callable[[], float]:
+            read = launch()
+            cost = read()
+            self.events.append(("launch", cost))
+
+            def noted_read() -> float:
+                self.events.append(("read", cost))
+                return cost
+
+            return noted_read
+
+        def sampled() -> float:
+            return noted()()
+
+        sampled.launch = noted  # type: ignore[attr-defined]
+        sampled.calls = 1  # type: ignore[attr-defined]
+        return sampled
+
+    def prepare(self, calls: Any) -> Callable[[], float]:
+        self.events.append(("prepare", 0.0))
+        return self._noted(calls)
+
+    def prepare_within(self, calls: Any, call_s: float) -> Callable[[], float] | None:
+        self.events.append(("within", call_s))
+        return self._noted(calls) if self.fits else None
+
+
+@pytest.mark.parametrize("fits", [True, False], ids=["within", "timed"])
+def test_in_rounds_warm_ups_after_defaults_wait_for_nothing(fits: bool) -> None:
+    # Default's warm-up sample is read at once (its time bounds the others' batches);
+    # every other candidate's sampler is made by prepare_within (calls of at most
+    # first_prune_ratio x Default's), or by prepare where that cannot size it, and its
+    # warm-up sample is launched and read with the others' before the first round. The
+    # first calls still prune as before.
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {"default": (right, 1.0), "slow": (right, 1.5), "fast": (right, 0.5), "near": (right, 0.6)}
+    target, entries = _costed_entries(clock, "numpy", problem, kernels)
+    timer = _WithinTimer(clock, fits)
+    record = Harness(timer, _rounds_config(first_prune_ratio=2.0)).measure(problem, target, entries)
+    expected = [("prepare", 0.0), ("launch", 1.0), ("read", 1.0)]
+    for cost in (1.5, 0.5, 0.6):
+        expected += [("within", 2.0)] + ([] if fits else [("prepare", 0.0)]) + [("launch", cost)]
+    expected += [("read", 1.5), ("read", 0.5), ("read", 0.6)]
+    assert timer.events[: len(expected)] == expected, timer.events
+    slow = _result(record, "slow")
+    assert slow.status == PRUNED and slow.note == "3.0x the best on its first timed call"
+    assert _result(record, "fast").status == OK and _result(record, "near").status == OK
+    assert record.winner == "fake/fast"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_clear_loser_is_pruned_after_the_first_round(kind: str) -> None:
     clock = CostClock()

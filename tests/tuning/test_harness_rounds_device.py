@@ -155,3 +155,23 @@ def test_the_batch_size_setting_sets_the_calls_a_sample_replays(monkeypatch: pyt
     assert device_timer(target).min_calls == 7
     assert device_timer(target).name == "torch-cuda-graph (7 calls a batch)"  # as records keep it
     assert calls_per_sample() == 7
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or HIP device")
+def test_a_graph_timer_made_within_a_bound_waits_for_nothing_and_runs_the_whole_batch() -> None:
+    target = Target(adapter_for_kind("torch"), Device("cuda", torch.cuda.current_device()))
+    counter = torch.zeros(1, device="cuda", dtype=torch.float64)
+    counter.add_(0.0)  # the kernel's module loaded before any timing
+    torch.cuda.synchronize()
+    timer = device_timer(target)
+    calls = [lambda: counter.add_(1.0), lambda: counter.add_(1.0)]
+    assert timer.prepare_within(calls, call_s=1.0) is None  # ten 1 s calls: over a batch's bound
+    sample = timer.prepare_within(calls, call_s=1e-5)
+    assert sample is not None
+    torch.cuda.synchronize()
+    assert counter.item() == 3  # the eager warm-up's calls, then a capture (which runs nothing)
+    read = sample.launch()  # type: ignore[attr-defined]
+    seconds = read()
+    assert counter.item() == 13  # the batch the timed warm-up would have sized: ten calls
+    assert 0.0 < seconds < 1e-3

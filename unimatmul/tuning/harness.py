@@ -118,7 +118,11 @@ class Timer(Protocol):
 
     ``prepare`` receives one call per rotated input set, already bound to its inputs,
     and returns a function that takes one sample: it runs calls (cycling through the
-    sets) and returns the seconds per call, measured on the device's clock.
+    sets) and returns the seconds per call, measured on the device's clock. A device
+    timer's sample may also be launched and read later (``sample.launch()`` returns the
+    read), and the timer may offer ``prepare_within(calls, call_s)``: a sampler made
+    without waiting for the device, for calls of at most ``call_s`` seconds, or None
+    (see ``Harness._warmed_up``).
     """
 
     name: str
@@ -1177,8 +1181,14 @@ class Harness:
         settings = self.settings
         firsts: dict[int, float] = {}  # best warm-up sample of each entry, for early pruning
         if settings.interleave:
+            launched: list[tuple[_Entry, Callable[[], float]]] = []
             for entry in entries:
-                self._warmed_up(entry, entries, firsts, sets, alpha, beta, renew)
+                self._warmed_up(entry, entries, firsts, sets, alpha, beta, renew, launched)
+            for entry, read in launched:  # the warm-up samples left running, read at once
+                try:
+                    firsts[id(entry)] = read()
+                except PLUGIN_FAILURES as exc:
+                    entry.result.status, entry.result.note = FAILED, _failure(exc)
             self._sample_rounds([e for e in entries if e.result.status == OK], late, renew, firsts)
         else:
             for _, group in itertools.groupby(entries, key=lambda e: e.candidate.backend):
@@ -1221,12 +1231,20 @@ class Harness:
         alpha: float,
         beta: float,
         renew: Callable[[Sequence[Operands]], None] | None,
+        launched: list[tuple[_Entry, Callable[[], float]]] | None = None,
     ) -> bool:
         """Prepare ``entry``'s sampler and warm it up; False if it is out (the problem's
         cap, its time limit, a failure, or, outside rounds, its best warm-up call more
         than ``first_prune_ratio`` times the best first call so far). Its best warm-up
         sample goes into ``firsts``: the best, not the last, because one call that waited
-        for a descheduled thread (4-6 ms on a virtual machine) says nothing of the kernel."""
+        for a descheduled thread (4-6 ms on a virtual machine) says nothing of the kernel.
+
+        In rounds (``launched`` given), once Default's warm-up sample is in, another
+        candidate's waits for nothing: a timer that can size its batch without timing
+        the calls first (``prepare_within``: calls up to ``first_prune_ratio`` times
+        Default's) does so, and a sample that can be launched (``sample.launch``) is left
+        running, its read put in ``launched`` for the caller (before the rounds), so that
+        the device runs one candidate's warm-up while the host prepares the next."""
         settings = self.settings
         runner = entry.runner
         assert runner is not None
@@ -1237,13 +1255,29 @@ class Harness:
         if self._past_deadline(entry):
             return False
         calls = [_bind(runner, s, alpha, beta, timing=True) for s in sets]
+        within = None
+        if launched is not None and entry.candidate != DEFAULT and settings.warmup == 1:
+            default_first = next(
+                (firsts[id(e)] for e in entries if e.candidate == DEFAULT and id(e) in firsts), None
+            )
+            prepare_within = getattr(self.timer, "prepare_within", None)
+            if default_first is not None and prepare_within is not None:
+                within = functools.partial(prepare_within, call_s=default_first * settings.first_prune_ratio)
 
-        def warm_up(entry: _Entry = entry, calls: list[Callable[[], None]] = calls) -> float:
-            entry.sample = self.timer.prepare(calls)
+        def warm_up(entry: _Entry = entry, calls: list[Callable[[], None]] = calls) -> float | None:
+            sample = within(calls) if within is not None else None
+            entry.sample = sample if sample is not None else self.timer.prepare(calls)
+            launch = getattr(entry.sample, "launch", None)
+            if within is not None and launch is not None:
+                assert launched is not None
+                launched.append((entry, launch()))
+                return None
             return min(entry.sample() for _ in range(max(1, settings.warmup)))
 
         try:
             first = self._step(entry, warm_up, "while warmed up")
+            if first is None:  # left running: read with the others' (_time)
+                return True
             if not settings.interleave and self._over_first_ratio(entry, first, best_first):
                 # A stall of the machine (a vCPU taken for a host's tick or two: a
                 # two-thread kernel's calls took 3-9 ms where they take 0.4, its calls

@@ -142,6 +142,23 @@ class TorchGraphTimer:
         per_call = start.elapsed_time(end) * 1e-3 / len(warm)
         return self.capture(calls, batch_size(len(calls), per_call, self.min_calls, self.max_batch_s))
 
+    def prepare_within(
+        self, calls: Sequence[Callable[[], None]], call_s: float
+    ) -> Callable[[], float] | None:
+        """:meth:`prepare`'s sampler for calls known to take at most ``call_s`` seconds
+        each, without waiting for the device: where a batch of such calls fits
+        ``max_batch_s``, its size does not depend on their own time (``batch_size``), so
+        the warm-up calls are not timed and nothing is synchronised. None where it might
+        (then :meth:`prepare`)."""
+        count = max(self.min_calls, len(calls))
+        if not 0.0 < call_s * count <= self.max_batch_s:
+            return None
+        self.stream.wait_stream(self.torch.cuda.current_stream(self.index))
+        with _OnStream(self.torch, self.stream, self.index):
+            for call in calls[:WARM_CALLS]:
+                call()
+        return self.capture(calls, count)
+
     def capture(
         self, calls: Sequence[Callable[[], None]], count: int, pool: Any = None
     ) -> Callable[[], float]:
