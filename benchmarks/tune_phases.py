@@ -19,7 +19,8 @@ the harness's own work (records, pruning, bookkeeping). Apart from it: a warm-up
 time outside its timer's preparation (``warm_up``: its first timed sample's wait), the
 tuner's timer and settings for the target (``setup``), the device's state read after the
 samples (``device_state``), the choice among those within noise (``pick``) and the
-retirement of candidate families (``retire``).
+retirement of candidate families (``retire``). Python's garbage collections on the
+tuning thread are timed apart from the phases they fall in (``gc``).
 
 Writes ``tune-phases.json`` (per problem: candidates, phase seconds, the calls of each timed
 function by name, the candidates' statuses and notes, each candidate's result in the tuner's
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import gc
 import json
 import os
 import statistics
@@ -208,12 +210,29 @@ def main() -> int:
     clock.wrap(timers.TorchGraphTimer, "prepare", "warm")
     clock.wrap(harness_mod.CpuTimer, "prepare", "warm")
 
+    # Python's garbage collections on the tuning thread, whatever phase they fall in.
+    collected = {"s": 0.0, "count": 0, "full": 0}
+    gc_started: list[float] = []
+
+    def on_gc(stage: str, info: dict[str, Any]) -> None:
+        if threading.get_ident() != clock.thread:
+            return
+        if stage == "start":
+            gc_started.append(time.perf_counter())
+        elif gc_started:
+            collected["s"] += time.perf_counter() - gc_started.pop()
+            collected["count"] += 1
+            collected["full"] += info.get("generation") == 2
+
+    gc.callbacks.append(on_gc)
+
     problems: list[dict[str, Any]] = []
     original_tune = tuner.Tuner.tune
 
     def tune(self: Any, problem: Any, target: Any, **kwargs: Any) -> Any:
         clock.now.clear()
         clock.calls.clear()
+        collected.update(s=0.0, count=0, full=0)
         t0 = time.perf_counter()
         record = original_tune(self, problem, target, **kwargs)
         total = time.perf_counter() - t0
@@ -228,6 +247,7 @@ def main() -> int:
                 "winner": record.winner,
                 "total_s": total,
                 "phases_s": phases,
+                "gc": dict(collected),
                 "calls": dict(sorted(clock.calls.items())),
                 "statuses": dict(collections.Counter(r.status for r in record.results)),
                 "notes": sorted({r.note for r in record.results if r.note}),
@@ -269,6 +289,11 @@ def main() -> int:
         "sum_problem_s": sum(totals),
         "median_candidates": statistics.median(p["candidates"] for p in problems) if problems else None,
         "phases": {name: {"median_s": med, "sum_s": tot} for name, med, tot in rows},
+        "gc": {
+            "sum_s": sum(p["gc"]["s"] for p in problems),
+            "collections": sum(p["gc"]["count"] for p in problems),
+            "full": sum(p["gc"]["full"] for p in problems),
+        },
     }
     (args.out / "tune-phases.json").write_text(
         json.dumps({"summary": summary, "problems": problems}, indent=1) + "\n"
@@ -284,6 +309,11 @@ def main() -> int:
     for name, med, tot in rows:
         share = tot / summary["sum_problem_s"] if summary["sum_problem_s"] else 0.0
         lines.append(f"| {name} | {med * 1e3:.1f} | {tot:.2f} | {share:.0%} |")
+    g = summary["gc"]
+    lines += [
+        "",
+        f"garbage collections on the tuning thread: {g['collections']} ({g['full']} full), {g['sum_s']:.3f} s in all",
+    ]
     text = "\n".join(lines) + "\n"
     (args.out / "tune-phases.md").write_text(text)
     print(text)
