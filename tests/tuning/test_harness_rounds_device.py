@@ -165,12 +165,12 @@ def test_a_graph_timer_made_within_a_bound_waits_for_nothing_and_runs_the_whole_
     counter.add_(0.0)  # the kernel's module loaded before any timing
     torch.cuda.synchronize()
     timer = device_timer(target)
-    calls = [lambda: counter.add_(1.0), lambda: counter.add_(1.0)]
+    calls = [lambda: counter.add_(1.0)] * 4  # four input sets
     assert timer.prepare_within(calls, call_s=1.0) is None  # ten 1 s calls: over a batch's bound
     sample = timer.prepare_within(calls, call_s=1e-5)
     assert sample is not None
     torch.cuda.synchronize()
-    assert counter.item() == 3  # the eager warm-up's calls, then a capture (which runs nothing)
+    assert counter.item() == 3  # the eager warm-up's (the first three sets), then a capture (none)
     read = sample.launch()  # type: ignore[attr-defined]
     seconds = read()
     assert counter.item() == 13  # the batch the timed warm-up would have sized: ten calls
