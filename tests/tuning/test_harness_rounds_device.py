@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from harness_fakes import KernelBackend, right, stale, writes_past_the_end  # noqa: E402
+from harness_fakes import KernelBackend, right, sleeps, stale, writes_past_the_end  # noqa: E402
 
 from unimatmul.backend import DEFAULT, Candidate, Runner, Target  # noqa: E402
-from unimatmul.cache.record import OK, REJECTED  # noqa: E402
+from unimatmul.cache.record import ABANDONED, OK, REJECTED  # noqa: E402
 from unimatmul.core.arrays import CPU, Device, adapter_for_kind  # noqa: E402
 from unimatmul.core.problem import Problem  # noqa: E402
 from unimatmul.core.runners import DefaultRunner  # noqa: E402
@@ -47,7 +47,7 @@ def negated(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: A
     out.neg_()
 
 
-def _measure(device: str, kernels: dict[str, Callable[..., None]]) -> Any:
+def _measure(device: str, kernels: dict[str, Callable[..., None]], **settings_: Any) -> Any:
     adapter = adapter_for_kind("torch")
     if device == "cpu":
         target = Target(adapter, CPU)
@@ -59,6 +59,8 @@ def _measure(device: str, kernels: dict[str, Callable[..., None]]) -> Any:
         target = Target(adapter, Device("cuda", torch.cuda.current_device()))
         timer, settings = device_timer(target), device_settings(target)
     settings.prune_ratio = settings.first_prune_ratio = settings.round_prune_ratio = float("inf")
+    for name, value in settings_.items():
+        setattr(settings, name, value)
     problem = Problem.from_shape(32, 2048, 1024, "bf16")
     backend = KernelBackend("fake", kernels)
     entries: list[tuple[Candidate, Callable[[], Runner]]] = [
@@ -128,6 +130,33 @@ def test_in_rounds_a_batch_of_checks_poisons_and_counts_its_guards_once(
     # The batch after the first round: one poison and count for the batch, then one for
     # each of its five calls checked again alone; the batch after all timing: one.
     assert seen == {"poison_guard": 8, "guard_count": 8}
+
+
+def test_in_rounds_a_batch_counts_the_guard_of_an_output_renewed_within_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call abandoned in the middle of a batch (over its time limit) gets the set a new
+    output: the batch poisons the new output's guard at its first use and counts both
+    guards after its last call; the others are checked as usual. (On the CPU, where a
+    step over its limit is left to its worker thread.)"""
+    from unimatmul.tuning import numeric_check
+
+    seen = {"poison_guard": 0, "guard_count": 0}
+    for name in seen:
+        original = getattr(numeric_check, name)
+
+        def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
+            seen[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(numeric_check, name, counted)
+    kernels = {"right0": right, "hang": sleeps(1.0), "right1": right}
+    record = _measure("cpu", kernels, limit_s=0.2, limit_ratio=1.0)
+    assert record.result("fake/hang").status == ABANDONED, record.result("fake/hang").note
+    assert record.result("fake/right0").status == OK and record.result("fake/right1").status == OK
+    # Before timing: the first output's guard and the renewed one's, each poisoned and
+    # counted once; after the first round and after all timing, one each.
+    assert seen == {"poison_guard": 4, "guard_count": 4}
 
 
 @pytest.mark.gpu
