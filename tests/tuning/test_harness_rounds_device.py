@@ -150,8 +150,10 @@ def test_in_rounds_a_batch_counts_the_guard_of_an_output_renewed_within_it(
             return _original(*args)
 
         monkeypatch.setattr(numeric_check, name, counted)
-    kernels = {"right0": right, "hang": sleeps(1.0), "right1": right}
-    record = _measure("cpu", kernels, limit_s=0.2, limit_ratio=1.0)
+    # A limit of three times Default's steps: far above a right kernel's (a loaded or
+    # AVX2-only CPU makes both slow alike), far below the hang's.
+    kernels = {"right0": right, "hang": sleeps(60.0), "right1": right}
+    record = _measure("cpu", kernels, limit_s=1.0, limit_ratio=3.0)
     assert record.result("fake/hang").status == ABANDONED, record.result("fake/hang").note
     assert record.result("fake/right0").status == OK and record.result("fake/right1").status == OK
     # Before timing: the first output's guard and the renewed one's, each poisoned and
