@@ -91,6 +91,22 @@ def test_in_rounds_only_right_kernels_are_timed_to_the_end(device: str) -> None:
     assert record.settings["check"]["calls"] == 3  # in rounds: one before timing, two after
 
 
+def _guard_calls_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many times the guard bands are poisoned and counted, from now on."""
+    from unimatmul.tuning import numeric_check
+
+    seen = {"poison_guard": 0, "guard_count": 0}
+    for name in seen:
+        original = getattr(numeric_check, name)
+
+        def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
+            seen[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(numeric_check, name, counted)
+    return seen
+
+
 def past_the_end_once_timed(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
     """Right on its first call (the check before timing), then one element written past
     the output's end on every call."""
@@ -105,17 +121,7 @@ def test_in_rounds_a_batch_of_checks_poisons_and_counts_its_guards_once(
     timing) poison each output's guard bands before the batch and count them once after
     it, not once a call; a write outside by one call of a batch sends each of its calls
     to a check of its own, which names the writer and clears the others."""
-    from unimatmul.tuning import numeric_check
-
-    seen = {"poison_guard": 0, "guard_count": 0}
-    for name in seen:
-        original = getattr(numeric_check, name)
-
-        def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
-            seen[_name] += 1
-            return _original(*args)
-
-        monkeypatch.setattr(numeric_check, name, counted)
+    seen = _guard_calls_counted(monkeypatch)
     record = _measure(device, {f"right{i}": right for i in range(4)})
     assert all(r.status == OK for r in record.results), [(r.identity, r.note) for r in record.results]
     assert seen == {"poison_guard": 3, "guard_count": 3}  # five candidates, three batches
@@ -139,17 +145,7 @@ def test_in_rounds_a_batch_counts_the_guard_of_an_output_renewed_within_it(
     output: the batch poisons the new output's guard at its first use and counts both
     guards after its last call; the others are checked as usual. (On the CPU, where a
     step over its limit is left to its worker thread.)"""
-    from unimatmul.tuning import numeric_check
-
-    seen = {"poison_guard": 0, "guard_count": 0}
-    for name in seen:
-        original = getattr(numeric_check, name)
-
-        def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
-            seen[_name] += 1
-            return _original(*args)
-
-        monkeypatch.setattr(numeric_check, name, counted)
+    seen = _guard_calls_counted(monkeypatch)
     # A limit of three times Default's steps: far above a right kernel's (a loaded or
     # AVX2-only CPU makes both slow alike), far below the hang's.
     kernels = {"right0": right, "hang": sleeps(60.0), "right1": right}
