@@ -876,27 +876,26 @@ class Harness:
         reference on the host). Later calls on the same output run after this one's
         comparison: the device's stream orders them. With a ``batch`` (of ``poison``'s
         value) the guard is poisoned and counted for the batch, not for this call alone."""
-        if batch is None or guard is None:
-            count = self._poisoned_call(runner, ops, c0, alpha, beta, target, guard, poison)
-            launched = numeric_check.compare_launch(target.adapter, ops.out, reference, target.device)
-            if launched is not None:
-                return _Pending(launched, count)
-            return self._with_writes(
-                compare_output(target, ops, ops.out, reference), target, guard, poison, count
-            )
-        batch.poisoned(guard)
-        self._poisoned_call(runner, ops, c0, alpha, beta, target, None, poison)
+        if batch is not None and guard is not None:
+            batch.poisoned(guard)
+        else:
+            batch = None  # no guard: nothing to count for a batch
+        count = self._poisoned_call(
+            runner, ops, c0, alpha, beta, target, guard if batch is None else None, poison
+        )
         launched = numeric_check.compare_launch(target.adapter, ops.out, reference, target.device)
         if launched is not None:
-            batch.launched += 1
-            return _Pending(launched, None)
-        if batch.launched:
-            # Launched calls of the batch may have written these bands: this one again alone.
-            return self._check_call(runner, ops, c0, reference, alpha, beta, target, guard, poison)
-        # Compared now: the bands, poisoned just before this call, counted for it alone,
-        # and poisoned again before the next.
-        count = numeric_check.guard_count(target.adapter, guard, GUARD_VALUES[poison])
-        batch.guards = [g for g in batch.guards if g is not guard]
+            if batch is not None:
+                batch.launched += 1
+            return _Pending(launched, count)
+        if batch is not None and guard is not None:
+            if batch.launched:
+                # Launched calls of the batch may have written these bands: this one again alone.
+                return self._check_call(runner, ops, c0, reference, alpha, beta, target, guard, poison)
+            # Compared now: the bands, poisoned just before this call, counted for it alone,
+            # and poisoned again before the next.
+            count = numeric_check.guard_count(target.adapter, guard, GUARD_VALUES[poison])
+            batch.guards = [g for g in batch.guards if g is not guard]
         return self._with_writes(
             compare_output(target, ops, ops.out, reference), target, guard, poison, count
         )
