@@ -195,11 +195,11 @@ def main() -> int:
         ("_round", "sample"),
         ("_late_checks", "late_check"),
         ("_confirm", "confirm"),
+        ("_parts_by_distribution", "confirm"),
+        ("_warmed_up", "warm_up"),
+        ("_pick", "pick"),
     ):
         clock.wrap(H, name, phase)
-    clock.wrap(H, "_warmed_up", "warm_up")
-    clock.wrap(H, "_pick", "pick")
-    clock.wrap(H, "_parts_by_distribution", "confirm")
     clock.wrap(harness_mod, "read_device_state", "device_state")
     clock.wrap(tuner.Tuner, "timer_for", "setup")
     clock.wrap(tuner.Tuner, "settings_for", "setup")
