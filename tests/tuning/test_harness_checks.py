@@ -548,6 +548,37 @@ def test_a_clear_loser_is_pruned_after_the_first_round(kind: str) -> None:
     assert record.winner == "fake/fast"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_in_rounds_a_candidate_none_of_whose_samples_ties_stops_at_min_samples(kind: str) -> None:
+    # prune_untied: once it has min_samples, a candidate whose fastest sample is over
+    # tie_ratio times the best median stops; one within it goes on, and Default is never
+    # pruned. prune_ratio (1.10 on a GPU) alone would keep "behind" to the end.
+    clock = CostClock()
+    problem = Problem.from_shape(48, 40, 32)
+    kernels = {
+        "default": (right, 1.0),
+        "fast": (right, 0.5),
+        "near": (right, 0.5 * 1.03),
+        "behind": (right, 0.5 * 1.07),
+    }
+    target, entries = _costed_entries(clock, kind, problem, kernels)
+    settings = _rounds_config(prune_ratio=1.10, prune_untied=True, tie_ratio=1.05)
+    record = Harness(CostTimer(clock), settings).measure(problem, target, entries)
+    behind = _result(record, "behind")
+    assert behind.status == PRUNED, behind.note
+    assert behind.samples == settings.min_samples
+    assert behind.note == f"none of {settings.min_samples} samples within 1.05x the best (fastest 1.070x)"
+    near = _result(record, "near")
+    assert near.status == OK and near.samples > settings.min_samples
+    assert record.result(DEFAULT.identity).status == OK
+    assert record.winner == "fake/fast"
+    # Without it, "behind" (within prune_ratio) is sampled as long as the others.
+    settings.prune_untied = False
+    again = Harness(CostTimer(clock), settings).measure(problem, target, entries)
+    assert _result(again, "behind").status == OK
+    assert _result(again, "behind").samples > settings.min_samples
+
+
 def right_once_then_doubled(k: Any, a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any) -> None:
     """Right on its first call; every later call writes twice the right values."""
     k.right(a, b, out, alpha, beta, bias)

@@ -193,6 +193,10 @@ class HarnessConfig:
     # GPU (interleave): ... and this much slower than the best in the first round of samples
     # (taken after every candidate's warm-up, and checked on new inputs before it prunes)
     round_prune_ratio: float = math.inf
+    # GPU (interleave): ... and, once it has min_samples, a candidate none of whose samples
+    # came within tie_ratio of the best median: it is not the fastest, and its median is
+    # past the ties' bound (see tie_ratio), so more samples of it only cost time
+    prune_untied: bool = False
     interleave: bool = False  # GPU: rounds across candidates; CPU: turns within a backend (see _time)
     settle_s: float = 0.2  # CPU: longest pause before a backend's samples (other pools spinning)
     stall_s: float = 0.01  # CPU: a pause outlasting a stall (a host's tick), before a prune is made sure of
@@ -1521,7 +1525,27 @@ class Harness:
         are in, and again after every round: a candidate that falls behind stops taking
         samples that cannot change the winner)."""
         best = min((e.median() for e in everyone if e.result.status == OK), default=math.inf)
-        return [e for e in live if e.result.status == OK and not self._prune(e, best, ratio, when)]
+        return [
+            e
+            for e in live
+            if e.result.status == OK and not self._prune(e, best, ratio, when) and not self._untied(e, best)
+        ]
+
+    def _untied(self, entry: _Entry, best: float) -> bool:
+        """Whether ``entry`` (never Default) stops as ``prune_untied`` says: it has
+        ``min_samples`` and its fastest sample is over ``tie_ratio`` times ``best``."""
+        settings = self.settings
+        if not settings.prune_untied or entry.candidate == DEFAULT or len(entry.times) < settings.min_samples:
+            return False
+        fastest = min(entry.times)
+        if fastest > best * settings.tie_ratio:
+            entry.result.status = PRUNED
+            entry.result.note = (
+                f"none of {len(entry.times)} samples within {settings.tie_ratio:g}x the best "
+                f"(fastest {fastest / best:.3f}x)"
+            )
+            return True
+        return False
 
     # --- the choice -------------------------------------------------------------------------
     def _pick(self, ok: list[_Entry]) -> tuple[_Entry, dict[str, Any]]:
