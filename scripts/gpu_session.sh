@@ -71,7 +71,7 @@ for name in "$@"; do
     case $name in
     tests)
         part tests "${TESTS_S:-200}" python3 -m pytest $GPU_TESTS tests/torch tests/conformance/test_gpu.py \
-            tests/test_layout.py tests/tuning/test_confirm.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
+            tests/test_layout.py tests/tuning/test_confirm.py tests/tuning/test_harness_rounds_device.py -q -rs -p no:cacheprovider --timeout=120 -m "not slow" ${TESTS_ARGS:-} ;;
     triton)
         part triton "${TRITON_S:-270}" env BUDGET_S=$(( ${TRITON_S:-270} - 30 )) bash plugins/unimatmul-triton/scripts/gpu_check.sh ;;
     fp8)
