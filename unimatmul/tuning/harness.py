@@ -1538,7 +1538,7 @@ class Harness:
         if not settings.prune_untied or entry.candidate == DEFAULT or len(entry.times) < settings.min_samples:
             return False
         fastest = min(entry.times)
-        if fastest > best * settings.tie_ratio:
+        if 0.0 < best < math.inf and fastest > best * settings.tie_ratio:
             entry.result.status = PRUNED
             entry.result.note = (
                 f"none of {len(entry.times)} samples within {settings.tie_ratio:g}x the best "
