@@ -8,6 +8,12 @@ per call: the median over rounds of the thread's CPU time (``time.thread_time``:
 host's own work, steady on a shared machine) and of the wall time. Confirmation windows
 are off here (they last 34 calls; this measures what comes after them).
 
+The grouped door (``aten::_grouped_mm``, MoE experts) is measured the same way
+(``grouped`` in the JSON): ``torch._grouped_mm`` with routing off, and routed as tuned, with
+Default forced and with the best kernel forced, for one grouped problem (``--grouped-shape
+ROWSxGROUPSxNxK``, the rows split evenly; default bf16 128x8x256x256 on the GPU, f32
+16x4x16x16 on the CPU: small, so that the host's time is what a call costs).
+
     python benchmarks/api_overhead.py --device cuda --json api-overhead.json   # < 1 minute
     python benchmarks/api_overhead.py --device cpu --json benchmarks/results/host-time/api-overhead-cpu.json
 """
@@ -34,7 +40,7 @@ from unimatmul.backend import DEFAULT, Target
 from unimatmul.cache.record import OK, PRUNED
 from unimatmul.core.arrays import adapter_of
 from unimatmul.core.problem import Problem
-from unimatmul.torch import native
+from unimatmul.torch import grouped_routing, native
 from unimatmul.tuning.selector import get_selector
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -89,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="f32, bf16 or f16 (default: bf16 on a GPU, f32 on the CPU)")
     p.add_argument("--shape", default=None, help="MxNxK (default: 64x256x256 on a GPU, 16x64x64 on the CPU)")
+    p.add_argument("--grouped-shape", default=None, help="ROWSxGROUPSxNxK of the grouped problem")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--json", type=Path, default=None)
@@ -102,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     selector.confirm_calls = 0  # windows are measured elsewhere (scripts/gpu_confirm.py)
     try:
         report = measure(args, gpu, built)
+        report["grouped"] = measure_grouped(args, gpu)
     finally:
         selector.confirm_calls = confirm_calls
     if args.json:
@@ -170,6 +178,52 @@ def measure(args: argparse.Namespace, gpu: bool, built: bool) -> dict[str, Any]:
             "plans": plans,
         }
         print(f"\n{which}: {winner}")
+        for name, row in {**off, **routed}.items():
+            print(f"  {name:34s} host {row['host_us']:7.2f} us   wall {row['wall_us']:7.2f} us")
+    return report
+
+
+def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
+    """The grouped door's host time per call (the module docstring)."""
+    dtype = DTYPES[args.dtype or ("bf16" if gpu else "f32")]
+    shape = args.grouped_shape or ("128x8x256x256" if gpu else "16x4x16x16")
+    rows, groups, n, k = (int(x) for x in shape.split("x"))
+    device = torch.device(args.device)
+    a = torch.randn(rows, k, device=device, dtype=dtype)
+    # [G, K, N] as a transposed view of [G, N, K] weights, as transformers keeps them
+    b = torch.randn(groups, n, k, device=device, dtype=dtype).transpose(-2, -1)
+    offs = (torch.arange(1, groups + 1, device=device, dtype=torch.int32) * rows) // groups
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    with ut.enabled(), unimatmul.mode("tune"):
+        torch._grouped_mm(a, b, offs)
+        plan = next(p for p in grouped_routing.plans() if p.problem is not None)
+    problem, target = plan.problem, plan.target
+    assert problem is not None and target is not None  # a plan that routing took
+    report: dict[str, Any] = {"shape": shape, "problem": problem.key, "choices": {}}
+    for which in ("tuned", "default", "kernel"):
+        winner = force(problem, target, which)
+        if not winner:
+            report["choices"][which] = {"skipped": "no kernel passed the check"}
+            continue
+        grouped_routing.clear_plans()  # the door reads the forced record again
+        off = per_call(
+            {"torch._grouped_mm": lambda: torch._grouped_mm(a, b, offs)}, args.calls, args.rounds, sync
+        )
+        with ut.enabled():
+            routed = per_call(
+                {"torch._grouped_mm routed": lambda: torch._grouped_mm(a, b, offs)},
+                args.calls,
+                args.rounds,
+                sync,
+            )
+            labels = [p.label for p in grouped_routing.plans()]
+        report["choices"][which] = {
+            "winner": winner,
+            "routing_off": off,
+            "routing_on": routed,
+            "plans": labels,
+        }
+        print(f"\ngrouped {shape}, {which}: {winner}")
         for name, row in {**off, **routed}.items():
             print(f"  {name:34s} host {row['host_us']:7.2f} us   wall {row['wall_us']:7.2f} us")
     return report
