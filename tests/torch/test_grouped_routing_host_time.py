@@ -1,4 +1,4 @@
-"""benchmarks/api_overhead.py's grouped door: host time per call for each choice."""
+"""The grouped door's host time per call, as benchmarks/api_overhead.py measures it for each choice."""
 
 from __future__ import annotations
 
