@@ -173,14 +173,18 @@ def measure(args: argparse.Namespace, gpu: bool, built: bool) -> dict[str, Any]:
         report["choices"][which] = {
             "winner": winner,
             "native_api_path": getattr(api, "_native_call", None) is not None,
-            "routing_off": off,
-            "routing_on": routed,
+            **_shown(f"{which}: {winner}", off, routed),
             "plans": plans,
         }
-        print(f"\n{which}: {winner}")
-        for name, row in {**off, **routed}.items():
-            print(f"  {name:34s} host {row['host_us']:7.2f} us   wall {row['wall_us']:7.2f} us")
     return report
+
+
+def _shown(title: str, off: dict[str, Any], routed: dict[str, Any]) -> dict[str, Any]:
+    """Print one choice's rows under ``title``; the report's routing_off and routing_on."""
+    print(f"\n{title}")
+    for name, row in {**off, **routed}.items():
+        print(f"  {name:34s} host {row['host_us']:7.2f} us   wall {row['wall_us']:7.2f} us")
+    return {"routing_off": off, "routing_on": routed}
 
 
 def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
@@ -219,13 +223,9 @@ def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
             labels = [p.label for p in grouped_routing.plans()]
         report["choices"][which] = {
             "winner": winner,
-            "routing_off": off,
-            "routing_on": routed,
+            **_shown(f"grouped {shape}, {which}: {winner}", off, routed),
             "plans": labels,
         }
-        print(f"\ngrouped {shape}, {which}: {winner}")
-        for name, row in {**off, **routed}.items():
-            print(f"  {name:34s} host {row['host_us']:7.2f} us   wall {row['wall_us']:7.2f} us")
     return report
 
 
