@@ -209,7 +209,6 @@ def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
         if not winner:
             report["choices"][which] = {"skipped": "no kernel passed the check"}
             continue
-        grouped_routing.clear_plans()  # the door reads the forced record again
         off = per_call(
             {"torch._grouped_mm": lambda: torch._grouped_mm(a, b, offs)}, args.calls, args.rounds, sync
         )
