@@ -1434,14 +1434,29 @@ class Harness:
                 )
 
     def _prune(self, entry: _Entry, best: float, ratio: float | None = None, when: str = "") -> bool:
-        ratio = self.settings.prune_ratio if ratio is None else ratio
-        if entry.candidate != DEFAULT and entry.median() > best * ratio:
-            entry.result.status = PRUNED
-            entry.result.note = (
-                f"{entry.median() / best:.2f}x the best {when or f'after {len(entry.times)} samples'}"
+        """Whether ``entry`` (never Default) stops, marked pruned: its median over ``ratio``
+        (else ``prune_ratio``) times ``best``; or, with ``prune_untied`` and ``min_samples``
+        taken, none of its samples within ``tie_ratio`` of ``best``."""
+        if entry.candidate == DEFAULT:
+            return False
+        settings = self.settings
+        ratio = settings.prune_ratio if ratio is None else ratio
+        if entry.median() > best * ratio:
+            note = f"{entry.median() / best:.2f}x the best {when or f'after {len(entry.times)} samples'}"
+        elif (
+            settings.prune_untied
+            and len(entry.times) >= settings.min_samples
+            and 0.0 < best < math.inf
+            and min(entry.times) > best * settings.tie_ratio
+        ):
+            note = (
+                f"none of {len(entry.times)} samples within {settings.tie_ratio:g}x the best "
+                f"(fastest {min(entry.times) / best:.3f}x)"
             )
-            return True
-        return False
+        else:
+            return False
+        entry.result.status, entry.result.note = PRUNED, note
+        return True
 
     def _round(self, live: Sequence[_Entry], turn: int = 0) -> None:
         """One sample of each entry of ``live`` still OK. Where every sampler can launch its
@@ -1525,27 +1540,7 @@ class Harness:
         are in, and again after every round: a candidate that falls behind stops taking
         samples that cannot change the winner)."""
         best = min((e.median() for e in everyone if e.result.status == OK), default=math.inf)
-        return [
-            e
-            for e in live
-            if e.result.status == OK and not self._prune(e, best, ratio, when) and not self._untied(e, best)
-        ]
-
-    def _untied(self, entry: _Entry, best: float) -> bool:
-        """Whether ``entry`` (never Default) stops as ``prune_untied`` says: it has
-        ``min_samples`` and its fastest sample is over ``tie_ratio`` times ``best``."""
-        settings = self.settings
-        if not settings.prune_untied or entry.candidate == DEFAULT or len(entry.times) < settings.min_samples:
-            return False
-        fastest = min(entry.times)
-        if 0.0 < best < math.inf and fastest > best * settings.tie_ratio:
-            entry.result.status = PRUNED
-            entry.result.note = (
-                f"none of {len(entry.times)} samples within {settings.tie_ratio:g}x the best "
-                f"(fastest {fastest / best:.3f}x)"
-            )
-            return True
-        return False
+        return [e for e in live if e.result.status == OK and not self._prune(e, best, ratio, when)]
 
     # --- the choice -------------------------------------------------------------------------
     def _pick(self, ok: list[_Entry]) -> tuple[_Entry, dict[str, Any]]:
