@@ -86,6 +86,31 @@ def test_functional_grouped_mm_under_no_grad_is_routed(env: Env) -> None:
     assert _routed_calls() == 1
 
 
+@pytest.mark.parametrize("env", ["native"], indirect=True)
+def test_a_known_key_is_served_by_the_native_kernel(env: Env) -> None:
+    """Once its plan is made, a key's calls are served from the native GROUPED table (no
+    Python), whatever their offs; a mode() block sends them to Python again."""
+    from unimatmul.torch import native
+
+    a, b, offs = operands("m", SIZES)
+    ut.enable()
+    assert grouped_routing._router.native_keys
+    first = torch._grouped_mm(a, b, offs)  # cached mode, no record: PyTorch's kernel
+    (plan,) = grouped_routing.plans()
+    assert plan.native == native.DEFAULT and plan.is_default
+    other = offs_of([0, 20, 2, 2])
+    for _ in range(3):
+        got = torch._grouped_mm(a, b, other)
+    assert native.counts(table=native.GROUPED) == {plan.ident: 3}
+    assert close(first, reference("m", a, b, offs), "bf16") and close(
+        got, reference("m", a, b, other), "bf16"
+    )
+    with unimatmul.mode("cached"):
+        torch._grouped_mm(a, b, offs)
+    assert native.counts(table=native.GROUPED) == {plan.ident: 3}  # the block's call went to Python
+    assert _routed_calls() == 5
+
+
 def test_mode_off_and_disable_leave_torch_alone(env: Env) -> None:
     a, b, offs = operands("m", SIZES)
     want = torch._grouped_mm(a, b, offs)

@@ -353,6 +353,26 @@ def test_a_scaled_launch_is_a_launch_entry_of_the_scaled_table(monkeypatch: pyte
     assert native.kind_of(scaled_lt, native.SCALED) == native.PYTHON
 
 
+def test_a_grouped_launch_is_a_launch_entry_of_the_grouped_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch with the offs pointer (a Triton grouped kernel's, m, k or n form) is a LAUNCH
+    entry of the GROUPED table only; there a launch without it (the 3-D x 3-D form) is one
+    too, and an Lt call is not."""
+    from unimatmul.backend import NativeCall
+
+    offs = NativeCall.LAUNCH_ROLES["offs"]
+    grouped = NativeCall("launch", _launch_words(1, 2, 3, offs, 0, 0))
+    batched = NativeCall("launch", _launch_words(1, 2, 3, 0, 0, 0))
+    lt = NativeCall("lt", [1] * 13)
+    monkeypatch.setattr(native, "_loaded_gpu", True)
+    assert [native.kind_of(c, native.GROUPED) for c in (grouped, batched)] == [native.LAUNCH] * 2
+    assert [native.kind_of(c, native.GROUPED) for c in (lt, None)] == [native.PYTHON] * 2
+    assert [native.kind_of(grouped, t) for t in (native.ROUTING, native.API, native.SCALED)] == [
+        native.PYTHON
+    ] * 3
+    monkeypatch.setattr(native, "_loaded_gpu", False)  # the CPU build makes no launch
+    assert native.kind_of(grouped, native.GROUPED) == native.PYTHON
+
+
 class _LaunchOffered:
     """A prepared kernel that offers a NativeCall (and is never called here)."""
 
@@ -400,6 +420,23 @@ def test_the_cpu_build_takes_no_scaled_lt_entry(env: Env) -> None:
             a, a.t(), one, one, None, torch.bfloat16, False, native.LAUNCH, new_id(), "x", (16, 16), launch
         )  # fmt: skip
     assert native.size(native.SCALED) == 0
+
+
+@NATIVE
+def test_the_cpu_build_takes_no_grouped_launch_entry(env: Env) -> None:
+    from unimatmul.backend import NativeCall
+
+    if native.has_lt():
+        pytest.skip("the GPU build is loaded")
+    a, b = torch.ones(8, 16), torch.ones(2, 16, 4)
+    offs = torch.tensor([3, 8], dtype=torch.int32)
+    launch = NativeCall("launch", _launch_words(1, 2, 3, NativeCall.LAUNCH_ROLES["offs"]))
+    ops = torch.ops.unimatmul_native
+    with pytest.raises(RuntimeError, match="LAUNCH entry needs the GPU build"):
+        ops.put_grouped(-1, a, b, offs, None, native.LAUNCH, new_id(), "x", [8, 4], launch.words, 0)
+    with pytest.raises(RuntimeError, match="unknown kind"):
+        ops.put_grouped(-1, a, b, offs, None, native.LT, new_id(), "x", [8, 4], [], 0)
+    assert native.size(native.GROUPED) == 0
 
 
 @pytest.mark.slow

@@ -142,7 +142,10 @@ class NativeCall:
     """A runner's call as plain numbers, for a native caller to make it without Python.
 
     A runner may offer ``native_call() -> NativeCall | None`` (torch routing's C++
-    kernels take it; ``unimatmul/torch/_native.cpp`` reads the words). ``kind``: ``"lt"``
+    kernels take it; ``unimatmul/torch/_native.cpp`` reads the words); a grouped runner's
+    takes the operands of the call it is laid out for and its output dtype,
+    ``native_call(a, b, offs, out_dtype)`` (its launch depends on their sizes and strides,
+    which its bucketed Problem does not fix). ``kind``: ``"lt"``
     (a cuBLASLt/hipBLASLt call: ``LtRunner.native_call`` lists the words),
     ``"onednn"`` (a oneDNN primitive: ``MatmulPrimitive.native_words``), ``"scaled_lt"``
     (a scaled, fp8, call: three words first, the descriptor attribute ids of the library's
@@ -156,7 +159,8 @@ class NativeCall:
     of parameters, then ``(role, bytes, value)`` per parameter in order: role 0 a constant
     ``value``, the others :attr:`LAUNCH_ROLES`: 1-4 the a, b, out and bias pointers, 5-6
     alpha and beta as fp32, 7-8 a scaled product's scale_a and scale_b pointers (both or
-    neither: only torch routing's ``_scaled_mm`` table takes them); the Triton plugin's
+    neither: only torch routing's ``_scaled_mm`` table takes them), 9 a grouped product's
+    offs pointer (only its ``_grouped_mm`` table takes it); the Triton plugin's
     ``CompiledRunner.native_call`` makes them). For the padded
     Lt runner, ``buffers`` holds the A, B and C buffers and their corner views (None
     where that operand is not copied) and ``flags`` (a_first, b_first): a
@@ -174,6 +178,7 @@ class NativeCall:
         "beta": 6,
         "scale_a": 7,
         "scale_b": 8,
+        "offs": 9,
     }
 
     kind: str

@@ -32,6 +32,16 @@
 // scale_b, written from the call's scales like the operands.
 // scale_result (an fp8 output's scale) always goes to the Python kernel.
 //
+// aten::_grouped_mm (mixture-of-experts' experts) has one too (grouped_mm below), with a
+// table of its own (GROUPED: grouped_routing.py's plans). It sits at the ADInplaceOrView key,
+// as the Python kernel does (grouped_routing.py says why): below autograd, above every
+// backend, so it serves CPU and CUDA tensors alike and reaches PyTorch's kernel (DEFAULT) by
+// redispatching below itself. Its LAUNCH entries (a Triton grouped kernel's) have one more
+// per-call pointer, offs, written from the call's offs like the operands; the launch's grid
+// bounds the tiles of any offs over the key's rows, so it is fixed per entry. A call with
+// a bias, or from a tensor that traces (the Python key, functionalization), never gets an
+// entry.
+//
 // A second table serves unimatmul.matmul on torch tensors (the plain form: no bias, C or
 // activation, alpha 1): fast_matmul below is a CPython function that reads the tensors
 // out of their Python objects, finds the entry and runs it without the interpreter or
@@ -48,6 +58,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_grouped_mm_ops.h>
 #include <ATen/ops/_scaled_mm_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
@@ -128,11 +139,11 @@ std::string umm_message(const Args&... args) {
 
 namespace {
 
-enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3, API_MM = 4, API_BMM = 5, SCALED_MM = 6 };
+enum Op : int64_t { MM = 0, BMM = 1, ADDMM = 2, BADDBMM = 3, API_MM = 4, API_BMM = 5, SCALED_MM = 6, GROUPED_MM = 7 };
 enum Kind : int { DEFAULT = 0, LT = 1, PYTHON = 2, PADDED = 3, ONEDNN = 4, CONFIRM = 5, LAUNCH = 6, SCALED_LT = 7 };
 enum Form : int { PLAIN = 0, BIAS = 1 };
-enum Table : int64_t { ROUTING = 0, API = 1, SCALED = 2 };
-constexpr int64_t TABLES = 3;
+enum Table : int64_t { ROUTING = 0, API = 1, SCALED = 2, GROUPED = 3 };
+constexpr int64_t TABLES = 4;
 constexpr int64_t MODE_OFF = 0;
 
 // cublasLtMatmul / hipblasLtMatmul, and their MatmulDescSetAttribute.
@@ -150,7 +161,8 @@ using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned
                          void**);
 using SetContextFn = int (*)(void*);
 // The roles of a LAUNCH entry's parameters (NativeCall "launch" in unimatmul/core/_backend.py);
-// the scale pointers are a SCALED entry's only, and both there.
+// the scale pointers are a SCALED entry's only, and both there; the offs pointer a GROUPED
+// entry's only, and there whenever the call has offs.
 enum Role : int64_t {
   CONSTANT = 0,
   ARG_A = 1,
@@ -160,9 +172,10 @@ enum Role : int64_t {
   ARG_ALPHA = 5,
   ARG_BETA = 6,
   ARG_SCALE_A = 7,
-  ARG_SCALE_B = 8
+  ARG_SCALE_B = 8,
+  ARG_OFFS = 9
 };
-constexpr int ROLES = 9;
+constexpr int ROLES = 10;
 constexpr int INVALID_CONTEXT = 201;  // CUDA_ERROR_INVALID_CONTEXT, hipErrorInvalidContext
 
 // A head word, then 7 words per operand: up to five (_scaled_mm's a, b, bias and two scales).
@@ -312,21 +325,23 @@ struct Entry : std::enable_shared_from_this<Entry> {
   bool stream_bound = false;
   std::vector<uint64_t> slots;
   std::vector<void*> args;
-  int slot_of[ROLES] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};  // by Role: the slot of that argument
+  int slot_of[ROLES] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};  // by Role: the slot of that argument
 };
 
 using EntryMap = std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
 
 struct State {
   std::shared_mutex table_lock;
-  EntryMap tables[TABLES];              // ROUTING (the aten kernels), API (unimatmul.matmul), SCALED
+  EntryMap tables[TABLES];              // ROUTING (the aten kernels), API (unimatmul.matmul), SCALED, GROUPED
   std::mutex pinned_lock;
   std::vector<std::shared_ptr<Entry>> pinned;  // entries a CUDA graph captured (never freed)
   std::atomic<int64_t> mode{1};         // the environment's mode, as a code from Python
   std::atomic<int64_t> python_only{0};  // mode() blocks open anywhere: every call to Python
   std::mutex install_lock;
   std::vector<std::unique_ptr<torch::Library>> libraries;
-  std::vector<std::unique_ptr<torch::Library>> scaled_libraries;  // aten::_scaled_mm's
+  std::vector<std::unique_ptr<torch::Library>> scaled_libraries;   // aten::_scaled_mm's
+  std::vector<std::unique_ptr<torch::Library>> grouped_libraries;  // aten::_grouped_mm's
+  std::atomic<bool> grouped_cpu{false}, grouped_cuda{false};       // the devices it serves
 };
 
 State& state() {
@@ -416,6 +431,18 @@ bool make_scaled_key(Key& key, int64_t mode, const at::Tensor& a, const at::Tens
   const int64_t dtype = out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) + 1 : 0;
   return make_key(key, SCALED_MM, mode, bias, a, b, false, false, {&scale_a, &scale_b},
                   (dtype & 0xFF) | (static_cast<int64_t>(use_fast_accum) << 8));
+}
+
+// The key of a _grouped_mm call (offs may be absent: the 3-D x 3-D form; a bias never gets an
+// entry). The head word holds the output dtype and whether offs was given.
+bool make_grouped_key(Key& key, int64_t mode, const at::Tensor& a, const at::Tensor& b, const at::Tensor* offs,
+                      std::optional<at::ScalarType> out_dtype) {
+  const int64_t dtype = out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) + 1 : 0;
+  const int64_t flags = (dtype & 0xFF) | (static_cast<int64_t>(offs != nullptr) << 8);
+  if (offs == nullptr) {
+    return make_key(key, GROUPED_MM, mode, nullptr, a, b, false, false, {}, flags);
+  }
+  return make_key(key, GROUPED_MM, mode, nullptr, a, b, false, false, {offs}, flags);
 }
 
 std::shared_ptr<Entry> find(int64_t table, const Key& key) {
@@ -519,6 +546,16 @@ at::Tensor slow_scaled(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   static auto scaled =
       c10::Dispatcher::singleton().findSchemaOrThrow("unimatmul_native::slow_scaled_mm", "").typed<ScaledFn>();
   return scaled.call(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
+}
+
+using GroupedFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                             const std::optional<at::Tensor>&, std::optional<at::ScalarType>);
+
+at::Tensor slow_grouped(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                        const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype) {
+  static auto grouped =
+      c10::Dispatcher::singleton().findSchemaOrThrow("unimatmul_native::slow_grouped_mm", "").typed<GroupedFn>();
+  return grouped.call(a, b, offs, bias, out_dtype);
 }
 
 // --- the library call -----------------------------------------------------------------------
@@ -814,13 +851,15 @@ at::Tensor run_lt(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::
 
 // Runs a LAUNCH entry: one driver-API launch on the caller's stream; an undefined tensor
 // when it cannot run here (a bias the kernel lacks or lacks one, scales it lacks or lacks
-// (a SCALED entry's kernel takes the call's scale_a and scale_b), a split-K kernel on a
-// stream other than its workspace's, or the driver refused): the caller goes to Python.
+// (a SCALED entry's kernel takes the call's scale_a and scale_b; a GROUPED entry's takes the
+// call's offs where the key has them), a split-K kernel on a stream other than its
+// workspace's, or the driver refused): the caller goes to Python.
 at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, double alpha,
                       const at::Tensor* given, const at::Tensor* scale_a = nullptr,
-                      const at::Tensor* scale_b = nullptr) {
+                      const at::Tensor* scale_b = nullptr, const at::Tensor* offs = nullptr) {
   const bool scaled = scale_a != nullptr && scale_b != nullptr;
-  if ((bias != nullptr) != (e.slot_of[ARG_BIAS] >= 0) || scaled != (e.slot_of[ARG_SCALE_A] >= 0)) {
+  if ((bias != nullptr) != (e.slot_of[ARG_BIAS] >= 0) || scaled != (e.slot_of[ARG_SCALE_A] >= 0) ||
+      (offs != nullptr) != (e.slot_of[ARG_OFFS] >= 0)) {
     return at::Tensor();
   }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
@@ -843,6 +882,9 @@ at::Tensor run_launch(Entry& e, const at::Tensor& a, const at::Tensor& b, const 
     if (scaled) {
       pointer(ARG_SCALE_A, scale_a->data_ptr());
       pointer(ARG_SCALE_B, scale_b->data_ptr());
+    }
+    if (offs != nullptr) {
+      pointer(ARG_OFFS, offs->data_ptr());
     }
     const float scalars[2] = {static_cast<float>(alpha), 0.0f};
     for (int i = 0; i < 2; ++i) {
@@ -874,7 +916,7 @@ at::Tensor run_lt(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor
   return at::Tensor();
 }
 at::Tensor run_launch(Entry&, const at::Tensor&, const at::Tensor&, const at::Tensor*, double, const at::Tensor*,
-                      const at::Tensor* = nullptr, const at::Tensor* = nullptr) {
+                      const at::Tensor* = nullptr, const at::Tensor* = nullptr, const at::Tensor* = nullptr) {
   return at::Tensor();
 }
 #endif
@@ -884,12 +926,12 @@ at::Tensor run_launch(Entry&, const at::Tensor&, const at::Tensor&, const at::Te
 // it could not run here (the caller goes to Python, which counts it).
 at::Tensor run_kernel(Entry& e, int kind, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
                       double alpha, const at::Tensor* given = nullptr, const at::Tensor* scale_a = nullptr,
-                      const at::Tensor* scale_b = nullptr) {
+                      const at::Tensor* scale_b = nullptr, const at::Tensor* offs = nullptr) {
   switch (kind) {
     case ONEDNN:
       return run_onednn(e, a, b, bias, alpha, given);
     case LAUNCH:
-      return run_launch(e, a, b, bias, alpha, given, scale_a, scale_b);
+      return run_launch(e, a, b, bias, alpha, given, scale_a, scale_b, offs);
     default:
       return run_lt(e, a, b, bias, alpha, given, scale_a, scale_b);
   }
@@ -1158,6 +1200,39 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
   return out.defined() ? out : slow_scaled(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
 }
 
+// aten::_grouped_mm at the ADInplaceOrView key (every device's calls come here; the devices
+// it serves are install_grouped's). PyTorch's kernel is the redispatch below this key.
+at::Tensor grouped_mm(c10::DispatchKeySet ks, const at::Tensor& a, const at::Tensor& b,
+                      const std::optional<at::Tensor>& offs, const std::optional<at::Tensor>& bias,
+                      std::optional<at::ScalarType> out_dtype) {
+  auto below = [&] {
+    return at::_ops::_grouped_mm::redispatch(ks & c10::after_ADInplaceOrView_keyset, a, b, offs, bias, out_dtype);
+  };
+  State& s = state();
+  const int64_t mode = s.mode.load(std::memory_order_relaxed);
+  // Tensors that trace or wrap pass untouched: tracing must see the aten op.
+  if (busy || mode == MODE_OFF || ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize)) {
+    return below();
+  }
+  const bool served = a.is_cpu() ? s.grouped_cpu.load(std::memory_order_relaxed)
+                                 : a.is_cuda() && s.grouped_cuda.load(std::memory_order_relaxed);
+  const at::Tensor* offs_ptr = offs.has_value() && offs->defined() ? &*offs : nullptr;
+  Key key;
+  if (!served || (bias.has_value() && bias->defined()) || s.python_only.load(std::memory_order_relaxed) != 0 ||
+      !make_grouped_key(key, mode, a, b, offs_ptr, out_dtype)) {
+    return slow_grouped(a, b, offs, bias, out_dtype);
+  }
+  std::shared_ptr<Entry> entry = find(GROUPED, key);
+  if (!entry) {
+    return slow_grouped(a, b, offs, bias, out_dtype);
+  }
+  at::Tensor out = serve(
+      *entry, a,
+      [&](int kind) { return run_kernel(*entry, kind, a, b, nullptr, 1.0, nullptr, nullptr, nullptr, offs_ptr); },
+      below);
+  return out.defined() ? out : slow_grouped(a, b, offs, bias, out_dtype);
+}
+
 // --- unimatmul.matmul's fast path -------------------------------------------------------------
 // A CPython function (METH_FASTCALL) that Python gets through ctypes from
 // unimatmul_fast_matmul_function below: fast_matmul(a, b, out, alpha, beta, c, bias,
@@ -1407,6 +1482,34 @@ void uninstall_scaled() {
   s.scaled_libraries.clear();
 }
 
+// aten::_grouped_mm's kernel at the ADInplaceOrView key, for the CPU's and/or CUDA's calls
+// (grouped_routing.py installs and removes it with its Python kernel, which takes the calls
+// of the devices not served here through the slow op).
+void install_grouped(bool cpu, bool cuda) {
+  State& s = state();
+  std::lock_guard<std::mutex> guard(s.install_lock);
+  UMM_CHECK(!cuda || built_with_cuda(), "unimatmul_native.install_grouped: the CUDA key needs the GPU build");
+  s.grouped_cpu.store(cpu);
+  s.grouped_cuda.store(cuda);
+  if (!s.grouped_libraries.empty()) {
+    return;
+  }
+  Quiet quiet;
+  c10::WarningUtils::WarningHandlerGuard quiet_guard(&quiet);
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView,
+                                              __FILE__, __LINE__);
+  lib->impl("_grouped_mm", TORCH_FN(grouped_mm));
+  s.grouped_libraries.push_back(std::move(lib));
+}
+
+void uninstall_grouped() {
+  State& s = state();
+  std::lock_guard<std::mutex> guard(s.install_lock);
+  s.grouped_libraries.clear();
+  s.grouped_cpu.store(false);
+  s.grouped_cuda.store(false);
+}
+
 bool installed() {
   State& s = state();
   std::lock_guard<std::mutex> guard(s.install_lock);
@@ -1441,9 +1544,10 @@ void open_window(Entry& e, int64_t kind, int64_t confirm) {
 // addresses, the device's context, the function, grid x/y/z, block x, dynamic shared
 // bytes, the stream of the workspace, whether the kernel is bound to it (split-K), the
 // number of parameters, then (role, size in bytes, value) for each parameter in order.
-// `scaled`: the entry is a SCALED table's, whose kernel takes both scale pointers; any
-// other entry takes neither.
-void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w, bool scaled) {
+// `table`: a SCALED entry's kernel takes both scale pointers, a GROUPED entry's takes the
+// offs pointer where the key has offs (`offs`); no other entry takes any of them.
+void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w, int64_t table, bool offs = false) {
+  const bool scaled = table == SCALED;
   UMM_CHECK(built_with_cuda(), "unimatmul_native.put: a LAUNCH entry needs the GPU build");
   UMM_CHECK(!a.device().is_cpu(), "unimatmul_native.put: a LAUNCH entry is for GPU tensors");
   constexpr size_t fixed = 12;
@@ -1498,6 +1602,8 @@ void put_launch(Entry& e, const at::Tensor& a, c10::IntArrayRef w, bool scaled) 
     UMM_CHECK(e.slot_of[ARG_SCALE_A] < 0 && e.slot_of[ARG_SCALE_B] < 0,
                 "unimatmul_native.put: scale parameters in a LAUNCH entry outside the SCALED table");
   }
+  UMM_CHECK((e.slot_of[ARG_OFFS] >= 0) == (table == GROUPED && offs),
+              "unimatmul_native.put: a LAUNCH entry's offs parameter must be there exactly where its call has offs");
 }
 
 // An LT entry's call, from the words of a NativeCall (LtRunner.native_call lists them).
@@ -1601,7 +1707,7 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
                 "unimatmul_native.put: a ONEDNN entry with a null handle");
   }
   if (kind == LAUNCH) {
-    put_launch(*entry, a, lt, false);
+    put_launch(*entry, a, lt, table);
   }
   open_window(*entry, kind, confirm);
   State& s = state();
@@ -1642,12 +1748,41 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
     set_lt(*entry, lt.slice(scaled_words));
   }
   if (kind == LAUNCH) {
-    put_launch(*entry, a, lt, true);
+    put_launch(*entry, a, lt, SCALED);
   }
   open_window(*entry, kind, confirm);
   State& s = state();
   std::unique_lock<std::shared_mutex> guard(s.table_lock);
   put_entry(s, SCALED, key, std::move(entry));
+}
+
+// Puts the entry for a _grouped_mm call's key (no bias) into the GROUPED table (`mode` as for
+// put). kind: DEFAULT, PYTHON or LAUNCH; lt holds a LAUNCH entry's words (put_launch), with
+// the offs pointer among its parameters where the call has offs; `confirm` and `tie` as
+// for put.
+void put_grouped(int64_t mode, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                 std::optional<at::ScalarType> out_dtype, int64_t kind, int64_t id, c10::string_view label,
+                 c10::IntArrayRef out_shape, c10::IntArrayRef lt, int64_t confirm, bool tie) {
+  Key key;
+  const int64_t key_mode = mode < 0 ? state().mode.load() : mode;
+  const at::Tensor* offs_ptr = offs.has_value() && offs->defined() ? &*offs : nullptr;
+  UMM_CHECK(make_grouped_key(key, key_mode, a, b, offs_ptr, out_dtype),
+              "unimatmul_native.put_grouped: operands of more than 3-D");
+  UMM_CHECK(kind == DEFAULT || kind == PYTHON || kind == LAUNCH, "unimatmul_native.put_grouped: unknown kind ", kind);
+  auto entry = std::make_shared<Entry>();
+  entry->kind.store(static_cast<int>(kind));
+  entry->id = id;
+  entry->label = std::string(label);
+  entry->out_shape = out_shape.vec();
+  entry->out_dtype = out_dtype.value_or(a.scalar_type());
+  entry->tie = tie;
+  if (kind == LAUNCH) {
+    put_launch(*entry, a, lt, GROUPED, offs_ptr != nullptr);
+  }
+  open_window(*entry, kind, confirm);
+  State& s = state();
+  std::unique_lock<std::shared_mutex> guard(s.table_lock);
+  put_entry(s, GROUPED, key, std::move(entry));
 }
 
 // Empties a table; the calls each entry counted, as (id, calls) pairs.
@@ -1740,12 +1875,17 @@ TORCH_LIBRARY(unimatmul_native, m) {
   m.def(
       "slow_scaled_mm(Tensor self, Tensor mat2, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
       "Tensor? scale_result=None, ScalarType? out_dtype=None, bool use_fast_accum=False) -> Tensor");
+  m.def(
+      "slow_grouped_mm(Tensor self, Tensor mat2, Tensor? offs=None, Tensor? bias=None, ScalarType? out_dtype=None) "
+      "-> Tensor");
   // A full window's samples (seconds, in call order) -> keep the choice? (Python judges.)
   m.def("confirmed(Tensor samples, int id, str clock) -> bool");
   m.def("install(bool cpu, bool cuda) -> ()", &install);
   m.def("uninstall() -> ()", &uninstall);
   m.def("install_scaled(bool cpu, bool cuda) -> ()", &install_scaled);
   m.def("uninstall_scaled() -> ()", &uninstall_scaled);
+  m.def("install_grouped(bool cpu, bool cuda) -> ()", &install_grouped);
+  m.def("uninstall_grouped() -> ()", &uninstall_grouped);
   m.def("installed() -> bool", &installed);
   m.def("configure(int mode, int python_only) -> ()", &configure);
   m.def("set_busy(bool on) -> ()", &set_busy);
@@ -1759,6 +1899,10 @@ TORCH_LIBRARY(unimatmul_native, m) {
       "bool use_fast_accum, int kind, int id, str label, int[] out_shape, int[] lt, int confirm, "
       "bool tie=False) -> ()",
       &put_scaled);
+  m.def(
+      "put_grouped(int mode, Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype, int kind, int id, str label, "
+      "int[] out_shape, int[] lt, int confirm, bool tie=False) -> ()",
+      &put_grouped);
   m.def("clear(int table) -> int[]", &clear);
   m.def("counts(int table, bool reset) -> int[]", &counts);
   m.def("kinds(int table) -> int[]", &kinds);

@@ -17,6 +17,13 @@ mode; ``offs``' values are never read: a serving process's token distribution ch
 every call, and the Problem buckets it, ``docs/grouped.md``) in a
 :class:`~unimatmul.calls.CallTable`.
 
+Where the native (C++) kernels build (``native.py``), the native ``_grouped_mm`` kernel
+takes this key instead, for the devices it serves, and this Python kernel serves behind
+it (the ``unimatmul_native::slow_grouped_mm`` op) the keys it does not know yet, the calls
+of other devices and every call with a bias: once a plan is resolved here, the key's
+entry goes into the native GROUPED table (PyTorch's kernel, a grouped kernel's launch, or
+this kernel), so the cached call costs no Python host time.
+
 Tensors that are not plain (fake and functional tensors, subclasses and modes with
 ``__torch_dispatch__``: what ``torch.compile``, ``make_fx`` and ``torch.export`` trace with)
 pass through untouched: their keys are below this one, and tracing must see the aten op.
@@ -37,7 +44,7 @@ from unimatmul.core._backend import DEFAULT, Target
 from unimatmul.core.arrays import adapter_for_kind, adapter_of, hold_for_graphs
 from unimatmul.core.grouped import call_lending, grouped_problem_of, grouped_shapes, serve_default
 from unimatmul.core.problem import EmptyProduct
-from unimatmul.torch import hf_decode
+from unimatmul.torch import hf_decode, native
 from unimatmul.torch.router import Router
 from unimatmul.tuning.confirm import clock_for
 from unimatmul.tuning.selector import Decision
@@ -53,7 +60,7 @@ _Below = torch._C._AutoDispatchBelowADInplaceOrView
 # below this key, so the door sees them first and passes them through.
 _PYTHON, _FUNCTIONAL = torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize
 
-_router = Router("grouped_mm", MAX_PLANS)  # no native table: Python kernels only
+_router = Router("grouped_mm", MAX_PLANS, native.GROUPED)
 TABLE = _router.table
 _plans = TABLE.plans  # read per call; emptied in place, never replaced
 _mode_var = _config._mode
@@ -100,9 +107,27 @@ def _grouped_mm(
         if plan.capturing():
             hold_for_graphs(runner)  # a graph now holds its buffers: never freed
     except Exception as exc:
-        TABLE.fall_back(plan, exc, adapter_of(a))  # PyTorch's own kernel from now on
+
+        def put(plan: Plan) -> None:  # the native entry too: PyTorch's kernel
+            if _plans.get(key) is plan:
+                _native_put(plan, a, b, offs, out_dtype)
+
+        TABLE.fall_back(plan, exc, adapter_of(a), put)  # PyTorch's own kernel from now on
         return _OP.redispatch(keyset & _BELOW, a, b, offs, bias, out_dtype)
     return out
+
+
+def _slow_grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """This kernel behind the native one (``unimatmul_native::slow_grouped_mm``), which
+    passed tracing tensors below itself already: PyTorch's kernel is below the door's key
+    in the operands' own keys."""
+    return _grouped_mm(torch._C._dispatch_keys(a), a, b, offs, bias, out_dtype)
 
 
 _DOOR = torch._C.DispatchKey.ADInplaceOrView
@@ -152,7 +177,25 @@ def _resolve(
     hf_decode.install(routes)  # transformers' decode switch, where transformers is imported by now
     plan = Plan("grouped_mm")
     decision = routed_decision(plan, _fill, a, b, offs, bias, out_dtype, mode)
-    return TABLE.insert(key, plan, decision)
+    put = None
+    if bias is None and a.device.type.upper() in _router.native_keys and _mode_var.get() is None:
+
+        def put(plan: Plan) -> None:
+            _native_put(plan, a, b, offs, out_dtype)
+
+    return TABLE.insert(key, plan, decision, put)
+
+
+def _native_put(
+    plan: Plan, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, out_dtype: torch.dtype | None
+) -> None:
+    """Give the native kernel this key's entry (it calls this module's kernel for keys it
+    lacks); a choice in its confirmation window as :func:`native.put_plan` says.
+    ``out_dtype``: the call's (None where it gave none), part of the key."""
+    try:
+        native.put_plan(native.GROUPED, plan, _router.kept, a, b, offs, out_dtype)
+    except Exception as exc:
+        plan.reason = plan.reason or f"native table: {type(exc).__name__}: {exc}"
 
 
 def _fill(
@@ -203,17 +246,35 @@ def clear_plans() -> None:
 
 
 def install() -> None:
-    """Register the kernel at the ADInplaceOrView key (idempotent); :func:`uninstall` undoes it."""
+    """Register the kernel at the ADInplaceOrView key (idempotent); :func:`uninstall` undoes it.
+
+    Where the native build serves a device (``native.wanted_keys``), the native kernel is
+    registered there instead, with this one behind it.
+    """
 
     def register(library: Any, native_keys: tuple[str, ...]) -> None:
-        library.impl("_grouped_mm", _grouped_mm, DISPATCH_KEY, with_keyset=True)
+        if not native_keys:
+            library.impl("_grouped_mm", _grouped_mm, DISPATCH_KEY, with_keyset=True)
 
-    _router.install(register)
+    _router.install(register, _native_keys, _native_install)
     hf_decode.install(routes)
 
 
+def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
+    native.install_grouped(keys, mode, overrides, _slow_grouped_mm)
+
+
+def _native_keys() -> tuple[str, ...]:
+    """The devices (as their dispatch keys) the native kernel serves: those the native
+    build serves (routing.py warns once when it does not build)."""
+    keys = native.wanted_keys()
+    if not keys or not native.load("CUDA" in keys, later=lambda: _router.take_native(keys, _native_install)):
+        return ()
+    return keys
+
+
 def uninstall() -> None:
-    _router.uninstall()
+    _router.uninstall(native.uninstall_grouped)
     hf_decode.uninstall()
 
 

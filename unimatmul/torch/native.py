@@ -31,7 +31,11 @@ entries) hand their samples back here (:func:`watch`). A third table serves
 PyTorch's kernel, the cuBLASLt/hipBLASLt call of a ``ScaledLtRunner`` (``SCALED_LT``,
 the scale addresses set in its descriptor when they change), the launch of a compiled fp8
 kernel (``LAUNCH``, its scale pointers written per call with the operands': the Triton
-plugin's scaled kernels), or the Python kernel.
+plugin's scaled kernels), or the Python kernel. A fourth serves ``aten::_grouped_mm``
+(:mod:`unimatmul.torch.grouped_routing`, :func:`install_grouped`) at the ``ADInplaceOrView``
+key: PyTorch's kernel, the launch of a compiled grouped kernel (``LAUNCH``, its ``offs``
+pointer written per call with the operands': the Triton plugin's grouped kernels), or
+the Python kernel.
 """
 
 from __future__ import annotations
@@ -67,10 +71,13 @@ OPS = {"mm": 0, "bmm": 1, "addmm": 2, "baddbmm": 3}
 # Entry kinds in the native table (_native.cpp); CONFIRM: in its confirmation window.
 DEFAULT, LT, PYTHON, PADDED, ONEDNN, CONFIRM, LAUNCH = 0, 1, 2, 3, 4, 5, 6
 SCALED_LT = 7  # a ScaledLtRunner's call (SCALED table only)
-# NativeCall "launch": the role codes of its parameters' scale pointers (SCALED table only).
+# NativeCall "launch": the role codes of its parameters' scale pointers (SCALED table only)
+# and of its offs pointer (GROUPED table only).
 ROLE_SCALE_A, ROLE_SCALE_B = NativeCall.LAUNCH_ROLES["scale_a"], NativeCall.LAUNCH_ROLES["scale_b"]
-# The tables: the aten kernels' (routing), unimatmul.matmul's, and aten::_scaled_mm's.
-ROUTING, API, SCALED = 0, 1, 2
+ROLE_OFFS = NativeCall.LAUNCH_ROLES["offs"]
+# The tables: the aten kernels' (routing), unimatmul.matmul's, aten::_scaled_mm's and
+# aten::_grouped_mm's.
+ROUTING, API, SCALED, GROUPED = 0, 1, 2, 3
 API_OPS = {2: 4, 3: 5}  # operand rank -> the API's op code (API_MM, API_BMM)
 
 _lock = threading.Lock()
@@ -407,7 +414,9 @@ class Entry(NamedTuple):
     tie: bool  # PyTorch's kernel under graph capture: a tie, or a slim scaled choice
 
 
-def entry_for(runner: Any, offered: bool = True, table: int | None = None) -> Entry:
+def entry_for(
+    runner: Any, offered: bool = True, table: int | None = None, operands: tuple[Any, ...] = ()
+) -> Entry:
     """The native entry of a plan's ``runner`` (None: PyTorch's kernel).
 
     A choice in its confirmation window (a ``ConfirmingRunner``) becomes its bare kernel's
@@ -416,7 +425,9 @@ def entry_for(runner: Any, offered: bool = True, table: int | None = None) -> En
     (in its window, or kept: a ``TieRunner``; or a slim scaled choice, see
     ``confirm.default_in_graphs``) is marked so, and its entry runs PyTorch's kernel under
     graph capture. ``offered``: whether the call's form may be made natively
-    at all; ``table``: the table the entry goes into (:func:`kind_of`).
+    at all; ``table``: the table the entry goes into (:func:`kind_of`); ``operands``: what
+    the kernel's ``native_call`` takes (a grouped kernel's launch is laid out for the
+    key's operands: ``a``, ``b``, ``offs`` and the output dtype; none elsewhere).
     """
     window = runner if isinstance(runner, ConfirmingRunner) else None
     tie = isinstance(runner, TieRunner) or (window is not None and window.tie)
@@ -426,7 +437,7 @@ def entry_for(runner: Any, offered: bool = True, table: int | None = None) -> En
     call = None
     if kernel is not None and offered and hasattr(kernel, "native_call"):
         try:
-            call = kernel.native_call()
+            call = kernel.native_call(*operands)
         except Exception:  # the Python kernel keeps serving the key
             call = None
     kind = kind_of(call, table) if kernel is not None else DEFAULT
@@ -487,10 +498,15 @@ def kind_of(call: Any, table: int | None = None) -> int:
     """The table entry for a runner's NativeCall (None: the runner offers none): PYTHON
     where the loaded build cannot make that call (Lt calls and launches need the GPU build)
     or ``table`` cannot hold it (the SCALED table takes a scaled Lt call or a launch that
-    takes both scale pointers; the other tables the rest; None: any table)."""
+    takes both scale pointers; the GROUPED table a launch, with the offs pointer or
+    without (a call without offs); the other tables the rest; None: any table)."""
     if call is None:
         return PYTHON
     if table is not None and (table == SCALED) != _is_scaled(call):
+        return PYTHON
+    if table == GROUPED and call.kind != "launch":
+        return PYTHON
+    if table is not None and table != GROUPED and ROLE_OFFS in _roles(call):
         return PYTHON
     if call.kind == "onednn":
         return ONEDNN
@@ -508,10 +524,14 @@ def _is_scaled(call: Any) -> bool:
     scale pointers among its parameters (words: 12 fixed, then (role, bytes, value) each)."""
     if call.kind == "scaled_lt":
         return True
-    if call.kind != "launch":
-        return False
-    roles = call.words[12::3]
+    roles = _roles(call)
     return ROLE_SCALE_A in roles and ROLE_SCALE_B in roles
+
+
+def _roles(call: Any) -> list[int]:
+    """The role codes of a launch's parameters (words: 12 fixed, then (role, bytes, value)
+    each); none for any other call."""
+    return list(call.words[12::3]) if call.kind == "launch" else []
 
 
 # --- confirmation windows: the native side hands its samples to Python ---------------------
@@ -617,6 +637,28 @@ def uninstall_scaled() -> None:
         torch.ops.unimatmul_native.uninstall_scaled()
 
 
+_slow_grouped_library: list[Any] = []
+
+
+def install_grouped(keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
+    """Serve ``aten::_grouped_mm`` with the native kernel (at ``ADInplaceOrView``) for the
+    devices of ``keys``; ``python_kernel`` takes the keys the GROUPED table does not know
+    yet, the calls of other devices and every call with a bias."""
+    if not _slow_grouped_library:  # registered once per process, like the products' slow ops
+        library = torch.library.Library("unimatmul_native", "IMPL")
+        for key in ("CPU", "CUDA"):
+            library.impl("slow_grouped_mm", python_kernel, key)
+        _slow_grouped_library.append(library)
+    ops = torch.ops.unimatmul_native
+    ops.configure(MODES[mode], overrides)
+    ops.install_grouped("CPU" in keys, "CUDA" in keys)
+
+
+def uninstall_grouped() -> None:
+    if loaded():
+        torch.ops.unimatmul_native.uninstall_grouped()
+
+
 def configure(mode: str, overrides: int) -> None:
     if loaded():
         torch.ops.unimatmul_native.configure(MODES[mode], overrides)
@@ -656,11 +698,21 @@ def put_plan(
     """The one way a door's :class:`~unimatmul.calls.Plan` enters a native table: its
     runner's entry (:func:`entry_for`), put under the key of ``tensors`` (ROUTING: a, b and
     the input c or None, with ``beta``; API: a, b and out or None, in ``mode``; SCALED: a,
-    b, scale_a, scale_b and bias or None, with ``fast_accum``), then :func:`entered`.
+    b, scale_a, scale_b and bias or None, with ``fast_accum``; GROUPED: a, b, offs or
+    None and the call's out_dtype or None), then :func:`entered`.
     False where the table would hold nothing but a call back into Python (the API table
     keeps no such entries: its Python door is reached first)."""
-    entry = entry_for(None if plan.is_default else plan.runner, offered=plan.form in (0, 1), table=table)
+    runner = None if plan.is_default else plan.runner
     ops = torch.ops.unimatmul_native
+    if table == GROUPED:
+        a, b, offs, out_dtype = tensors
+        entry = entry_for(runner, table=table, operands=(a, b, offs, plan.out_dtype))
+        words = entry.call.words if entry.call is not None and entry.kind == LAUNCH else []
+        ops.put_grouped(-1, a, b, offs, out_dtype, entry.kind, plan.ident, plan.label, list(plan.out_shape),
+                        words, entry.confirm, entry.tie)  # fmt: skip
+        entered(entry, plan, kept)
+        return True
+    entry = entry_for(runner, offered=plan.form in (0, 1), table=table)
     if table == SCALED:
         a, b, scale_a, scale_b, bias = tensors
         words = entry.call.words if entry.call is not None and entry.kind in (SCALED_LT, LAUNCH) else []
