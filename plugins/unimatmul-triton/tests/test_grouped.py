@@ -350,3 +350,39 @@ def test_on_the_gpu_the_rows_configs_compile_ahead_and_the_first_call_finds_them
     # Listing the candidates again compiles nothing.
     backend.candidates(problem, TARGET)
     assert compiler.compiles - before == len(rows)
+
+
+@gpu
+def test_on_the_gpu_a_runner_describes_its_launch_for_a_native_caller(backend: TritonGroupedBackend) -> None:
+    """``native_call(a, b, offs, out_dtype)``: the a, b, out and offs pointers per call, each
+    other argument the compiled kernel takes as a constant, the two hidden scratch pointers,
+    the grid that bounds any offs's tiles; None for an offs off 16-byte alignment (the kernel
+    it names is compiled for aligned pointers). (Launched by torch routing's native table:
+    tests/torch/test_grouped_routing_gpu.py.)"""
+    from unimatmul.backend import NativeCall
+
+    roles = NativeCall.LAUNCH_ROLES
+    sizes = [5, 0, 9, 2]
+    a, b, offs = _operands("m", sizes, "bf16", n=384, k=192)
+    problem = grouped_problem_of(TARGET.adapter, a, b, offs)
+    for config in (c for c in offered(problem) if c.form == ROWS):
+        runner = backend.prepare(problem, config.candidate, TARGET)
+        call = runner.native_call(a, b, offs, a.dtype)
+        assert call is not None and call.kind == "launch"
+        words = call.words
+        # The function the JIT launches for these operands (its direct path, after a call).
+        runner(a, b, torch.empty(a.shape[0], 384, dtype=a.dtype, device=a.device), 1.0, 0.0, None, offs)
+        assert runner._fast is not None and int(runner._fast[2]) == words[3]
+        cache = grouped_rows_kernel.device_caches[0][0]
+        compiled = next(c for c in cache.values() if int(c.function) == words[3])
+        passed = [t for t in compiled.src.signature.values() if t != "constexpr"]
+        assert words[11] == len(passed) + 2  # the kernel's parameters and the two scratch pointers
+        params = [tuple(words[12 + 3 * i : 15 + 3 * i]) for i in range(words[11])]
+        assert [p[0] for p in params[:4]] == [roles["a"], roles["b"], roles["out"], roles["offs"]]
+        assert all(p[0] == 0 for p in params[4:])
+        slots = rows_slots(a.shape[0], 4, config.block_m)
+        assert tuple(words[4:7]) == (slots * -(-384 // config.block_n), 1, 1)
+        assert words[7] == 32 * config.warps
+    base = torch.zeros(5, dtype=torch.int32, device=a.device)
+    base[1:] = offs
+    assert runner.native_call(a, b, base[1:], a.dtype) is None

@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 from unimatmul.backend import (
     Backend,
     Candidate,
+    NativeCall,
     NotReady,
     Problem,
     Target,
@@ -50,7 +51,7 @@ from unimatmul.backend import (
     plain_grouped_call,
     prepare_deadline,
 )
-from unimatmul.core.grouped import grouped_layouts
+from unimatmul.core.grouped import grouped_layouts, grouped_shapes
 from unimatmul_triton import settings as plugin_settings
 from unimatmul_triton.compiler import wait_for
 
@@ -261,38 +262,9 @@ class GroupedRunner:
             self._call_rows(a, b, out, offs, sa, sb, sc)
             return
         form = self._form
-        # (groups, rows, columns, depth) of the call, and each operand's group stride (0: 2-D).
-        if form == 0:
-            g, m, n, k = b.shape[0], a.shape[0], b.shape[2], a.shape[1]
-        elif form == 1:
-            g, m, n, k = offs.shape[0], a.shape[0], b.shape[1], a.shape[1]
-        elif form == 2:
-            g, m, n, k = a.shape[0], a.shape[1], b.shape[1], a.shape[2]
-        else:
-            g, m, n, k = a.shape[0], a.shape[1], b.shape[2], a.shape[2]
-        sag = sa[0] if a.dim() == 3 else 0
-        sbg = sb[0] if b.dim() == 3 else 0
-        scg = sc[0] if out.dim() == 3 else 0
-        args = (
-            a,
-            b,
-            out,
-            offs if offs is not None else out,  # never read without offs (form "none")
-            g,
-            m,
-            n,
-            k,
-            sag,
-            sa[-2],
-            sa[-1],
-            sbg,
-            sb[-2],
-            sb[-1],
-            scg,
-            sc[-2],
-            sc[-1],
-            self.programs,
-        )
+        ints = self._persistent_ints(a.shape, b.shape, None if offs is None else offs.shape[0], sa, sb, sc)
+        # offs is never read without offs (form "none")
+        args = (a, b, out, offs if offs is not None else out, *ints)
         if self.interpreted:
             from unimatmul_triton.runner import _INTERPRETER_LOCK
 
@@ -300,6 +272,96 @@ class GroupedRunner:
                 self.kernel[self._grid](*args, JAGGED=form, **self._meta)
             return
         self.kernel[self._grid](*args, JAGGED=form, **self._meta)
+
+    def _persistent_ints(
+        self, a_shape: Any, b_shape: Any, groups: int | None, sa: Any, sb: Any, sc: Any
+    ) -> tuple[int, ...]:
+        """The persistent kernel's int arguments: (groups, rows, columns, depth) of the call,
+        each operand's group stride (0: 2-D) and its two strides, and the programs."""
+        form = self._form
+        if form == 0:
+            g, m, n, k = b_shape[0], a_shape[0], b_shape[2], a_shape[1]
+        elif form == 1:
+            g, m, n, k = groups or 0, a_shape[0], b_shape[1], a_shape[1]
+        elif form == 2:
+            g, m, n, k = a_shape[0], a_shape[1], b_shape[1], a_shape[2]
+        else:
+            g, m, n, k = a_shape[0], a_shape[1], b_shape[2], a_shape[2]
+        sag = sa[0] if len(a_shape) == 3 else 0
+        sbg = sb[0] if len(b_shape) == 3 else 0
+        scg = sc[0] if len(sc) == 3 else 0
+        return (g, m, n, k, sag, sa[-2], sa[-1], sbg, sb[-2], sb[-1], scg, sc[-2], sc[-1], self.programs)
+
+    def native_call(self, a: Any, b: Any, offs: Any = None, out_dtype: Any = None) -> NativeCall | None:
+        """This runner's launch for calls with the sizes, strides and alignment of ``a``,
+        ``b`` and ``offs`` into a new ``out_dtype`` output (torch routing's native grouped
+        table keys its entries so), as a NativeCall "launch": the a, b, out and offs
+        pointers per call, every other argument and the grid fixed (the rows kernel's grid
+        bounds the tiles of any offs over these rows). None in the interpreter, for a call
+        with no rows, for operands not 16-byte aligned (the kernel the native caller
+        launches is compiled for aligned ones, as the Python launcher's direct path), or
+        where the driver is not found."""
+        import torch
+
+        from unimatmul_triton.runner import _Driver, _is_hip, launch_words
+
+        if self.interpreted or a.device.type != "cuda" or a.numel() == 0:
+            return None
+        operands = (a, b) if offs is None else (a, b, offs)
+        if any(x.data_ptr() & 15 for x in operands):
+            return None
+        out_dtype = out_dtype or a.dtype
+        groups = 0 if offs is None else offs.shape[0]
+        out_shape = grouped_shapes(tuple(a.shape), tuple(b.shape), groups)[1]
+        sc = torch.empty(out_shape, dtype=out_dtype, device="meta").stride()
+        sa, sb = a.stride(), b.stride()
+        c = self.config
+        if self._rows:
+            m, g, n, k = a.shape[0], b.shape[0], b.shape[2], a.shape[1]
+            slots = rows_slots(m, g, c.block_m)
+            ints: tuple[int, ...] = (g, m, n, k, *sa, *sb, *sc, slots)
+            grid = (slots * -(-n // c.block_n), 1, 1)
+            constexprs = {"G_POW2": g_pow2(g)}
+        else:
+            ints = self._persistent_ints(a.shape, b.shape, groups, sa, sb, sc)
+            grid = (self.programs, 1, 1)
+            constexprs = {"JAGGED": self._form}
+        dtypes = (a.dtype, b.dtype, out_dtype, offs.dtype if offs is not None else out_dtype)
+        warm = (*dtypes, *ints)
+        signature = jit_signature(self.kernel, warm)
+        driver = _Driver.words(a.device.index, _is_hip())
+        if signature is None or driver is None:
+            return None
+        with torch.cuda.device(a.device.index):
+            compiled = self.kernel.warmup(*warm, grid=grid, **constexprs, **self._meta)
+            compiled._init_handles()  # the function, loaded on this device
+        roles = ("a", "b", "out", "offs" if offs is not None else None)
+        values = (*(None,) * 4, *ints)
+        params: list[dict[str, Any]] = []
+        for i, kind in enumerate(signature.values()):
+            if kind == "constexpr" or i >= len(values):
+                continue
+            role = roles[i] if i < len(roles) else None
+            size = 8 if kind.startswith("*") or kind in ("i64", "u64") else 4
+            params.append({"role": role or "constant", "size": size, "value": values[i] or 0})
+        meta = compiled.metadata
+        for size_attr in ("global_scratch_size", "profile_scratch_size"):  # Triton 3.6's hidden pointers
+            params.append({"role": "hidden", "size": 8, "value": 0,
+                           "bytes_needed": int(getattr(meta, size_attr, 0) or 0)})  # fmt: skip
+        ctas = int(getattr(meta, "num_ctas", 1))
+        info = {
+            "function": int(compiled.function),
+            "grid": (grid[0] * ctas, 1, 1),
+            "block": (int(getattr(meta, "warp_size", 32)) * int(meta.num_warps), 1, 1),
+            "shared_mem_bytes": int(meta.shared),
+            "cluster_dims": (ctas, 1, 1),
+            "cooperative": bool(getattr(meta, "launch_cooperative_grid", False)),
+            "pdl": bool(getattr(meta, "launch_pdl", False)),
+            "stream": 0,
+            "params": params,
+        }
+        words = launch_words(info, driver)
+        return None if words is None else NativeCall("launch", words)
 
     def _call_rows(self, a: Any, b: Any, out: Any, offs: Any, sa: Any, sb: Any, sc: Any) -> None:
         m, g = a.shape[0], b.shape[0]
