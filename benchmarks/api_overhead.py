@@ -219,11 +219,13 @@ def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
                 args.rounds,
                 sync,
             )
-            labels = [p.label for p in grouped_routing.plans()]
+            plans = grouped_routing.plans()
         report["choices"][which] = {
             "winner": winner,
             **_shown(f"grouped {shape}, {which}: {winner}", off, routed),
-            "plans": labels,
+            "plans": [p.label for p in plans],
+            # the native table's entry kind of each plan (native.DEFAULT, LAUNCH, PYTHON; -1: none)
+            "native": [p.native for p in plans],
         }
     return report
 

@@ -15,6 +15,8 @@ from torch_helpers import Env  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import api_overhead  # noqa: E402
 
+from unimatmul.torch import grouped_routing  # noqa: E402
+
 
 def test_the_grouped_door_is_timed_off_and_routed_for_each_choice(env: Env) -> None:
     env.selector.confirm_calls = 0  # as the script's main() runs it: no confirmation windows
@@ -28,6 +30,11 @@ def test_the_grouped_door_is_timed_off_and_routed_for_each_choice(env: Env) -> N
     assert default["winner"] == "default/default"
     # The routed call ran on the forced choice: its plan's label names it.
     assert default["plans"] and all("default" in label for label in default["plans"]), default["plans"]
+    # With the native kernels, PyTorch's kernel is the native table's entry (no Python a call).
+    from unimatmul.torch import native
+
+    if native.loaded() and grouped_routing._router.native_keys:
+        assert default["native"] == [native.DEFAULT]
     for name in ("tuned", "default", "kernel"):
         choice = choices[name]
         if "skipped" in choice:
