@@ -10,7 +10,8 @@ are off here (they last 34 calls; this measures what comes after them).
 
 The grouped door (``aten::_grouped_mm``, MoE experts) is measured the same way
 (``grouped`` in the JSON): ``torch._grouped_mm`` with routing off, and routed as tuned, with
-Default forced and with the best kernel forced, for one grouped problem (``--grouped-shape
+Default forced and with the best kernel forced (routing off and on in turns, a round
+each), for one grouped problem (``--grouped-shape
 ROWSxGROUPSxNxK``, the rows split evenly; default bf16 128x8x256x256 on the GPU, f32
 16x4x16x16 on the CPU: small, so that the host's time is what a call costs).
 
@@ -21,6 +22,7 @@ ROWSxGROUPSxNxK``, the rows split evenly; default bf16 128x8x256x256 on the GPU,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -187,6 +189,40 @@ def _shown(title: str, off: dict[str, Any], routed: dict[str, Any]) -> dict[str,
     return {"routing_off": off, "routing_on": routed}
 
 
+def _off_and_routed(call: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None]) -> tuple:
+    """``call`` timed with routing off and on in turns, a round each (routing is turned on
+    and off between them, and each turn's first 50 calls are not timed: the plan is made
+    again after each enable); ``per_call``'s rows for each, and the routed plans."""
+    rows: dict[str, dict[str, list[float]]] = {"off": {"cpu": [], "wall": []}, "on": {"cpu": [], "wall": []}}
+    plans: list[Any] = []
+    for _ in range(args.rounds):
+        for turn in ("off", "on"):
+            with ut.enabled() if turn == "on" else contextlib.nullcontext():
+                for _ in range(50):
+                    call()
+                sync()
+                t_cpu, t_wall = time.thread_time(), time.perf_counter()
+                for _ in range(args.calls):
+                    call()
+                sync()
+                rows[turn]["cpu"].append((time.thread_time() - t_cpu) / args.calls * 1e6)
+                rows[turn]["wall"].append((time.perf_counter() - t_wall) / args.calls * 1e6)
+                if turn == "on":
+                    plans = grouped_routing.plans()
+
+    def summary(name: str, turn: str) -> dict[str, dict[str, float]]:
+        cpu, wall = rows[turn]["cpu"], rows[turn]["wall"]
+        return {
+            name: {
+                "host_us": round(statistics.median(cpu), 3),
+                "host_us_min": round(min(cpu), 3),
+                "wall_us": round(statistics.median(wall), 3),
+            }
+        }
+
+    return summary("torch._grouped_mm", "off"), summary("torch._grouped_mm routed", "on"), plans
+
+
 def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     """The grouped door's host time per call (the module docstring)."""
     dtype = DTYPES[args.dtype or ("bf16" if gpu else "f32")]
@@ -209,17 +245,7 @@ def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
         if not winner:
             report["choices"][which] = {"skipped": "no kernel passed the check"}
             continue
-        off = per_call(
-            {"torch._grouped_mm": lambda: torch._grouped_mm(a, b, offs)}, args.calls, args.rounds, sync
-        )
-        with ut.enabled():
-            routed = per_call(
-                {"torch._grouped_mm routed": lambda: torch._grouped_mm(a, b, offs)},
-                args.calls,
-                args.rounds,
-                sync,
-            )
-            plans = grouped_routing.plans()
+        off, routed, plans = _off_and_routed(lambda: torch._grouped_mm(a, b, offs), args, sync)
         report["choices"][which] = {
             "winner": winner,
             **_shown(f"grouped {shape}, {which}: {winner}", off, routed),
