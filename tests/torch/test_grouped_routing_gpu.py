@@ -1,6 +1,7 @@
 """Routed ``torch._grouped_mm`` on a CUDA GPU: a Triton grouped kernel's launch made by the
 native GROUPED table, right for every offs of its key (empty groups, one group holding
-all rows, a skewed split), eagerly and in a CUDA graph replayed with new values.
+all rows, a skewed split), eagerly and in a CUDA graph replayed with new values: the MoE
+forward (offs over a's rows) and the weight gradient (offs over K).
 
 Skipped without a GPU, or where the Triton plugin is not installed.
 """
@@ -27,8 +28,9 @@ from unimatmul.torch import grouped_routing, native  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-# (total rows, experts, N, K): decode (a few rows an expert) and a prefill-like bucket.
-SHAPES = [(8, 8, 512, 256), (192, 16, 384, 256)]
+# (form, jagged total, groups, N, K or M): the MoE forward at decode (a few rows an expert)
+# and at a prefill-like bucket; the weight gradient (offs over K: the k form).
+CASES = [("m", 8, 8, 512, 256), ("m", 192, 16, 384, 256), ("k", 192, 8, 256, 128)]
 
 
 @pytest.fixture
@@ -42,36 +44,46 @@ def _offs(sizes: list[int]) -> torch.Tensor:
     return torch.tensor(sizes, dtype=torch.int32, device="cuda").cumsum(0, dtype=torch.int32)
 
 
-def _splits(rows: int, groups: int) -> list[list[int]]:
-    """Skewed with empty groups, all rows in one group, and an even split."""
+def _splits(total: int, groups: int) -> list[list[int]]:
+    """Skewed with empty groups, all in one group, and an even split."""
     skewed = [0] * groups
-    skewed[1], skewed[-1] = rows - rows // 3, rows // 3
+    skewed[1], skewed[-1] = total - total // 3, total // 3
     one = [0] * groups
-    one[groups // 2] = rows
-    even = [rows // groups + (g < rows % groups) for g in range(groups)]
+    one[groups // 2] = total
+    even = [total // groups + (g < total % groups) for g in range(groups)]
     return [skewed, one, even]
 
 
-def _reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+def _operands(form: str, total: int, groups: int, n: int, other: int, gen: Any) -> tuple[torch.Tensor, ...]:
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    if form == "m":
+        # [G, K, N] as a transposed view of [G, N, K] weights, as transformers keeps them
+        return rand(total, other), rand(groups, n, other).transpose(-2, -1)
+    return rand(total, other).t(), rand(total, n)  # the weight gradient: a^T @ grad, offs over K
+
+
+def _reference(form: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     a64, b64 = a.double().cpu(), b.double().cpu()
+    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+    if form == "k":
+        return torch.stack([a64[:, s:e] @ b64[s:e] for s, e in bounds])
     out = torch.empty(a.shape[0], b.shape[-1], dtype=torch.float64)
-    start = 0
-    for g, end in enumerate(offs.tolist()):
-        out[start:end] = a64[start:end] @ b64[g]
-        start = end
+    for g, (s, e) in enumerate(bounds):
+        out[s:e] = a64[s:e] @ b64[g]
     return out
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     got = got.double().cpu()
-    return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= 2e-2 * float(
-        want.abs().max()
-    )
+    error = float((got - want).abs().max())
+    return bool(torch.isfinite(got).all()) and error <= 2e-2 * float(want.abs().max())
 
 
 def _poison(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """Leave NaNs where the next output of this size is likely to be allocated (the caching
-    allocator hands the freed block back): rows a kernel skips stay NaN."""
+    allocator hands the freed block back): what a kernel leaves unwritten stays NaN."""
     torch.full(shape, float("nan"), dtype=dtype, device="cuda")
 
 
@@ -82,9 +94,8 @@ def _force_triton(env: Env, plan: Any) -> str:
     namespace = selector.platform(plan.target).namespace
     record = selector.store.get(namespace, plan.problem.key)
     assert record is not None
-    kernels = [
-        r for r in record.results if r.status in (OK, PRUNED) and r.identity.startswith("triton_grouped/")
-    ]
+    ok = (OK, PRUNED)
+    kernels = [r for r in record.results if r.status in ok and r.identity.startswith("triton_grouped/")]
     if not kernels:
         pytest.skip(f"no Triton grouped kernel passed the check of {plan.problem.key}")
     best = min(kernels, key=lambda r: r.median_s or float("inf")).identity
@@ -94,33 +105,28 @@ def _force_triton(env: Env, plan: Any) -> str:
 
 
 @pytest.mark.parametrize("env", ["native"], indirect=True)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_a_triton_grouped_choice_is_launched_natively_and_right(gpu_env: Env, shape: tuple[int, ...]) -> None:
-    rows, groups, n, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(rows)
-    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-    # [G, K, N] as a transposed view of [G, N, K] weights, as transformers keeps them
-    b = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(-2, -1)
-    splits = [_offs(s) for s in _splits(rows, groups)]
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_a_triton_grouped_choice_is_launched_natively_and_right(gpu_env: Env, case: tuple[Any, ...]) -> None:
+    form, total, groups, n, other = case
+    gen = torch.Generator(device="cuda").manual_seed(total)
+    a, b = _operands(form, total, groups, n, other, gen)
+    splits = [_offs(s) for s in _splits(total, groups)]
     ut.enable()
     assert native.has_lt() and grouped_routing._router.native_keys
     with unimatmul.mode("tune"):
-        torch._grouped_mm(a, b, splits[0])
+        want_shape = torch._grouped_mm(a, b, splits[0]).shape
     (plan,) = [p for p in grouped_routing.plans() if p.problem is not None]
     best = _force_triton(gpu_env, plan)
     torch._grouped_mm(a, b, splits[0])  # the plan, and its entry in the native table
     (plan,) = grouped_routing.plans()
-    assert plan.label.endswith(f"[{best}]") and plan.native == native.LAUNCH, (
-        plan.label,
-        plan.native,
-        plan.reason,
-    )
+    assert plan.label.endswith(f"[{best}]"), plan.label
+    assert plan.native == native.LAUNCH, (plan.native, plan.reason)
     before = native.counts(table=native.GROUPED).get(plan.ident, 0)
     for offs in splits:
         a.copy_(torch.randn(a.shape, device="cuda", dtype=a.dtype, generator=gen))
-        _poison((rows, n), a.dtype)
+        _poison(tuple(want_shape), a.dtype)
         got = torch._grouped_mm(a, b, offs)
-        assert _close(got, _reference(a, b, offs)), (best, offs.tolist())
+        assert _close(got, _reference(form, a, b, offs)), (best, offs.tolist())
     assert native.counts(table=native.GROUPED)[plan.ident] - before == len(splits)
 
     # Captured in a graph, replayed with new values in a and in offs.
@@ -133,11 +139,10 @@ def test_a_triton_grouped_choice_is_launched_natively_and_right(gpu_env: Env, sh
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = torch._grouped_mm(a, b, offs)
-    for sizes in _splits(rows, groups)[::-1]:
+    for sizes in _splits(total, groups)[::-1]:
         a.copy_(torch.randn(a.shape, device="cuda", dtype=a.dtype, generator=gen))
         offs.copy_(_offs(sizes))
         captured.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert _close(captured, _reference(a, b, offs)), (best, sizes)
-    assert grouped_routing.plans()[0].runner is not None
+        assert _close(captured, _reference(form, a, b, offs)), (best, sizes)
