@@ -15,6 +15,9 @@
 #            16 of 48), compiled generate at batch 1 and 16, routing off vs on (benchmarks/hf_models.py
 #            --layers): the same rows with the layers' GEMMs a larger part of a step than at 4 layers;
 #            MOEDEEP_ARGS go to hf_models.py (e.g. --off-decode grouped), its folder is moedeep$MOEDEEP_TAG
+#   moeprefill  the HF MoE model (Qwen3-30B-A3B's config, 4 layers) in eager prefill, routing off vs on,
+#            in MOEPREFILL_RUNS processes (default 3) at batches MOEPREFILL_BATCHES (default 1); a row
+#            that comes out below 0.995x is profiled in the same run (host and device time per product)
 #   fill     a grouped bucket's best candidates against torch._grouped_mm across the bucket's fill
 #            (benchmarks/grouped_fill.py, FILL_S, FILL_ARGS)
 #   hf       the Hugging Face model benchmark (routing off vs on)
@@ -85,6 +88,13 @@ for name in "$@"; do
         part "moedeep${MOEDEEP_TAG:-}" "${MOEDEEP_S:-440}" python3 benchmarks/hf_models.py --gpu --name moe-deep \
             --out "$SESSION/moedeep${MOEDEEP_TAG:-}" --models qwen3-30b-a3b --variants compiled --phases generate \
             --layers "${MOEDEEP_LAYERS:-16}" --max-rounds 11 --time-limit $(( ${MOEDEEP_S:-440} - 20 )) ${MOEDEEP_ARGS:-} ;;
+    moeprefill)
+        part moeprefill "${MOEPREFILL_S:-240}" env RUNS="${MOEPREFILL_RUNS:-3}" BATCHES="${MOEPREFILL_BATCHES:-1}" bash -c '
+            for run in $(seq "$RUNS"); do
+                python3 benchmarks/hf_models.py --gpu --name moe --out "$OUT/run-$run" --models qwen3-30b-a3b \
+                    --variants eager --phases prefill --batches "$BATCHES" --time-limit 95 --max-rounds 61 \
+                    --profile-below 0.995 | tail -n 12
+            done' ;;
     fill)
         part fill "${FILL_S:-200}" python3 benchmarks/grouped_fill.py --out "$SESSION/fill" \
             --budget-s $(( ${FILL_S:-200} - 60 )) ${FILL_ARGS:-} ;;
