@@ -267,10 +267,7 @@ def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
 def _native_keys() -> tuple[str, ...]:
     """The devices (as their dispatch keys) the native kernel serves: those the native
     build serves (routing.py warns once when it does not build)."""
-    keys = native.wanted_keys()
-    if not keys or not native.load("CUDA" in keys, later=lambda: _router.take_native(keys, _native_install)):
-        return ()
-    return keys
+    return _router.load_native(_native_install)
 
 
 def uninstall() -> None:

@@ -62,6 +62,26 @@ class Router:
             if keys and native_install is not None:
                 self._serve_natively(keys)
 
+    def load_native(
+        self,
+        native_install: Callable[[tuple[str, ...], str, int], None],
+        allowed: tuple[str, ...] = ("CPU", "CUDA"),
+        warn: bool = False,
+    ) -> tuple[str, ...]:
+        """The dispatch keys the door's native kernels take now: those of ``allowed`` that
+        ``UNIMATMUL_TORCH_NATIVE`` wants; () while the build runs in the background (the
+        kernels take the keys over once it is loaded: :meth:`take_native`), () where it
+        failed (``warn``: say why, once)."""
+        keys = tuple(key for key in native.wanted_keys() if key in allowed)
+        if not keys:
+            return ()
+        cuda = "CUDA" in keys
+        if native.load(cuda, later=lambda: self.take_native(keys, native_install)):
+            return keys
+        if warn and native.failure(cuda):
+            native.warn_failed(cuda)
+        return ()
+
     def take_native(
         self, keys: tuple[str, ...], native_install: Callable[[tuple[str, ...], str, int], None]
     ) -> None:

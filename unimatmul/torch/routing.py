@@ -414,17 +414,8 @@ def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
 
 
 def _native_keys() -> tuple[str, ...]:
-    """The keys the native kernels take now; () while they build in the background (they
-    take the keys over once loaded: ``Router.take_native``), () with a warning if they fail."""
-    keys = native.wanted_keys()
-    if not keys:
-        return ()
-    cuda = "CUDA" in keys
-    if native.load(cuda, later=lambda: _router.take_native(keys, _native_install)):
-        return keys
-    if native.failure(cuda):
-        native.warn_failed(cuda)
-    return ()
+    """The keys the native kernels take now (``Router.load_native``; a failed build is said once)."""
+    return _router.load_native(_native_install, warn=True)
 
 
 def uninstall() -> None:

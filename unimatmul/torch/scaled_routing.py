@@ -284,10 +284,7 @@ def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
 def _native_keys() -> tuple[str, ...]:
     """The keys the native kernel takes: those of :data:`NATIVE_KEYS` that the native
     build serves (routing.py warns once when it does not build)."""
-    keys = tuple(key for key in native.wanted_keys() if key in NATIVE_KEYS)
-    if not keys or not native.load("CUDA" in keys, later=lambda: _router.take_native(keys, _native_install)):
-        return ()
-    return keys
+    return _router.load_native(_native_install, NATIVE_KEYS)
 
 
 def uninstall() -> None:
