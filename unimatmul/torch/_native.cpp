@@ -1633,6 +1633,20 @@ void set_lt(Entry& e, c10::IntArrayRef lt) {
   }
 }
 
+// A new entry of `kind` (its kind's data are set by the caller). `out_dtype`: the output's
+// dtype where it differs from A's (Undefined: A's).
+std::shared_ptr<Entry> new_entry(int64_t kind, int64_t id, c10::string_view label, c10::IntArrayRef out_shape,
+                                 at::ScalarType out_dtype, bool tie) {
+  auto entry = std::make_shared<Entry>();
+  entry->kind.store(static_cast<int>(kind));
+  entry->id = id;
+  entry->label = std::string(label);
+  entry->out_shape = out_shape.vec();
+  entry->out_dtype = out_dtype;
+  entry->tie = tie;
+  return entry;
+}
+
 // Puts `entry` at `key` of `table` (an entry it replaces that a graph captured stays in
 // `pinned`). The caller holds the table lock.
 void put_entry(State& s, int table, const Key& key, std::shared_ptr<Entry> entry) {
@@ -1661,13 +1675,8 @@ void put(int64_t table, int64_t op, int64_t mode, const at::Tensor& a, const at:
   UMM_CHECK(make_key(key, op, key_mode, cp, a, b, beta_zero, beta_one),
               "unimatmul_native.put: operands of more than 3-D");
   UMM_CHECK(kind >= DEFAULT && kind <= LAUNCH && kind != CONFIRM, "unimatmul_native.put: unknown kind ", kind);
-  auto entry = std::make_shared<Entry>();
-  entry->kind.store(static_cast<int>(kind));
-  entry->id = id;
-  entry->label = std::string(label);
-  entry->out_shape = out_shape.vec();
+  auto entry = new_entry(kind, id, label, out_shape, at::ScalarType::Undefined, tie);
   entry->form = static_cast<int>(form);
-  entry->tie = tie;
   if (kind == LT || kind == PADDED) {
     set_lt(*entry, lt);
   }
@@ -1732,13 +1741,7 @@ void put_scaled(int64_t mode, const at::Tensor& a, const at::Tensor& b, const at
               "unimatmul_native.put_scaled: operands of more than 3-D");
   UMM_CHECK(kind == DEFAULT || kind == PYTHON || kind == SCALED_LT || kind == LAUNCH,
               "unimatmul_native.put_scaled: unknown kind ", kind);
-  auto entry = std::make_shared<Entry>();
-  entry->kind.store(static_cast<int>(kind));
-  entry->id = id;
-  entry->label = std::string(label);
-  entry->out_shape = out_shape.vec();
-  entry->out_dtype = out_dtype.value_or(a.scalar_type());
-  entry->tie = tie;
+  auto entry = new_entry(kind, id, label, out_shape, out_dtype.value_or(a.scalar_type()), tie);
   if (kind == SCALED_LT) {
     constexpr size_t scaled_words = 3;
     UMM_CHECK(lt.size() > scaled_words, "unimatmul_native.put_scaled: SCALED_LT data of ", lt.size(), " words");
@@ -1769,13 +1772,7 @@ void put_grouped(int64_t mode, const at::Tensor& a, const at::Tensor& b, const s
   UMM_CHECK(make_grouped_key(key, key_mode, a, b, offs_ptr, out_dtype),
               "unimatmul_native.put_grouped: operands of more than 3-D");
   UMM_CHECK(kind == DEFAULT || kind == PYTHON || kind == LAUNCH, "unimatmul_native.put_grouped: unknown kind ", kind);
-  auto entry = std::make_shared<Entry>();
-  entry->kind.store(static_cast<int>(kind));
-  entry->id = id;
-  entry->label = std::string(label);
-  entry->out_shape = out_shape.vec();
-  entry->out_dtype = out_dtype.value_or(a.scalar_type());
-  entry->tie = tie;
+  auto entry = new_entry(kind, id, label, out_shape, out_dtype.value_or(a.scalar_type()), tie);
   if (kind == LAUNCH) {
     put_launch(*entry, a, lt, GROUPED, offs_ptr != nullptr);
   }

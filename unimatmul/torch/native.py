@@ -616,17 +616,24 @@ def uninstall() -> None:
         torch.ops.unimatmul_native.uninstall()
 
 
-_slow_scaled_library: list[Any] = []
+_slow_libraries: dict[str, Any] = {}  # slow op -> the library holding its Python kernel
+
+
+def _register_slow(op: str, python_kernel: Any) -> None:
+    """``unimatmul_native::<op>`` at the CPU and CUDA keys: a door's Python kernel, which
+    its native kernel calls for what its table does not hold (registered once per process,
+    like the products' slow ops: the kernels never change)."""
+    if op not in _slow_libraries:
+        library = torch.library.Library("unimatmul_native", "IMPL")
+        for key in ("CPU", "CUDA"):
+            library.impl(op, python_kernel, key)
+        _slow_libraries[op] = library
 
 
 def install_scaled(keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
     """Serve ``aten::_scaled_mm`` at ``keys`` with the native kernel; ``python_kernel`` takes
     the keys the SCALED table does not know yet (and every call with ``scale_result``)."""
-    if not _slow_scaled_library:  # registered once per process, like the products' slow ops
-        library = torch.library.Library("unimatmul_native", "IMPL")
-        for key in ("CPU", "CUDA"):
-            library.impl("slow_scaled_mm", python_kernel, key)
-        _slow_scaled_library.append(library)
+    _register_slow("slow_scaled_mm", python_kernel)
     ops = torch.ops.unimatmul_native
     ops.configure(MODES[mode], overrides)
     ops.install_scaled("CPU" in keys, "CUDA" in keys)
@@ -637,18 +644,11 @@ def uninstall_scaled() -> None:
         torch.ops.unimatmul_native.uninstall_scaled()
 
 
-_slow_grouped_library: list[Any] = []
-
-
 def install_grouped(keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
     """Serve ``aten::_grouped_mm`` with the native kernel (at ``ADInplaceOrView``) for the
     devices of ``keys``; ``python_kernel`` takes the keys the GROUPED table does not know
     yet, the calls of other devices and every call with a bias."""
-    if not _slow_grouped_library:  # registered once per process, like the products' slow ops
-        library = torch.library.Library("unimatmul_native", "IMPL")
-        for key in ("CPU", "CUDA"):
-            library.impl("slow_grouped_mm", python_kernel, key)
-        _slow_grouped_library.append(library)
+    _register_slow("slow_grouped_mm", python_kernel)
     ops = torch.ops.unimatmul_native
     ops.configure(MODES[mode], overrides)
     ops.install_grouped("CPU" in keys, "CUDA" in keys)
