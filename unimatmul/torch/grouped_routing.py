@@ -261,7 +261,7 @@ def install() -> None:
 
 
 def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
-    native.install_grouped(keys, mode, overrides, _slow_grouped_mm)
+    native.install_door("grouped", keys, mode, overrides, _slow_grouped_mm)
 
 
 def _native_keys() -> tuple[str, ...]:
@@ -271,7 +271,7 @@ def _native_keys() -> tuple[str, ...]:
 
 
 def uninstall() -> None:
-    _router.uninstall(native.uninstall_grouped)
+    _router.uninstall(lambda: native.uninstall_door("grouped"))
     hf_decode.uninstall()
 
 

@@ -27,12 +27,12 @@ only).
 The same library holds a second table for ``unimatmul.matmul`` on torch tensors
 (:func:`fast_matmul`), and the confirmation windows of both tables (``CONFIRM``
 entries) hand their samples back here (:func:`watch`). A third table serves
-``aten::_scaled_mm`` (:mod:`unimatmul.torch.scaled_routing`, :func:`install_scaled`):
+``aten::_scaled_mm`` (:mod:`unimatmul.torch.scaled_routing`, :func:`install_door`):
 PyTorch's kernel, the cuBLASLt/hipBLASLt call of a ``ScaledLtRunner`` (``SCALED_LT``,
 the scale addresses set in its descriptor when they change), the launch of a compiled fp8
 kernel (``LAUNCH``, its scale pointers written per call with the operands': the Triton
 plugin's scaled kernels), or the Python kernel. A fourth serves ``aten::_grouped_mm``
-(:mod:`unimatmul.torch.grouped_routing`, :func:`install_grouped`) at the ``ADInplaceOrView``
+(:mod:`unimatmul.torch.grouped_routing`, :func:`install_door`) at the ``ADInplaceOrView``
 key: PyTorch's kernel, the launch of a compiled grouped kernel (``LAUNCH``, its ``offs``
 pointer written per call with the operands': the Triton plugin's grouped kernels), or
 the Python kernel.
@@ -630,33 +630,30 @@ def _register_slow(op: str, python_kernel: Any) -> None:
         _slow_libraries[op] = library
 
 
-def install_scaled(keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
-    """Serve ``aten::_scaled_mm`` at ``keys`` with the native kernel; ``python_kernel`` takes
-    the keys the SCALED table does not know yet (and every call with ``scale_result``)."""
-    _register_slow("slow_scaled_mm", python_kernel)
+# The doors of one aten op each, beside the products': what their native kernel serves, and
+# what its slow op (their Python kernel) takes.
+DOORS = {
+    # aten::_scaled_mm at the keys' own dispatch keys; the slow op takes the keys the SCALED
+    # table does not know yet, and every call with scale_result.
+    "scaled": "slow_scaled_mm",
+    # aten::_grouped_mm at ADInplaceOrView, for the devices of the keys; the slow op takes the
+    # keys the GROUPED table does not know yet, other devices' calls and every call with a bias.
+    "grouped": "slow_grouped_mm",
+}
+
+
+def install_door(door: str, keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
+    """Serve a door's op (:data:`DOORS`) with its native kernel at ``keys``;
+    ``python_kernel`` takes what the kernel's table does not hold."""
+    _register_slow(DOORS[door], python_kernel)
     ops = torch.ops.unimatmul_native
     ops.configure(MODES[mode], overrides)
-    ops.install_scaled("CPU" in keys, "CUDA" in keys)
+    getattr(ops, f"install_{door}")("CPU" in keys, "CUDA" in keys)
 
 
-def uninstall_scaled() -> None:
+def uninstall_door(door: str) -> None:
     if loaded():
-        torch.ops.unimatmul_native.uninstall_scaled()
-
-
-def install_grouped(keys: tuple[str, ...], mode: str, overrides: int, python_kernel: Any) -> None:
-    """Serve ``aten::_grouped_mm`` with the native kernel (at ``ADInplaceOrView``) for the
-    devices of ``keys``; ``python_kernel`` takes the keys the GROUPED table does not know
-    yet, the calls of other devices and every call with a bias."""
-    _register_slow("slow_grouped_mm", python_kernel)
-    ops = torch.ops.unimatmul_native
-    ops.configure(MODES[mode], overrides)
-    ops.install_grouped("CPU" in keys, "CUDA" in keys)
-
-
-def uninstall_grouped() -> None:
-    if loaded():
-        torch.ops.unimatmul_native.uninstall_grouped()
+        getattr(torch.ops.unimatmul_native, f"uninstall_{door}")()
 
 
 def configure(mode: str, overrides: int) -> None:

@@ -278,7 +278,7 @@ def install() -> None:
 
 
 def _native_install(keys: tuple[str, ...], mode: str, overrides: int) -> None:
-    native.install_scaled(keys, mode, overrides, _scaled_mm)
+    native.install_door("scaled", keys, mode, overrides, _scaled_mm)
 
 
 def _native_keys() -> tuple[str, ...]:
@@ -288,7 +288,7 @@ def _native_keys() -> tuple[str, ...]:
 
 
 def uninstall() -> None:
-    _router.uninstall(native.uninstall_scaled)
+    _router.uninstall(lambda: native.uninstall_door("scaled"))
 
 
 # --- what happened ------------------------------------------------------------------------
