@@ -117,17 +117,11 @@ def _grouped_mm(
     return out
 
 
-def _slow_grouped_mm(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    offs: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """This kernel behind the native one (``unimatmul_native::slow_grouped_mm``), which
-    passed tracing tensors below itself already: PyTorch's kernel is below the door's key
-    in the operands' own keys."""
-    return _grouped_mm(torch._C._dispatch_keys(a), a, b, offs, bias, out_dtype)
+def _slow_grouped_mm(*args: Any) -> torch.Tensor:
+    """This kernel behind the native one (``unimatmul_native::slow_grouped_mm``: the aten
+    op's arguments, a first), which passed tracing tensors below itself already: PyTorch's
+    kernel is below the door's key in the operands' own keys."""
+    return _grouped_mm(torch._C._dispatch_keys(args[0]), *args)
 
 
 _DOOR = torch._C.DispatchKey.ADInplaceOrView
