@@ -34,9 +34,10 @@ CASES = [("m", 8, 8, 512, 256), ("m", 192, 16, 384, 256), ("k", 192, 8, 256, 128
 
 
 @pytest.fixture
-def gpu_env(env: Env) -> Env:
+def gpu_env(env: Env, monkeypatch: pytest.MonkeyPatch) -> Env:
     env.selector.settings = None  # the GPU harness settings (CUDA events, GPU budgets)
     env.selector.confirm_calls = 0  # the chosen kernel's entry at once, no window
+    monkeypatch.setenv("UNIMATMUL_TRITON_GROUPED_NATIVE", "1")  # the launch these tests check
     return env
 
 

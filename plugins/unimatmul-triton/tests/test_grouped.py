@@ -353,7 +353,9 @@ def test_on_the_gpu_the_rows_configs_compile_ahead_and_the_first_call_finds_them
 
 
 @gpu
-def test_on_the_gpu_a_runner_describes_its_launch_for_a_native_caller(backend: TritonGroupedBackend) -> None:
+def test_on_the_gpu_a_runner_describes_its_launch_for_a_native_caller(
+    backend: TritonGroupedBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``native_call(a, b, offs, out_dtype)``: the a, b, out and offs pointers per call, each
     other argument the compiled kernel takes as a constant, the two hidden scratch pointers,
     the grid that bounds any offs's tiles; None for an offs off 16-byte alignment (the kernel
@@ -367,6 +369,9 @@ def test_on_the_gpu_a_runner_describes_its_launch_for_a_native_caller(backend: T
     problem = grouped_problem_of(TARGET.adapter, a, b, offs)
     for config in (c for c in offered(problem) if c.form == ROWS):
         runner = backend.prepare(problem, config.candidate, TARGET)
+        monkeypatch.delenv("UNIMATMUL_TRITON_GROUPED_NATIVE", raising=False)
+        assert runner.native_call(a, b, offs, a.dtype) is None  # off by default
+        monkeypatch.setenv("UNIMATMUL_TRITON_GROUPED_NATIVE", "1")
         call = runner.native_call(a, b, offs, a.dtype)
         assert call is not None and call.kind == "launch"
         words = call.words

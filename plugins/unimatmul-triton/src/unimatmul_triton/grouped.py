@@ -299,12 +299,15 @@ class GroupedRunner:
         pointers per call, every other argument and the grid fixed (the rows kernel's grid
         bounds the tiles of any offs over these rows). None in the interpreter, for a call
         with no rows, for operands not 16-byte aligned (the kernel the native caller
-        launches is compiled for aligned ones, as the Python launcher's direct path), or
-        where the driver is not found."""
+        launches is compiled for aligned ones, as the Python launcher's direct path), where
+        the driver is not found, and unless ``UNIMATMUL_TRITON_GROUPED_NATIVE`` is on (off by
+        default: see the setting)."""
         import torch
 
         from unimatmul_triton.runner import _Driver, _is_hip, launch_words
 
+        if not plugin_settings.GROUPED_NATIVE.get():
+            return None
         if self.interpreted or a.device.type != "cuda" or a.numel() == 0:
             return None
         operands = (a, b) if offs is None else (a, b, offs)

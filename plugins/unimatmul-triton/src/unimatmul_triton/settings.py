@@ -59,3 +59,13 @@ KEY_MEMO = settings.declare(
     "instead of reading the key kept by an earlier process for the same files",
     owner=OWNER,
 )
+GROUPED_NATIVE = settings.declare(
+    "UNIMATMUL_TRITON_GROUPED_NATIVE",
+    "bool",
+    False,
+    settings.parse_bool,
+    "`1`: a grouped kernel's runner describes its launch to torch routing's native grouped table, "
+    "which then launches it itself; off by default until that launch has passed its GPU tests "
+    "(tests/torch/test_grouped_routing_gpu.py): without it the table sends such calls to the Python kernel",
+    owner=OWNER,
+)
