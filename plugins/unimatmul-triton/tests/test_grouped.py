@@ -224,6 +224,51 @@ print(json.dumps(out))
         assert scratch == 0 and shared < 227 * 1024
 
 
+def test_the_native_launch_s_parameters_are_the_compiled_kernel_s() -> None:
+    """``launch_params`` (what ``GroupedRunner.native_call`` lays out for a native caller)
+    lists the parameters of the kernel compiled for those arguments, sizes in order: checked
+    against the PTX of the rows kernel (a decode call of one row: M and SLOTS stay
+    parameters of 1, unit strides are compiled in) and of the persistent kernel's k form,
+    compiled for sm_90 in a fresh process without the interpreter (the two hidden scratch
+    pointers last)."""
+    script = r"""
+import json, re
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from unimatmul_triton.grouped import g_pow2, jit_signature, launch_params, rows_slots
+from unimatmul_triton.grouped_kernels import grouped_kernel, grouped_rows_kernel
+bf16, i32 = torch.bfloat16, torch.int32
+g, n, k = 8, 512, 256
+rows = (bf16, bf16, bf16, i32, g, 1, n, k, k, 1, n * k, 1, k, n, 1, rows_slots(1, g, 16))
+# the k form: a (64 x 192) as a transposed view, b (192 x 128), out (g, 64, 128), 132 programs
+persistent = (bf16, bf16, bf16, i32, g, 64, 128, 192, 0, 1, 64, 0, 128, 1, 64 * 128, 128, 1, 132)
+out = []
+for kernel, warm, consts in ((grouped_rows_kernel, rows, {"G_POW2": g_pow2(g)}),
+                             (grouped_kernel, persistent, {"JAGGED": 1})):
+    consts = {**consts, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
+    params = launch_params(kernel, warm, ("a", "b", "out", "offs"))
+    signature = jit_signature(kernel, warm)
+    names = list(signature)
+    compiled_in = {names[i]: warm[i] for i, t in enumerate(signature.values()) if t == "constexpr" and i < len(warm)}
+    sig = {name: ("constexpr" if t == "constexpr" else t) for name, t in signature.items()}
+    ck = triton.compile(ASTSource(kernel, sig, {**compiled_in, **consts}), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4, "num_stages": 2})
+    entry = ck.asm["ptx"].split(".entry", 1)[1].split(")", 1)[0]
+    ptx = [8 if t == "u64" else 4 for t in re.findall(r"\.param \.(u64|u32|b64|b32)", entry)]
+    out.append([[p["size"] for p in params], [p["role"] for p in params], ptx, sorted(compiled_in)])
+print(json.dumps(out))
+"""
+    (rows, rows_roles, rows_ptx, rows_in), (pers, pers_roles, pers_ptx, _) = compiled_in_a_fresh_process(
+        script
+    )
+    assert [*rows, 8, 8] == rows_ptx, (rows, rows_ptx)
+    assert [*pers, 8, 8] == pers_ptx, (pers, pers_ptx)
+    assert rows_roles[:4] == pers_roles[:4] == ["a", "b", "out", "offs"]
+    assert set(rows_roles[4:]) == set(pers_roles[4:]) == {"constant"}
+    assert rows_in == ["stride_ak", "stride_bk", "stride_cn"]  # M and SLOTS of 1 stay parameters
+
+
 @pytest.mark.skipif(not INTERPRET, reason="the CPU's tune mode (a GPU has the GPU tests)")
 def test_real_tune_mode_checks_the_grouped_candidates(tmp_path: Any) -> None:
     """``grouped_matmul`` in tune mode: every triton_grouped candidate is measured by the

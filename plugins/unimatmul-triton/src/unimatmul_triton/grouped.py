@@ -218,6 +218,30 @@ def jit_signature(kernel: Any, args: tuple[Any, ...]) -> dict[str, str] | None:
     return signature
 
 
+def launch_params(
+    kernel: Any, warm: tuple[Any, ...], roles: tuple[str | None, ...]
+) -> list[dict[str, Any]] | None:
+    """The parameters the compiled ``kernel`` takes for a call with arguments ``warm`` (the
+    pointers' dtypes, then the ints, up to the constexprs), in order, as the plugin's
+    ``launch_words`` reads them: the pointers first, named by ``roles`` (written per call;
+    None: a constant 0, an argument the kernel never reads), then each int it takes as a
+    constant of its value. What the JIT compiles in (the constexprs, every int of 1 it
+    specialises) is no parameter (:func:`jit_signature`); the two hidden scratch pointers
+    that Triton 3.6 appends are not listed. None where Triton has no rule for the signature."""
+    signature = jit_signature(kernel, warm)
+    if signature is None:
+        return None
+    params: list[dict[str, Any]] = []
+    for i, kind in enumerate(signature.values()):
+        if kind == "constexpr" or i >= len(warm):
+            continue
+        pointer = i < len(roles)
+        role = roles[i] if pointer else None
+        size = 8 if kind.startswith("*") or kind in ("i64", "u64") else 4
+        params.append({"role": role or "constant", "size": size, "value": 0 if pointer else int(warm[i])})
+    return params
+
+
 def g_pow2(groups: int) -> int:
     """The rows kernel's vector of groups: 256 wide up to 256 groups (one compile for every
     model up to there), the next power of two beyond."""
@@ -331,22 +355,13 @@ class GroupedRunner:
             constexprs = {"JAGGED": self._form}
         dtypes = (a.dtype, b.dtype, out_dtype, offs.dtype if offs is not None else out_dtype)
         warm = (*dtypes, *ints)
-        signature = jit_signature(self.kernel, warm)
+        params = launch_params(self.kernel, warm, ("a", "b", "out", "offs" if offs is not None else None))
         driver = _Driver.words(a.device.index, _is_hip())
-        if signature is None or driver is None:
+        if params is None or driver is None:
             return None
         with torch.cuda.device(a.device.index):
             compiled = self.kernel.warmup(*warm, grid=grid, **constexprs, **self._meta)
             compiled._init_handles()  # the function, loaded on this device
-        roles = ("a", "b", "out", "offs" if offs is not None else None)
-        values = (*(None,) * 4, *ints)
-        params: list[dict[str, Any]] = []
-        for i, kind in enumerate(signature.values()):
-            if kind == "constexpr" or i >= len(values):
-                continue
-            role = roles[i] if i < len(roles) else None
-            size = 8 if kind.startswith("*") or kind in ("i64", "u64") else 4
-            params.append({"role": role or "constant", "size": size, "value": values[i] or 0})
         meta = compiled.metadata
         for size_attr in ("global_scratch_size", "profile_scratch_size"):  # Triton 3.6's hidden pointers
             params.append({"role": "hidden", "size": 8, "value": 0,
