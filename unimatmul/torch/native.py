@@ -500,13 +500,7 @@ def kind_of(call: Any, table: int | None = None) -> int:
     or ``table`` cannot hold it (the SCALED table takes a scaled Lt call or a launch that
     takes both scale pointers; the GROUPED table a launch, with the offs pointer or
     without (a call without offs); the other tables the rest; None: any table)."""
-    if call is None:
-        return PYTHON
-    if table is not None and (table == SCALED) != _is_scaled(call):
-        return PYTHON
-    if table == GROUPED and call.kind != "launch":
-        return PYTHON
-    if table is not None and table != GROUPED and ROLE_OFFS in _roles(call):
+    if call is None or (table is not None and not _fits(call, table)):
         return PYTHON
     if call.kind == "onednn":
         return ONEDNN
@@ -517,6 +511,15 @@ def kind_of(call: Any, table: int | None = None) -> int:
     if call.kind == "scaled_lt" and has_lt():
         return SCALED_LT
     return PYTHON
+
+
+def _fits(call: Any, table: int) -> bool:
+    """Whether ``table`` can hold ``call``: the GROUPED table a launch that is not scaled (its
+    offs pointer, where the key has offs, checked in C++), the SCALED table a scaled call
+    without offs, the others a call with neither scale nor offs pointers."""
+    if table == GROUPED:
+        return call.kind == "launch" and not _is_scaled(call)
+    return (table == SCALED) == _is_scaled(call) and ROLE_OFFS not in _roles(call)
 
 
 def _is_scaled(call: Any) -> bool:
@@ -699,22 +702,20 @@ def put_plan(
     None and the call's out_dtype or None), then :func:`entered`.
     False where the table would hold nothing but a call back into Python (the API table
     keeps no such entries: its Python door is reached first)."""
+    operands = (*tensors[:3], plan.out_dtype) if table == GROUPED else ()  # what its launch is laid out for
     runner = None if plan.is_default else plan.runner
+    entry = entry_for(runner, offered=plan.form in (0, 1), table=table, operands=operands)
     ops = torch.ops.unimatmul_native
-    if table == GROUPED:
-        a, b, offs, out_dtype = tensors
-        entry = entry_for(runner, table=table, operands=(a, b, offs, plan.out_dtype))
-        words = entry.call.words if entry.call is not None and entry.kind == LAUNCH else []
-        ops.put_grouped(-1, a, b, offs, out_dtype, entry.kind, plan.ident, plan.label, list(plan.out_shape),
-                        words, entry.confirm, entry.tie)  # fmt: skip
-        entered(entry, plan, kept)
-        return True
-    entry = entry_for(runner, offered=plan.form in (0, 1), table=table)
+    # The call's words, where the table makes that call itself.
+    words = entry.call.words if entry.call is not None and entry.kind not in (DEFAULT, PYTHON) else []
     if table == SCALED:
         a, b, scale_a, scale_b, bias = tensors
-        words = entry.call.words if entry.call is not None and entry.kind in (SCALED_LT, LAUNCH) else []
         ops.put_scaled(-1, a, b, scale_a, scale_b, bias, plan.out_dtype, fast_accum, entry.kind, plan.ident,
                        plan.label, list(plan.out_shape), words, entry.confirm, entry.tie)  # fmt: skip
+    elif table == GROUPED:
+        a, b, offs, out_dtype = tensors
+        ops.put_grouped(-1, a, b, offs, out_dtype, entry.kind, plan.ident, plan.label, list(plan.out_shape),
+                        words, entry.confirm, entry.tie)  # fmt: skip
     elif table == API:
         if entry.kind == PYTHON:
             return False
