@@ -48,21 +48,37 @@ from unimatmul.tuning.selector import get_selector
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def per_call(forms: dict[str, Callable[[], Any]], calls: int, rounds: int, sync: Callable[[], None]) -> dict:
+def per_call(
+    forms: dict[str, Callable[[], Any]],
+    calls: int,
+    rounds: int,
+    sync: Callable[[], None],
+    around: dict[str, Callable[[], Any]] | None = None,
+) -> dict:
+    """Each form's host and wall time per call, the forms interleaved. ``around``: a context
+    a form runs in (made anew each round, e.g. routing turned on: that form's first 50 calls
+    of each round are not timed, as the door's plans are made again)."""
+    around = around or {}
     cpu: dict[str, list[float]] = {name: [] for name in forms}
     wall: dict[str, list[float]] = {name: [] for name in forms}
-    for fn in forms.values():  # warm: allocator, caches, windows already judged
-        for _ in range(50):
-            fn()
+    for name, fn in forms.items():  # warm: allocator, caches, windows already judged
+        with around.get(name, contextlib.nullcontext)():
+            for _ in range(50):
+                fn()
     sync()
     for _ in range(rounds):
         for name, fn in forms.items():
-            t_cpu, t_wall = time.thread_time(), time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
-            cpu[name].append((time.thread_time() - t_cpu) / calls * 1e6)
-            wall[name].append((time.perf_counter() - t_wall) / calls * 1e6)
+            with around.get(name, contextlib.nullcontext)():
+                if name in around:
+                    for _ in range(50):
+                        fn()
+                    sync()
+                t_cpu, t_wall = time.thread_time(), time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
+                cpu[name].append((time.thread_time() - t_cpu) / calls * 1e6)
+                wall[name].append((time.perf_counter() - t_wall) / calls * 1e6)
     return {
         name: {
             "host_us": round(statistics.median(cpu[name]), 3),
@@ -189,40 +205,6 @@ def _shown(title: str, off: dict[str, Any], routed: dict[str, Any]) -> dict[str,
     return {"routing_off": off, "routing_on": routed}
 
 
-def _off_and_routed(call: Callable[[], Any], args: argparse.Namespace, sync: Callable[[], None]) -> tuple:
-    """``call`` timed with routing off and on in turns, a round each (routing is turned on
-    and off between them, and each turn's first 50 calls are not timed: the plan is made
-    again after each enable); ``per_call``'s rows for each, and the routed plans."""
-    rows: dict[str, dict[str, list[float]]] = {"off": {"cpu": [], "wall": []}, "on": {"cpu": [], "wall": []}}
-    plans: list[Any] = []
-    for _ in range(args.rounds):
-        for turn in ("off", "on"):
-            with ut.enabled() if turn == "on" else contextlib.nullcontext():
-                for _ in range(50):
-                    call()
-                sync()
-                t_cpu, t_wall = time.thread_time(), time.perf_counter()
-                for _ in range(args.calls):
-                    call()
-                sync()
-                rows[turn]["cpu"].append((time.thread_time() - t_cpu) / args.calls * 1e6)
-                rows[turn]["wall"].append((time.perf_counter() - t_wall) / args.calls * 1e6)
-                if turn == "on":
-                    plans = grouped_routing.plans()
-
-    def summary(name: str, turn: str) -> dict[str, dict[str, float]]:
-        cpu, wall = rows[turn]["cpu"], rows[turn]["wall"]
-        return {
-            name: {
-                "host_us": round(statistics.median(cpu), 3),
-                "host_us_min": round(min(cpu), 3),
-                "wall_us": round(statistics.median(wall), 3),
-            }
-        }
-
-    return summary("torch._grouped_mm", "off"), summary("torch._grouped_mm routed", "on"), plans
-
-
 def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     """The grouped door's host time per call (the module docstring)."""
     dtype = DTYPES[args.dtype or ("bf16" if gpu else "f32")]
@@ -245,7 +227,19 @@ def measure_grouped(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
         if not winner:
             report["choices"][which] = {"skipped": "no kernel passed the check"}
             continue
-        off, routed, plans = _off_and_routed(lambda: torch._grouped_mm(a, b, offs), args, sync)
+
+        def call() -> Any:
+            return torch._grouped_mm(a, b, offs)
+
+        off_name, on_name = "torch._grouped_mm", "torch._grouped_mm routed"
+        # routing off and on in turns, a round each
+        rows = per_call(
+            {off_name: call, on_name: call}, args.calls, args.rounds, sync, around={on_name: ut.enabled}
+        )
+        off, routed = {off_name: rows[off_name]}, {on_name: rows[on_name]}
+        with ut.enabled():
+            call()  # the routed plans, for the report
+            plans = grouped_routing.plans()
         report["choices"][which] = {
             "winner": winner,
             **_shown(f"grouped {shape}, {which}: {winner}", off, routed),
