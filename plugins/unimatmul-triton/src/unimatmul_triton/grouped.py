@@ -328,7 +328,7 @@ class GroupedRunner:
         default: see the setting)."""
         import torch
 
-        from unimatmul_triton.runner import _Driver, _is_hip, launch_words
+        from unimatmul_triton.runner import _Driver, _is_hip, compiled_launch_info, launch_words
 
         if not plugin_settings.GROUPED_NATIVE.get():
             return None
@@ -362,22 +362,7 @@ class GroupedRunner:
         with torch.cuda.device(a.device.index):
             compiled = self.kernel.warmup(*warm, grid=grid, **constexprs, **self._meta)
             compiled._init_handles()  # the function, loaded on this device
-        meta = compiled.metadata
-        for size_attr in ("global_scratch_size", "profile_scratch_size"):  # Triton 3.6's hidden pointers
-            params.append({"role": "hidden", "size": 8, "value": 0,
-                           "bytes_needed": int(getattr(meta, size_attr, 0) or 0)})  # fmt: skip
-        ctas = int(getattr(meta, "num_ctas", 1))
-        info = {
-            "function": int(compiled.function),
-            "grid": (grid[0] * ctas, 1, 1),
-            "block": (int(getattr(meta, "warp_size", 32)) * int(meta.num_warps), 1, 1),
-            "shared_mem_bytes": int(meta.shared),
-            "cluster_dims": (ctas, 1, 1),
-            "cooperative": bool(getattr(meta, "launch_cooperative_grid", False)),
-            "pdl": bool(getattr(meta, "launch_pdl", False)),
-            "stream": 0,
-            "params": params,
-        }
+            info = compiled_launch_info(compiled, grid, params, 0)
         words = launch_words(info, driver)
         return None if words is None else NativeCall("launch", words)
 

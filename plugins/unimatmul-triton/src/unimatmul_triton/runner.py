@@ -56,7 +56,6 @@ class CompiledRunner:
         self.grid = (programs, plan.grid[1], plan.grid[2])
         self._function = compiled.function
         self._packed = compiled.packed_metadata
-        meta = compiled.metadata
         self._launch = _launcher(compiled)
         raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         if raw_stream is not None:
@@ -77,9 +76,6 @@ class CompiledRunner:
         self._bias_slot = plan.params[3].kind == "ptr"
         self._lock = threading.Lock()
         self._workspaces: dict[int, tuple[Any, Any, int, int]] = {}
-        self.shared_bytes = int(meta.shared)
-        self.warps = int(meta.num_warps)
-        self.num_ctas = int(getattr(meta, "num_ctas", 1))
         with torch.cuda.device(device_index):
             self._workspace(self._stream())
 
@@ -146,37 +142,7 @@ class CompiledRunner:
                 entry["role"] = "constant"
                 entry["value"] = p.value
             params.append(entry)
-        # Triton 3.6 appends two hidden pointers to every kernel's parameters: the global
-        # and the profile scratch buffers (NULL when the kernel needs none, as ours).
-        meta = self.compiled.metadata
-        for name, size_attr in (
-            ("global_scratch", "global_scratch_size"),
-            ("profile_scratch", "profile_scratch_size"),
-        ):
-            params.append(
-                {
-                    "name": name,
-                    "type": "CUdeviceptr",
-                    "size": 8,
-                    "role": "hidden",
-                    "value": 0,
-                    "bytes_needed": int(getattr(meta, size_attr, 0) or 0),
-                }
-            )
-        return {
-            "function": int(self._function),
-            "module": int(getattr(self.compiled, "module", 0) or 0),
-            "kernel_name": self.compiled.name,
-            "grid": (self.grid[0] * self.num_ctas, self.grid[1], self.grid[2]),
-            "block": (32 * self.warps, 1, 1),
-            "shared_mem_bytes": self.shared_bytes,
-            "cluster_dims": (self.num_ctas, 1, 1),
-            "cooperative": bool(getattr(meta, "launch_cooperative_grid", False)),
-            "pdl": bool(getattr(meta, "launch_pdl", False)),
-            "stream": stream,
-            "params": params,
-            "triton_version": str(getattr(meta, "triton_version", "")),
-        }
+        return compiled_launch_info(self.compiled, self.grid, params, stream)
 
     def native_call(self) -> NativeCall | None:
         """This launch for unimatmul's native routing kernels (``NativeCall`` "launch"):
@@ -297,6 +263,46 @@ class _Driver:
         if not address or not set_address:
             return None
         return address, set_address, context.value
+
+
+def compiled_launch_info(
+    compiled: Any, grid: tuple[int, int, int], params: list[dict[str, Any]], stream: int
+) -> dict[str, Any]:
+    """A launch of ``compiled`` on ``grid`` as :meth:`CompiledRunner.launch_info` describes it
+    (README: "Native launch"), its kernel parameters ``params`` (the hidden ones added here);
+    ``compiled``'s function is loaded already."""
+    meta = compiled.metadata
+    ctas = int(getattr(meta, "num_ctas", 1))
+    # Triton 3.6 appends two hidden pointers to every kernel's parameters: the global
+    # and the profile scratch buffers (NULL when the kernel needs none, as ours).
+    hidden = [
+        {
+            "name": name,
+            "type": "CUdeviceptr",
+            "size": 8,
+            "role": "hidden",
+            "value": 0,
+            "bytes_needed": int(getattr(meta, size_attr, 0) or 0),
+        }
+        for name, size_attr in (
+            ("global_scratch", "global_scratch_size"),
+            ("profile_scratch", "profile_scratch_size"),
+        )
+    ]
+    return {
+        "function": int(compiled.function),
+        "module": int(getattr(compiled, "module", 0) or 0),
+        "kernel_name": compiled.name,
+        "grid": (grid[0] * ctas, grid[1], grid[2]),
+        "block": (32 * int(meta.num_warps), 1, 1),
+        "shared_mem_bytes": int(meta.shared),
+        "cluster_dims": (ctas, 1, 1),
+        "cooperative": bool(getattr(meta, "launch_cooperative_grid", False)),
+        "pdl": bool(getattr(meta, "launch_pdl", False)),
+        "stream": stream,
+        "params": [*params, *hidden],
+        "triton_version": str(getattr(meta, "triton_version", "")),
+    }
 
 
 def launch_words(info: dict[str, Any], driver: tuple[int, int, int]) -> list[int] | None:
