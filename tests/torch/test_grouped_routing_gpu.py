@@ -8,7 +8,6 @@ Skipped without a GPU, or where the Triton plugin is not installed.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,11 +18,11 @@ if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 pytest.importorskip("unimatmul_triton")
 
+from grouped_cases import close, reference  # noqa: E402
 from torch_helpers import Env  # noqa: E402
 
-import unimatmul  # noqa: E402
 import unimatmul.torch as ut  # noqa: E402
-from unimatmul.cache.record import OK, PRUNED  # noqa: E402
+from unimatmul.testing import prefer_kernel  # noqa: E402
 from unimatmul.torch import grouped_routing, native  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -65,23 +64,6 @@ def _operands(form: str, total: int, groups: int, n: int, other: int, gen: Any) 
     return rand(total, other).t(), rand(total, n)  # the weight gradient: a^T @ grad, offs over K
 
 
-def _reference(form: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    a64, b64 = a.double().cpu(), b.double().cpu()
-    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
-    if form == "k":
-        return torch.stack([a64[:, s:e] @ b64[s:e] for s, e in bounds])
-    out = torch.empty(a.shape[0], b.shape[-1], dtype=torch.float64)
-    for g, (s, e) in enumerate(bounds):
-        out[s:e] = a64[s:e] @ b64[g]
-    return out
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    got = got.double().cpu()
-    error = float((got - want).abs().max())
-    return bool(torch.isfinite(got).all()) and error <= 2e-2 * float(want.abs().max())
-
-
 def _poison(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """Leave NaNs where the next output of this size is likely to be allocated (the caching
     allocator hands the freed block back): what a kernel leaves unwritten stays NaN."""
@@ -89,20 +71,18 @@ def _poison(shape: tuple[int, ...], dtype: torch.dtype) -> None:
 
 
 def _force_triton(env: Env, plan: Any) -> str:
-    """Store the record of ``plan``'s problem with its fastest checked Triton grouped kernel
-    as the winner (whichever won on this machine); that kernel's identity."""
-    selector = env.selector
-    namespace = selector.platform(plan.target).namespace
-    record = selector.store.get(namespace, plan.problem.key)
-    assert record is not None
-    ok = (OK, PRUNED)
-    kernels = [r for r in record.results if r.status in ok and r.identity.startswith("triton_grouped/")]
-    if not kernels:
+    """Tune ``plan``'s problem and store its fastest checked Triton grouped kernel as the
+    winner (whichever won on this machine); that kernel's identity."""
+    record = prefer_kernel(env.selector, plan.problem, plan.target, "triton_grouped")
+    if not record.winner.startswith("triton_grouped/"):
         pytest.skip(f"no Triton grouped kernel passed the check of {plan.problem.key}")
-    best = min(kernels, key=lambda r: r.median_s or float("inf")).identity
-    selector.store.put(namespace, plan.problem.key, replace(record, winner=best, settings={}))
     ut.clear_plans()
-    return best
+    return record.winner
+
+
+def _right(form: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> bool:
+    """``got`` against the float64 product of each group (``grouped_cases``)."""
+    return close(got.cpu(), reference(form, a.cpu(), b.cpu(), offs.cpu()), "bf16")
 
 
 @pytest.mark.parametrize("env", ["native"], indirect=True)
@@ -114,8 +94,7 @@ def test_a_triton_grouped_choice_is_launched_natively_and_right(gpu_env: Env, ca
     splits = [_offs(s) for s in _splits(total, groups)]
     ut.enable()
     assert native.has_lt() and grouped_routing._router.native_keys
-    with unimatmul.mode("tune"):
-        want_shape = torch._grouped_mm(a, b, splits[0]).shape
+    want_shape = torch._grouped_mm(a, b, splits[0]).shape  # a plan: the problem to tune
     (plan,) = [p for p in grouped_routing.plans() if p.problem is not None]
     best = _force_triton(gpu_env, plan)
     torch._grouped_mm(a, b, splits[0])  # the plan, and its entry in the native table
@@ -127,7 +106,7 @@ def test_a_triton_grouped_choice_is_launched_natively_and_right(gpu_env: Env, ca
         a.copy_(torch.randn(a.shape, device="cuda", dtype=a.dtype, generator=gen))
         _poison(tuple(want_shape), a.dtype)
         got = torch._grouped_mm(a, b, offs)
-        assert _close(got, _reference(form, a, b, offs)), (best, offs.tolist())
+        assert _right(form, got, a, b, offs), (best, offs.tolist())
     assert native.counts(table=native.GROUPED)[plan.ident] - before == len(splits)
 
     # Captured in a graph, replayed with new values in a and in offs.
@@ -146,4 +125,4 @@ def test_a_triton_grouped_choice_is_launched_natively_and_right(gpu_env: Env, ca
         captured.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert _close(captured, _reference(form, a, b, offs)), (best, sizes)
+        assert _right(form, captured, a, b, offs), (best, sizes)
